@@ -1,0 +1,43 @@
+# outbox: PGXS build of the extension and of the outbox-relay program.
+
+EXTENSION = outbox
+EXTVERSION = 0.1.0
+
+MODULE_big = outbox
+OBJS = src/outbox.o src/producer.o src/lease.o src/consumer.o src/worker.o
+
+# The install script is assembled from the parts in src/sql/, in name order.
+DATA_built = outbox--$(EXTVERSION).sql
+DATA = $(filter-out $(DATA_built),$(wildcard outbox--*--*.sql))
+
+PG_CONFIG ?= pg_config
+PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Werror
+
+# pg_regress suite (sql/ and expected/).
+REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
+REGRESS_OPTS = --inputdir=. --load-extension=outbox
+
+# No LLVM bitcode: it needs clang, which a plain server-dev install lacks.
+override with_llvm = no
+
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql))
+	cat $^ > $@
+
+# The reference publisher.
+RELAY_SRCS = $(wildcard src/relay/*.c)
+RELAY = $(if $(RELAY_SRCS),src/outbox-relay)
+all: $(RELAY)
+src/outbox-relay: $(RELAY_SRCS) $(wildcard src/relay/*.h)
+	$(CC) $(CFLAGS) -Wall -Wextra -Werror -O2 -I$(shell $(PG_CONFIG) --includedir) \
+		-o $@ $(RELAY_SRCS) -L$(shell $(PG_CONFIG) --libdir) -lpq -lcurl
+install: install-relay
+install-relay: $(RELAY)
+	$(if $(RELAY),$(INSTALL_PROGRAM) $(RELAY) '$(DESTDIR)$(bindir)/outbox-relay')
+clean: clean-relay
+clean-relay:
+	rm -f src/outbox-relay
+
+.PHONY: install-relay clean-relay

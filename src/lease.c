@@ -1,0 +1,657 @@
+/*-------------------------------------------------------------------------
+ *
+ * lease.c
+ *		The publisher API: claim, ack (single and batch), fail, renew, and
+ *		the sweep of expired leases.
+ *
+ * Lease protocol.  A command's token is (command_id, version).  Every state
+ * change is one UPDATE whose WHERE clause holds the whole token: status =
+ * 'sending', owner = the caller, version = the caller's version; it bumps
+ * version.  Two holders can therefore never both change a row: whichever
+ * UPDATE runs second finds a different version (READ COMMITTED re-checks
+ * the WHERE clause on the newest row version) and changes nothing, and the
+ * caller is told lease_not_owned.  renew extends lease_until without
+ * bumping version: the holder keeps its token.
+ *
+ * claim locks its candidates with FOR NO KEY UPDATE SKIP LOCKED, so
+ * concurrent claimers never wait for each other and never lock the same
+ * row; a row is claimable when it is pending and due (commands_claim_idx)
+ * or sending with an expired lease (commands_lease_idx, a takeover).
+ * Expired leases are taken over only while deliveries remain and the kind's
+ * takeover mode is 'auto'; the others are settled by sweep (dead, or
+ * uncertain for a manual kind), which the background worker runs.
+ *
+ * Times.  Leases and availability are computed from the clock at the
+ * moment of the call (GetCurrentTimestamp), not from the transaction start:
+ * a claim inside a long transaction never hands out a lease that has
+ * already expired.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "common/pg_prng.h"
+#include "funcapi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+
+#include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_claim);
+PG_FUNCTION_INFO_V1(outbox_ack);
+PG_FUNCTION_INFO_V1(outbox_ack_batch);
+PG_FUNCTION_INFO_V1(outbox_fail);
+PG_FUNCTION_INFO_V1(outbox_renew);
+PG_FUNCTION_INFO_V1(outbox_sweep);
+
+static SPIPlanPtr plan_claim = NULL;
+static SPIPlanPtr plan_ack = NULL;
+static SPIPlanPtr plan_ack_batch = NULL;
+static SPIPlanPtr plan_state = NULL;
+static SPIPlanPtr plan_fail_lock = NULL;
+static SPIPlanPtr plan_fail_set = NULL;
+static SPIPlanPtr plan_renew = NULL;
+static SPIPlanPtr plan_sweep = NULL;
+
+/* The lease the caller did not name: outbox.default_lease. */
+static Interval *
+le_default_lease(void)
+{
+	Interval   *iv = palloc0(sizeof(Interval));
+
+	iv->time = (int64) outbox_default_lease_ms * 1000;
+	return iv;
+}
+
+/* Fetch and check a version argument (a token is at least 1). */
+static int64
+le_arg_version(FunctionCallInfo fcinfo, int argno)
+{
+	int64		v;
+
+	OutboxArgNotNull(fcinfo, argno, "version");
+	v = PG_GETARG_INT64(argno);
+	if (v < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("version must be positive"),
+				 errdetail("The value was " INT64_FORMAT ".", v)));
+	return v;
+}
+
+/*
+ * Raise lease_not_owned for (command_id, worker, version), with a detail
+ * that says what the row's state is now.  Counts the refusal.
+ */
+static void
+le_raise_not_owned(text *command_id, text *worker, int64 version)
+{
+	static const Oid argtypes[1] = {TEXTOID};
+	Datum		args[1];
+	char	   *cid = text_to_cstring(command_id);
+	char	   *wname = text_to_cstring(worker);
+	char	   *detail;
+
+	args[0] = PointerGetDatum(command_id);
+	if (SPI_execute_plan(OutboxPrepare(&plan_state,
+									   "SELECT status, owner, version FROM outbox.commands"
+									   " WHERE command_id OPERATOR(pg_catalog.=) $1",
+									   1, argtypes),
+						 args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: state lookup failed");
+
+	if (SPI_processed == 0)
+		detail = psprintf("No command with id \"%s\" exists.", cid);
+	else
+	{
+		HeapTuple	tup = SPI_tuptable->vals[0];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		char	   *status = SPI_getvalue(tup, desc, 1);
+		char	   *owner = SPI_getvalue(tup, desc, 2);
+		char	   *cur = SPI_getvalue(tup, desc, 3);
+
+		if (strcmp(status, "sending") == 0 && owner != NULL &&
+			strcmp(owner, wname) != 0)
+			detail = psprintf("The command was taken over by worker \"%s\" (version %s).",
+							  owner, cur);
+		else if (strcmp(status, "sending") == 0)
+			detail = psprintf("The command was claimed again (version %s).", cur);
+		else if (strcmp(status, "published") == 0)
+			detail = psprintf("The command is already published (version %s).", cur);
+		else if (strcmp(status, "dead") == 0)
+			detail = psprintf("The command is dead (version %s).", cur);
+		else if (strcmp(status, "uncertain") == 0)
+			detail = psprintf("The command is held as uncertain for an administrator (version %s).", cur);
+		else
+			detail = psprintf("The command is %s (version %s).", status, cur);
+	}
+
+	OutboxCountNow(OBC_STALE_REFUSED, 1);
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("lease_not_owned: worker \"%s\" does not hold command \"%s\" at version " INT64_FORMAT,
+					wname, cid, version),
+			 errdetail_internal("%s", detail)));
+}
+
+/*
+ * outbox.claim(worker, batch_size, lease, kinds)
+ *
+ * One statement: lock up to batch_size expired leases (takeovers) and then
+ * as many due pending commands as the batch still has room for, and lease
+ * them all to worker.
+ */
+Datum
+outbox_claim(PG_FUNCTION_ARGS)
+{
+	static const Oid argtypes[7] = {TEXTOID, INT4OID, INTERVALOID, TEXTARRAYOID,
+	TIMESTAMPTZOID, INTERVALOID, INT4OID};
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
+	int32		batch;
+	Interval   *lease;
+	Datum		args[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	int			ret;
+	uint64		i;
+	int64		takeovers = 0;
+
+	OutboxArgNotNull(fcinfo, 1, "batch_size");
+	batch = PG_GETARG_INT32(1);
+	if (batch < 1 || batch > outbox_max_batch)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be between 1 and %d", outbox_max_batch),
+				 errdetail("The value was %d.", batch)));
+	lease = OutboxArgLease(fcinfo, 2);
+	if (!PG_ARGISNULL(3))
+	{
+		ArrayType  *kinds = PG_GETARG_ARRAYTYPE_P(3);
+
+		if (array_contains_nulls(kinds))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("kinds must not contain nulls")));
+		args[3] = PointerGetDatum(kinds);
+	}
+	else
+		nulls[3] = 'n';
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+
+	args[0] = PointerGetDatum(worker);
+	args[1] = Int32GetDatum(batch);
+	args[2] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
+	if (lease == NULL)
+		nulls[2] = 'n';
+	args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
+	args[5] = IntervalPGetDatum(le_default_lease());
+	args[6] = Int32GetDatum(outbox_max_deliveries);
+
+	SPI_connect();
+	ret = SPI_execute_plan(OutboxPrepare(&plan_claim,
+										 "WITH tk AS MATERIALIZED (SELECT ARRAY("
+										 "  SELECT c.command_id FROM outbox.commands c"
+										 "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
+										 "     AND c.lease_until OPERATOR(pg_catalog.<=) $5"
+										 "     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))"
+										 "     AND c.deliveries OPERATOR(pg_catalog.<) COALESCE("
+										 "           (SELECT p.max_deliveries FROM outbox.policies p"
+										 "             WHERE p.kind OPERATOR(pg_catalog.=) c.kind), $7)"
+										 "     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
+										 "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
+										 "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'))"
+										 "   ORDER BY c.lease_until"
+										 "   LIMIT $2"
+										 "   FOR NO KEY UPDATE OF c SKIP LOCKED) AS ids),"
+										 " pd AS MATERIALIZED (SELECT ARRAY("
+										 "  SELECT c.command_id FROM outbox.commands c"
+										 "   WHERE c.due_at OPERATOR(pg_catalog.<=) $5"
+										 "     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))"
+										 "     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
+										 "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind AND p.paused)"
+										 "   ORDER BY c.priority DESC, c.due_at, c.created_at"
+										 "   LIMIT ($2 OPERATOR(pg_catalog.-) pg_catalog.cardinality((SELECT ids FROM tk)))"
+										 "   FOR NO KEY UPDATE OF c SKIP LOCKED) AS ids)"
+										 "UPDATE outbox.commands t"
+										 "   SET status = 'sending', owner = $1, due_at = NULL,"
+										 "       lease_until = $5 OPERATOR(pg_catalog.+) COALESCE($3,"
+										 "           (SELECT p.lease FROM outbox.policies p"
+										 "             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $6),"
+										 "       version = t.version OPERATOR(pg_catalog.+) 1,"
+										 "       deliveries = t.deliveries OPERATOR(pg_catalog.+) 1"
+										 " WHERE t.command_id OPERATOR(pg_catalog.=) ANY"
+										 "       ((SELECT ids FROM tk) OPERATOR(pg_catalog.||) (SELECT ids FROM pd))"
+										 " RETURNING t.command_id, t.run_id, t.kind, t.payload, t.version,"
+										 "           t.deliveries, t.lease_until,"
+										 "           t.command_id OPERATOR(pg_catalog.=) ANY ((SELECT ids FROM tk)::pg_catalog.text[])",
+										 7, argtypes),
+						   args, nulls, false, 0);
+	if (ret != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox: claim failed: %s", SPI_result_code_string(ret));
+
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		Datum		values[7];
+		bool		isnull[7];
+		bool		tnull;
+		int			k;
+
+		for (k = 0; k < 7; k++)
+			values[k] = SPI_getbinval(tup, SPI_tuptable->tupdesc, k + 1, &isnull[k]);
+		if (DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 8, &tnull)))
+			takeovers++;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
+	}
+	OutboxCountAtCommit(OBC_CLAIMED, (int64) SPI_processed);
+	if (takeovers > 0)
+		OutboxCountAtCommit(OBC_TAKEN_OVER, takeovers);
+	SPI_finish();
+
+	return (Datum) 0;
+}
+
+/* outbox.ack(command_id, worker, version): mark one leased command published. */
+Datum
+outbox_ack(PG_FUNCTION_ARGS)
+{
+	static const Oid argtypes[4] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID};
+	text	   *command_id = OutboxArgId(fcinfo, 0, "command_id");
+	text	   *worker = OutboxArgId(fcinfo, 1, "worker");
+	int64		version = le_arg_version(fcinfo, 2);
+	Datum		args[4];
+	int			ret;
+
+	args[0] = PointerGetDatum(command_id);
+	args[1] = PointerGetDatum(worker);
+	args[2] = Int64GetDatum(version);
+	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
+
+	SPI_connect();
+	ret = SPI_execute_plan(OutboxPrepare(&plan_ack,
+										 "UPDATE outbox.commands"
+										 "   SET status = 'published', published_at = $4, lease_until = NULL,"
+										 "       version = version OPERATOR(pg_catalog.+) 1"
+										 " WHERE command_id OPERATOR(pg_catalog.=) $1"
+										 "   AND owner OPERATOR(pg_catalog.=) $2"
+										 "   AND version OPERATOR(pg_catalog.=) $3"
+										 "   AND status OPERATOR(pg_catalog.=) 'sending'",
+										 4, argtypes),
+						   args, NULL, false, 0);
+	if (ret != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: ack failed: %s", SPI_result_code_string(ret));
+	if (SPI_processed != 1)
+		le_raise_not_owned(command_id, worker, version);
+	SPI_finish();
+
+	OutboxCountAtCommit(OBC_ACKED, 1);
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox.ack(worker, command_ids, versions): the batch form.  One UPDATE
+ * for the whole batch; each input row comes back with acked and, when not
+ * acked, the reason (the row's state as the statement found it).
+ */
+Datum
+outbox_ack_batch(PG_FUNCTION_ARGS)
+{
+	static const Oid argtypes[4] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID};
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
+	ArrayType  *ids;
+	ArrayType  *versions;
+	Datum	   *id_elems;
+	bool	   *id_nulls;
+	Datum	   *v_elems;
+	bool	   *v_nulls;
+	int			nids;
+	int			nvers;
+	int			i;
+	Datum		args[4];
+	int			ret;
+	uint64		r;
+	int64		acked = 0;
+
+	OutboxArgNotNull(fcinfo, 1, "command_ids");
+	OutboxArgNotNull(fcinfo, 2, "versions");
+	ids = PG_GETARG_ARRAYTYPE_P(1);
+	versions = PG_GETARG_ARRAYTYPE_P(2);
+	if (ARR_NDIM(ids) > 1 || ARR_NDIM(versions) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("command_ids and versions must be one-dimensional arrays")));
+	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, &id_elems, &id_nulls, &nids);
+	deconstruct_array(versions, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  &v_elems, &v_nulls, &nvers);
+	if (nids != nvers)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("command_ids and versions must have the same length"),
+				 errdetail("command_ids has %d elements and versions has %d.", nids, nvers)));
+	if (nids > outbox_max_batch)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("too many commands in one ack"),
+				 errdetail("The call has %d commands; outbox.max_batch is %d.",
+						   nids, outbox_max_batch)));
+	for (i = 0; i < nids; i++)
+	{
+		if (id_nulls[i] || v_nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("command_ids and versions must not contain nulls"),
+					 errdetail("Element %d is null.", i + 1)));
+		OutboxCheckId(DatumGetTextPP(id_elems[i]), "command_id");
+		if (DatumGetInt64(v_elems[i]) < 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("version must be positive"),
+					 errdetail("Element %d is " INT64_FORMAT ".", i + 1,
+							   DatumGetInt64(v_elems[i]))));
+	}
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	if (nids == 0)
+		return (Datum) 0;
+
+	args[0] = PointerGetDatum(worker);
+	args[1] = PointerGetDatum(ids);
+	args[2] = PointerGetDatum(versions);
+	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
+
+	SPI_connect();
+	ret = SPI_execute_plan(OutboxPrepare(&plan_ack_batch,
+										 "WITH u AS ("
+										 "  UPDATE outbox.commands t"
+										 "     SET status = 'published', published_at = $4, lease_until = NULL,"
+										 "         version = t.version OPERATOR(pg_catalog.+) 1"
+										 "   WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
+										 "     AND t.owner OPERATOR(pg_catalog.=) $1"
+										 "     AND t.status OPERATOR(pg_catalog.=) 'sending'"
+										 "     AND t.version OPERATOR(pg_catalog.=)"
+										 "         ($3)[pg_catalog.array_position($2, t.command_id)]"
+										 "  RETURNING t.command_id)"
+										 "SELECT i.command_id, u.command_id IS NOT NULL,"
+										 "       CASE WHEN u.command_id IS NOT NULL THEN NULL"
+										 "            WHEN c.command_id IS NULL THEN 'unknown_command'"
+										 "            WHEN c.status OPERATOR(pg_catalog.<>) 'sending' THEN c.status"
+										 "            WHEN c.owner OPERATOR(pg_catalog.<>) $1 THEN 'taken_over'"
+										 "            ELSE 'stale_version' END"
+										 "  FROM pg_catalog.unnest($2) WITH ORDINALITY AS i(command_id, ord)"
+										 "  LEFT JOIN u ON u.command_id OPERATOR(pg_catalog.=) i.command_id"
+										 "  LEFT JOIN outbox.commands c ON c.command_id OPERATOR(pg_catalog.=) i.command_id"
+										 " ORDER BY i.ord",
+										 4, argtypes),
+						   args, NULL, false, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "outbox: batch ack failed: %s", SPI_result_code_string(ret));
+
+	for (r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[r];
+		Datum		values[3];
+		bool		isnull[3];
+		int			k;
+
+		for (k = 0; k < 3; k++)
+			values[k] = SPI_getbinval(tup, SPI_tuptable->tupdesc, k + 1, &isnull[k]);
+		if (DatumGetBool(values[1]))
+			acked++;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
+	}
+	SPI_finish();
+
+	OutboxCountAtCommit(OBC_ACKED, acked);
+	OutboxCountNow(OBC_STALE_REFUSED, nids - acked);
+	return (Datum) 0;
+}
+
+/*
+ * Backoff before retry number `deliveries`: base * 2^(deliveries - 1),
+ * capped at max, then "equal jitter" (a random point in the upper half), so
+ * a burst of failures does not come back as a burst.
+ */
+static int64
+le_backoff_usec(int32 deliveries, int64 base_usec, int64 max_usec)
+{
+	double		delay = (double) base_usec;
+	int			k;
+
+	for (k = 1; k < deliveries && delay < (double) max_usec; k++)
+		delay *= 2.0;
+	if (delay > (double) max_usec)
+		delay = (double) max_usec;
+	return (int64) (delay / 2.0 + pg_prng_double(&pg_global_prng_state) * delay / 2.0);
+}
+
+/*
+ * outbox.fail(command_id, worker, version, error, fatal)
+ *
+ * Lock the row by its token, then decide in C: dead when the failure is
+ * fatal or the deliveries are used up, otherwise pending again after a
+ * backoff.  Returns the new status.
+ */
+Datum
+outbox_fail(PG_FUNCTION_ARGS)
+{
+	static const Oid lock_types[3] = {TEXTOID, TEXTOID, INT8OID};
+	static const Oid set_types[5] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID};
+	text	   *command_id = OutboxArgId(fcinfo, 0, "command_id");
+	text	   *worker = OutboxArgId(fcinfo, 1, "worker");
+	int64		version = le_arg_version(fcinfo, 2);
+	text	   *error;
+	bool		fatal;
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	int32		deliveries;
+	int32		max_deliveries;
+	int64		base_usec;
+	int64		max_usec;
+	bool		dead;
+	TimestampTz now = GetCurrentTimestamp();
+
+	OutboxArgNotNull(fcinfo, 3, "error");
+	error = PG_GETARG_TEXT_PP(3);
+	if (VARSIZE_ANY_EXHDR(error) > OUTBOX_MAX_ERROR_LEN)
+		error = cstring_to_text_with_len(VARDATA_ANY(error), OUTBOX_MAX_ERROR_LEN);
+	OutboxArgNotNull(fcinfo, 4, "fatal");
+	fatal = PG_GETARG_BOOL(4);
+
+	args[0] = PointerGetDatum(command_id);
+	args[1] = PointerGetDatum(worker);
+	args[2] = Int64GetDatum(version);
+
+	SPI_connect();
+	if (SPI_execute_plan(OutboxPrepare(&plan_fail_lock,
+									   "SELECT c.deliveries, p.max_deliveries,"
+									   "       pg_catalog.date_part('epoch', p.backoff_base),"
+									   "       pg_catalog.date_part('epoch', p.backoff_max)"
+									   "  FROM outbox.commands c"
+									   "  LEFT JOIN outbox.policies p ON p.kind OPERATOR(pg_catalog.=) c.kind"
+									   " WHERE c.command_id OPERATOR(pg_catalog.=) $1"
+									   "   AND c.owner OPERATOR(pg_catalog.=) $2"
+									   "   AND c.version OPERATOR(pg_catalog.=) $3"
+									   "   AND c.status OPERATOR(pg_catalog.=) 'sending'"
+									   "   FOR NO KEY UPDATE OF c",
+									   3, lock_types),
+						 args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: fail lookup failed");
+	if (SPI_processed != 1)
+		le_raise_not_owned(command_id, worker, version);
+
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	deliveries = DatumGetInt32(SPI_getbinval(tup, desc, 1, &isnull));
+	max_deliveries = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
+	if (isnull)
+		max_deliveries = outbox_max_deliveries;
+	base_usec = (int64) (DatumGetFloat8(SPI_getbinval(tup, desc, 3, &isnull)) * USECS_PER_SEC);
+	if (isnull)
+		base_usec = (int64) outbox_backoff_base_ms * 1000;
+	max_usec = (int64) (DatumGetFloat8(SPI_getbinval(tup, desc, 4, &isnull)) * USECS_PER_SEC);
+	if (isnull)
+		max_usec = (int64) outbox_backoff_max_ms * 1000;
+
+	dead = fatal || deliveries >= max_deliveries;
+
+	/* $3 is the new available_at, NULL when the command goes to dead. */
+	args[0] = PointerGetDatum(command_id);
+	args[1] = CStringGetTextDatum(dead ? "dead" : "pending");
+	args[2] = (Datum) 0;
+	if (dead)
+		nulls[2] = 'n';
+	else
+		args[2] = TimestampTzGetDatum(now + le_backoff_usec(deliveries, base_usec, max_usec));
+	args[3] = PointerGetDatum(error);
+	args[4] = Int64GetDatum(version);
+	if (SPI_execute_plan(OutboxPrepare(&plan_fail_set,
+									   "UPDATE outbox.commands"
+									   "   SET status = $2, last_error = $4, lease_until = NULL,"
+									   "       owner = CASE WHEN $3 IS NULL THEN owner END,"
+									   "       available_at = COALESCE($3, available_at),"
+									   "       due_at = $3,"
+									   "       version = version OPERATOR(pg_catalog.+) 1"
+									   " WHERE command_id OPERATOR(pg_catalog.=) $1"
+									   "   AND version OPERATOR(pg_catalog.=) $5",
+									   5, set_types),
+						 args, nulls, false, 0) != SPI_OK_UPDATE || SPI_processed != 1)
+		elog(ERROR, "outbox: fail update failed");
+	SPI_finish();
+
+	OutboxCountAtCommit(OBC_FAILED, 1);
+	if (dead)
+		OutboxCountAtCommit(OBC_DEAD_LETTERED, 1);
+	PG_RETURN_TEXT_P(cstring_to_text(dead ? "dead" : "pending"));
+}
+
+/*
+ * outbox.renew(command_id, worker, version, lease): extend the lease held
+ * with this token to now + lease.  Accepted while the token is current,
+ * even if the lease has run out and nobody took the command over yet.
+ */
+Datum
+outbox_renew(PG_FUNCTION_ARGS)
+{
+	static const Oid argtypes[6] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID,
+	INTERVALOID, INTERVALOID};
+	text	   *command_id = OutboxArgId(fcinfo, 0, "command_id");
+	text	   *worker = OutboxArgId(fcinfo, 1, "worker");
+	int64		version = le_arg_version(fcinfo, 2);
+	Interval   *lease = OutboxArgLease(fcinfo, 3);
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	bool		isnull;
+	Datum		until;
+
+	args[0] = PointerGetDatum(command_id);
+	args[1] = PointerGetDatum(worker);
+	args[2] = Int64GetDatum(version);
+	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
+	args[4] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
+	if (lease == NULL)
+		nulls[4] = 'n';
+	args[5] = IntervalPGetDatum(le_default_lease());
+
+	SPI_connect();
+	if (SPI_execute_plan(OutboxPrepare(&plan_renew,
+									   "UPDATE outbox.commands t"
+									   "   SET lease_until = $4 OPERATOR(pg_catalog.+) COALESCE($5,"
+									   "           (SELECT p.lease FROM outbox.policies p"
+									   "             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $6)"
+									   " WHERE t.command_id OPERATOR(pg_catalog.=) $1"
+									   "   AND t.owner OPERATOR(pg_catalog.=) $2"
+									   "   AND t.version OPERATOR(pg_catalog.=) $3"
+									   "   AND t.status OPERATOR(pg_catalog.=) 'sending'"
+									   " RETURNING t.lease_until",
+									   6, argtypes),
+						 args, nulls, false, 0) != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox: renew failed");
+	if (SPI_processed != 1)
+		le_raise_not_owned(command_id, worker, version);
+	until = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	SPI_finish();
+
+	PG_RETURN_DATUM(until);
+}
+
+/*
+ * outbox.sweep(batch_size): settle up to batch_size expired leases that
+ * claim will not take over: to dead when the deliveries are used up, to
+ * uncertain when the kind's takeover mode is manual.  Returns the number of
+ * commands settled.
+ */
+Datum
+outbox_sweep(PG_FUNCTION_ARGS)
+{
+	static const Oid argtypes[3] = {INT4OID, TIMESTAMPTZOID, INT4OID};
+	int32		batch;
+	Datum		args[3];
+	uint64		i;
+	int64		dead = 0;
+	uint64		n;
+
+	OutboxArgNotNull(fcinfo, 0, "batch_size");
+	batch = PG_GETARG_INT32(0);
+	if (batch < 1 || batch > outbox_max_batch)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be between 1 and %d", outbox_max_batch),
+				 errdetail("The value was %d.", batch)));
+	args[0] = Int32GetDatum(batch);
+	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
+	args[2] = Int32GetDatum(outbox_max_deliveries);
+
+	SPI_connect();
+	if (SPI_execute_plan(OutboxPrepare(&plan_sweep,
+									   "WITH x AS ("
+									   "  SELECT c.command_id,"
+									   "         EXISTS (SELECT 1 FROM outbox.policies p"
+									   "                  WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
+									   "                    AND p.takeover OPERATOR(pg_catalog.=) 'manual') AS manual"
+									   "    FROM outbox.commands c"
+									   "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
+									   "     AND c.lease_until OPERATOR(pg_catalog.<=) $2"
+									   "     AND (c.deliveries OPERATOR(pg_catalog.>=) COALESCE("
+									   "            (SELECT p.max_deliveries FROM outbox.policies p"
+									   "              WHERE p.kind OPERATOR(pg_catalog.=) c.kind), $3)"
+									   "          OR EXISTS (SELECT 1 FROM outbox.policies p"
+									   "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
+									   "                        AND p.takeover OPERATOR(pg_catalog.=) 'manual'))"
+									   "   ORDER BY c.lease_until"
+									   "   LIMIT $1"
+									   "   FOR NO KEY UPDATE OF c SKIP LOCKED)"
+									   "UPDATE outbox.commands t"
+									   "   SET status = CASE WHEN x.manual THEN 'uncertain' ELSE 'dead' END,"
+									   "       last_error = CASE WHEN x.manual"
+									   "         THEN pg_catalog.format('lease of worker %s expired; kind %s needs a manual takeover',"
+									   "                                t.owner, t.kind)"
+									   "         ELSE pg_catalog.format('lease of worker %s expired after %s deliveries',"
+									   "                                t.owner, t.deliveries) END,"
+									   "       lease_until = NULL,"
+									   "       version = t.version OPERATOR(pg_catalog.+) 1"
+									   "  FROM x"
+									   " WHERE t.command_id OPERATOR(pg_catalog.=) x.command_id"
+									   " RETURNING t.status",
+									   3, argtypes),
+						 args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox: sweep failed");
+	n = SPI_processed;
+	for (i = 0; i < n; i++)
+	{
+		char	   *status = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+
+		if (strcmp(status, "dead") == 0)
+			dead++;
+	}
+	SPI_finish();
+
+	OutboxCountAtCommit(OBC_DEAD_LETTERED, dead);
+	PG_RETURN_INT32((int32) n);
+}

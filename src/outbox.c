@@ -1,0 +1,562 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.c
+ *		Module load, GUCs, shared memory, statistics and commit-time wake-up.
+ *
+ * Shared state.  When the library is in shared_preload_libraries it
+ * reserves one OutboxSharedState: cumulative counters (atomics, no lock) and
+ * one slot per per-database worker (protected by OutboxShared->lock).
+ * Without preloading OutboxShared stays NULL: the API works, counters are
+ * not kept and no worker runs.
+ *
+ * Counting and waking at commit.  API calls do not touch shared memory.
+ * They add to backend-local pending counts; a transaction callback adds
+ * those to the shared counters when the transaction commits and throws them
+ * away when it aborts, so rolled-back work is never counted.  If the
+ * committed transaction enqueued commands, the callback also sets
+ * wake_pending in the database's worker slot and sets the worker's latch.
+ * That is all a producer pays: no lock, no NOTIFY on its commit path.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/jsonb.h"
+
+#include "outbox.h"
+
+PG_MODULE_MAGIC;
+
+/* GUC variables */
+int			outbox_naptime_ms = 1000;
+int			outbox_default_lease_ms = 30000;
+int			outbox_max_lease_s = 86400;
+int			outbox_max_deliveries = 10;
+int			outbox_backoff_base_ms = 1000;
+int			outbox_backoff_max_ms = 300000;
+int			outbox_retention_s = 7 * 86400;
+int			outbox_purge_batch = 1000;
+int			outbox_max_payload_bytes = 1024 * 1024;
+int			outbox_max_batch = 10000;
+char	   *outbox_notify_channel = NULL;
+int			outbox_receipt_overdue_s = 3600;
+int			outbox_max_workers = 8;
+char	   *outbox_databases = NULL;
+
+OutboxSharedState *OutboxShared = NULL;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/* Counts of the current transaction, published at commit. */
+static int64 pending_counts[OBC_NUM_COUNTERS];
+static bool pending_any = false;
+static bool xact_callback_registered = false;
+
+void		_PG_init(void);
+static void ob_shmem_request(void);
+static void ob_shmem_startup(void);
+static Size ob_shmem_size(void);
+static void ob_xact_callback(XactEvent event, void *arg);
+static bool ob_check_channel(char **newval, void **extra, GucSource source);
+
+PG_FUNCTION_INFO_V1(outbox_stats);
+PG_FUNCTION_INFO_V1(outbox_stats_reset);
+PG_FUNCTION_INFO_V1(outbox_preloaded);
+
+/*
+ * Module load: define the GUCs and, when preloaded, reserve shared memory
+ * and register the launcher.
+ */
+void
+_PG_init(void)
+{
+	DefineCustomIntVariable("outbox.naptime",
+							"Time the background worker sleeps between rounds of its duties.",
+							NULL,
+							&outbox_naptime_ms,
+							1000, 10, 3600 * 1000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.default_lease",
+							"Lease granted by claim and renew when neither the call nor the kind's policy names one.",
+							NULL,
+							&outbox_default_lease_ms,
+							30000, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.max_lease",
+							"Longest lease claim and renew accept.",
+							NULL,
+							&outbox_max_lease_s,
+							86400, 1, 365 * 86400,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.max_deliveries",
+							"Deliveries after which a command that keeps failing or expiring goes to dead.",
+							NULL,
+							&outbox_max_deliveries,
+							10, 1, 1000000,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.backoff_base",
+							"First retry delay after a failed delivery; doubled for each further delivery.",
+							NULL,
+							&outbox_backoff_base_ms,
+							1000, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.backoff_max",
+							"Longest retry delay after a failed delivery.",
+							NULL,
+							&outbox_backoff_max_ms,
+							300000, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.retention",
+							"How long a published command with a receipt is kept before the purge removes it.",
+							NULL,
+							&outbox_retention_s,
+							7 * 86400, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.purge_batch",
+							"Most commands the retention purge removes in one transaction.",
+							NULL,
+							&outbox_purge_batch,
+							1000, 1, 1000000,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.max_payload_bytes",
+							"Largest payload (jsonb size) the producer API accepts.",
+							NULL,
+							&outbox_max_payload_bytes,
+							1024 * 1024, 64, MaxAllocSize / 2,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.max_batch",
+							"Largest batch claim and the set-based calls accept.",
+							NULL,
+							&outbox_max_batch,
+							10000, 1, 1000000,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+	DefineCustomStringVariable("outbox.notify_channel",
+							   "Channel on which the background worker notifies publishers.",
+							   NULL,
+							   &outbox_notify_channel,
+							   "outbox",
+							   PGC_SIGHUP, 0,
+							   ob_check_channel, NULL, NULL);
+	DefineCustomIntVariable("outbox.receipt_overdue",
+							"Age after publication at which a command without a receipt is reported overdue.",
+							NULL,
+							&outbox_receipt_overdue_s,
+							3600, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.max_workers",
+							"Most databases served by a background worker at once.",
+							NULL,
+							&outbox_max_workers,
+							8, 1, 256,
+							PGC_POSTMASTER, 0,
+							NULL, NULL, NULL);
+	DefineCustomStringVariable("outbox.databases",
+							   "Comma-separated databases the launcher serves; empty means every database with the extension.",
+							   NULL,
+							   &outbox_databases,
+							   "",
+							   PGC_SIGHUP, 0,
+							   NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("outbox");
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = ob_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = ob_shmem_startup;
+
+	OutboxRegisterLauncher();
+}
+
+/* A notify channel must be a non-empty identifier-sized string. */
+static bool
+ob_check_channel(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || (*newval)[0] == '\0' ||
+		strlen(*newval) >= NAMEDATALEN)
+	{
+		GUC_check_errdetail("outbox.notify_channel must be between 1 and %d bytes long.",
+							NAMEDATALEN - 1);
+		return false;
+	}
+	return true;
+}
+
+static Size
+ob_shmem_size(void)
+{
+	return add_size(offsetof(OutboxSharedState, slots),
+					mul_size(outbox_max_workers, sizeof(OutboxWorkerSlot)));
+}
+
+static void
+ob_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(ob_shmem_size());
+	RequestNamedLWLockTranche("outbox", 1);
+}
+
+/* Create or attach to the shared state. */
+static void
+ob_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	OutboxShared = ShmemInitStruct("outbox", ob_shmem_size(), &found);
+	if (!found)
+	{
+		int			i;
+
+		memset(OutboxShared, 0, ob_shmem_size());
+		OutboxShared->lock = &(GetNamedLWLockTranche("outbox"))->lock;
+		OutboxShared->stats_reset = GetCurrentTimestamp();
+		for (i = 0; i < OBC_NUM_COUNTERS; i++)
+			pg_atomic_init_u64(&OutboxShared->counters[i], 0);
+		OutboxShared->nslots = outbox_max_workers;
+		for (i = 0; i < outbox_max_workers; i++)
+			pg_atomic_init_u32(&OutboxShared->slots[i].wake_pending, 0);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* Add n to a counter when (and only if) the current transaction commits. */
+void
+OutboxCountAtCommit(OutboxCounter c, int64 n)
+{
+	if (!xact_callback_registered)
+	{
+		RegisterXactCallback(ob_xact_callback, NULL);
+		xact_callback_registered = true;
+	}
+	pending_counts[c] += n;
+	pending_any = true;
+}
+
+/* Add n to a counter now (for refusals, which abort the transaction). */
+void
+OutboxCountNow(OutboxCounter c, int64 n)
+{
+	if (OutboxShared != NULL && n != 0)
+		pg_atomic_fetch_add_u64(&OutboxShared->counters[c], (uint64) n);
+}
+
+/*
+ * The slot of the worker serving dboid, or NULL.  Reads without the lock:
+ * callers only use the result to set a latch, and a stale answer costs at
+ * most one wake-up (the worker also polls every naptime).
+ */
+OutboxWorkerSlot *
+OutboxFindSlot(Oid dboid)
+{
+	int			i;
+
+	if (OutboxShared == NULL)
+		return NULL;
+	for (i = 0; i < OutboxShared->nslots; i++)
+	{
+		OutboxWorkerSlot *slot = &OutboxShared->slots[i];
+
+		if (slot->state != OBW_FREE && slot->dboid == dboid)
+			return slot;
+	}
+	return NULL;
+}
+
+/* Publish or drop the transaction's counts; wake the worker on commit. */
+static void
+ob_xact_callback(XactEvent event, void *arg)
+{
+	int			i;
+
+	if (!pending_any)
+		return;
+
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			if (OutboxShared != NULL)
+			{
+				for (i = 0; i < OBC_NUM_COUNTERS; i++)
+					if (pending_counts[i] != 0)
+						pg_atomic_fetch_add_u64(&OutboxShared->counters[i],
+												(uint64) pending_counts[i]);
+				if (pending_counts[OBC_ENQUEUED] > 0)
+				{
+					OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
+
+					if (slot != NULL)
+					{
+						Latch	   *latch = slot->latch;
+
+						pg_atomic_write_u32(&slot->wake_pending, 1);
+						if (latch != NULL)
+							SetLatch(latch);
+					}
+				}
+			}
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			break;
+		default:
+			return;				/* not the end of the transaction yet */
+	}
+	memset(pending_counts, 0, sizeof(pending_counts));
+	pending_any = false;
+}
+
+/*
+ * Prepare and keep a plan once per backend.  The plan cache re-plans it
+ * after DDL on the tables it reads (for example DROP and CREATE EXTENSION).
+ */
+SPIPlanPtr
+OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
+			  const Oid *argtypes)
+{
+	SPIPlanPtr	plan;
+
+	if (*cache != NULL)
+		return *cache;
+	plan = SPI_prepare(sql, nargs, (Oid *) argtypes);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 sql, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	*cache = plan;
+	return plan;
+}
+
+/* Raise 22004 if argument argno is NULL. */
+void
+OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", what)));
+}
+
+/* Check that an identifier is non-empty and not too long. */
+void
+OutboxCheckId(text *t, const char *what)
+{
+	int			len = VARSIZE_ANY_EXHDR(t);
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", what)));
+	if (len > OUTBOX_MAX_ID_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is too long", what),
+				 errdetail("The value is %d bytes long; the limit is %d bytes.",
+						   len, OUTBOX_MAX_ID_LEN)));
+}
+
+/* Fetch and check an identifier argument. */
+text *
+OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	text	   *t;
+
+	OutboxArgNotNull(fcinfo, argno, what);
+	t = PG_GETARG_TEXT_PP(argno);
+	OutboxCheckId(t, what);
+	return t;
+}
+
+/* Check a payload's size and nesting depth. */
+void
+OutboxCheckPayload(Jsonb *j, const char *what)
+{
+	Size		size = VARSIZE(j);
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			depth = 0;
+
+	if (size > (Size) outbox_max_payload_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s is too large", what),
+				 errdetail("The payload is %zu bytes; outbox.max_payload_bytes is %d.",
+						   size, outbox_max_payload_bytes)));
+
+	/* A scalar or a flat container cannot be too deep: skip the walk. */
+	if (JB_ROOT_IS_SCALAR(j) || JB_ROOT_COUNT(j) == 0)
+		return;
+	it = JsonbIteratorInit(&j->root);
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		if (tok == WJB_BEGIN_ARRAY || tok == WJB_BEGIN_OBJECT)
+		{
+			if (++depth > OUTBOX_MAX_PAYLOAD_DEPTH)
+				ereport(ERROR,
+						(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+						 errmsg("%s is nested too deeply", what),
+						 errdetail("The limit is %d levels.",
+								   OUTBOX_MAX_PAYLOAD_DEPTH)));
+		}
+		else if (tok == WJB_END_ARRAY || tok == WJB_END_OBJECT)
+			depth--;
+	}
+}
+
+/* Fetch and check a payload argument; NULL allowed only if nullable. */
+Jsonb *
+OutboxArgPayload(FunctionCallInfo fcinfo, int argno, const char *what,
+				 bool nullable)
+{
+	Jsonb	   *j;
+
+	if (PG_ARGISNULL(argno))
+	{
+		if (nullable)
+			return NULL;
+		OutboxArgNotNull(fcinfo, argno, what);
+	}
+	j = PG_GETARG_JSONB_P(argno);
+	OutboxCheckPayload(j, what);
+	return j;
+}
+
+/*
+ * An interval in microseconds, counting a month as 30 days and a day as
+ * 24 hours (as EXTRACT(epoch) does); saturates instead of overflowing.
+ */
+int64
+OutboxIntervalUsec(Interval *iv)
+{
+	double		usec;
+
+	usec = (double) iv->time +
+		((double) iv->month * DAYS_PER_MONTH + (double) iv->day) *
+		(double) USECS_PER_DAY;
+	if (usec >= (double) PG_INT64_MAX)
+		return PG_INT64_MAX;
+	if (usec <= (double) PG_INT64_MIN)
+		return PG_INT64_MIN;
+	return (int64) usec;
+}
+
+/*
+ * Fetch and check an optional lease argument: NULL means "the default"
+ * and is returned as NULL; otherwise it must be positive and at most
+ * outbox.max_lease.
+ */
+Interval *
+OutboxArgLease(FunctionCallInfo fcinfo, int argno)
+{
+	Interval   *iv;
+	int64		usec;
+
+	if (PG_ARGISNULL(argno))
+		return NULL;
+	iv = PG_GETARG_INTERVAL_P(argno);
+	usec = OutboxIntervalUsec(iv);
+	if (usec <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errdetail("The requested lease was %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))))));
+	if (usec > (int64) outbox_max_lease_s * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease is longer than outbox.max_lease"),
+				 errdetail("The requested lease was %s; the limit is %d seconds.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))),
+						   outbox_max_lease_s)));
+	return iv;
+}
+
+/* outbox.preloaded(): true when the library was in shared_preload_libraries. */
+Datum
+outbox_preloaded(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_BOOL(OutboxShared != NULL);
+}
+
+/*
+ * outbox._stats(): one row of the shared counters, or no row when the
+ * library was not preloaded (the counters do not exist then).
+ */
+Datum
+outbox_stats(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+	Datum		values[OBC_NUM_COUNTERS + 1];
+	bool		nulls[OBC_NUM_COUNTERS + 1];
+	int			i;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+	if (OutboxShared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox statistics are not available"),
+				 errhint("Add outbox to shared_preload_libraries and restart the server.")));
+
+	memset(nulls, 0, sizeof(nulls));
+	for (i = 0; i < OBC_NUM_COUNTERS; i++)
+		values[i] = Int64GetDatum((int64) pg_atomic_read_u64(&OutboxShared->counters[i]));
+	LWLockAcquire(OutboxShared->lock, LW_SHARED);
+	values[OBC_NUM_COUNTERS] = TimestampTzGetDatum(OutboxShared->stats_reset);
+	LWLockRelease(OutboxShared->lock);
+
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/* outbox.stats_reset(): zero the shared counters. */
+Datum
+outbox_stats_reset(PG_FUNCTION_ARGS)
+{
+	int			i;
+
+	if (OutboxShared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox statistics are not available"),
+				 errhint("Add outbox to shared_preload_libraries and restart the server.")));
+	for (i = 0; i < OBC_NUM_COUNTERS; i++)
+		pg_atomic_write_u64(&OutboxShared->counters[i], 0);
+	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	OutboxShared->stats_reset = GetCurrentTimestamp();
+	LWLockRelease(OutboxShared->lock);
+	PG_RETURN_VOID();
+}

@@ -1,0 +1,128 @@
+/*-------------------------------------------------------------------------
+ *
+ * outbox.h
+ *		Declarations shared by the files of the outbox extension.
+ *
+ * The extension has three parts: the SQL-callable API (producer.c,
+ * lease.c, consumer.c), the shared state (outbox.c: GUCs, shared-memory
+ * counters, the worker slots, the commit-time wake-up) and the background
+ * workers (worker.c: launcher and per-database workers).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_H
+#define OUTBOX_H
+
+#include "postgres.h"
+
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "port/atomics.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+/* Longest identifier (run id, command id, kind, worker, consumer), bytes. */
+#define OUTBOX_MAX_ID_LEN		200
+/* Deepest nesting accepted in a payload. */
+#define OUTBOX_MAX_PAYLOAD_DEPTH 64
+/* Longest error text kept in last_error, bytes (longer ones are cut). */
+#define OUTBOX_MAX_ERROR_LEN	4096
+
+/* GUC variables (outbox.c) */
+extern int	outbox_naptime_ms;
+extern int	outbox_default_lease_ms;
+extern int	outbox_max_lease_s;
+extern int	outbox_max_deliveries;
+extern int	outbox_backoff_base_ms;
+extern int	outbox_backoff_max_ms;
+extern int	outbox_retention_s;
+extern int	outbox_purge_batch;
+extern int	outbox_max_payload_bytes;
+extern int	outbox_max_batch;
+extern char *outbox_notify_channel;
+extern int	outbox_receipt_overdue_s;
+extern int	outbox_max_workers;
+extern char *outbox_databases;
+
+/* Cumulative counters kept in shared memory (outbox.stats). */
+typedef enum OutboxCounter
+{
+	OBC_ENQUEUED = 0,
+	OBC_CLAIMED,
+	OBC_TAKEN_OVER,
+	OBC_ACKED,
+	OBC_STALE_REFUSED,
+	OBC_FAILED,
+	OBC_DEAD_LETTERED,
+	OBC_PURGED,
+	OBC_WAKEUPS,
+	OBC_NUM_COUNTERS
+} OutboxCounter;
+
+/* States a per-database worker reports in outbox.workers. */
+typedef enum OutboxWorkerState
+{
+	OBW_FREE = 0,				/* slot unused */
+	OBW_STARTING,				/* registered, not yet running */
+	OBW_IDLE,					/* napping */
+	OBW_RUNNING,				/* doing its duties */
+	OBW_STOPPED					/* exited (extension dropped, error) */
+} OutboxWorkerState;
+
+/*
+ * One slot per database served by a worker.  The launcher owns dboid and
+ * state transitions out of OBW_FREE; the worker fills in the rest.  All
+ * fields are protected by OutboxShared->lock, except wake_pending, which
+ * producers set at commit without taking the lock.
+ */
+typedef struct OutboxWorkerSlot
+{
+	Oid			dboid;
+	int			pid;
+	OutboxWorkerState state;
+	Latch	   *latch;			/* worker's process latch, NULL if not running */
+	pg_atomic_uint32 wake_pending;	/* a producer committed since last look */
+	TimestampTz started_at;
+	TimestampTz last_run;
+	int64		last_purged;
+	int64		runs;
+	char		last_error[256];
+} OutboxWorkerSlot;
+
+typedef struct OutboxSharedState
+{
+	LWLock	   *lock;
+	Latch	   *launcher_latch;
+	int			launcher_pid;
+	TimestampTz stats_reset;
+	pg_atomic_uint64 counters[OBC_NUM_COUNTERS];
+	int			nslots;
+	OutboxWorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
+} OutboxSharedState;
+
+/* NULL when the library was not preloaded. */
+extern OutboxSharedState *OutboxShared;
+
+/* outbox.c */
+extern void OutboxCountAtCommit(OutboxCounter c, int64 n);
+extern void OutboxCountNow(OutboxCounter c, int64 n);
+extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
+extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,
+								int nargs, const Oid *argtypes);
+extern text *OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what);
+extern Jsonb *OutboxArgPayload(FunctionCallInfo fcinfo, int argno,
+							   const char *what, bool nullable);
+extern void OutboxCheckId(text *t, const char *what);
+extern void OutboxCheckPayload(Jsonb *j, const char *what);
+extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what);
+extern int64 OutboxIntervalUsec(Interval *iv);
+extern Interval *OutboxArgLease(FunctionCallInfo fcinfo, int argno);
+
+/* worker.c */
+extern void OutboxRegisterLauncher(void);
+PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
+PGDLLEXPORT void OutboxWorkerMain(Datum main_arg);
+
+#endif							/* OUTBOX_H */

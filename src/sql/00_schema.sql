@@ -1,0 +1,121 @@
+-- outbox install script, part 00: tables and indexes.
+--
+-- The install script outbox--<version>.sql is the concatenation of the files
+-- in src/sql/ in name order (see the Makefile).  Every object is qualified;
+-- nothing here depends on the caller's search_path.
+
+\echo Use "CREATE EXTENSION outbox" to load this file. \quit
+
+-- The event log of each run.  An event that decided a command records the
+-- command's id in command_id.
+CREATE TABLE @extschema@.events (
+	run_id		pg_catalog.text NOT NULL,
+	seq			pg_catalog.int8 NOT NULL,
+	kind		pg_catalog.text NOT NULL,
+	payload		pg_catalog.jsonb,
+	command_id	pg_catalog.text,
+	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT events_pkey PRIMARY KEY (run_id, seq),
+	CONSTRAINT events_seq_check CHECK (seq OPERATOR(pg_catalog.>=) 0)
+);
+CREATE UNIQUE INDEX events_command_id_key ON @extschema@.events (command_id)
+	WHERE command_id IS NOT NULL;
+
+-- The outbox.  Two partial indexes serve claim, one per source of
+-- claimable rows: commands_claim_idx holds pending rows by priority and
+-- availability (due_at is available_at while pending, NULL otherwise) and
+-- commands_lease_idx holds sending rows by lease end (for takeovers and the
+-- worker's sweep).  A claim adds one entry to each of commands_pkey and
+-- commands_lease_idx, an ack one to commands_pkey only: no other index
+-- exists, and no field an ack changes appears in any key.  The fillfactor
+-- leaves room on each page for the new row versions.
+CREATE TABLE @extschema@.commands (
+	command_id	pg_catalog.text NOT NULL,
+	run_id		pg_catalog.text NOT NULL,
+	seq			pg_catalog.int8 NOT NULL,
+	kind		pg_catalog.text NOT NULL,
+	status		pg_catalog.text NOT NULL DEFAULT 'pending',
+	version		pg_catalog.int8 NOT NULL DEFAULT 1,
+	deliveries	pg_catalog.int4 NOT NULL DEFAULT 0,
+	priority	pg_catalog.int4 NOT NULL DEFAULT 0,
+	available_at pg_catalog.timestamptz NOT NULL,
+	due_at		pg_catalog.timestamptz,
+	lease_until pg_catalog.timestamptz,
+	owner		pg_catalog.text,
+	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	published_at pg_catalog.timestamptz,
+	last_error	pg_catalog.text,
+	payload		pg_catalog.jsonb NOT NULL,
+	CONSTRAINT commands_pkey PRIMARY KEY (command_id),
+	CONSTRAINT commands_status_check CHECK (status OPERATOR(pg_catalog.=) ANY
+		(ARRAY['pending', 'sending', 'published', 'dead', 'uncertain']::pg_catalog.text[])),
+	CONSTRAINT commands_version_check CHECK (version OPERATOR(pg_catalog.>=) 1),
+	CONSTRAINT commands_deliveries_check CHECK (deliveries OPERATOR(pg_catalog.>=) 0)
+) WITH (fillfactor = 80);
+
+CREATE INDEX commands_claim_idx ON @extschema@.commands
+	(priority DESC, due_at, created_at) WHERE due_at IS NOT NULL;
+CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until)
+	WHERE status OPERATOR(pg_catalog.=) 'sending';
+
+-- One completion receipt per command.
+CREATE TABLE @extschema@.receipts (
+	command_id	pg_catalog.text NOT NULL,
+	outcome		pg_catalog.text NOT NULL,
+	detail		pg_catalog.jsonb,
+	completed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT receipts_pkey PRIMARY KEY (command_id)
+);
+
+-- Commands a consumer has accepted (its deduplication memory).
+CREATE TABLE @extschema@.inbox (
+	consumer	pg_catalog.text NOT NULL,
+	command_id	pg_catalog.text NOT NULL,
+	accepted_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT inbox_pkey PRIMARY KEY (consumer, command_id)
+);
+
+-- Per-kind overrides of the outbox.* settings.  NULL means "use the GUC".
+CREATE TABLE @extschema@.policies (
+	kind		pg_catalog.text NOT NULL,
+	max_deliveries pg_catalog.int4,
+	backoff_base pg_catalog.interval,
+	backoff_max pg_catalog.interval,
+	lease		pg_catalog.interval,
+	takeover	pg_catalog.text NOT NULL DEFAULT 'auto',
+	paused		pg_catalog.bool NOT NULL DEFAULT false,
+	retention	pg_catalog.interval,
+	CONSTRAINT policies_pkey PRIMARY KEY (kind),
+	CONSTRAINT policies_takeover_check CHECK (takeover OPERATOR(pg_catalog.=) ANY
+		(ARRAY['auto', 'manual']::pg_catalog.text[])),
+	CONSTRAINT policies_max_deliveries_check CHECK (max_deliveries OPERATOR(pg_catalog.>=) 1)
+);
+
+-- Tombstones of purged commands: what the retention purge removed, so that
+-- the conservation checks can tell a purged command from a lost one.  Only
+-- the purge writes here, and only for a published command with a receipt.
+CREATE TABLE @extschema@.purged (
+	command_id	pg_catalog.text NOT NULL,
+	run_id		pg_catalog.text NOT NULL,
+	seq			pg_catalog.int8 NOT NULL,
+	kind		pg_catalog.text NOT NULL,
+	published_at pg_catalog.timestamptz NOT NULL,
+	outcome		pg_catalog.text NOT NULL,
+	purged_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT purged_pkey PRIMARY KEY (command_id)
+);
+
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.events', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.commands', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.receipts', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.policies', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.purged', '');
+
+COMMENT ON TABLE @extschema@.events IS 'event log of each run; command_id names the command an event decided';
+COMMENT ON TABLE @extschema@.commands IS 'the outbox: one row per command, with its lease and delivery state';
+COMMENT ON TABLE @extschema@.receipts IS 'one durable completion receipt per command';
+COMMENT ON TABLE @extschema@.inbox IS 'commands each consumer has accepted, for exactly-once effects';
+COMMENT ON TABLE @extschema@.policies IS 'per-kind overrides: max deliveries, backoff, lease, takeover mode, pause, retention';
+COMMENT ON TABLE @extschema@.purged IS 'tombstones of commands removed by the retention purge';
+COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending, NULL otherwise (the key of the claim index)';

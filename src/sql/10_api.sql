@@ -1,0 +1,172 @@
+-- outbox install script, part 10: the producer, publisher and consumer API
+-- (C functions).  All are SECURITY DEFINER with a pinned search_path: the
+-- callers hold only EXECUTE (see part 90), never a table privilege.
+
+-- Producer -----------------------------------------------------------------
+
+CREATE FUNCTION @extschema@.commit_decision(
+	run_id pg_catalog.text,
+	seq pg_catalog.int8,
+	event_kind pg_catalog.text,
+	command_id pg_catalog.text,
+	command_kind pg_catalog.text,
+	payload pg_catalog.jsonb,
+	event_payload pg_catalog.jsonb DEFAULT NULL,
+	not_before pg_catalog.timestamptz DEFAULT NULL,
+	priority pg_catalog.int4 DEFAULT 0)
+RETURNS void
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_commit_decision';
+COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4)
+	IS 'record an event and the command it decides, atomically, in the caller''s transaction';
+
+CREATE FUNCTION @extschema@.commit_decisions(
+	run_ids pg_catalog.text[],
+	seqs pg_catalog.int8[],
+	event_kinds pg_catalog.text[],
+	command_ids pg_catalog.text[],
+	command_kinds pg_catalog.text[],
+	payloads pg_catalog.jsonb[],
+	event_payloads pg_catalog.jsonb[] DEFAULT NULL,
+	not_before pg_catalog.timestamptz[] DEFAULT NULL,
+	priorities pg_catalog.int4[] DEFAULT NULL)
+RETURNS pg_catalog.int4
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_commit_decisions';
+COMMENT ON FUNCTION @extschema@.commit_decisions(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.jsonb[], pg_catalog.jsonb[], pg_catalog.timestamptz[], pg_catalog.int4[])
+	IS 'record many decisions (parallel arrays) in one call; all or none';
+
+CREATE FUNCTION @extschema@.record_event(
+	run_id pg_catalog.text,
+	seq pg_catalog.int8,
+	kind pg_catalog.text,
+	payload pg_catalog.jsonb DEFAULT NULL)
+RETURNS void
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_record_event';
+COMMENT ON FUNCTION @extschema@.record_event(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.jsonb)
+	IS 'record an event that decides no command';
+
+-- Publisher ----------------------------------------------------------------
+
+CREATE TYPE @extschema@.lease AS (
+	command_id	pg_catalog.text,
+	run_id		pg_catalog.text,
+	kind		pg_catalog.text,
+	payload		pg_catalog.jsonb,
+	version		pg_catalog.int8,
+	deliveries	pg_catalog.int4,
+	lease_until pg_catalog.timestamptz
+);
+COMMENT ON TYPE @extschema@.lease IS 'a claimed command: the token (command_id, version) and what to send';
+
+CREATE FUNCTION @extschema@.claim(
+	worker pg_catalog.text,
+	batch_size pg_catalog.int4 DEFAULT 100,
+	lease pg_catalog.interval DEFAULT NULL,
+	kinds pg_catalog.text[] DEFAULT NULL)
+RETURNS SETOF @extschema@.lease
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+ROWS 100
+AS 'MODULE_PATHNAME', 'outbox_claim';
+COMMENT ON FUNCTION @extschema@.claim(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.text[])
+	IS 'lease up to batch_size available commands (pending, or sending with an expired lease) to worker';
+
+CREATE FUNCTION @extschema@.ack(
+	command_id pg_catalog.text,
+	worker pg_catalog.text,
+	version pg_catalog.int8)
+RETURNS void
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_ack';
+COMMENT ON FUNCTION @extschema@.ack(pg_catalog.text, pg_catalog.text, pg_catalog.int8)
+	IS 'mark a leased command published; raises lease_not_owned for a stale token';
+
+CREATE TYPE @extschema@.ack_result AS (
+	command_id	pg_catalog.text,
+	acked		pg_catalog.bool,
+	reason		pg_catalog.text
+);
+COMMENT ON TYPE @extschema@.ack_result IS 'outcome of one command of a batch ack: acked, or why not';
+
+CREATE FUNCTION @extschema@.ack(
+	worker pg_catalog.text,
+	command_ids pg_catalog.text[],
+	versions pg_catalog.int8[])
+RETURNS SETOF @extschema@.ack_result
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+ROWS 100
+AS 'MODULE_PATHNAME', 'outbox_ack_batch';
+COMMENT ON FUNCTION @extschema@.ack(pg_catalog.text, pg_catalog.text[], pg_catalog.int8[])
+	IS 'mark a batch of leased commands published; reports stale tokens per command instead of raising';
+
+CREATE FUNCTION @extschema@.fail(
+	command_id pg_catalog.text,
+	worker pg_catalog.text,
+	version pg_catalog.int8,
+	error pg_catalog.text,
+	fatal pg_catalog.bool DEFAULT false)
+RETURNS pg_catalog.text
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_fail';
+COMMENT ON FUNCTION @extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bool)
+	IS 'report a failed delivery: back to pending after a backoff, or dead; returns the new status';
+
+CREATE FUNCTION @extschema@.renew(
+	command_id pg_catalog.text,
+	worker pg_catalog.text,
+	version pg_catalog.int8,
+	lease pg_catalog.interval DEFAULT NULL)
+RETURNS pg_catalog.timestamptz
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_renew';
+COMMENT ON FUNCTION @extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.interval)
+	IS 'extend a lease held with the current token; returns the new lease end';
+
+-- Consumer -----------------------------------------------------------------
+
+CREATE FUNCTION @extschema@.complete(
+	command_id pg_catalog.text,
+	outcome pg_catalog.text DEFAULT 'done',
+	detail pg_catalog.jsonb DEFAULT NULL)
+RETURNS pg_catalog.bool
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_complete';
+COMMENT ON FUNCTION @extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb)
+	IS 'record the completion receipt of a command; true the first time, false on a repeat';
+
+CREATE FUNCTION @extschema@.inbox_accept(
+	consumer pg_catalog.text,
+	command_id pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_inbox_accept';
+COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
+	IS 'true the first time consumer accepts command_id, false on every redelivery';
+
+-- Sweep of expired leases that claim will not take over (the worker calls it
+-- every round; an administrator may call it when the worker is not running).
+CREATE FUNCTION @extschema@.sweep(batch_size pg_catalog.int4 DEFAULT 1000)
+RETURNS pg_catalog.int4
+LANGUAGE c VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_sweep';
+COMMENT ON FUNCTION @extschema@.sweep(pg_catalog.int4)
+	IS 'settle expired leases claim will not take over: to dead (deliveries used up) or uncertain (manual takeover)';
+
+CREATE FUNCTION @extschema@.preloaded()
+RETURNS pg_catalog.bool
+LANGUAGE c STABLE
+AS 'MODULE_PATHNAME', 'outbox_preloaded';
+COMMENT ON FUNCTION @extschema@.preloaded()
+	IS 'true when the library is in shared_preload_libraries (statistics and worker available)';

@@ -1,0 +1,253 @@
+-- outbox install script, part 20: the administrator API.  These run rarely,
+-- so they are PL/pgSQL; like the C API they are SECURITY DEFINER with a
+-- pinned search_path and qualify every object they use.
+
+-- Raise 22004 when a required argument is NULL.
+CREATE FUNCTION @extschema@._require(value pg_catalog.anyelement, name pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF value IS NULL THEN
+		RAISE EXCEPTION '% must not be null', name USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+END;
+$$;
+
+-- Check an identifier argument: not NULL, not empty, at most 200 bytes.
+CREATE FUNCTION @extschema@._require_id(value pg_catalog.text, name pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF value IS NULL THEN
+		RAISE EXCEPTION '% must not be null', name USING ERRCODE = 'null_value_not_allowed';
+	ELSIF value OPERATOR(pg_catalog.=) '' THEN
+		RAISE EXCEPTION '% must not be empty', name USING ERRCODE = 'invalid_parameter_value';
+	ELSIF pg_catalog.octet_length(value) OPERATOR(pg_catalog.>) 200 THEN
+		RAISE EXCEPTION '% is too long', name USING ERRCODE = 'invalid_parameter_value',
+			DETAIL = pg_catalog.format('The value is %s bytes long; the limit is 200 bytes.',
+									   pg_catalog.octet_length(value));
+	END IF;
+END;
+$$;
+
+CREATE FUNCTION @extschema@.requeue(command_id pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	st pg_catalog.text;
+BEGIN
+	PERFORM @extschema@._require_id(command_id, 'command_id');
+	SELECT c.status INTO st FROM @extschema@.commands c
+	 WHERE c.command_id OPERATOR(pg_catalog.=) requeue.command_id FOR NO KEY UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'command "%" does not exist', command_id
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	IF st OPERATOR(pg_catalog.<>) ALL (ARRAY['dead', 'uncertain']) THEN
+		RAISE EXCEPTION 'command "%" is %, not dead or uncertain', command_id, st
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = 'Only dead and uncertain commands can be requeued.';
+	END IF;
+	UPDATE @extschema@.commands c
+	   SET status = 'pending', owner = NULL, lease_until = NULL,
+		   available_at = pg_catalog.clock_timestamp(),
+		   due_at = pg_catalog.clock_timestamp(),
+		   version = c.version OPERATOR(pg_catalog.+) 1
+	 WHERE c.command_id OPERATOR(pg_catalog.=) requeue.command_id;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.requeue(pg_catalog.text)
+	IS 'bring a dead or uncertain command back to pending (one more delivery attempt)';
+
+CREATE FUNCTION @extschema@.resolve(command_id pg_catalog.text, resolution pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	st pg_catalog.text;
+BEGIN
+	PERFORM @extschema@._require_id(command_id, 'command_id');
+	PERFORM @extschema@._require(resolution, 'resolution');
+	IF resolution OPERATOR(pg_catalog.<>) ALL (ARRAY['published', 'retry', 'dead']) THEN
+		RAISE EXCEPTION 'resolution must be published, retry or dead'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('The value was "%s".', resolution);
+	END IF;
+	SELECT c.status INTO st FROM @extschema@.commands c
+	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id FOR NO KEY UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'command "%" does not exist', command_id
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	IF st OPERATOR(pg_catalog.<>) 'uncertain' THEN
+		RAISE EXCEPTION 'command "%" is %, not uncertain', command_id, st
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = 'Only uncertain commands are resolved; use requeue for dead ones.';
+	END IF;
+	UPDATE @extschema@.commands c
+	   SET status = CASE resolution WHEN 'retry' THEN 'pending' ELSE resolution END,
+		   published_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'published'
+							   THEN pg_catalog.clock_timestamp() END,
+		   owner = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry' THEN NULL ELSE c.owner END,
+		   lease_until = NULL,
+		   available_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry'
+							   THEN pg_catalog.clock_timestamp() ELSE c.available_at END,
+		   due_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry'
+						 THEN pg_catalog.clock_timestamp() END,
+		   last_error = CASE WHEN resolution OPERATOR(pg_catalog.=) 'dead'
+							 THEN pg_catalog.concat_ws('; ', c.last_error, 'resolved as dead')
+							 ELSE c.last_error END,
+		   version = c.version OPERATOR(pg_catalog.+) 1
+	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.resolve(pg_catalog.text, pg_catalog.text)
+	IS 'settle an uncertain command: published (it was sent), retry (send again) or dead';
+
+CREATE FUNCTION @extschema@.set_policy(
+	kind pg_catalog.text,
+	max_deliveries pg_catalog.int4 DEFAULT NULL,
+	backoff_base pg_catalog.interval DEFAULT NULL,
+	backoff_max pg_catalog.interval DEFAULT NULL,
+	lease pg_catalog.interval DEFAULT NULL,
+	takeover pg_catalog.text DEFAULT NULL,
+	retention pg_catalog.interval DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	-- Calling into the module first defines the outbox.* settings read below.
+	loaded pg_catalog.bool := @extschema@.preloaded();
+BEGIN
+	PERFORM @extschema@._require_id(kind, 'kind');
+	IF max_deliveries OPERATOR(pg_catalog.<) 1 THEN
+		RAISE EXCEPTION 'max_deliveries must be at least 1'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF backoff_base OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
+	   OR backoff_max OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
+	   OR retention OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+		RAISE EXCEPTION 'backoff and retention must not be negative'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF lease OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
+		RAISE EXCEPTION 'lease must be positive'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF lease OPERATOR(pg_catalog.>)
+			pg_catalog.current_setting('outbox.max_lease')::pg_catalog.interval THEN
+		RAISE EXCEPTION 'lease is longer than outbox.max_lease'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF takeover OPERATOR(pg_catalog.<>) ALL (ARRAY['auto', 'manual']) THEN
+		RAISE EXCEPTION 'takeover must be auto or manual'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('The value was "%s".', takeover);
+	END IF;
+	INSERT INTO @extschema@.policies AS p
+		(kind, max_deliveries, backoff_base, backoff_max, lease, takeover, retention)
+	VALUES (kind, max_deliveries, backoff_base, backoff_max, lease,
+			COALESCE(takeover, 'auto'), retention)
+	ON CONFLICT ON CONSTRAINT policies_pkey DO UPDATE
+	   SET max_deliveries = COALESCE(EXCLUDED.max_deliveries, p.max_deliveries),
+		   backoff_base = COALESCE(EXCLUDED.backoff_base, p.backoff_base),
+		   backoff_max = COALESCE(EXCLUDED.backoff_max, p.backoff_max),
+		   lease = COALESCE(EXCLUDED.lease, p.lease),
+		   takeover = COALESCE(set_policy.takeover, p.takeover),
+		   retention = COALESCE(EXCLUDED.retention, p.retention);
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval)
+	IS 'set per-kind overrides; a NULL (or omitted) argument keeps the current value';
+
+CREATE FUNCTION @extschema@.pause(kind pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM @extschema@._require_id(kind, 'kind');
+	INSERT INTO @extschema@.policies AS p (kind, paused) VALUES (kind, true)
+	ON CONFLICT ON CONSTRAINT policies_pkey DO UPDATE SET paused = true;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.pause(pg_catalog.text)
+	IS 'stop claim from handing out commands of this kind (leases already granted run on)';
+
+CREATE FUNCTION @extschema@.resume(kind pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM @extschema@._require_id(kind, 'kind');
+	UPDATE @extschema@.policies p SET paused = false
+	 WHERE p.kind OPERATOR(pg_catalog.=) resume.kind;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.resume(pg_catalog.text)
+	IS 'let claim hand out commands of a paused kind again';
+
+-- The retention rule (guarantee 6): remove up to batch_size commands that
+-- are published, have a receipt, and whose publication and receipt are both
+-- older than the retention (the kind's, else outbox.retention, else the
+-- argument when given).  Each removal leaves a tombstone in outbox.purged
+-- and takes the receipt with it.  Returns the number of commands purged.
+CREATE FUNCTION @extschema@.purge(
+	batch_size pg_catalog.int4 DEFAULT NULL,
+	older_than pg_catalog.interval DEFAULT NULL)
+RETURNS pg_catalog.int4
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	-- Calling into the module first defines the outbox.* settings read below.
+	loaded pg_catalog.bool := @extschema@.preloaded();
+	n pg_catalog.int4;
+	lim pg_catalog.int4 := COALESCE(batch_size,
+		pg_catalog.current_setting('outbox.purge_batch')::pg_catalog.int4);
+	dflt pg_catalog.interval := COALESCE(older_than,
+		pg_catalog.current_setting('outbox.retention')::pg_catalog.interval);
+BEGIN
+	IF lim OPERATOR(pg_catalog.<) 1 THEN
+		RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF dflt OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+		RAISE EXCEPTION 'older_than must not be negative' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	WITH victims AS (
+		SELECT c.command_id, c.run_id, c.seq, c.kind, c.published_at, r.outcome
+		  FROM @extschema@.receipts r
+		  JOIN @extschema@.commands c ON c.command_id OPERATOR(pg_catalog.=) r.command_id
+		 WHERE c.status OPERATOR(pg_catalog.=) 'published'
+		   AND c.published_at IS NOT NULL
+		   AND GREATEST(c.published_at, r.completed_at)
+			   OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-)
+			   COALESCE(CASE WHEN older_than IS NULL THEN
+					(SELECT p.retention FROM @extschema@.policies p
+					  WHERE p.kind OPERATOR(pg_catalog.=) c.kind) END, dflt))
+		 LIMIT lim
+		   FOR UPDATE OF c, r SKIP LOCKED),
+	tomb AS (
+		INSERT INTO @extschema@.purged (command_id, run_id, seq, kind, published_at, outcome)
+		SELECT v.command_id, v.run_id, v.seq, v.kind, v.published_at, v.outcome FROM victims v
+		RETURNING purged.command_id),
+	gone_r AS (
+		DELETE FROM @extschema@.receipts r USING tomb
+		 WHERE r.command_id OPERATOR(pg_catalog.=) tomb.command_id)
+	DELETE FROM @extschema@.commands c USING tomb
+	 WHERE c.command_id OPERATOR(pg_catalog.=) tomb.command_id;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.purge(pg_catalog.int4, pg_catalog.interval)
+	IS 'remove up to batch_size published commands with a receipt older than the retention; returns the count';

@@ -1,0 +1,7 @@
+/* placeholder until the launcher lands */
+#include "postgres.h"
+#include "outbox.h"
+void
+OutboxRegisterLauncher(void)
+{
+}
