@@ -1,0 +1,181 @@
+-- Lease protocol: claim, ack, fail, renew, sweep, policies, requeue, resolve.
+-- Start from an empty outbox (pg_regress created the extension already).
+DROP EXTENSION outbox;
+CREATE EXTENSION outbox;
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+SET intervalstyle = postgres;
+
+SELECT outbox.commit_decisions(
+  ARRAY['r', 'r', 'r', 'r'], ARRAY[1, 2, 3, 4]::bigint[], ARRAY['e', 'e', 'e', 'e'],
+  ARRAY['c1', 'c2', 'c3', 'c4'], ARRAY['mail', 'mail', 'budget', 'mail'],
+  ARRAY['{"n": 1}', '{"n": 2}', '{"n": 3}', '{"n": 4}']::jsonb[],
+  priorities => ARRAY[0, 0, 0, 9]);
+SELECT outbox.commit_decision('r', 5, 'e', 'c5', 'mail', '{"n": 5}', not_before => now() + interval '1 hour');
+
+-- claim: highest priority first, then availability; bumps version and deliveries.
+SELECT command_id, run_id, kind, payload, version, deliveries,
+       lease_until > clock_timestamp() + interval '50 seconds' AS lease_ok
+  FROM outbox.claim('A', 2, interval '1 minute');
+SELECT command_id, status, owner, version, deliveries, due_at IS NULL AS out_of_claim_index
+  FROM outbox.commands ORDER BY command_id;
+-- kinds filter
+SELECT command_id FROM outbox.claim('B', 10, interval '1 minute', ARRAY['budget']);
+-- live leases and delayed commands are not handed out again
+SELECT command_id FROM outbox.claim('B', 10, interval '1 minute');
+SELECT command_id FROM outbox.claim('B', 10);
+
+-- ack with the current token
+SELECT outbox.ack('c4', 'A', 2);
+SELECT command_id, status, version, owner, published_at IS NOT NULL AS has_published_at,
+       lease_until IS NULL AS no_lease
+  FROM outbox.commands WHERE command_id = 'c4';
+-- stale tokens: every reason, nothing changes
+SELECT outbox.ack('c4', 'A', 2);
+SELECT outbox.ack('c1', 'B', 2);
+SELECT outbox.ack('c1', 'A', 1);
+SELECT outbox.ack('nope', 'A', 1);
+SELECT command_id, status, version FROM outbox.commands WHERE command_id IN ('c1', 'c4') ORDER BY 1;
+
+-- renew keeps the token and extends the lease
+SELECT outbox.renew('c1', 'A', 2, interval '2 hours') > clock_timestamp() + interval '1 hour' AS extended;
+SELECT version, lease_until > clock_timestamp() + interval '1 hour' AS long_lease
+  FROM outbox.commands WHERE command_id = 'c1';
+SELECT outbox.renew('c1', 'B', 2, interval '1 minute');
+SELECT outbox.renew('c1', 'A', 3);
+
+-- fail: back to pending after a backoff, token spent
+SET outbox.backoff_base = '10s';
+SELECT outbox.fail('c1', 'A', 2, 'connection refused');
+SELECT command_id, status, version, owner IS NULL AS no_owner, lease_until IS NULL AS no_lease,
+       available_at > clock_timestamp() + interval '4 seconds' AS backed_off,
+       available_at < clock_timestamp() + interval '11 seconds' AS within_cap,
+       due_at = available_at AS claimable_later, last_error
+  FROM outbox.commands WHERE command_id = 'c1';
+SELECT outbox.fail('c1', 'A', 2, 'again');
+RESET outbox.backoff_base;
+-- fatal failure: dead at once, error kept
+SELECT outbox.fail('c3', 'B', 2, 'HTTP 400 bad request', fatal => true);
+SELECT command_id, status, deliveries, last_error, due_at IS NULL AS unclaimable
+  FROM outbox.commands WHERE command_id = 'c3';
+SELECT outbox.ack('c3', 'B', 3);
+
+-- batch ack: per-command outcome, stale ones reported, not raised
+SELECT * FROM outbox.ack('C', ARRAY['c2', 'c5'], ARRAY[2, 1]::bigint[]);
+SELECT * FROM outbox.ack('B', ARRAY['c2', 'c4', 'c3', 'zz', 'c5'], ARRAY[2, 3, 3, 1, 1]::bigint[]);
+SELECT * FROM outbox.ack('B', '{}'::text[], '{}'::bigint[]);
+SELECT command_id, status, version FROM outbox.commands ORDER BY command_id;
+
+-- takeover: an expired lease goes to the next claimer; the old holder is refused
+SELECT outbox.commit_decision('r', 6, 'e', 'c6', 'mail', '{}');
+SELECT command_id, version FROM outbox.claim('A', 1, interval '1 millisecond');
+SELECT pg_sleep(0.05);
+SELECT command_id, version, deliveries FROM outbox.claim('B', 1, interval '1 minute');
+SELECT outbox.ack('c6', 'A', 2);
+SELECT outbox.renew('c6', 'A', 2);
+SELECT outbox.fail('c6', 'A', 2, 'late');
+SELECT outbox.ack('c6', 'B', 3);
+SELECT command_id, status, owner, version, deliveries FROM outbox.commands WHERE command_id = 'c6';
+
+-- an ack after expiry but before any takeover is accepted (the token is current)
+SELECT outbox.commit_decision('r', 7, 'e', 'c7', 'mail', '{}');
+SELECT command_id, version FROM outbox.claim('A', 1, interval '1 millisecond');
+SELECT pg_sleep(0.05);
+SELECT outbox.ack('c7', 'A', 2);
+-- the same worker claiming again after expiry gets a new token; the old one is stale
+SELECT outbox.commit_decision('r', 8, 'e', 'c8', 'mail', '{}');
+SELECT command_id, version FROM outbox.claim('A', 1, interval '1 millisecond');
+SELECT pg_sleep(0.05);
+SELECT command_id, version FROM outbox.claim('A', 1, interval '1 minute');
+SELECT outbox.ack('c8', 'A', 2);
+SELECT outbox.ack('c8', 'A', 3);
+
+-- max deliveries: the last failure dead-letters; an exhausted expired lease is
+-- not taken over and the sweep dead-letters it
+SELECT outbox.set_policy('budget', max_deliveries => 2, backoff_base => '0 seconds', backoff_max => '0 seconds');
+SELECT outbox.commit_decision('r', 9, 'e', 'c9', 'budget', '{}');
+SELECT command_id, version FROM outbox.claim('A', 1, kinds => ARRAY['budget']);
+SELECT outbox.fail('c9', 'A', 2, 'try 1');
+SELECT command_id, version, deliveries FROM outbox.claim('A', 1, kinds => ARRAY['budget']);
+SELECT outbox.fail('c9', 'A', 4, 'try 2');
+SELECT command_id, status, deliveries, last_error FROM outbox.commands WHERE command_id = 'c9';
+SELECT outbox.commit_decision('r', 10, 'e', 'c10', 'budget', '{}');
+SELECT command_id FROM outbox.claim('A', 1, interval '1 millisecond', ARRAY['budget']);
+SELECT pg_sleep(0.05);
+SELECT command_id FROM outbox.claim('B', 1, interval '1 millisecond', ARRAY['budget']);
+SELECT pg_sleep(0.05);
+SELECT command_id FROM outbox.claim('C', 1, interval '1 minute', ARRAY['budget']);
+SELECT outbox.sweep();
+SELECT command_id, status, deliveries, last_error FROM outbox.commands WHERE command_id = 'c10';
+
+-- requeue brings a dead command back for one more delivery
+SELECT outbox.requeue('c10');
+SELECT command_id, status, version, owner IS NULL AS no_owner, due_at = available_at AS claimable
+  FROM outbox.commands WHERE command_id = 'c10';
+SELECT command_id, deliveries FROM outbox.claim('A', 1, kinds => ARRAY['budget']);
+SELECT outbox.requeue('c10');
+SELECT outbox.requeue('nope');
+SELECT outbox.requeue(NULL);
+
+-- manual takeover: an expired lease is not taken over; sweep holds it as uncertain
+SELECT outbox.set_policy('wire', takeover => 'manual');
+SELECT outbox.commit_decision('r', 11, 'e', 'c11', 'wire', '{}');
+SELECT command_id FROM outbox.claim('A', 1, interval '1 millisecond', ARRAY['wire']);
+SELECT pg_sleep(0.05);
+SELECT command_id FROM outbox.claim('B', 1, interval '1 minute', ARRAY['wire']);
+SELECT outbox.sweep();
+SELECT command_id, status, owner, last_error FROM outbox.commands WHERE command_id = 'c11';
+SELECT outbox.ack('c11', 'A', 2);
+SELECT outbox.resolve('c11', 'retry');
+SELECT command_id, status FROM outbox.commands WHERE command_id = 'c11';
+SELECT command_id, version FROM outbox.claim('B', 1, interval '1 millisecond', ARRAY['wire']);
+SELECT pg_sleep(0.05);
+SELECT outbox.sweep();
+SELECT outbox.resolve('c11', 'published');
+SELECT command_id, status, published_at IS NOT NULL AS has_published_at FROM outbox.commands WHERE command_id = 'c11';
+SELECT outbox.resolve('c11', 'dead');
+SELECT outbox.resolve('c11', 'maybe');
+SELECT outbox.resolve('nope', 'dead');
+
+-- pause / resume
+SELECT outbox.pause('mail');
+SELECT outbox.commit_decision('r', 12, 'e', 'c12', 'mail', '{}');
+SELECT command_id FROM outbox.claim('A', 10);
+SELECT outbox.resume('mail');
+SELECT command_id FROM outbox.claim('A', 10);
+SELECT kind, max_deliveries, backoff_base, backoff_max, takeover, paused FROM outbox.policies ORDER BY kind;
+SELECT outbox.set_policy('mail', takeover => 'sometimes');
+SELECT outbox.set_policy('mail', max_deliveries => 0);
+SELECT outbox.set_policy('mail', lease => '0 seconds');
+SELECT outbox.set_policy('mail', lease => '1000 days');
+SELECT outbox.set_policy(NULL);
+SELECT outbox.pause('');
+
+-- bad input: a clear error and no change
+SELECT outbox.claim(NULL);
+SELECT outbox.claim('');
+SELECT outbox.claim(repeat('w', 201));
+SELECT outbox.claim('A', 0);
+SELECT outbox.claim('A', -1);
+SELECT outbox.claim('A', 2147483647);
+SELECT outbox.claim('A', NULL);
+SELECT outbox.claim('A', 1, interval '0 seconds');
+SELECT outbox.claim('A', 1, interval '-1 second');
+SELECT outbox.claim('A', 1, interval '1000 years');
+SELECT outbox.claim('A', 1, NULL, ARRAY[NULL]::text[]);
+SELECT outbox.ack(NULL, 'A', 1);
+SELECT outbox.ack('c1', NULL, 1);
+SELECT outbox.ack('c1', 'A', NULL::bigint);
+SELECT outbox.ack('c1', 'A', 0);
+SELECT outbox.ack('c1', 'A', -1);
+SELECT outbox.ack('c1', 'A', 9223372036854775807);
+SELECT outbox.ack('A', ARRAY['c1'], ARRAY[1, 2]::bigint[]);
+SELECT outbox.ack('A', ARRAY['c1', NULL], ARRAY[1, 2]::bigint[]);
+SELECT outbox.ack('A', ARRAY['c1'], ARRAY[NULL]::bigint[]);
+SELECT outbox.ack('A', NULL::text[], ARRAY[1]::bigint[]);
+SELECT outbox.ack(NULL, ARRAY['c1'], ARRAY[1]::bigint[]);
+SELECT outbox.fail('c1', 'A', 1, NULL);
+SELECT outbox.fail('c1', 'A', 1, 'x', NULL);
+SELECT outbox.renew('c1', 'A', 1, interval '0 seconds');
+SELECT outbox.sweep(0);
+SELECT command_id, status, version, deliveries FROM outbox.commands ORDER BY command_id;

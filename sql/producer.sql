@@ -1,0 +1,113 @@
+-- Producer API: commit_decision, commit_decisions, record_event.
+-- Start from an empty outbox (pg_regress created the extension already).
+DROP EXTENSION outbox;
+CREATE EXTENSION outbox;
+
+-- The classic decision: one event and one pending command.
+SELECT outbox.commit_decision('run-1', 1, 'trip_requested', 'cmd-1', 'lock_budget', '{"amount": 900}');
+SELECT run_id, seq, kind, command_id FROM outbox.events ORDER BY run_id, seq;
+SELECT command_id, run_id, seq, kind, payload, status, version, deliveries, priority,
+       owner IS NULL AS no_owner, lease_until IS NULL AS no_lease,
+       due_at = available_at AS due_is_available, published_at IS NULL AS unpublished
+  FROM outbox.commands;
+
+-- Reusing the command id is refused with 23505 and leaves nothing behind.
+\set VERBOSITY default
+SELECT outbox.commit_decision('run-1', 2, 'trip_requested', 'cmd-1', 'lock_budget', '{"amount": 900}');
+SELECT count(*) AS events_of_run_1 FROM outbox.events WHERE run_id = 'run-1';
+-- Reusing (run_id, seq) is refused too.
+SELECT outbox.commit_decision('run-1', 1, 'trip_requested', 'cmd-2', 'lock_budget', '{}');
+SELECT count(*) AS commands FROM outbox.commands;
+
+-- Optional extras: event payload, not-before time, priority; jsonb is canonical.
+SELECT outbox.commit_decision('run-2', 1, 'mail_decided', 'cmd-2', 'send_mail',
+       '{"b": 1, "a": 2}', event_payload => '{"why": "signup"}',
+       not_before => now() + interval '1 hour', priority => 5);
+SELECT command_id, payload, priority, available_at > now() AS delayed, due_at = available_at AS due
+  FROM outbox.commands WHERE command_id = 'cmd-2';
+SELECT payload FROM outbox.events WHERE run_id = 'run-2';
+
+-- An event that decides no command.
+SELECT outbox.record_event('run-1', 2, 'trip_approved');
+SELECT outbox.record_event('run-1', 3, 'note', '{"text": "ok"}');
+SELECT outbox.record_event('run-1', 2, 'trip_approved');
+SELECT run_id, seq, kind, payload, command_id FROM outbox.events WHERE run_id = 'run-1' ORDER BY seq;
+
+-- Atomicity: a rolled-back transaction leaves neither event nor command.
+BEGIN;
+SELECT outbox.commit_decision('run-3', 1, 'e', 'cmd-3', 'k', '{}');
+ROLLBACK;
+SELECT count(*) AS left_behind FROM outbox.events WHERE run_id = 'run-3';
+SELECT count(*) AS left_behind FROM outbox.commands WHERE command_id = 'cmd-3';
+
+-- A failed decision inside a savepoint leaves nothing; the rest commits.
+BEGIN;
+SELECT outbox.commit_decision('run-4', 1, 'e', 'cmd-4', 'k', '{}');
+SAVEPOINT s;
+SELECT outbox.commit_decision('run-4', 2, 'e', 'cmd-4', 'k', '{}');
+ROLLBACK TO SAVEPOINT s;
+COMMIT;
+SELECT run_id, seq, command_id FROM outbox.events WHERE run_id = 'run-4';
+
+-- Set-based form.
+SELECT outbox.commit_decisions(
+  ARRAY['run-5', 'run-5', 'run-5'], ARRAY[1, 2, 3]::bigint[],
+  ARRAY['e', 'e', 'e'], ARRAY['cmd-5a', 'cmd-5b', 'cmd-5c'], ARRAY['k', 'k', 'j'],
+  ARRAY['{"n": 1}', '{"n": 2}', '{"n": 3}']::jsonb[],
+  priorities => ARRAY[0, 1, 2]);
+SELECT command_id, seq, kind, payload, priority, status FROM outbox.commands
+ WHERE run_id = 'run-5' ORDER BY command_id;
+SELECT outbox.commit_decisions('{}', '{}', '{}', '{}', '{}', '{}');
+-- All or nothing: one duplicate rejects the whole call.
+SELECT outbox.commit_decisions(ARRAY['run-6', 'run-6'], ARRAY[1, 2]::bigint[], ARRAY['e', 'e'],
+  ARRAY['cmd-6', 'cmd-1'], ARRAY['k', 'k'], ARRAY['{}', '{}']::jsonb[]);
+SELECT outbox.commit_decisions(ARRAY['run-6', 'run-6'], ARRAY[1, 1]::bigint[], ARRAY['e', 'e'],
+  ARRAY['cmd-6', 'cmd-6b'], ARRAY['k', 'k'], ARRAY['{}', '{}']::jsonb[]);
+SELECT outbox.commit_decisions(ARRAY['run-6', 'run-6'], ARRAY[1, 2]::bigint[], ARRAY['e', 'e'],
+  ARRAY['cmd-6', 'cmd-6'], ARRAY['k', 'k'], ARRAY['{}', '{}']::jsonb[]);
+SELECT count(*) AS run_6_rows FROM outbox.events WHERE run_id = 'run-6';
+SELECT outbox.commit_decisions(ARRAY['run-6'], ARRAY[1, 2]::bigint[], ARRAY['e'],
+  ARRAY['cmd-6'], ARRAY['k'], ARRAY['{}']::jsonb[]);
+SELECT outbox.commit_decisions(ARRAY['run-6', NULL], ARRAY[1, 2]::bigint[], ARRAY['e', 'e'],
+  ARRAY['cmd-6', 'cmd-6b'], ARRAY['k', 'k'], ARRAY['{}', '{}']::jsonb[]);
+SELECT outbox.commit_decisions(NULL, ARRAY[1]::bigint[], ARRAY['e'],
+  ARRAY['cmd-6'], ARRAY['k'], ARRAY['{}']::jsonb[]);
+SELECT outbox.commit_decisions(ARRAY['run-6'], ARRAY[-1]::bigint[], ARRAY['e'],
+  ARRAY['cmd-6'], ARRAY['k'], ARRAY['{}']::jsonb[]);
+SELECT outbox.commit_decisions(ARRAY['run-6'], ARRAY[1]::bigint[], ARRAY['e'],
+  ARRAY[''], ARRAY['k'], ARRAY['{}']::jsonb[]);
+SELECT count(*) AS run_6_rows FROM outbox.events WHERE run_id = 'run-6';
+
+-- Bad input: every argument, a clear error, nothing changed.
+SELECT outbox.commit_decision(NULL, 1, 'e', 'c', 'k', '{}');
+SELECT outbox.commit_decision('r', NULL, 'e', 'c', 'k', '{}');
+SELECT outbox.commit_decision('r', 1, NULL, 'c', 'k', '{}');
+SELECT outbox.commit_decision('r', 1, 'e', NULL, 'k', '{}');
+SELECT outbox.commit_decision('r', 1, 'e', 'c', NULL, '{}');
+SELECT outbox.commit_decision('r', 1, 'e', 'c', 'k', NULL);
+SELECT outbox.commit_decision('r', 1, 'e', 'c', 'k', '{}', priority => NULL);
+SELECT outbox.commit_decision('', 1, 'e', 'c', 'k', '{}');
+SELECT outbox.commit_decision('r', 1, 'e', '', 'k', '{}');
+SELECT outbox.commit_decision('r', 1, '', 'c', 'k', '{}');
+SELECT outbox.commit_decision('r', 1, 'e', 'c', '', '{}');
+SELECT outbox.commit_decision('r', -1, 'e', 'c', 'k', '{}');
+SELECT outbox.commit_decision(repeat('r', 201), 1, 'e', 'c', 'k', '{}');
+SELECT outbox.commit_decision('r', 1, 'e', repeat('c', 201), 'k', '{}');
+-- 200 bytes is the limit: multibyte characters count in bytes.
+SELECT outbox.commit_decision('r', 1, 'e', repeat('é', 101), 'k', '{}');
+SET outbox.max_payload_bytes = 1024;
+SELECT outbox.commit_decision('r', 1, 'e', 'c', 'k', jsonb_build_object('x', repeat('x', 2000)));
+SELECT outbox.commit_decision('r', 1, 'e', 'c', 'k', '{}', event_payload => jsonb_build_object('x', repeat('x', 2000)));
+RESET outbox.max_payload_bytes;
+SELECT outbox.commit_decision('r', 1, 'e', 'c', 'k', (repeat('[', 65) || repeat(']', 65))::jsonb);
+-- 64 levels are fine.
+SELECT outbox.commit_decision('r-deep', 1, 'e', 'c-deep', 'k', (repeat('[', 64) || repeat(']', 64))::jsonb);
+SELECT outbox.record_event(NULL, 1, 'k');
+SELECT outbox.record_event('r', NULL, 'k');
+SELECT outbox.record_event('r', 1, NULL);
+SELECT outbox.record_event('r', -5, 'k');
+SELECT count(*) AS events_of_r FROM outbox.events WHERE run_id = 'r';
+SELECT count(*) AS commands_c FROM outbox.commands WHERE command_id = 'c';
+-- Scalars, arrays and odd Unicode are accepted payloads and identifiers.
+SELECT outbox.commit_decision('rün-✓', 1, 'é', 'cmd-☃', 'k', '"just a string"');
+SELECT command_id, payload FROM outbox.commands WHERE run_id = 'rün-✓';

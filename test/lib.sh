@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Shared set-up for test/run.sh and demo/run.sh: install what is missing,
+# build and install, and run commands as the unprivileged postgres OS user
+# (PostgreSQL refuses to run as root).
+
+PGBIN=/usr/lib/postgresql/15/bin
+PGXS_DIR=/usr/lib/postgresql/15/lib/pgxs
+PG_REGRESS=$PGXS_DIR/src/test/regress/pg_regress
+PG_ISOLATION_REGRESS=$PGXS_DIR/src/test/isolation/pg_isolation_regress
+
+# Debian packages the build, the tests and the demo need.
+OUTBOX_PACKAGES=(
+	build-essential
+	postgresql-15
+	postgresql-server-dev-15
+	postgresql-15-pgtap
+	libipc-run-perl
+	libpq-dev
+	libcurl4-openssl-dev
+	curl
+)
+
+# Install missing packages (as root), then build and install.
+outbox_setup() {
+	local missing=() p
+	for p in "${OUTBOX_PACKAGES[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+	done
+	if [ ${#missing[@]} -gt 0 ]; then
+		if [ "$(id -u)" -ne 0 ]; then
+			echo "missing packages: ${missing[*]} (run as root to install them)" >&2
+			return 1
+		fi
+		echo "installing: ${missing[*]}"
+		export DEBIAN_FRONTEND=noninteractive
+		apt-get update -qq >/dev/null || return 1
+		apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || return 1
+	fi
+	# Debian's postgresql-common may create and start a default cluster on
+	# install; it is not used here and would only compete for the machine.
+	if [ "$(id -u)" -eq 0 ] && command -v pg_lsclusters >/dev/null 2>&1; then
+		pg_lsclusters -h 2>/dev/null | awk '$4 == "online" {print $1, $2}' | while read -r v c; do
+			pg_ctlcluster "$v" "$c" stop >/dev/null 2>&1 || true
+		done
+	fi
+	(cd "$ROOT" && make -s PG_CONFIG="$PGBIN/pg_config" >/dev/null) || return 1
+	(cd "$ROOT" && make -s PG_CONFIG="$PGBIN/pg_config" install >/dev/null) || return 1
+	return 0
+}
+
+# Run a shell command line as the postgres OS user (or as is, when not root).
+as_pg() {
+	if [ "$(id -u)" -eq 0 ]; then
+		runuser -u postgres -- bash -c "$1"
+	else
+		bash -c "$1"
+	fi
+}
+
+# Let the postgres OS user own a scratch directory.
+outbox_give_to_pg_user() {
+	if [ "$(id -u)" -eq 0 ]; then
+		chown -R postgres:postgres "$1"
+	fi
+}
+
+outbox_cleanup_work() {
+	local d=$1
+	# Stop any cluster left running under the scratch directory.
+	find "$d" -maxdepth 3 -name postmaster.pid 2>/dev/null | while read -r pidf; do
+		as_pg "'$PGBIN/pg_ctl' -D '$(dirname "$pidf")' -m immediate -w stop" >/dev/null 2>&1 || true
+	done
+	[ -n "${OUTBOX_KEEP_WORK:-}" ] || rm -rf "$d"
+}
+
+# A TCP port nobody listens on (the clusters listen on a Unix socket in their
+# data directory only, but the demo's webhook receiver needs a real port).
+outbox_free_port() {
+	local port
+	while :; do
+		port=$((20000 + RANDOM % 20000))
+		(echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
+	done
+}
+
+# Initialise and start a private cluster: outbox_start_cluster DATADIR PORT [extra conf lines]
+outbox_start_cluster() {
+	local data=$1 port=$2 extra=${3:-}
+	as_pg "'$PGBIN/initdb' -D '$data' -A trust -U postgres --no-sync >/dev/null &&
+		cat >> '$data/postgresql.conf' <<EOF
+port = $port
+listen_addresses = ''
+unix_socket_directories = '$data'
+shared_preload_libraries = 'outbox'
+outbox.naptime = 200
+$extra
+EOF
+		'$PGBIN/pg_ctl' -D '$data' -l '$data/server.log' -w start >/dev/null"
+}
+
+outbox_stop_cluster() {
+	as_pg "'$PGBIN/pg_ctl' -D '$1' -m fast -w stop" >/dev/null 2>&1 || true
+}
