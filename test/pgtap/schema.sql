@@ -1,0 +1,80 @@
+-- Schema and constraints of the outbox extension.
+BEGIN;
+SELECT plan(44);
+
+SELECT has_schema('outbox');
+SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged']);
+
+-- events
+SELECT columns_are('outbox', 'events', ARRAY['run_id', 'seq', 'kind', 'payload', 'command_id', 'created_at']);
+SELECT col_is_pk('outbox', 'events', ARRAY['run_id', 'seq'], 'col_is_pk outbox, events, ARRAY[run_id, seq]');
+SELECT col_type_is('outbox', 'events', 'payload', 'jsonb', 'col_type_is outbox, events, payload, jsonb');
+SELECT col_not_null('outbox', 'events', 'kind', 'col_not_null outbox, events, kind');
+SELECT index_is_unique('outbox', 'events', 'events_command_id_key');
+SELECT col_has_check('outbox', 'events', 'seq', 'col_has_check outbox, events, seq');
+
+-- commands
+SELECT columns_are('outbox', 'commands', ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'version',
+	'deliveries', 'priority', 'available_at', 'due_at', 'lease_until', 'owner', 'created_at',
+	'published_at', 'last_error', 'payload']);
+SELECT col_is_pk('outbox', 'commands', 'command_id', 'col_is_pk outbox, commands, command_id');
+SELECT col_type_is('outbox', 'commands', 'payload', 'jsonb', 'col_type_is outbox, commands, payload, jsonb');
+SELECT col_type_is('outbox', 'commands', 'version', 'bigint', 'col_type_is outbox, commands, version, bigint');
+SELECT col_not_null('outbox', 'commands', 'status', 'col_not_null outbox, commands, status');
+SELECT col_not_null('outbox', 'commands', 'payload', 'col_not_null outbox, commands, payload');
+SELECT col_has_default('outbox', 'commands', 'status', 'col_has_default outbox, commands, status');
+SELECT col_default_is('outbox', 'commands', 'status', 'pending'::text, 'new commands are pending');
+SELECT col_has_check('outbox', 'commands', 'status', 'col_has_check outbox, commands, status');
+SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx']);
+SELECT is_indexed('outbox', 'commands', ARRAY['priority', 'due_at', 'created_at'], 'claim index by priority and availability');
+SELECT is_indexed('outbox', 'commands', 'lease_until', 'lease index for takeovers');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_claim_idx'::regclass),
+	'(due_at IS NOT NULL)', 'claim index holds claimable rows only');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_lease_idx'::regclass),
+	'(status = ''sending''::text)', 'lease index holds sending rows only');
+SELECT ok((SELECT reloptions @> ARRAY['fillfactor=80'] FROM pg_class WHERE oid = 'outbox.commands'::regclass),
+	'commands leaves room for new row versions');
+
+-- receipts, inbox, policies, purged
+SELECT col_is_pk('outbox', 'receipts', 'command_id', 'col_is_pk outbox, receipts, command_id');
+SELECT col_not_null('outbox', 'receipts', 'outcome', 'col_not_null outbox, receipts, outcome');
+SELECT col_is_pk('outbox', 'inbox', ARRAY['consumer', 'command_id'], 'col_is_pk outbox, inbox, ARRAY[consumer, command_id]');
+SELECT col_is_pk('outbox', 'policies', 'kind', 'col_is_pk outbox, policies, kind');
+SELECT col_has_check('outbox', 'policies', 'takeover', 'col_has_check outbox, policies, takeover');
+SELECT col_is_pk('outbox', 'purged', 'command_id', 'col_is_pk outbox, purged, command_id');
+
+-- constraints really hold (as the owner, bypassing the API)
+SELECT throws_ok($$INSERT INTO outbox.commands (command_id, run_id, seq, kind, status, available_at, payload)
+	VALUES ('x', 'r', 1, 'k', 'lost', now(), '{}')$$, '23514', NULL, 'status must be one of the five states');
+SELECT throws_ok($$INSERT INTO outbox.commands (command_id, run_id, seq, kind, version, available_at, payload)
+	VALUES ('x', 'r', 1, 'k', 0, now(), '{}')$$, '23514', NULL, 'version starts at 1');
+SELECT throws_ok($$INSERT INTO outbox.commands (command_id, run_id, seq, kind, deliveries, available_at, payload)
+	VALUES ('x', 'r', 1, 'k', -1, now(), '{}')$$, '23514', NULL, 'deliveries are not negative');
+SELECT throws_ok($$INSERT INTO outbox.events (run_id, seq, kind) VALUES ('r', -1, 'k')$$, '23514', NULL,
+	'seq is not negative');
+SELECT throws_ok($$INSERT INTO outbox.policies (kind, takeover) VALUES ('k', 'never')$$, '23514', NULL,
+	'takeover is auto or manual');
+SELECT throws_ok($$INSERT INTO outbox.policies (kind, max_deliveries) VALUES ('k', 0)$$, '23514', NULL,
+	'max_deliveries is at least 1');
+SELECT lives_ok($$SELECT outbox.commit_decision('pgtap-run', 1, 'e', 'pgtap-cmd', 'k', '{}')$$, 'a decision goes in');
+SELECT throws_ok($$INSERT INTO outbox.events (run_id, seq, kind, command_id) VALUES ('pgtap-run', 2, 'e', 'pgtap-cmd')$$,
+	'23505', NULL, 'a command id is decided by one event only');
+
+-- every data table is dumped with the extension
+SELECT set_eq($$SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'outbox'$$,
+	ARRAY['outbox.events', 'outbox.commands', 'outbox.receipts', 'outbox.inbox', 'outbox.policies', 'outbox.purged'],
+	'every data table is registered with pg_extension_config_dump');
+
+-- extension properties
+SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'outbox'), false, 'not relocatable');
+SELECT is((SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'outbox'), 'outbox', 'lives in schema outbox');
+SELECT has_function('outbox', 'commit_decision', ARRAY['text', 'bigint', 'text', 'text', 'text', 'jsonb', 'jsonb', 'timestamp with time zone', 'integer']);
+SELECT has_function('outbox', 'claim', ARRAY['text', 'integer', 'interval', 'text[]']);
+SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+	WHERE n.nspname = 'outbox' AND p.proisstrict), 0, 'no API function is STRICT');
+SELECT is((SELECT count(*)::int FROM pg_description d JOIN pg_class c ON c.oid = d.objoid AND d.classoid = 'pg_class'::regclass
+	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 6,
+	'every table has a comment');
+
+SELECT * FROM finish();
+ROLLBACK;
