@@ -36,8 +36,17 @@ src/outbox-relay: $(RELAY_SRCS) $(wildcard src/relay/*.h)
 install: install-relay
 install-relay: $(RELAY)
 	$(if $(RELAY),$(INSTALL_PROGRAM) $(RELAY) '$(DESTDIR)$(bindir)/outbox-relay')
+
+# The local webhook receiver used by the relay's tests, benchmark and demo
+# (built, not installed).
+RECEIVER_SRCS = $(wildcard src/relay/receiver/*.c)
+RECEIVER = $(if $(RECEIVER_SRCS),src/outbox-receiver)
+all: $(RECEIVER)
+src/outbox-receiver: $(RECEIVER_SRCS)
+	$(CC) $(CFLAGS) -Wall -Wextra -Werror -O2 -pthread -I$(shell $(PG_CONFIG) --includedir) \
+		-o $@ $(RECEIVER_SRCS) -L$(shell $(PG_CONFIG) --libdir) -lpq
 clean: clean-relay
 clean-relay:
-	rm -f src/outbox-relay
+	rm -f src/outbox-relay src/outbox-receiver
 
 .PHONY: install-relay clean-relay

@@ -92,4 +92,70 @@ if as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d demo -c \"SELECT to_regcl
 fi
 
 echo
+echo "== 9. The whole chain live: producers, two outbox-relay publishers, a webhook consumer"
+RELAY="$PGBIN/outbox-relay"
+RECEIVER="$ROOT/src/outbox-receiver"
+DSN="host=$DATA port=$PORT dbname=demo user=postgres"
+sql "CREATE TABLE shipments (command_id text PRIMARY KEY, payload jsonb, applied_at timestamptz DEFAULT clock_timestamp());
+SELECT outbox.stats_reset();" >/dev/null
+HTTP_PORT=$(outbox_free_port)
+# The consumer: for each POST, in one transaction, inbox_accept + the
+# business row + complete.  It takes 5 ms per command, like a real service.
+"$RECEIVER" --port "$HTTP_PORT" --dsn "$DSN" --table shipments --consumer shipping \
+	--delay-ms 5 2>"$WORK/receiver.log" &
+RECEIVER_PID=$!
+for _ in $(seq 50); do (echo >"/dev/tcp/127.0.0.1/$HTTP_PORT") 2>/dev/null && break; sleep 0.1; done
+echo "   consumer listening on http://127.0.0.1:$HTTP_PORT/"
+
+# Producers: 4 sessions run 2,000 transactions deciding one command each
+# while the relays run; about one in ten rolls back.
+cat >"$WORK/produce.sql" <<'EOS'
+\set n random(1, 1000000000)
+\set r random(1, 10)
+BEGIN;
+SELECT outbox.commit_decision('order-' || :client_id, :n, 'order_paid',
+       CASE WHEN :r = 1 THEN 'rolled-back-' ELSE 'ship-' END || :client_id || '-' || :n,
+       'ship_order', jsonb_build_object('order', :n));
+\if :r = 1
+ROLLBACK;
+\else
+COMMIT;
+\endif
+EOS
+outbox_give_to_pg_user "$WORK"
+"$RELAY" --dsn "$DSN" --sink "http://127.0.0.1:$HTTP_PORT/" --worker relay-A --batch 50 --lease 3 --poll 1 2>"$WORK/relay-A.log" &
+RELAY_A=$!
+"$RELAY" --dsn "$DSN" --sink "http://127.0.0.1:$HTTP_PORT/" --worker relay-B --batch 50 --lease 3 --poll 1 2>"$WORK/relay-B.log" &
+RELAY_B=$!
+echo "   relay-A (pid $RELAY_A) and relay-B (pid $RELAY_B) are delivering"
+as_pg "'$PGBIN/pgbench' -n -h '$DATA' -p $PORT -c 4 -j 2 -t 500 -f '$WORK/produce.sql' demo" >/dev/null 2>&1 &
+PRODUCERS=$!
+
+sleep 1.5
+echo "   kill -9 relay-A in the middle of a batch:"
+as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d demo -c \"SELECT '   relay-A holds ' || count(*) || ' leases' FROM outbox.commands WHERE owner = 'relay-A' AND status = 'sending'\""
+kill -9 "$RELAY_A"
+wait "$PRODUCERS"
+echo "   producers done; waiting for relay-B to take over relay-A's expired leases and drain"
+for _ in $(seq 120); do
+	left=$(as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d demo -c \"SELECT count(*) FROM outbox.commands c WHERE c.status <> 'published' OR NOT EXISTS (SELECT 1 FROM outbox.receipts r WHERE r.command_id = c.command_id)\"")
+	[ "$left" = 0 ] && break
+	sleep 0.5
+done
+kill -TERM "$RELAY_B"
+wait "$RELAY_B" 2>/dev/null
+echo "   relay-B's summary: $(grep 'summary:' "$WORK/relay-B.log" | tail -1)"
+kill "$RECEIVER_PID" 2>/dev/null
+
+sql "SELECT status, count(*) AS commands, sum(deliveries) AS deliveries, count(*) FILTER (WHERE deliveries > 1) AS redelivered
+  FROM outbox.commands GROUP BY status;
+SELECT count(*) AS commands_taken_over_from_relay_a FROM outbox.commands WHERE deliveries > 1 AND owner = 'relay-B';
+SELECT (SELECT count(*) FROM outbox.commands) AS committed_commands,
+       (SELECT count(*) FROM shipments) AS shipments_applied,
+       (SELECT count(*) FROM outbox.receipts) AS receipts,
+       (SELECT count(*) FROM shipments WHERE command_id LIKE 'rolled-back-%') AS rolled_back_but_applied;
+SELECT enqueued, claimed, taken_over, acked, stale_refused, failed, dead_lettered, wakeups FROM outbox.stats;
+SELECT check_name, severity, violations FROM outbox.conservation;"
+
+echo
 echo "== done; the cluster is removed"

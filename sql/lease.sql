@@ -144,6 +144,8 @@ SELECT command_id FROM outbox.claim('A', 10);
 SELECT outbox.resume('mail');
 SELECT command_id FROM outbox.claim('A', 10);
 SELECT kind, max_deliveries, backoff_base, backoff_max, takeover, paused FROM outbox.policies ORDER BY kind;
+-- a token repeated in one batch ack is acked once
+SELECT * FROM outbox.ack('A', ARRAY['c12', 'c12'], ARRAY[2, 2]::bigint[]);
 SELECT outbox.set_policy('mail', takeover => 'sometimes');
 SELECT outbox.set_policy('mail', max_deliveries => 0);
 SELECT outbox.set_policy('mail', lease => '0 seconds');

@@ -54,7 +54,7 @@ outbox_complete(PG_FUNCTION_ARGS)
 		nulls[2] = 'n';
 
 	SPI_connect();
-	if (SPI_execute_plan(OutboxPrepare(&plan_complete,
+	if (OutboxExecute(OutboxPrepare(&plan_complete,
 									   "WITH c AS ("
 									   "  SELECT command_id FROM outbox.commands"
 									   "   WHERE command_id OPERATOR(pg_catalog.=) $1 FOR KEY SHARE),"
@@ -75,7 +75,7 @@ outbox_complete(PG_FUNCTION_ARGS)
 	}
 
 	/* Not inserted: an earlier receipt (maybe purged with its command)? */
-	if (SPI_execute_plan(OutboxPrepare(&plan_receipt,
+	if (OutboxExecute(OutboxPrepare(&plan_receipt,
 									   "SELECT outcome FROM outbox.receipts"
 									   " WHERE command_id OPERATOR(pg_catalog.=) $1"
 									   " UNION ALL "
@@ -121,7 +121,7 @@ outbox_inbox_accept(PG_FUNCTION_ARGS)
 	args[1] = PointerGetDatum(command_id);
 
 	SPI_connect();
-	if (SPI_execute_plan(OutboxPrepare(&plan_inbox,
+	if (OutboxExecute(OutboxPrepare(&plan_inbox,
 									   "INSERT INTO outbox.inbox (consumer, command_id)"
 									   "VALUES ($1, $2) ON CONFLICT DO NOTHING",
 									   2, argtypes),

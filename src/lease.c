@@ -33,6 +33,7 @@
 #include "catalog/pg_type.h"
 #include "common/pg_prng.h"
 #include "funcapi.h"
+#include "mb/pg_wchar.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -49,6 +50,7 @@ PG_FUNCTION_INFO_V1(outbox_sweep);
 static SPIPlanPtr plan_claim = NULL;
 static SPIPlanPtr plan_ack = NULL;
 static SPIPlanPtr plan_ack_batch = NULL;
+static SPIPlanPtr plan_ack_why = NULL;
 static SPIPlanPtr plan_state = NULL;
 static SPIPlanPtr plan_fail_lock = NULL;
 static SPIPlanPtr plan_fail_set = NULL;
@@ -95,7 +97,7 @@ le_raise_not_owned(text *command_id, text *worker, int64 version)
 	char	   *detail;
 
 	args[0] = PointerGetDatum(command_id);
-	if (SPI_execute_plan(OutboxPrepare(&plan_state,
+	if (OutboxExecute(OutboxPrepare(&plan_state,
 									   "SELECT status, owner, version FROM outbox.commands"
 									   " WHERE command_id OPERATOR(pg_catalog.=) $1",
 									   1, argtypes),
@@ -170,6 +172,10 @@ outbox_claim(PG_FUNCTION_ARGS)
 	{
 		ArrayType  *kinds = PG_GETARG_ARRAYTYPE_P(3);
 
+		if (ARR_NDIM(kinds) > 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+					 errmsg("kinds must be a one-dimensional array")));
 		if (array_contains_nulls(kinds))
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -191,7 +197,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 	args[6] = Int32GetDatum(outbox_max_deliveries);
 
 	SPI_connect();
-	ret = SPI_execute_plan(OutboxPrepare(&plan_claim,
+	ret = OutboxExecute(OutboxPrepare(&plan_claim,
 										 "WITH tk AS MATERIALIZED (SELECT ARRAY("
 										 "  SELECT c.command_id FROM outbox.commands c"
 										 "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
@@ -210,8 +216,8 @@ outbox_claim(PG_FUNCTION_ARGS)
 										 "  SELECT c.command_id FROM outbox.commands c"
 										 "   WHERE c.due_at OPERATOR(pg_catalog.<=) $5"
 										 "     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))"
-										 "     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
-										 "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind AND p.paused)"
+										 "     AND c.kind OPERATOR(pg_catalog.<>) ALL ((SELECT COALESCE(pg_catalog.array_agg(p.kind),"
+										 "            '{}') FROM outbox.policies p WHERE p.paused)::pg_catalog.text[])"
 										 "   ORDER BY c.priority DESC, c.due_at, c.created_at"
 										 "   LIMIT ($2 OPERATOR(pg_catalog.-) pg_catalog.cardinality((SELECT ids FROM tk)))"
 										 "   FOR NO KEY UPDATE OF c SKIP LOCKED) AS ids)"
@@ -271,7 +277,7 @@ outbox_ack(PG_FUNCTION_ARGS)
 	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 
 	SPI_connect();
-	ret = SPI_execute_plan(OutboxPrepare(&plan_ack,
+	ret = OutboxExecute(OutboxPrepare(&plan_ack,
 										 "UPDATE outbox.commands"
 										 "   SET status = 'published', published_at = $4, lease_until = NULL,"
 										 "       version = version OPERATOR(pg_catalog.+) 1"
@@ -291,17 +297,68 @@ outbox_ack(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+/* A token a batch ack took: (command_id, version), used up once matched. */
+typedef struct LeTaken
+{
+	char	   *id;
+	int64		version;
+	bool		used;
+} LeTaken;
+
+/* qsort/bsearch comparator of LeTaken by (id, version). */
+static int
+le_cmp_taken(const void *a, const void *b)
+{
+	const LeTaken *x = (const LeTaken *) a;
+	const LeTaken *y = (const LeTaken *) b;
+	int			c = strcmp(x->id, y->id);
+
+	if (c != 0)
+		return c;
+	return (x->version > y->version) - (x->version < y->version);
+}
+
+/*
+ * Why a batch ack did not take: the state of the row as it is now, in the
+ * words of ack_result.reason.
+ */
+static const char *
+le_reason(HeapTuple tup, TupleDesc desc, const char *worker)
+{
+	bool		isnull;
+	char	   *status;
+	char	   *owner;
+
+	(void) SPI_getbinval(tup, desc, 2, &isnull);
+	if (isnull)
+		return "unknown_command";
+	status = SPI_getvalue(tup, desc, 2);
+	if (strcmp(status, "sending") != 0)
+		return status;
+	owner = SPI_getvalue(tup, desc, 3);
+	if (owner == NULL || strcmp(owner, worker) != 0)
+		return "taken_over";
+	return "stale_version";
+}
+
 /*
  * outbox.ack(worker, command_ids, versions): the batch form.  One UPDATE
- * for the whole batch; each input row comes back with acked and, when not
- * acked, the reason (the row's state as the statement found it).
+ * joins the (id, version) pairs to the rows holding exactly that token; a
+ * second query, run only when some did not take, says why for those.
+ *
+ * The UPDATE tests status = 'sending' inside a CASE: written plainly, the
+ * planner matches it to the predicate of commands_lease_idx and drives the
+ * join from a scan of that whole index instead of one primary-key lookup
+ * per input pair.
  */
 Datum
 outbox_ack_batch(PG_FUNCTION_ARGS)
 {
 	static const Oid argtypes[4] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID};
+	static const Oid why_types[1] = {TEXTARRAYOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
+	char	   *wname;
 	ArrayType  *ids;
 	ArrayType  *versions;
 	Datum	   *id_elems;
@@ -313,8 +370,11 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	int			i;
 	Datum		args[4];
 	int			ret;
-	uint64		r;
-	int64		acked = 0;
+	uint64		nacked;
+	LeTaken    *taken;
+	bool	   *acked;
+	int64		nok = 0;
+	SPITupleTable *why = NULL;
 
 	OutboxArgNotNull(fcinfo, 1, "command_ids");
 	OutboxArgNotNull(fcinfo, 2, "versions");
@@ -358,55 +418,105 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	if (nids == 0)
 		return (Datum) 0;
 
+	wname = text_to_cstring(worker);
 	args[0] = PointerGetDatum(worker);
 	args[1] = PointerGetDatum(ids);
 	args[2] = PointerGetDatum(versions);
 	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 
 	SPI_connect();
-	ret = SPI_execute_plan(OutboxPrepare(&plan_ack_batch,
-										 "WITH u AS ("
-										 "  UPDATE outbox.commands t"
-										 "     SET status = 'published', published_at = $4, lease_until = NULL,"
-										 "         version = t.version OPERATOR(pg_catalog.+) 1"
-										 "   WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
-										 "     AND t.owner OPERATOR(pg_catalog.=) $1"
-										 "     AND t.status OPERATOR(pg_catalog.=) 'sending'"
-										 "     AND t.version OPERATOR(pg_catalog.=)"
-										 "         ($3)[pg_catalog.array_position($2, t.command_id)]"
-										 "  RETURNING t.command_id)"
-										 "SELECT i.command_id, u.command_id IS NOT NULL,"
-										 "       CASE WHEN u.command_id IS NOT NULL THEN NULL"
-										 "            WHEN c.command_id IS NULL THEN 'unknown_command'"
-										 "            WHEN c.status OPERATOR(pg_catalog.<>) 'sending' THEN c.status"
-										 "            WHEN c.owner OPERATOR(pg_catalog.<>) $1 THEN 'taken_over'"
-										 "            ELSE 'stale_version' END"
-										 "  FROM pg_catalog.unnest($2) WITH ORDINALITY AS i(command_id, ord)"
-										 "  LEFT JOIN u ON u.command_id OPERATOR(pg_catalog.=) i.command_id"
-										 "  LEFT JOIN outbox.commands c ON c.command_id OPERATOR(pg_catalog.=) i.command_id"
-										 " ORDER BY i.ord",
+	ret = OutboxExecute(OutboxPrepare(&plan_ack_batch,
+										 "UPDATE outbox.commands t"
+										 "   SET status = 'published', published_at = $4, lease_until = NULL,"
+										 "       version = t.version OPERATOR(pg_catalog.+) 1"
+										 "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3))"
+										 "       AS i(command_id, version)"
+										 " WHERE t.command_id OPERATOR(pg_catalog.=) i.command_id"
+										 "   AND t.version OPERATOR(pg_catalog.=) i.version"
+										 "   AND t.owner OPERATOR(pg_catalog.=) $1"
+										 "   AND CASE WHEN t.status OPERATOR(pg_catalog.=) 'sending'"
+										 "            THEN true ELSE false END"
+										 " RETURNING t.command_id, i.version",
 										 4, argtypes),
 						   args, NULL, false, 0);
-	if (ret != SPI_OK_SELECT)
+	if (ret != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox: batch ack failed: %s", SPI_result_code_string(ret));
 
-	for (r = 0; r < SPI_processed; r++)
+	/*
+	 * Which inputs took: look each (id, version) up among the sorted tokens
+	 * the UPDATE returned.  A token is used up by its first occurrence, so a
+	 * pair repeated in the input is acked once (the repeat reports the row's
+	 * new state, published).
+	 */
+	nacked = SPI_processed;
+	taken = palloc(sizeof(LeTaken) * (nacked + 1));
+	for (i = 0; i < (int) nacked; i++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[r];
-		Datum		values[3];
-		bool		isnull[3];
-		int			k;
+		bool		isnull;
 
-		for (k = 0; k < 3; k++)
-			values[k] = SPI_getbinval(tup, SPI_tuptable->tupdesc, k + 1, &isnull[k]);
-		if (DatumGetBool(values[1]))
-			acked++;
+		taken[i].id = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		taken[i].version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+													   SPI_tuptable->tupdesc, 2, &isnull));
+		taken[i].used = false;
+	}
+	qsort(taken, nacked, sizeof(LeTaken), le_cmp_taken);
+	acked = palloc(sizeof(bool) * nids);
+	for (i = 0; i < nids; i++)
+	{
+		LeTaken		key;
+		LeTaken    *hit = NULL;
+
+		key.id = TextDatumGetCString(id_elems[i]);
+		key.version = DatumGetInt64(v_elems[i]);
+		if (nacked > 0)
+			hit = bsearch(&key, taken, nacked, sizeof(LeTaken), le_cmp_taken);
+		acked[i] = (hit != NULL && !hit->used);
+		if (acked[i])
+		{
+			hit->used = true;
+			nok++;
+		}
+	}
+
+	/* Only when some did not take: read their state to say why. */
+	if (nok < nids)
+	{
+		Datum		why_args[1];
+
+		why_args[0] = PointerGetDatum(ids);
+		if (OutboxExecute(OutboxPrepare(&plan_ack_why,
+										   "SELECT i.ord, c.status, c.owner"
+										   "  FROM pg_catalog.unnest($1) WITH ORDINALITY AS i(command_id, ord)"
+										   "  LEFT JOIN outbox.commands c"
+										   "         ON c.command_id OPERATOR(pg_catalog.=) i.command_id"
+										   " ORDER BY i.ord",
+										   1, why_types),
+							 why_args, NULL, false, 0) != SPI_OK_SELECT ||
+			SPI_processed != (uint64) nids)
+			elog(ERROR, "outbox: batch ack diagnosis failed");
+		why = SPI_tuptable;
+	}
+
+	for (i = 0; i < nids; i++)
+	{
+		Datum		values[3];
+		bool		isnull[3] = {false, false, false};
+
+		values[0] = id_elems[i];
+		values[1] = BoolGetDatum(acked[i]);
+		if (acked[i])
+		{
+			values[2] = (Datum) 0;
+			isnull[2] = true;
+		}
+		else
+			values[2] = CStringGetTextDatum(le_reason(why->vals[i], why->tupdesc, wname));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
 	SPI_finish();
 
-	OutboxCountAtCommit(OBC_ACKED, acked);
-	OutboxCountNow(OBC_STALE_REFUSED, nids - acked);
+	OutboxCountAtCommit(OBC_ACKED, nok);
+	OutboxCountNow(OBC_STALE_REFUSED, nids - nok);
 	return (Datum) 0;
 }
 
@@ -426,6 +536,25 @@ le_backoff_usec(int32 deliveries, int64 base_usec, int64 max_usec)
 	if (delay > (double) max_usec)
 		delay = (double) max_usec;
 	return (int64) (delay / 2.0 + pg_prng_double(&pg_global_prng_state) * delay / 2.0);
+}
+
+/*
+ * A backoff of the kind's policy (seconds, from date_part) in microseconds,
+ * kept between 0 and 100 years: set_policy refuses longer ones, and the
+ * clamp keeps a policy row written by other means from overflowing the
+ * conversion or the new available_at.
+ */
+static int64
+le_backoff_policy_usec(double seconds)
+{
+	double		usec = seconds * (double) USECS_PER_SEC;
+	double		limit = (double) INT64CONST(36525) * (double) USECS_PER_DAY;
+
+	if (!(usec > 0.0))			/* negative, or NaN */
+		return 0;
+	if (usec > limit)
+		return (int64) limit;
+	return (int64) usec;
 }
 
 /*
@@ -459,8 +588,12 @@ outbox_fail(PG_FUNCTION_ARGS)
 
 	OutboxArgNotNull(fcinfo, 3, "error");
 	error = PG_GETARG_TEXT_PP(3);
+	/* Cut a long error at a character boundary, never inside one. */
 	if (VARSIZE_ANY_EXHDR(error) > OUTBOX_MAX_ERROR_LEN)
-		error = cstring_to_text_with_len(VARDATA_ANY(error), OUTBOX_MAX_ERROR_LEN);
+		error = cstring_to_text_with_len(VARDATA_ANY(error),
+										 pg_mbcliplen(VARDATA_ANY(error),
+													  VARSIZE_ANY_EXHDR(error),
+													  OUTBOX_MAX_ERROR_LEN));
 	OutboxArgNotNull(fcinfo, 4, "fatal");
 	fatal = PG_GETARG_BOOL(4);
 
@@ -469,7 +602,7 @@ outbox_fail(PG_FUNCTION_ARGS)
 	args[2] = Int64GetDatum(version);
 
 	SPI_connect();
-	if (SPI_execute_plan(OutboxPrepare(&plan_fail_lock,
+	if (OutboxExecute(OutboxPrepare(&plan_fail_lock,
 									   "SELECT c.deliveries, p.max_deliveries,"
 									   "       pg_catalog.date_part('epoch', p.backoff_base),"
 									   "       pg_catalog.date_part('epoch', p.backoff_max)"
@@ -492,10 +625,10 @@ outbox_fail(PG_FUNCTION_ARGS)
 	max_deliveries = DatumGetInt32(SPI_getbinval(tup, desc, 2, &isnull));
 	if (isnull)
 		max_deliveries = outbox_max_deliveries;
-	base_usec = (int64) (DatumGetFloat8(SPI_getbinval(tup, desc, 3, &isnull)) * USECS_PER_SEC);
+	base_usec = le_backoff_policy_usec(DatumGetFloat8(SPI_getbinval(tup, desc, 3, &isnull)));
 	if (isnull)
 		base_usec = (int64) outbox_backoff_base_ms * 1000;
-	max_usec = (int64) (DatumGetFloat8(SPI_getbinval(tup, desc, 4, &isnull)) * USECS_PER_SEC);
+	max_usec = le_backoff_policy_usec(DatumGetFloat8(SPI_getbinval(tup, desc, 4, &isnull)));
 	if (isnull)
 		max_usec = (int64) outbox_backoff_max_ms * 1000;
 
@@ -511,7 +644,7 @@ outbox_fail(PG_FUNCTION_ARGS)
 		args[2] = TimestampTzGetDatum(now + le_backoff_usec(deliveries, base_usec, max_usec));
 	args[3] = PointerGetDatum(error);
 	args[4] = Int64GetDatum(version);
-	if (SPI_execute_plan(OutboxPrepare(&plan_fail_set,
+	if (OutboxExecute(OutboxPrepare(&plan_fail_set,
 									   "UPDATE outbox.commands"
 									   "   SET status = $2, last_error = $4, lease_until = NULL,"
 									   "       owner = CASE WHEN $3 IS NULL THEN owner END,"
@@ -560,7 +693,7 @@ outbox_renew(PG_FUNCTION_ARGS)
 	args[5] = IntervalPGetDatum(le_default_lease());
 
 	SPI_connect();
-	if (SPI_execute_plan(OutboxPrepare(&plan_renew,
+	if (OutboxExecute(OutboxPrepare(&plan_renew,
 									   "UPDATE outbox.commands t"
 									   "   SET lease_until = $4 OPERATOR(pg_catalog.+) COALESCE($5,"
 									   "           (SELECT p.lease FROM outbox.policies p"
@@ -609,7 +742,7 @@ outbox_sweep(PG_FUNCTION_ARGS)
 	args[2] = Int32GetDatum(outbox_max_deliveries);
 
 	SPI_connect();
-	if (SPI_execute_plan(OutboxPrepare(&plan_sweep,
+	if (OutboxExecute(OutboxPrepare(&plan_sweep,
 									   "WITH x AS ("
 									   "  SELECT c.command_id,"
 									   "         EXISTS (SELECT 1 FROM outbox.policies p"

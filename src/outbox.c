@@ -24,12 +24,15 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
+#include "jit/jit.h"
 #include "miscadmin.h"
+#include "optimizer/cost.h"
 #include "storage/ipc.h"
 #include "storage/shmem.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
+#include "utils/varlena.h"
 
 #include "outbox.h"
 
@@ -50,6 +53,7 @@ char	   *outbox_notify_channel = NULL;
 int			outbox_receipt_overdue_s = 3600;
 int			outbox_max_workers = 8;
 char	   *outbox_databases = NULL;
+int			outbox_notify_interval_ms = 10;
 
 OutboxSharedState *OutboxShared = NULL;
 
@@ -67,9 +71,11 @@ static void ob_shmem_startup(void);
 static Size ob_shmem_size(void);
 static void ob_xact_callback(XactEvent event, void *arg);
 static bool ob_check_channel(char **newval, void **extra, GucSource source);
+static bool ob_check_databases(char **newval, void **extra, GucSource source);
 
 PG_FUNCTION_INFO_V1(outbox_stats);
 PG_FUNCTION_INFO_V1(outbox_stats_reset);
+PG_FUNCTION_INFO_V1(outbox_count_purged);
 PG_FUNCTION_INFO_V1(outbox_preloaded);
 
 /*
@@ -163,20 +169,35 @@ _PG_init(void)
 							3600, 1, INT_MAX,
 							PGC_USERSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
-	DefineCustomIntVariable("outbox.max_workers",
-							"Most databases served by a background worker at once.",
-							NULL,
-							&outbox_max_workers,
-							8, 1, 256,
-							PGC_POSTMASTER, 0,
-							NULL, NULL, NULL);
+
+	/*
+	 * A PGC_POSTMASTER setting can only be defined while preloading (a
+	 * backend that loads the library later would fail with FATAL); it only
+	 * sizes shared memory, which does not exist then anyway.
+	 */
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("outbox.max_workers",
+								"Most databases served by a background worker at once.",
+								NULL,
+								&outbox_max_workers,
+								8, 1, 256,
+								PGC_POSTMASTER, 0,
+								NULL, NULL, NULL);
 	DefineCustomStringVariable("outbox.databases",
 							   "Comma-separated databases the launcher serves; empty means every database with the extension.",
 							   NULL,
 							   &outbox_databases,
 							   "",
 							   PGC_SIGHUP, 0,
-							   NULL, NULL, NULL);
+							   ob_check_databases, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.notify_interval",
+							"Shortest time between two wake-up notifications of a worker; commits in between share one.",
+							NULL,
+							&outbox_notify_interval_ms,
+							10, 0, 60 * 1000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("outbox");
 
@@ -203,6 +224,25 @@ ob_check_channel(char **newval, void **extra, GucSource source)
 		return false;
 	}
 	return true;
+}
+
+/* outbox.databases must be a list of (possibly quoted) names. */
+static bool
+ob_check_databases(char **newval, void **extra, GucSource source)
+{
+	char	   *raw;
+	List	   *names;
+	bool		ok;
+
+	if (*newval == NULL)
+		return true;
+	raw = pstrdup(*newval);
+	ok = SplitIdentifierString(raw, ',', &names);
+	list_free(names);
+	pfree(raw);
+	if (!ok)
+		GUC_check_errdetail("outbox.databases must be a comma-separated list of database names.");
+	return ok;
 }
 
 static Size
@@ -314,11 +354,17 @@ ob_xact_callback(XactEvent event, void *arg)
 				{
 					OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
 
-					if (slot != NULL)
+					/*
+					 * Only the commit that raises the flag sets the latch:
+					 * while the worker holds a wake-up back (see
+					 * outbox.notify_interval) later commits cost one
+					 * atomic exchange and no signal.
+					 */
+					if (slot != NULL &&
+						pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
 					{
 						Latch	   *latch = slot->latch;
 
-						pg_atomic_write_u32(&slot->wake_pending, 1);
 						if (latch != NULL)
 							SetLatch(latch);
 					}
@@ -356,6 +402,48 @@ OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
 		elog(ERROR, "SPI_keepplan failed");
 	*cache = plan;
 	return plan;
+}
+
+/*
+ * SPI_execute_plan with the planner steered to index plans.
+ *
+ * Every statement of the API has an index that serves it, but its saved
+ * plan may be (re)made while a table is empty or after an ANALYZE of a
+ * small table, and claim's LIMIT is not a constant, so the planner could
+ * settle on a sequential scan, a bitmap scan or a sort and keep it while the
+ * table grows to millions of rows.  Turning those off while the plan may be
+ * made leaves the index plan as the only choice; JIT is off because these
+ * short statements never repay it (and the cost penalty of a disabled node
+ * would trigger it).  The settings are plain planner variables, saved and
+ * restored around the call, so this costs nothing per call.
+ */
+int
+OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
+			  bool read_only, long count)
+{
+	bool		save_seqscan = enable_seqscan;
+	bool		save_bitmapscan = enable_bitmapscan;
+	bool		save_sort = enable_sort;
+	bool		save_jit = jit_enabled;
+	int			ret;
+
+	enable_seqscan = false;
+	enable_bitmapscan = false;
+	enable_sort = false;
+	jit_enabled = false;
+	PG_TRY();
+	{
+		ret = SPI_execute_plan(plan, args, nulls, read_only, count);
+	}
+	PG_FINALLY();
+	{
+		enable_seqscan = save_seqscan;
+		enable_bitmapscan = save_bitmapscan;
+		enable_sort = save_sort;
+		jit_enabled = save_jit;
+	}
+	PG_END_TRY();
+	return ret;
 }
 
 /* Raise 22004 if argument argno is NULL. */
@@ -513,8 +601,10 @@ outbox_preloaded(PG_FUNCTION_ARGS)
 }
 
 /*
- * outbox._stats(): one row of the shared counters, or no row when the
- * library was not preloaded (the counters do not exist then).
+ * outbox._stats(): one row of the shared counters.  When the library was
+ * not preloaded the counters do not exist: the row is all NULL (unknown,
+ * not zero), so that monitoring queries keep working; outbox.workers says
+ * why.
  */
 Datum
 outbox_stats(PG_FUNCTION_ARGS)
@@ -527,10 +617,10 @@ outbox_stats(PG_FUNCTION_ARGS)
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 	if (OutboxShared == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox statistics are not available"),
-				 errhint("Add outbox to shared_preload_libraries and restart the server.")));
+	{
+		memset(nulls, true, sizeof(nulls));
+		PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+	}
 
 	memset(nulls, 0, sizeof(nulls));
 	for (i = 0; i < OBC_NUM_COUNTERS; i++)
@@ -558,5 +648,22 @@ outbox_stats_reset(PG_FUNCTION_ARGS)
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	OutboxShared->stats_reset = GetCurrentTimestamp();
 	LWLockRelease(OutboxShared->lock);
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox._count_purged(n): add n to the purged counter when the calling
+ * transaction commits.  outbox.purge() calls it, so that purges run by the
+ * worker and by hand are counted alike (and a rolled-back purge is not).
+ */
+Datum
+outbox_count_purged(PG_FUNCTION_ARGS)
+{
+	int32		n;
+
+	OutboxArgNotNull(fcinfo, 0, "n");
+	n = PG_GETARG_INT32(0);
+	if (n > 0)
+		OutboxCountAtCommit(OBC_PURGED, n);
 	PG_RETURN_VOID();
 }

@@ -45,6 +45,7 @@ extern char *outbox_notify_channel;
 extern int	outbox_receipt_overdue_s;
 extern int	outbox_max_workers;
 extern char *outbox_databases;
+extern int	outbox_notify_interval_ms;
 
 /* Cumulative counters kept in shared memory (outbox.stats). */
 typedef enum OutboxCounter
@@ -71,23 +72,38 @@ typedef enum OutboxWorkerState
 	OBW_STOPPED					/* exited (extension dropped, error) */
 } OutboxWorkerState;
 
+/* Why a per-database worker exited, for the launcher's restart policy. */
+typedef enum OutboxWorkerExit
+{
+	OBX_NONE = 0,				/* killed, or failed: restart it */
+	OBX_NO_EXTENSION,			/* extension not installed: do not restart */
+	OBX_DATABASE_BUSY			/* gave way to DROP/ALTER DATABASE: retry later */
+} OutboxWorkerExit;
+
+/* Databases that asked for a worker at commit, kept until the launcher looks. */
+#define OUTBOX_MAX_REQUESTS		16
+
 /*
- * One slot per database served by a worker.  The launcher owns dboid and
- * state transitions out of OBW_FREE; the worker fills in the rest.  All
- * fields are protected by OutboxShared->lock, except wake_pending, which
- * producers set at commit without taking the lock.
+ * One slot per database served by a worker.  The launcher owns dboid,
+ * generation and state transitions out of OBW_FREE; the worker fills in the
+ * rest.  All fields are protected by OutboxShared->lock, except
+ * wake_pending, which producers set at commit without taking the lock.
  */
 typedef struct OutboxWorkerSlot
 {
 	Oid			dboid;
+	uint32		generation;		/* bumped each time the launcher (re)assigns */
 	int			pid;
 	OutboxWorkerState state;
+	OutboxWorkerExit exit_reason;
 	Latch	   *latch;			/* worker's process latch, NULL if not running */
 	pg_atomic_uint32 wake_pending;	/* a producer committed since last look */
+	int			naptime_ms;		/* the worker's current outbox.naptime */
 	TimestampTz started_at;
 	TimestampTz last_run;
 	int64		last_purged;
 	int64		runs;
+	TimestampTz last_error_at;
 	char		last_error[256];
 } OutboxWorkerSlot;
 
@@ -98,6 +114,9 @@ typedef struct OutboxSharedState
 	int			launcher_pid;
 	TimestampTz stats_reset;
 	pg_atomic_uint64 counters[OBC_NUM_COUNTERS];
+	int			nrequests;		/* entries used in requests */
+	bool		requests_overflow;	/* a request did not fit: probe all */
+	Oid			requests[OUTBOX_MAX_REQUESTS];
 	int			nslots;
 	OutboxWorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
 } OutboxSharedState;
@@ -111,6 +130,8 @@ extern void OutboxCountNow(OutboxCounter c, int64 n);
 extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,
 								int nargs, const Oid *argtypes);
+extern int	OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
+						  bool read_only, long count);
 extern text *OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what);
 extern Jsonb *OutboxArgPayload(FunctionCallInfo fcinfo, int argno,
 							   const char *what, bool nullable);

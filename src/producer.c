@@ -45,6 +45,20 @@ pr_check_seq(int64 seq)
 }
 
 /*
+ * Raise 22023 unless a not-before time is finite: -infinity would break
+ * the age arithmetic of outbox.backlog for everyone, and infinity would
+ * keep the command from ever being claimed.
+ */
+static void
+pr_check_not_before(TimestampTz t)
+{
+	if (TIMESTAMP_NOT_FINITE(t))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("not_before must be a finite time")));
+}
+
+/*
  * Raise 23505 naming what made a decision (or event, when command_id is
  * NULL) conflict.  Called after ON CONFLICT DO NOTHING inserted nothing.
  */
@@ -64,7 +78,7 @@ pr_raise_duplicate(text *run_id, int64 seq, text *command_id)
 	if (command_id == NULL)
 		nulls[2] = 'n';
 
-	if (SPI_execute_plan(OutboxPrepare(&plan_diagnose,
+	if (OutboxExecute(OutboxPrepare(&plan_diagnose,
 									   "SELECT EXISTS (SELECT 1 FROM outbox.events"
 									   "                WHERE run_id OPERATOR(pg_catalog.=) $1"
 									   "                  AND seq OPERATOR(pg_catalog.=) $2),"
@@ -133,6 +147,8 @@ outbox_commit_decision(PG_FUNCTION_ARGS)
 	command_kind = OutboxArgId(fcinfo, 4, "command_kind");
 	payload = OutboxArgPayload(fcinfo, 5, "payload", false);
 	event_payload = OutboxArgPayload(fcinfo, 6, "event_payload", true);
+	if (!PG_ARGISNULL(7))
+		pr_check_not_before(PG_GETARG_TIMESTAMPTZ(7));
 	OutboxArgNotNull(fcinfo, 8, "priority");
 
 	args[0] = PointerGetDatum(run_id);
@@ -150,7 +166,7 @@ outbox_commit_decision(PG_FUNCTION_ARGS)
 	args[8] = PG_GETARG_DATUM(8);
 
 	SPI_connect();
-	ret = SPI_execute_plan(OutboxPrepare(&plan_decide,
+	ret = OutboxExecute(OutboxPrepare(&plan_decide,
 										 "WITH e AS ("
 										 "  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
 										 "  VALUES ($1, $2, $3, $7, $4)"
@@ -203,7 +219,7 @@ outbox_record_event(PG_FUNCTION_ARGS)
 		nulls[3] = 'n';
 
 	SPI_connect();
-	ret = SPI_execute_plan(OutboxPrepare(&plan_event,
+	ret = OutboxExecute(OutboxPrepare(&plan_event,
 										 "INSERT INTO outbox.events (run_id, seq, kind, payload)"
 										 "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
 										 4, argtypes),
@@ -360,6 +376,8 @@ outbox_commit_decisions(PG_FUNCTION_ARGS)
 		OutboxCheckPayload(DatumGetJsonbP(elems[5][i]), "payload");
 		if (counts[6] > 0 && !elnulls[6][i])
 			OutboxCheckPayload(DatumGetJsonbP(elems[6][i]), "event_payload");
+		if (counts[7] > 0 && !elnulls[7][i])
+			pr_check_not_before(DatumGetTimestampTz(elems[7][i]));
 	}
 
 	for (i = 0; i < 9; i++)
@@ -371,7 +389,7 @@ outbox_commit_decisions(PG_FUNCTION_ARGS)
 	SPI_connect();
 
 	/* Events first; report the first decision whose event was refused. */
-	ret = SPI_execute_plan(OutboxPrepare(&plan_batch_events,
+	ret = OutboxExecute(OutboxPrepare(&plan_batch_events,
 										 "WITH u AS ("
 										 "  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),"
 										 "                            pg_catalog.unnest($4), pg_catalog.unnest($7))"
@@ -391,7 +409,7 @@ outbox_commit_decisions(PG_FUNCTION_ARGS)
 						   args, nulls, false, 0);
 	pr_check_batch_result(ret, n);
 
-	ret = SPI_execute_plan(OutboxPrepare(&plan_batch_commands,
+	ret = OutboxExecute(OutboxPrepare(&plan_batch_commands,
 										 "WITH u AS ("
 										 "  SELECT * FROM ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($1), pg_catalog.unnest($2),"
 										 "                            pg_catalog.unnest($5), pg_catalog.unnest($6), pg_catalog.unnest($8),"

@@ -66,6 +66,8 @@ CREATE TABLE @extschema@.receipts (
 	completed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
 	CONSTRAINT receipts_pkey PRIMARY KEY (command_id)
 );
+-- Drives the retention purge, oldest receipt first.
+CREATE INDEX receipts_completed_at_idx ON @extschema@.receipts (completed_at);
 
 -- Commands a consumer has accepted (its deduplication memory).
 CREATE TABLE @extschema@.inbox (

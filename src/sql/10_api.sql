@@ -1,6 +1,9 @@
 -- outbox install script, part 10: the producer, publisher and consumer API
 -- (C functions).  All are SECURITY DEFINER with a pinned search_path: the
 -- callers hold only EXECUTE (see part 90), never a table privilege.
+--
+-- Their statements run as saved plans through OutboxExecute (src/outbox.c),
+-- which keeps the planner on the index plans whenever a plan is (re)made.
 
 -- Producer -----------------------------------------------------------------
 

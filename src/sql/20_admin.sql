@@ -92,7 +92,7 @@ BEGIN
 				  HINT = 'Only uncertain commands are resolved; use requeue for dead ones.';
 	END IF;
 	UPDATE @extschema@.commands c
-	   SET status = CASE resolution WHEN 'retry' THEN 'pending' ELSE resolution END,
+	   SET status = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry' THEN 'pending' ELSE resolution END,
 		   published_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'published'
 							   THEN pg_catalog.clock_timestamp() END,
 		   owner = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry' THEN NULL ELSE c.owner END,
@@ -136,6 +136,13 @@ BEGIN
 	   OR backoff_max OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
 	   OR retention OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
 		RAISE EXCEPTION 'backoff and retention must not be negative'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- Longer ones mean "never" anyway, and would overflow the time arithmetic.
+	IF backoff_base OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval
+	   OR backoff_max OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval
+	   OR retention OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval THEN
+		RAISE EXCEPTION 'backoff and retention must not be longer than 100 years'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	IF lease OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
@@ -216,6 +223,7 @@ DECLARE
 		pg_catalog.current_setting('outbox.purge_batch')::pg_catalog.int4);
 	dflt pg_catalog.interval := COALESCE(older_than,
 		pg_catalog.current_setting('outbox.retention')::pg_catalog.interval);
+	cutoff_ret pg_catalog.interval;
 BEGIN
 	IF lim OPERATOR(pg_catalog.<) 1 THEN
 		RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = 'invalid_parameter_value';
@@ -223,17 +231,33 @@ BEGIN
 	IF dflt OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
 		RAISE EXCEPTION 'older_than must not be negative' USING ERRCODE = 'invalid_parameter_value';
 	END IF;
+	IF dflt OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval THEN
+		RAISE EXCEPTION 'older_than must not be longer than 100 years'
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- Driven by receipts_completed_at_idx: only receipts older than the
+	-- shortest retention in force are read, oldest first, so a purge that
+	-- finds nothing costs one index probe however many receipts are young.
+	IF older_than IS NULL THEN
+		SELECT LEAST(dflt, pg_catalog.min(p.retention)) INTO cutoff_ret
+		  FROM @extschema@.policies p;
+	ELSE
+		cutoff_ret := dflt;
+	END IF;
 	WITH victims AS (
 		SELECT c.command_id, c.run_id, c.seq, c.kind, c.published_at, r.outcome
 		  FROM @extschema@.receipts r
 		  JOIN @extschema@.commands c ON c.command_id OPERATOR(pg_catalog.=) r.command_id
-		 WHERE c.status OPERATOR(pg_catalog.=) 'published'
+		 WHERE r.completed_at OPERATOR(pg_catalog.<)
+			   (pg_catalog.now() OPERATOR(pg_catalog.-) cutoff_ret)
+		   AND c.status OPERATOR(pg_catalog.=) 'published'
 		   AND c.published_at IS NOT NULL
 		   AND GREATEST(c.published_at, r.completed_at)
 			   OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-)
 			   COALESCE(CASE WHEN older_than IS NULL THEN
 					(SELECT p.retention FROM @extschema@.policies p
 					  WHERE p.kind OPERATOR(pg_catalog.=) c.kind) END, dflt))
+		 ORDER BY r.completed_at
 		 LIMIT lim
 		   FOR UPDATE OF c, r SKIP LOCKED),
 	tomb AS (
@@ -246,6 +270,8 @@ BEGIN
 	DELETE FROM @extschema@.commands c USING tomb
 	 WHERE c.command_id OPERATOR(pg_catalog.=) tomb.command_id;
 	GET DIAGNOSTICS n = ROW_COUNT;
+	-- Counted in outbox.stats when (and only if) this transaction commits.
+	PERFORM @extschema@._count_purged(n);
 	RETURN n;
 END;
 $$;

@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# Relay throughput, backlog growth and table health of the lease protocol,
+# side by side with hand-written SQL baselines on the same table shape, in
+# the same run, on a throwaway cluster.  Not a test: it prints numbers.
+#
+#   bash bench/lease.sh            # full run (about 10 minutes on 2 cores)
+#   QUICK=1 bash bench/lease.sh    # one repeat, smaller sizes
+#
+# Throughput: commands per second through "claim a batch of B, then ack the
+# batch" (two statements, two transactions), at B = 1, 10, 100 and 1, 2, 4
+# concurrent publishers, median of 3 repeats, from a preloaded backlog of
+# 200,000 pending commands (at B = 1 and 10 each run drains part of it).
+#   outbox        outbox.claim + outbox.ack(worker, ids[], versions[])
+#   mark          UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE SKIP LOCKED))
+#                 then UPDATE ... SET status = 'published' WHERE id = ANY(ids)
+#   delete        the same claim, then DELETE ... WHERE id = ANY(ids)
+#   mark-in       the textbook WHERE id IN (SELECT ...) claim (a warning)
+set -u
+set -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$ROOT/test/lib.sh"
+
+REPEATS=${REPEATS:-3}
+# ONLY=throughput|latency|health|plans runs one part.
+ONLY=${ONLY:-}
+BACKLOG=${BACKLOG:-200000}
+SIZES=${SIZES:-"10000 100000 1000000"}
+if [ -n "${QUICK:-}" ]; then
+	REPEATS=1
+	BACKLOG=50000
+	SIZES="10000 100000"
+fi
+
+if [ -z "${OUTBOX_SKIP_BUILD:-}" ]; then
+	outbox_setup || exit 1
+fi
+WORK=$(mktemp -d /tmp/outbox-bench.XXXXXX)
+outbox_give_to_pg_user "$WORK"
+trap 'outbox_cleanup_work "$WORK"' EXIT
+DATA="$WORK/data"
+PORT=$(outbox_free_port)
+outbox_start_cluster "$DATA" "$PORT" "shared_buffers = 256MB
+max_connections = 50
+checkpoint_timeout = 30min
+max_wal_size = 4GB
+autovacuum = on" || exit 1
+# The benchmark measures the SQL API alone: keep the background worker's
+# sweep and purge out of the numbers (it naps for an hour).
+as_pg "'$PGBIN/psql' -X -q -h '$DATA' -p $PORT -d postgres -c \"ALTER SYSTEM SET outbox.naptime = '1h'\" -c 'SELECT pg_reload_conf()'" >/dev/null
+
+psql_q() {
+	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d bench -v ON_ERROR_STOP=1" <<<"$1"
+}
+as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench"
+psql_q "CREATE EXTENSION outbox;
+-- The baseline: the same columns, a plain text key, the classic partial
+-- index on pending rows.
+CREATE TABLE bq (LIKE outbox.commands INCLUDING DEFAULTS) WITH (fillfactor = 80);
+ALTER TABLE bq ADD PRIMARY KEY (command_id);
+CREATE INDEX bq_pending ON bq (priority DESC, available_at, created_at) WHERE status = 'pending';"
+
+# Load N pending commands into the system's table and vacuum it.
+load() {
+	local system=$1 n=$2
+	if [ "$system" = outbox ]; then
+		psql_q "TRUNCATE outbox.commands;
+INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_at, due_at, created_at)
+SELECT 'cmd-' || g, 'run-' || (g / 10), g, 'k', jsonb_build_object('n', g, 'to', 'someone@example.org'),
+       now() - interval '1 minute', now() - interval '1 minute', now() - interval '1 minute' + g * interval '1 microsecond'
+  FROM generate_series(1, $n) g;
+VACUUM ANALYZE outbox.commands;"
+	else
+		psql_q "TRUNCATE bq;
+INSERT INTO bq (command_id, run_id, seq, kind, payload, available_at, created_at)
+SELECT 'cmd-' || g, 'run-' || (g / 10), g, 'k', jsonb_build_object('n', g, 'to', 'someone@example.org'),
+       now() - interval '1 minute', now() - interval '1 minute' + g * interval '1 microsecond'
+  FROM generate_series(1, $n) g;
+VACUUM ANALYZE bq;"
+	fi
+}
+
+# pgbench scripts: claim a batch (one transaction), ack it (another).
+cat >"$WORK/outbox.sql" <<'EOF'
+SELECT array_agg(command_id) AS ids, array_agg(version) AS vers FROM outbox.claim('w' || :client_id, :batch, interval '10 minutes') \gset
+SELECT count(*) FROM outbox.ack('w' || :client_id, :ids::text[], :vers::bigint[]) WHERE acked;
+EOF
+BASE_CLAIM="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id = ANY (ARRAY(SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED)) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"
+BASE_CLAIM_IN="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id IN (SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"
+printf '%s\n%s\n' "$BASE_CLAIM" "UPDATE bq SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:ids::text[]);" >"$WORK/mark.sql"
+printf '%s\n%s\n' "$BASE_CLAIM" "DELETE FROM bq WHERE command_id = ANY (:ids::text[]);" >"$WORK/delete.sql"
+printf '%s\n%s\n' "$BASE_CLAIM_IN" "UPDATE bq SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:ids::text[]);" >"$WORK/mark-in.sql"
+outbox_give_to_pg_user "$WORK"
+
+# One run: prints commands per second.
+run_once() {
+	local system=$1 batch=$2 clients=$3 drain tx tps
+	drain=$BACKLOG
+	[ "$batch" -eq 10 ] && drain=$((BACKLOG / 4))
+	[ "$batch" -eq 1 ] && drain=$((BACKLOG / 20))
+	tx=$((drain / batch / clients))
+	load "$system" "$BACKLOG"
+	tps=$(as_pg "cd '$WORK' && '$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $clients -j $clients \
+		-t $tx -D batch=$batch -f '$WORK/$system.sql' bench" 2>&1 |
+		awk '/^tps = / {print $3; exit}')
+	awk -v t="${tps:-0}" -v b="$batch" 'BEGIN {printf "%.0f\n", t * b}'
+}
+
+median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
+
+if [ -z "$ONLY" ] || [ "$ONLY" = throughput ]; then
+echo "== relay throughput, commands/s (median of $REPEATS; backlog $BACKLOG)"
+printf '%-4s %-3s %10s %10s %10s %10s %9s %11s\n' B P outbox mark delete mark-in "vs mark" "vs delete"
+for batch in ${BATCHES:-1 10 100}; do
+	for clients in ${CLIENTS:-1 2 4}; do
+		declare -A res=()
+		for system in outbox mark delete mark-in; do
+			if [ "$system" = mark-in ] && [ "$batch" -ne 100 ]; then
+				res[$system]=-
+				continue
+			fi
+			res[$system]=$(for r in $(seq "$REPEATS"); do run_once "$system" "$batch" "$clients"; done | median)
+		done
+		printf '%-4s %-3s %10s %10s %10s %10s %9.2f %11.2f\n' "$batch" "$clients" \
+			"${res[outbox]}" "${res[mark]}" "${res[delete]}" "${res[mark-in]}" \
+			"$(awk -v a="${res[outbox]}" -v b="${res[mark]}" 'BEGIN {print (b > 0 ? a / b : 0)}')" \
+			"$(awk -v a="${res[outbox]}" -v b="${res[delete]}" 'BEGIN {print (b > 0 ? a / b : 0)}')"
+	done
+done
+
+fi
+
+# Latency of one claim of 100 at several backlog sizes: psql \timing over
+# 300 claim + ack rounds, claim times only.
+claim_latency() {
+	local system=$1 n=$2 f i
+	f="$WORK/lat-$system.sql"
+	load "$system" "$n"
+	: >"$f"
+	for i in $(seq 300); do
+		if [ "$system" = outbox ]; then
+			echo "SELECT array_agg(command_id) AS ids, array_agg(version) AS vers FROM outbox.claim('w', 100, interval '10 minutes') \\gset"
+			echo "SELECT count(*) FROM outbox.ack('w', :'ids'::text[], :'vers'::bigint[]) WHERE acked;"
+		else
+			echo "${BASE_CLAIM//:client_id/1}" | sed 's/:batch/100/'
+			echo "UPDATE bq SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:'ids'::text[]);"
+		fi
+	done >>"$f"
+	outbox_give_to_pg_user "$f"
+	as_pg "'$PGBIN/psql' -X -q -h '$DATA' -p $PORT -d bench -c '\\timing on' -f '$f'" |
+		awk '/^Time: / {n++; if (n % 2 == 1) print $2}' | sort -n |
+		awk '{a[NR] = $1} END {printf "%.3f %.3f\n", a[int(NR * 0.5)], a[int(NR * 0.99)]}'
+}
+
+if [ -z "$ONLY" ] || [ "$ONLY" = latency ]; then
+echo
+echo "== one claim of 100: p50 / p99 in ms (300 claims, each followed by its ack)"
+printf '%-9s %18s %18s\n' pending outbox mark
+for n in $SIZES; do
+	o=$(claim_latency outbox "$n")
+	m=$(claim_latency mark "$n")
+	printf '%-9s %18s %18s\n' "$n" "$o" "$m"
+done
+
+fi
+
+if [ -z "$ONLY" ] || [ "$ONLY" = health ]; then
+echo
+echo "== table health after draining $BACKLOG commands (claim 100 + ack, 4 publishers)"
+for system in outbox mark; do
+	run_once "$system" 100 4 >/dev/null
+	if [ "$system" = outbox ]; then t=outbox.commands; else t=bq; fi
+	psql_q "SELECT pg_stat_force_next_flush();" >/dev/null
+	psql_q "SELECT '$system: table ' || pg_size_pretty(pg_relation_size('$t'))
+	     || ', indexes ' || (SELECT string_agg(indexrelid::regclass::text || ' ' || pg_size_pretty(pg_relation_size(indexrelid)), ', ')
+	                          FROM pg_index WHERE indrelid = '$t'::regclass)
+	     || ', dead tuples ' || n_dead_tup || ', updates ' || n_tup_upd || ' (HOT ' || n_tup_hot_upd || ')'
+	   FROM pg_stat_user_tables WHERE relid = '$t'::regclass;"
+done
+
+fi
+
+if [ -z "$ONLY" ] || [ "$ONLY" = plans ]; then
+echo
+echo "== plans of the hot statements on a filled table"
+load outbox 100000
+psql_q "PREPARE c(text, int) AS SELECT * FROM outbox.claim(\$1, \$2);
+LOAD 'auto_explain';
+SET auto_explain.log_min_duration = 0;
+SET auto_explain.log_nested_statements = on;
+SET auto_explain.log_analyze = on;
+SET client_min_messages = log;
+SET auto_explain.log_level = notice;
+SELECT count(*) FROM outbox.claim('explain', 100);" 2>&1 | grep -E 'Index|Seq Scan|Update on|Limit|LockRows|Sort' | head -30
+fi

@@ -1,0 +1,349 @@
+-- Hostile input: every API function against NULLs in every argument, empty
+-- and oversized ids, multi-megabyte and deeply nested payloads, odd Unicode
+-- (accepted), negative, zero and huge leases, batch sizes 0, -1 and
+-- 2^31-1, versions 0, -1 and 2^63-1, arrays of mismatched lengths, arrays
+-- with NULLs and 2-D arrays.  Each case runs in a subtransaction that is
+-- always rolled back (an accepted call too) and reports its SQLSTATE; the
+-- tables must be the same afterwards and the server must still be up.
+DROP EXTENSION outbox;
+CREATE EXTENSION outbox;
+\set VERBOSITY terse
+
+-- Fixtures: h-pending; h-live leased to w1 at version 2; h-pub published
+-- with a receipt; h-dead dead; h-unc uncertain.
+DO $$
+BEGIN
+	PERFORM outbox.commit_decision('h-run', 1, 'e', 'h-pending', 'k', '{"n": 1}');
+	PERFORM outbox.commit_decision('h-run', 2, 'e', 'h-live', 'k-live', '{"n": 2}');
+	PERFORM outbox.commit_decision('h-run', 3, 'e', 'h-pub', 'k-pub', '{"n": 3}');
+	PERFORM outbox.commit_decision('h-run', 4, 'e', 'h-dead', 'k-dead', '{"n": 4}');
+	PERFORM outbox.commit_decision('h-run', 5, 'e', 'h-unc', 'k-unc', '{"n": 5}');
+	PERFORM outbox.claim('w1', 1, '1 hour', '{k-live}');
+	PERFORM outbox.claim('w1', 1, '1 hour', '{k-pub}');
+	PERFORM outbox.ack('h-pub', 'w1', 2);
+	PERFORM outbox.complete('h-pub');
+	PERFORM outbox.inbox_accept('c1', 'h-pub');
+	PERFORM outbox.claim('w1', 1, '1 hour', '{k-dead}');
+	PERFORM outbox.fail('h-dead', 'w1', 2, 'rejected', true);
+	PERFORM outbox.claim('w1', 1, '1 hour', '{k-unc}');
+	UPDATE outbox.commands
+	   SET status = 'uncertain', lease_until = NULL, version = version + 1,
+		   last_error = 'lease of worker w1 expired; kind k-unc needs a manual takeover'
+	 WHERE command_id = 'h-unc';
+	PERFORM outbox.set_policy('k-unc', takeover => 'manual');
+END;
+$$;
+SELECT command_id, status, version FROM outbox.commands ORDER BY command_id;
+
+-- What the tables hold now, and when the server started.
+CREATE TABLE hostile_before AS
+SELECT 'events' AS tbl, coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') AS digest, count(*) AS n FROM outbox.events t
+UNION ALL SELECT 'commands', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.commands t
+UNION ALL SELECT 'receipts', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.receipts t
+UNION ALL SELECT 'inbox', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.inbox t
+UNION ALL SELECT 'policies', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.policies t
+UNION ALL SELECT 'purged', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.purged t
+UNION ALL SELECT 'postmaster', pg_postmaster_start_time()::text, 0;
+
+-- Run one statement in a subtransaction that is always rolled back; return
+-- its SQLSTATE (00000 when it succeeded) and message.
+CREATE FUNCTION pg_temp.attempt(stmt text, OUT state text, OUT message text)
+LANGUAGE plpgsql AS $$
+BEGIN
+	BEGIN
+		EXECUTE stmt;
+		RAISE SQLSTATE 'HOK00';
+	EXCEPTION WHEN OTHERS THEN
+		state := SQLSTATE;
+		message := SQLERRM;
+	END;
+	IF state = 'HOK00' THEN
+		state := '00000';
+		message := '';
+	END IF;
+END;
+$$;
+
+-- Values used by many cases.
+CREATE TEMP TABLE v AS
+SELECT repeat('x', 201) AS long_id,						-- one byte over the limit
+	   repeat('x', 200) AS max_id,						-- at the limit
+	   repeat(U&'\00E9', 100) || 'x' AS long_mb_id,	-- 201 bytes, 101 characters
+	   repeat('x', 1048576) AS huge_id,					-- 1 MB
+	   U&'cmd-\+01F680-\202E-e\0301-\200D-\FEFF-\+10FFFF' AS odd_id,
+	   jsonb_build_object('s', repeat('x', 3 * 1024 * 1024)) AS big_payload,
+	   jsonb_build_object('s', repeat('x', 1000000)) AS near_limit_payload,
+	   (repeat('[', 65) || repeat(']', 65))::jsonb AS deep_payload,
+	   (repeat('{"a":', 1000) || '1' || repeat('}', 1000))::jsonb AS very_deep_payload,
+	   (repeat('[', 64) || repeat(']', 64))::jsonb AS depth_64_payload;
+
+CREATE TEMP TABLE cases (n serial, name text, expected text, stmt text);
+INSERT INTO cases (name, expected, stmt) VALUES
+-- commit_decision(run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before, priority)
+('cd: null run_id', '22004', $$SELECT outbox.commit_decision(NULL, 1, 'e', 'n1', 'k', '{}')$$),
+('cd: null seq', '22004', $$SELECT outbox.commit_decision('r', NULL, 'e', 'n1', 'k', '{}')$$),
+('cd: null event_kind', '22004', $$SELECT outbox.commit_decision('r', 1, NULL, 'n1', 'k', '{}')$$),
+('cd: null command_id', '22004', $$SELECT outbox.commit_decision('r', 1, 'e', NULL, 'k', '{}')$$),
+('cd: null command_kind', '22004', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', NULL, '{}')$$),
+('cd: null payload', '22004', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', NULL)$$),
+('cd: null event_payload (optional)', '00000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{}', NULL)$$),
+('cd: null not_before (now)', '00000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{}', NULL, NULL)$$),
+('cd: null priority', '22004', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{}', NULL, NULL, NULL)$$),
+('cd: empty run_id', '22023', $$SELECT outbox.commit_decision('', 1, 'e', 'n1', 'k', '{}')$$),
+('cd: empty event_kind', '22023', $$SELECT outbox.commit_decision('r', 1, '', 'n1', 'k', '{}')$$),
+('cd: empty command_id', '22023', $$SELECT outbox.commit_decision('r', 1, 'e', '', 'k', '{}')$$),
+('cd: empty command_kind', '22023', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', '', '{}')$$),
+('cd: run_id of 201 bytes', '22023', $$SELECT outbox.commit_decision((SELECT long_id FROM v), 1, 'e', 'n1', 'k', '{}')$$),
+('cd: command_id of 201 bytes', '22023', $$SELECT outbox.commit_decision('r', 1, 'e', (SELECT long_id FROM v), 'k', '{}')$$),
+('cd: command_id of 101 chars, 201 bytes', '22023', $$SELECT outbox.commit_decision('r', 1, 'e', (SELECT long_mb_id FROM v), 'k', '{}')$$),
+('cd: command_id of 1 MB', '22023', $$SELECT outbox.commit_decision('r', 1, 'e', (SELECT huge_id FROM v), 'k', '{}')$$),
+('cd: command_kind of 201 bytes', '22023', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', (SELECT long_id FROM v), '{}')$$),
+('cd: ids of 200 bytes', '00000', $$SELECT outbox.commit_decision((SELECT max_id FROM v), 1, (SELECT max_id FROM v), (SELECT max_id FROM v), (SELECT max_id FROM v), '{}')$$),
+('cd: odd Unicode ids and payload', '00000', $$SELECT outbox.commit_decision((SELECT odd_id FROM v), 1, (SELECT odd_id FROM v), (SELECT odd_id FROM v), (SELECT odd_id FROM v), jsonb_build_object((SELECT odd_id FROM v), (SELECT odd_id FROM v)))$$),
+('cd: invalid UTF-8 cannot be made', '22021', $$SELECT outbox.commit_decision('r', 1, 'e', convert_from('\xc328'::bytea, 'UTF8'), 'k', '{}')$$),
+('cd: NUL in a payload string', '22P05', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{"s": "\u0000"}')$$),
+('cd: lone surrogate in a payload', '22P02', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{"s": "\ud800"}')$$),
+('cd: seq -1', '22023', $$SELECT outbox.commit_decision('r', -1, 'e', 'n1', 'k', '{}')$$),
+('cd: seq 0', '00000', $$SELECT outbox.commit_decision('r', 0, 'e', 'n1', 'k', '{}')$$),
+('cd: seq 2^63-1', '00000', $$SELECT outbox.commit_decision('r', 9223372036854775807, 'e', 'n1', 'k', '{}')$$),
+('cd: 3 MB payload', '54000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', (SELECT big_payload FROM v))$$),
+('cd: 1 MB payload, under the limit', '00000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', (SELECT near_limit_payload FROM v))$$),
+('cd: payload nested 65 deep', '54000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', (SELECT deep_payload FROM v))$$),
+('cd: payload nested 1000 deep', '54000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', (SELECT very_deep_payload FROM v))$$),
+('cd: payload nested 64 deep', '00000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', (SELECT depth_64_payload FROM v))$$),
+('cd: 3 MB event_payload', '54000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{}', (SELECT big_payload FROM v))$$),
+('cd: event_payload nested 65 deep', '54000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{}', (SELECT deep_payload FROM v))$$),
+('cd: not_before -infinity', '22023', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{}', NULL, '-infinity')$$),
+('cd: not_before infinity', '22023', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{}', NULL, 'infinity')$$),
+('cd: priority extremes', '00000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{}', NULL, NULL, -2147483648), outbox.commit_decision('r', 2, 'e', 'n2', 'k', '{}', NULL, NULL, 2147483647)$$),
+('cd: existing command_id', '23505', $$SELECT outbox.commit_decision('r', 1, 'e', 'h-live', 'k', '{}')$$),
+('cd: existing (run_id, seq)', '23505', $$SELECT outbox.commit_decision('h-run', 1, 'e', 'n1', 'k', '{}')$$),
+-- commit_decisions(run_ids, seqs, event_kinds, command_ids, command_kinds, payloads, event_payloads, not_before, priorities)
+('cds: null run_ids', '22004', $$SELECT outbox.commit_decisions(NULL, '{1}', '{e}', '{n1}', '{k}', '{"{}"}')$$),
+('cds: null seqs', '22004', $$SELECT outbox.commit_decisions('{r}', NULL, '{e}', '{n1}', '{k}', '{"{}"}')$$),
+('cds: null event_kinds', '22004', $$SELECT outbox.commit_decisions('{r}', '{1}', NULL, '{n1}', '{k}', '{"{}"}')$$),
+('cds: null command_ids', '22004', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', NULL, '{k}', '{"{}"}')$$),
+('cds: null command_kinds', '22004', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', NULL, '{"{}"}')$$),
+('cds: null payloads', '22004', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', NULL)$$),
+('cds: null optional arrays', '00000', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', '{"{}"}', NULL, NULL, NULL)$$),
+('cds: NULL in run_ids', '22004', $$SELECT outbox.commit_decisions('{r,NULL}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
+('cds: NULL in seqs', '22004', $$SELECT outbox.commit_decisions('{r,r}', '{1,NULL}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
+('cds: NULL in command_ids', '22004', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,NULL}', '{k,k}', '{"{}","{}"}')$$),
+('cds: NULL in payloads', '22004', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}",NULL}')$$),
+('cds: NULL in priorities', '22004', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}', NULL, NULL, '{1,NULL}')$$),
+('cds: NULLs in event_payloads and not_before', '00000', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}', '{NULL,"{}"}', '{NULL,2000-01-01}', '{1,2}')$$),
+('cds: seqs shorter', '2202E', $$SELECT outbox.commit_decisions('{r,r}', '{1}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
+('cds: payloads longer', '2202E', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}","{}"}')$$),
+('cds: not_before shorter', '2202E', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}', NULL, '{2000-01-01}')$$),
+('cds: priorities longer', '2202E', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', '{"{}"}', NULL, NULL, '{1,2}')$$),
+('cds: 2-D run_ids', '2202E', $$SELECT outbox.commit_decisions('{{r},{r}}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
+('cds: 2-D everything', '2202E', $$SELECT outbox.commit_decisions('{{r,r}}', '{{1,2}}', '{{e,e}}', '{{n1,n2}}', '{{k,k}}', '{{"{}","{}"}}')$$),
+('cds: empty arrays', '00000', $$SELECT outbox.commit_decisions('{}', '{}', '{}', '{}', '{}', '{}')$$),
+('cds: arrays starting at index 0', '00000', $$SELECT outbox.commit_decisions('[0:1]={r,r}', '[0:1]={1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
+('cds: 10001 decisions (outbox.max_batch)', '54000', $$SELECT outbox.commit_decisions(array_fill('r'::text, '{10001}'), (SELECT array_agg(i) FROM generate_series(1::bigint, 10001) i), array_fill('e'::text, '{10001}'), (SELECT array_agg('n' || i) FROM generate_series(1, 10001) i), array_fill('k'::text, '{10001}'), array_fill('{}'::jsonb, '{10001}'))$$),
+('cds: empty id element', '22023', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,""}', '{k,k}', '{"{}","{}"}')$$),
+('cds: id element of 201 bytes', '22023', $$SELECT outbox.commit_decisions(ARRAY['r', (SELECT long_id FROM v)], '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
+('cds: seq element -1', '22023', $$SELECT outbox.commit_decisions('{r,r}', '{1,-1}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
+('cds: 3 MB payload element', '54000', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', ARRAY[(SELECT big_payload FROM v)])$$),
+('cds: deep event_payload element', '54000', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', '{"{}"}', ARRAY[(SELECT deep_payload FROM v)])$$),
+('cds: not_before element -infinity', '22023', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', '{"{}"}', NULL, '{-infinity}')$$),
+('cds: command_id repeated in the batch', '23505', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n1}', '{k,k}', '{"{}","{}"}')$$),
+('cds: existing command_id', '23505', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{h-live}', '{k}', '{"{}"}')$$),
+-- record_event(run_id, seq, kind, payload)
+('re: null run_id', '22004', $$SELECT outbox.record_event(NULL, 1, 'note')$$),
+('re: null seq', '22004', $$SELECT outbox.record_event('r', NULL, 'note')$$),
+('re: null kind', '22004', $$SELECT outbox.record_event('r', 1, NULL)$$),
+('re: null payload (optional)', '00000', $$SELECT outbox.record_event('r', 1, 'note', NULL)$$),
+('re: empty kind', '22023', $$SELECT outbox.record_event('r', 1, '')$$),
+('re: run_id of 201 bytes', '22023', $$SELECT outbox.record_event((SELECT long_id FROM v), 1, 'note')$$),
+('re: seq -1', '22023', $$SELECT outbox.record_event('r', -1, 'note')$$),
+('re: 3 MB payload', '54000', $$SELECT outbox.record_event('r', 1, 'note', (SELECT big_payload FROM v))$$),
+('re: payload nested 1000 deep', '54000', $$SELECT outbox.record_event('r', 1, 'note', (SELECT very_deep_payload FROM v))$$),
+('re: existing (run_id, seq)', '23505', $$SELECT outbox.record_event('h-run', 1, 'note')$$),
+-- claim(worker, batch_size, lease, kinds)
+('claim: null worker', '22004', $$SELECT * FROM outbox.claim(NULL)$$),
+('claim: empty worker', '22023', $$SELECT * FROM outbox.claim('')$$),
+('claim: worker of 201 bytes', '22023', $$SELECT * FROM outbox.claim((SELECT long_id FROM v))$$),
+('claim: odd Unicode worker', '00000', $$SELECT * FROM outbox.claim((SELECT odd_id FROM v))$$),
+('claim: null batch_size', '22004', $$SELECT * FROM outbox.claim('w2', NULL)$$),
+('claim: batch_size 0', '22023', $$SELECT * FROM outbox.claim('w2', 0)$$),
+('claim: batch_size -1', '22023', $$SELECT * FROM outbox.claim('w2', -1)$$),
+('claim: batch_size 2^31-1', '22023', $$SELECT * FROM outbox.claim('w2', 2147483647)$$),
+('claim: batch_size 10000 (outbox.max_batch)', '00000', $$SELECT * FROM outbox.claim('w2', 10000)$$),
+('claim: null lease (default)', '00000', $$SELECT * FROM outbox.claim('w2', 1, NULL)$$),
+('claim: lease 0', '22023', $$SELECT * FROM outbox.claim('w2', 1, '0')$$),
+('claim: lease -1 second', '22023', $$SELECT * FROM outbox.claim('w2', 1, '-1 second')$$),
+('claim: lease 1 month -31 days', '22023', $$SELECT * FROM outbox.claim('w2', 1, '1 month -31 days')$$),
+('claim: lease 1000000 years', '22023', $$SELECT * FROM outbox.claim('w2', 1, '1000000 years')$$),
+('claim: lease 178000000 years', '22023', $$SELECT * FROM outbox.claim('w2', 1, '178000000 years')$$),
+('claim: lease longer than max_lease', '22023', $$SELECT * FROM outbox.claim('w2', 1, '1 day 1 second')$$),
+('claim: lease 1 microsecond', '00000', $$SELECT * FROM outbox.claim('w2', 1, '1 microsecond')$$),
+('claim: NULL in kinds', '22004', $$SELECT * FROM outbox.claim('w2', 1, NULL, '{k,NULL}')$$),
+('claim: 2-D kinds', '2202E', $$SELECT * FROM outbox.claim('w2', 1, NULL, '{{k},{k-live}}')$$),
+('claim: empty kinds', '00000', $$SELECT * FROM outbox.claim('w2', 1, NULL, '{}')$$),
+('claim: empty and oversized kind names', '00000', $$SELECT * FROM outbox.claim('w2', 1, NULL, ARRAY['', (SELECT huge_id FROM v)])$$),
+-- ack(command_id, worker, version)
+('ack: null command_id', '22004', $$SELECT outbox.ack(NULL, 'w1', 2)$$),
+('ack: null worker', '22004', $$SELECT outbox.ack('h-live', NULL, 2)$$),
+('ack: null version', '22004', $$SELECT outbox.ack('h-live', 'w1', NULL::bigint)$$),
+('ack: empty command_id', '22023', $$SELECT outbox.ack('', 'w1', 2)$$),
+('ack: command_id of 1 MB', '22023', $$SELECT outbox.ack((SELECT huge_id FROM v), 'w1', 2)$$),
+('ack: empty worker', '22023', $$SELECT outbox.ack('h-live', '', 2)$$),
+('ack: version 0', '22023', $$SELECT outbox.ack('h-live', 'w1', 0)$$),
+('ack: version -1', '22023', $$SELECT outbox.ack('h-live', 'w1', -1)$$),
+('ack: version 2^63-1', '55000', $$SELECT outbox.ack('h-live', 'w1', 9223372036854775807)$$),
+('ack: unknown command', '55000', $$SELECT outbox.ack('nope', 'w1', 2)$$),
+('ack: another worker', '55000', $$SELECT outbox.ack('h-live', 'w2', 2)$$),
+('ack: the current token', '00000', $$SELECT outbox.ack('h-live', 'w1', 2)$$),
+-- ack(worker, command_ids, versions)
+('ackb: null worker', '22004', $$SELECT * FROM outbox.ack(NULL, '{h-live}'::text[], '{2}'::bigint[])$$),
+('ackb: null command_ids', '22004', $$SELECT * FROM outbox.ack('w1', NULL::text[], '{2}'::bigint[])$$),
+('ackb: null versions', '22004', $$SELECT * FROM outbox.ack('w1', '{h-live}'::text[], NULL::bigint[])$$),
+('ackb: mismatched lengths', '2202E', $$SELECT * FROM outbox.ack('w1', '{h-live,h-pub}'::text[], '{2}'::bigint[])$$),
+('ackb: NULL in command_ids', '22004', $$SELECT * FROM outbox.ack('w1', '{h-live,NULL}'::text[], '{2,2}'::bigint[])$$),
+('ackb: NULL in versions', '22004', $$SELECT * FROM outbox.ack('w1', '{h-live,h-pub}'::text[], '{2,NULL}'::bigint[])$$),
+('ackb: 2-D command_ids', '2202E', $$SELECT * FROM outbox.ack('w1', '{{h-live},{h-pub}}'::text[], '{2,2}'::bigint[])$$),
+('ackb: 2-D versions', '2202E', $$SELECT * FROM outbox.ack('w1', '{h-live,h-pub}'::text[], '{{2},{2}}'::bigint[])$$),
+('ackb: version element 0', '22023', $$SELECT * FROM outbox.ack('w1', '{h-live}'::text[], '{0}'::bigint[])$$),
+('ackb: version element -1', '22023', $$SELECT * FROM outbox.ack('w1', '{h-live}'::text[], '{-1}'::bigint[])$$),
+('ackb: version element 2^63-1', '00000', $$SELECT * FROM outbox.ack('w1', '{h-live}'::text[], '{9223372036854775807}'::bigint[])$$),
+('ackb: empty id element', '22023', $$SELECT * FROM outbox.ack('w1', '{""}'::text[], '{2}'::bigint[])$$),
+('ackb: id element of 201 bytes', '22023', $$SELECT * FROM outbox.ack('w1', ARRAY[(SELECT long_id FROM v)], '{2}'::bigint[])$$),
+('ackb: empty arrays', '00000', $$SELECT * FROM outbox.ack('w1', '{}'::text[], '{}'::bigint[])$$),
+('ackb: 10001 commands (outbox.max_batch)', '54000', $$SELECT * FROM outbox.ack('w1', array_fill('h-live'::text, '{10001}'), array_fill(2::bigint, '{10001}'))$$),
+('ackb: the same token twice', '00000', $$SELECT * FROM outbox.ack('w1', '{h-live,h-live}'::text[], '{2,2}'::bigint[])$$),
+-- fail(command_id, worker, version, error, fatal)
+('fail: null command_id', '22004', $$SELECT outbox.fail(NULL, 'w1', 2, 'x')$$),
+('fail: null worker', '22004', $$SELECT outbox.fail('h-live', NULL, 2, 'x')$$),
+('fail: null version', '22004', $$SELECT outbox.fail('h-live', 'w1', NULL, 'x')$$),
+('fail: null error', '22004', $$SELECT outbox.fail('h-live', 'w1', 2, NULL)$$),
+('fail: null fatal', '22004', $$SELECT outbox.fail('h-live', 'w1', 2, 'x', NULL)$$),
+('fail: version 0', '22023', $$SELECT outbox.fail('h-live', 'w1', 0, 'x')$$),
+('fail: version -1', '22023', $$SELECT outbox.fail('h-live', 'w1', -1, 'x')$$),
+('fail: version 2^63-1', '55000', $$SELECT outbox.fail('h-live', 'w1', 9223372036854775807, 'x')$$),
+('fail: worker of 201 bytes', '22023', $$SELECT outbox.fail('h-live', (SELECT long_id FROM v), 2, 'x')$$),
+('fail: empty error', '00000', $$SELECT outbox.fail('h-live', 'w1', 2, '')$$),
+('fail: 1 MB error, kept whole characters', '00000', $c$DO $x$
+BEGIN
+	PERFORM outbox.fail('h-live', 'w1', 2, 'x' || repeat(U&'\00E9', 500000), true);
+	PERFORM convert_from(textsend(last_error), 'UTF8') FROM outbox.commands WHERE command_id = 'h-live';
+	IF (SELECT octet_length(last_error) FROM outbox.commands WHERE command_id = 'h-live') NOT BETWEEN 4000 AND 4096 THEN
+		RAISE 'last_error was not cut to at most 4096 bytes';
+	END IF;
+END;
+$x$$c$),
+-- renew(command_id, worker, version, lease)
+('renew: null command_id', '22004', $$SELECT outbox.renew(NULL, 'w1', 2)$$),
+('renew: null worker', '22004', $$SELECT outbox.renew('h-live', NULL, 2)$$),
+('renew: null version', '22004', $$SELECT outbox.renew('h-live', 'w1', NULL)$$),
+('renew: null lease (default)', '00000', $$SELECT outbox.renew('h-live', 'w1', 2, NULL)$$),
+('renew: version 0', '22023', $$SELECT outbox.renew('h-live', 'w1', 0)$$),
+('renew: version 2^63-1', '55000', $$SELECT outbox.renew('h-live', 'w1', 9223372036854775807)$$),
+('renew: lease 0', '22023', $$SELECT outbox.renew('h-live', 'w1', 2, '0')$$),
+('renew: lease -1 day', '22023', $$SELECT outbox.renew('h-live', 'w1', 2, '-1 day')$$),
+('renew: lease 1000000 years', '22023', $$SELECT outbox.renew('h-live', 'w1', 2, '1000000 years')$$),
+('renew: a published command', '55000', $$SELECT outbox.renew('h-pub', 'w1', 2)$$),
+-- complete(command_id, outcome, detail)
+('complete: null command_id', '22004', $$SELECT outbox.complete(NULL)$$),
+('complete: null outcome', '22004', $$SELECT outbox.complete('h-live', NULL)$$),
+('complete: null detail (optional)', '00000', $$SELECT outbox.complete('h-live', 'done', NULL)$$),
+('complete: empty command_id', '22023', $$SELECT outbox.complete('')$$),
+('complete: empty outcome', '22023', $$SELECT outbox.complete('h-live', '')$$),
+('complete: outcome of 201 bytes', '22023', $$SELECT outbox.complete('h-live', (SELECT long_id FROM v))$$),
+('complete: 3 MB detail', '54000', $$SELECT outbox.complete('h-live', 'done', (SELECT big_payload FROM v))$$),
+('complete: detail nested 65 deep', '54000', $$SELECT outbox.complete('h-live', 'done', (SELECT deep_payload FROM v))$$),
+('complete: unknown command', '23503', $$SELECT outbox.complete('nope')$$),
+('complete: another outcome than the receipt''s', '23505', $$SELECT outbox.complete('h-pub', 'failed')$$),
+-- inbox_accept(consumer, command_id)
+('inbox: null consumer', '22004', $$SELECT outbox.inbox_accept(NULL, 'h-pub')$$),
+('inbox: null command_id', '22004', $$SELECT outbox.inbox_accept('c1', NULL)$$),
+('inbox: empty consumer', '22023', $$SELECT outbox.inbox_accept('', 'h-pub')$$),
+('inbox: command_id of 201 bytes', '22023', $$SELECT outbox.inbox_accept('c1', (SELECT long_id FROM v))$$),
+('inbox: consumer of 1 MB', '22023', $$SELECT outbox.inbox_accept((SELECT huge_id FROM v), 'h-pub')$$),
+('inbox: odd Unicode', '00000', $$SELECT outbox.inbox_accept((SELECT odd_id FROM v), (SELECT odd_id FROM v))$$),
+-- sweep(batch_size)
+('sweep: null batch_size', '22004', $$SELECT outbox.sweep(NULL)$$),
+('sweep: batch_size 0', '22023', $$SELECT outbox.sweep(0)$$),
+('sweep: batch_size -1', '22023', $$SELECT outbox.sweep(-1)$$),
+('sweep: batch_size 2^31-1', '22023', $$SELECT outbox.sweep(2147483647)$$),
+('sweep: batch_size 1', '00000', $$SELECT outbox.sweep(1)$$),
+-- purge(batch_size, older_than)
+('purge: nulls (defaults)', '00000', $$SELECT outbox.purge(NULL, NULL)$$),
+('purge: batch_size 0', '22023', $$SELECT outbox.purge(0)$$),
+('purge: batch_size -1', '22023', $$SELECT outbox.purge(-1)$$),
+('purge: batch_size 2^31-1', '00000', $$SELECT outbox.purge(2147483647)$$),
+('purge: older_than -1 second', '22023', $$SELECT outbox.purge(NULL, '-1 second')$$),
+('purge: older_than 1000000 years', '22023', $$SELECT outbox.purge(NULL, '1000000 years')$$),
+('purge: older_than 0', '00000', $$SELECT outbox.purge(NULL, '0')$$),
+-- requeue(command_id)
+('requeue: null', '22004', $$SELECT outbox.requeue(NULL)$$),
+('requeue: empty', '22023', $$SELECT outbox.requeue('')$$),
+('requeue: 201 bytes', '22023', $$SELECT outbox.requeue((SELECT long_id FROM v))$$),
+('requeue: unknown command', '42704', $$SELECT outbox.requeue('nope')$$),
+('requeue: a pending command', '55000', $$SELECT outbox.requeue('h-pending')$$),
+('requeue: a dead command', '00000', $$SELECT outbox.requeue('h-dead')$$),
+-- resolve(command_id, resolution)
+('resolve: null command_id', '22004', $$SELECT outbox.resolve(NULL, 'retry')$$),
+('resolve: null resolution', '22004', $$SELECT outbox.resolve('h-unc', NULL)$$),
+('resolve: empty command_id', '22023', $$SELECT outbox.resolve('', 'retry')$$),
+('resolve: unknown resolution', '22023', $$SELECT outbox.resolve('h-unc', 'maybe')$$),
+('resolve: resolution of 1 MB', '22023', $$SELECT outbox.resolve('h-unc', (SELECT huge_id FROM v))$$),
+('resolve: unknown command', '42704', $$SELECT outbox.resolve('nope', 'retry')$$),
+('resolve: a dead command', '55000', $$SELECT outbox.resolve('h-dead', 'retry')$$),
+('resolve: an uncertain command', '00000', $$SELECT outbox.resolve('h-unc', 'published')$$),
+-- set_policy(kind, max_deliveries, backoff_base, backoff_max, lease, takeover, retention)
+('policy: null kind', '22004', $$SELECT outbox.set_policy(NULL)$$),
+('policy: empty kind', '22023', $$SELECT outbox.set_policy('')$$),
+('policy: kind of 201 bytes', '22023', $$SELECT outbox.set_policy((SELECT long_id FROM v))$$),
+('policy: max_deliveries 0', '22023', $$SELECT outbox.set_policy('k', max_deliveries => 0)$$),
+('policy: max_deliveries -1', '22023', $$SELECT outbox.set_policy('k', max_deliveries => -1)$$),
+('policy: max_deliveries 2^31-1', '00000', $$SELECT outbox.set_policy('k', max_deliveries => 2147483647)$$),
+('policy: backoff_base -1 second', '22023', $$SELECT outbox.set_policy('k', backoff_base => '-1 second')$$),
+('policy: backoff_base 1000000 years', '22023', $$SELECT outbox.set_policy('k', backoff_base => '1000000 years')$$),
+('policy: backoff_max 1000000 years', '22023', $$SELECT outbox.set_policy('k', backoff_max => '1000000 years')$$),
+('policy: lease 0', '22023', $$SELECT outbox.set_policy('k', lease => '0')$$),
+('policy: lease -1 second', '22023', $$SELECT outbox.set_policy('k', lease => '-1 second')$$),
+('policy: lease 1000000 years', '22023', $$SELECT outbox.set_policy('k', lease => '1000000 years')$$),
+('policy: unknown takeover', '22023', $$SELECT outbox.set_policy('k', takeover => 'never')$$),
+('policy: retention -1 second', '22023', $$SELECT outbox.set_policy('k', retention => '-1 second')$$),
+('policy: retention 1000000 years', '22023', $$SELECT outbox.set_policy('k', retention => '1000000 years')$$),
+('policy: retention 100 years', '00000', $$SELECT outbox.set_policy('k', retention => '100 years')$$),
+('policy: all NULL but kind', '00000', $$SELECT outbox.set_policy('k', NULL, NULL, NULL, NULL, NULL, NULL)$$),
+-- pause(kind), resume(kind)
+('pause: null', '22004', $$SELECT outbox.pause(NULL)$$),
+('pause: empty', '22023', $$SELECT outbox.pause('')$$),
+('pause: 201 bytes', '22023', $$SELECT outbox.pause((SELECT long_id FROM v))$$),
+('pause: odd Unicode', '00000', $$SELECT outbox.pause((SELECT odd_id FROM v))$$),
+('resume: null', '22004', $$SELECT outbox.resume(NULL)$$),
+('resume: empty', '22023', $$SELECT outbox.resume('')$$),
+('resume: 1 MB', '22023', $$SELECT outbox.resume((SELECT huge_id FROM v))$$),
+-- verify(include_warnings)
+('verify: null', '22004', $$SELECT outbox.verify(NULL)$$),
+('verify: healthy', '00000', $$SELECT outbox.verify(true)$$);
+
+-- Run them all, then show each case's expected and actual SQLSTATE.
+CREATE TEMP TABLE results AS
+SELECT c.n, c.name, c.expected, r.state AS got, r.state = c.expected AS ok, r.message
+  FROM cases c, LATERAL pg_temp.attempt(c.stmt) r;
+SELECT n, name AS "case", expected, got, ok, message FROM results ORDER BY n;
+
+-- How many cases and functions, and how many went otherwise than expected.
+SELECT count(*) AS cases, count(DISTINCT split_part(name, ':', 1)) AS functions,
+	   count(*) FILTER (WHERE NOT ok) AS unexpected
+  FROM results;
+
+-- The tables are unchanged, and the server did not restart.
+SELECT b.tbl, b.n,
+	   b.digest = CASE b.tbl
+		   WHEN 'events' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.events t)
+		   WHEN 'commands' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.commands t)
+		   WHEN 'receipts' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.receipts t)
+		   WHEN 'inbox' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.inbox t)
+		   WHEN 'policies' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.policies t)
+		   WHEN 'purged' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.purged t)
+		   WHEN 'postmaster' THEN pg_postmaster_start_time()::text END AS unchanged
+  FROM hostile_before b
+ ORDER BY b.tbl;
+SELECT count(*) AS conservation_violations FROM outbox.conservation WHERE violations > 0;
+
+DROP TABLE hostile_before;

@@ -1,0 +1,654 @@
+/*-------------------------------------------------------------------------
+ *
+ * db.c
+ *		outbox-relay's database side: connection, LISTEN, and the four
+ *		publisher calls (claim, batch ack, fail, renew) as prepared
+ *		statements.
+ *
+ * Each connection prepares its statements once.  Errors are sorted in
+ * three: the connection is gone (reconnect with backoff and try again),
+ * a configuration error that retrying cannot fix (SQLSTATE classes 42,
+ * 3F, 22 and 0A, e.g. the extension is not installed, the role lacks the
+ * outbox_publisher privileges, or the batch exceeds outbox.max_batch: the
+ * relay exits 1), and anything else (log, back off, retry).  A refused
+ * token (55000, lease_not_owned) is not an error for the relay: it means
+ * another worker owns the command now, and it is only counted.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <sys/select.h>
+
+#include "relay.h"
+
+#define OID_TEXT		25
+#define OID_INT4		23
+#define OID_INT8		20
+#define OID_BOOL		16
+#define OID_FLOAT8		701
+#define OID_TEXTARRAY	1009
+#define OID_INT8ARRAY	1016
+
+static PGconn *conn = NULL;
+static char *channel = NULL;
+
+static const char *const claim_sql =
+"SELECT c.command_id, c.run_id, c.kind, c.payload, c.version, c.deliveries,"
+"       pg_catalog.date_part('epoch', c.lease_until - pg_catalog.clock_timestamp())"
+"  FROM outbox.claim($1, $2, pg_catalog.make_interval(secs => $3), $4) AS c";
+static const Oid claim_types[4] = {OID_TEXT, OID_INT4, OID_FLOAT8, OID_TEXTARRAY};
+
+static const char *const ack_sql =
+"SELECT a.command_id, a.acked, a.reason FROM outbox.ack($1, $2, $3) AS a";
+static const Oid ack_types[3] = {OID_TEXT, OID_TEXTARRAY, OID_INT8ARRAY};
+
+static const char *const fail_sql =
+"SELECT outbox.fail($1, $2, $3, $4, $5)";
+static const Oid fail_types[5] = {OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT, OID_BOOL};
+
+static const char *const renew_sql =
+"SELECT pg_catalog.date_part('epoch',"
+"       outbox.renew($1, $2, $3, pg_catalog.make_interval(secs => $4))"
+"       - pg_catalog.clock_timestamp())";
+static const Oid renew_types[4] = {OID_TEXT, OID_TEXT, OID_INT8, OID_FLOAT8};
+
+/* Copy msg to a static buffer as one line (libpq messages span lines). */
+static const char *
+one_line(const char *msg)
+{
+	static char buf[512];
+	size_t		i = 0;
+	const char *p;
+
+	for (p = msg ? msg : ""; *p && i < sizeof(buf) - 1; p++)
+	{
+		char		c = (*p == '\n' || *p == '\t') ? ' ' : *p;
+
+		if (c == ' ' && (i == 0 || buf[i - 1] == ' '))
+			continue;
+		buf[i++] = c;
+	}
+	while (i > 0 && buf[i - 1] == ' ')
+		i--;
+	buf[i] = '\0';
+	return buf;
+}
+
+/* The primary message of a failed result, with its SQLSTATE. */
+static const char *
+result_error(const PGresult *res)
+{
+	static char buf[600];
+	const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+	const char *primary = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+
+	if (primary == NULL)
+		return one_line(PQresultErrorMessage(res));
+	snprintf(buf, sizeof(buf), "%s (SQLSTATE %s)", one_line(primary),
+			 state ? state : "?????");
+	return buf;
+}
+
+/* True for the SQLSTATEs that retrying cannot fix. */
+static bool
+fatal_sqlstate(const char *state)
+{
+	if (state == NULL)
+		return false;
+	return strncmp(state, "42", 2) == 0 ||	/* undefined object, privilege */
+		strncmp(state, "3F", 2) == 0 || /* invalid schema */
+		strncmp(state, "22", 2) == 0 || /* bad argument */
+		strncmp(state, "0A", 2) == 0;	/* feature not supported */
+}
+
+/* Is there a usable connection? */
+bool
+db_connected(void)
+{
+	return conn != NULL && PQstatus(conn) == CONNECTION_OK;
+}
+
+/* Drop the connection. */
+void
+db_disconnect(void)
+{
+	if (conn != NULL)
+		PQfinish(conn);
+	conn = NULL;
+}
+
+/* Sort out a failed call: log it and tell the caller what to do. */
+static DbResult
+db_failure(PGresult *res, const char *what)
+{
+	const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+
+	/* 08: connection exception; 57P: the server is shutting down */
+	if (conn == NULL || PQstatus(conn) != CONNECTION_OK ||
+		(state != NULL && (strncmp(state, "08", 2) == 0 || strncmp(state, "57P", 3) == 0)))
+	{
+		relay_log("connection lost during %s: %s", what,
+				  res && PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) ? result_error(res) :
+				  one_line(conn ? PQerrorMessage(conn) : "no connection"));
+		db_disconnect();
+		return DB_RETRY;
+	}
+	if (fatal_sqlstate(state))
+	{
+		relay_log("%s failed: %s", what, result_error(res));
+		return DB_FATAL;
+	}
+	relay_log("%s failed, will retry: %s", what,
+			  res ? result_error(res) : one_line(PQerrorMessage(conn)));
+	return DB_RETRY;
+}
+
+/* Prepare one statement on the new connection. */
+static DbResult
+db_prepare(const char *name, const char *sql, int nparams, const Oid *types)
+{
+	PGresult   *res = PQprepare(conn, name, sql, nparams, types);
+	DbResult	r = DB_OK;
+
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+		r = db_failure(res, "prepare");
+	PQclear(res);
+	return r;
+}
+
+/*
+ * Connect, prepare the statements, read outbox.notify_channel and LISTEN
+ * on it.  DB_RETRY when the server cannot be reached (the caller backs off
+ * and tries again), DB_FATAL when it answers with an error retrying cannot
+ * fix.
+ */
+DbResult
+db_connect(void)
+{
+	const char *keys[6];
+	const char *vals[6];
+	int			k = 0;
+	PGresult   *res;
+	char	   *ident;
+	char		sql[600];
+	DbResult	r;
+
+	db_disconnect();
+
+	if (getenv("PGCONNECT_TIMEOUT") == NULL)
+	{
+		keys[k] = "connect_timeout";
+		vals[k++] = "10";
+	}
+	keys[k] = "fallback_application_name";
+	vals[k++] = RELAY_NAME;
+	if (relay_opts.dsn != NULL)
+	{
+		keys[k] = "dbname";
+		vals[k++] = relay_opts.dsn;
+	}
+	/* last, so that it wins: the sinks emit UTF-8 JSON */
+	keys[k] = "client_encoding";
+	vals[k++] = "UTF8";
+	keys[k] = NULL;
+	vals[k] = NULL;
+
+	conn = PQconnectdbParams(keys, vals, 1);
+	if (conn == NULL)
+	{
+		relay_log("out of memory");
+		exit(RELAY_EXIT_RUNTIME);
+	}
+	if (PQstatus(conn) != CONNECTION_OK)
+	{
+		relay_log("could not connect: %s", one_line(PQerrorMessage(conn)));
+		db_disconnect();
+		return DB_RETRY;
+	}
+
+	if ((r = db_prepare("outbox_claim", claim_sql, 4, claim_types)) != DB_OK ||
+		(r = db_prepare("outbox_ack", ack_sql, 3, ack_types)) != DB_OK ||
+		(r = db_prepare("outbox_fail", fail_sql, 5, fail_types)) != DB_OK ||
+		(r = db_prepare("outbox_renew", renew_sql, 4, renew_types)) != DB_OK)
+	{
+		db_disconnect();
+		return r;
+	}
+
+	res = PQexec(conn,
+				 "SELECT COALESCE(NULLIF(pg_catalog.current_setting('outbox.notify_channel', true), ''), 'outbox')");
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		r = db_failure(res, "reading outbox.notify_channel");
+		PQclear(res);
+		db_disconnect();
+		return r;
+	}
+	free(channel);
+	channel = relay_strdup(PQgetvalue(res, 0, 0));
+	PQclear(res);
+
+	ident = PQescapeIdentifier(conn, channel, strlen(channel));
+	if (ident == NULL)
+	{
+		relay_log("could not quote channel name: %s", one_line(PQerrorMessage(conn)));
+		db_disconnect();
+		return DB_RETRY;
+	}
+	snprintf(sql, sizeof(sql), "LISTEN %s", ident);
+	PQfreemem(ident);
+	res = PQexec(conn, sql);
+	if (PQresultStatus(res) != PGRES_COMMAND_OK)
+	{
+		r = db_failure(res, "LISTEN");
+		PQclear(res);
+		db_disconnect();
+		return r;
+	}
+	PQclear(res);
+
+	relay_log("connected to database \"%s\" as worker \"%s\", listening on channel \"%s\"",
+			  PQdb(conn), relay_opts.worker, channel);
+	return DB_OK;
+}
+
+/* Release a batch. */
+void
+batch_free(RelayBatch *batch)
+{
+	int			i;
+
+	for (i = 0; i < batch->n; i++)
+		free(batch->cmds[i].error);
+	free(batch->cmds);
+	if (batch->res)
+		PQclear(batch->res);
+	memset(batch, 0, sizeof(*batch));
+}
+
+/* Set the batch's lease end and renewal time from the shortest lease left. */
+static void
+batch_set_lease(RelayBatch *batch, double now, double left)
+{
+	if (left < 0)
+		left = 0;
+	batch->lease_end = now + left;
+	batch->renew_at = now + left / 2;
+}
+
+/* Claim a batch.  On DB_OK, batch->n may be 0. */
+DbResult
+db_claim(RelayBatch *batch)
+{
+	char		batchbuf[16];
+	char		leasebuf[32];
+	const char *vals[4];
+	PGresult   *res;
+	double		now;
+	double		left = 1e9;
+	int			i;
+
+	memset(batch, 0, sizeof(*batch));
+	if (!db_connected())
+		return DB_RETRY;
+
+	snprintf(batchbuf, sizeof(batchbuf), "%d", relay_opts.batch);
+	snprintf(leasebuf, sizeof(leasebuf), "%.3f", relay_opts.lease);
+	vals[0] = relay_opts.worker;
+	vals[1] = batchbuf;
+	vals[2] = relay_opts.lease > 0 ? leasebuf : NULL;
+	vals[3] = relay_opts.kinds;
+
+	res = PQexecPrepared(conn, "outbox_claim", 4, vals, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		DbResult	r = db_failure(res, "claim");
+
+		PQclear(res);
+		return r;
+	}
+	now = relay_now();
+	batch->res = res;
+	batch->n = PQntuples(res);
+	batch->cmds = relay_malloc(sizeof(RelayCommand) * (batch->n ? batch->n : 1));
+	memset(batch->cmds, 0, sizeof(RelayCommand) * (batch->n ? batch->n : 1));
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *cmd = &batch->cmds[i];
+		double		l = strtod(PQgetvalue(res, i, 6), NULL);
+
+		cmd->command_id = PQgetvalue(res, i, 0);
+		cmd->run_id = PQgetvalue(res, i, 1);
+		cmd->kind = PQgetvalue(res, i, 2);
+		cmd->payload = PQgetvalue(res, i, 3);
+		cmd->version = strtoll(PQgetvalue(res, i, 4), NULL, 10);
+		cmd->deliveries = atoi(PQgetvalue(res, i, 5));
+		cmd->state = CMD_TODO;
+		if (l < left)
+			left = l;
+	}
+	batch_set_lease(batch, now, left);
+	if (batch->n > 0)
+	{
+		relay_stats.batches++;
+		relay_stats.claimed += batch->n;
+	}
+	return DB_OK;
+}
+
+/* Ack every delivered command of the batch in one call. */
+static DbResult
+db_ack(RelayBatch *batch)
+{
+	StrBuf		ids;
+	StrBuf		vers;
+	int		   *idx;
+	int			n = 0;
+	int			i;
+	int			r;
+	const char *vals[3];
+	PGresult   *res;
+	int			stale = 0;
+	const char *first_reason = NULL;
+
+	idx = relay_malloc(sizeof(int) * (batch->n ? batch->n : 1));
+	sb_init(&ids);
+	sb_init(&vers);
+	sb_puts(&ids, "{");
+	sb_puts(&vers, "{");
+	for (i = 0; i < batch->n; i++)
+	{
+		if (batch->cmds[i].state != CMD_DELIVERED)
+			continue;
+		if (n > 0)
+		{
+			sb_puts(&ids, ",");
+			sb_puts(&vers, ",");
+		}
+		sb_array_elem(&ids, batch->cmds[i].command_id);
+		sb_printf(&vers, "%lld", batch->cmds[i].version);
+		idx[n++] = i;
+	}
+	sb_puts(&ids, "}");
+	sb_puts(&vers, "}");
+	if (n == 0)
+	{
+		sb_free(&ids);
+		sb_free(&vers);
+		free(idx);
+		return DB_OK;
+	}
+
+	vals[0] = relay_opts.worker;
+	vals[1] = ids.data;
+	vals[2] = vers.data;
+	res = PQexecPrepared(conn, "outbox_ack", 3, vals, NULL, NULL, 0);
+	sb_free(&ids);
+	sb_free(&vers);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		DbResult	dr = db_failure(res, "ack");
+
+		PQclear(res);
+		free(idx);
+		return dr;
+	}
+
+	for (r = 0; r < PQntuples(res); r++)
+	{
+		const char *id = PQgetvalue(res, r, 0);
+		bool		acked = PQgetvalue(res, r, 1)[0] == 't';
+		RelayCommand *cmd = NULL;
+
+		/* rows come back in input order; search only if they do not */
+		if (r < n && strcmp(batch->cmds[idx[r]].command_id, id) == 0)
+			cmd = &batch->cmds[idx[r]];
+		else
+		{
+			for (i = 0; i < n; i++)
+				if (batch->cmds[idx[i]].state == CMD_DELIVERED &&
+					strcmp(batch->cmds[idx[i]].command_id, id) == 0)
+					cmd = &batch->cmds[idx[i]];
+		}
+		if (cmd == NULL)
+			continue;
+		cmd->state = CMD_DONE;
+		if (acked)
+			relay_stats.acked++;
+		else
+		{
+			relay_stats.stale++;
+			if (stale++ == 0)
+				first_reason = PQgetvalue(res, r, 2);
+			relay_debug("ack of \"%s\" at version %lld refused: %s",
+						cmd->command_id, cmd->version, PQgetvalue(res, r, 2));
+		}
+	}
+	if (stale > 0)
+		relay_log("%d of %d acks refused (first reason: %s); another worker owns them now",
+				  stale, n, first_reason);
+	PQclear(res);
+
+	/* anything the server did not mention stays to be reported */
+	free(idx);
+	return DB_OK;
+}
+
+/* Report one failed delivery. */
+static DbResult
+db_fail(RelayCommand *cmd)
+{
+	char		verbuf[32];
+	const char *vals[5];
+	PGresult   *res;
+
+	snprintf(verbuf, sizeof(verbuf), "%lld", cmd->version);
+	vals[0] = cmd->command_id;
+	vals[1] = relay_opts.worker;
+	vals[2] = verbuf;
+	vals[3] = cmd->error ? cmd->error : "delivery failed";
+	vals[4] = cmd->fatal ? "t" : "f";
+	res = PQexecPrepared(conn, "outbox_fail", 5, vals, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+		DbResult	r;
+
+		if (state != NULL && strcmp(state, "55000") == 0)
+		{
+			relay_stats.stale++;
+			relay_debug("fail of \"%s\" refused: %s", cmd->command_id, result_error(res));
+			cmd->state = CMD_DONE;
+			PQclear(res);
+			return DB_OK;
+		}
+		r = db_failure(res, "fail");
+		PQclear(res);
+		return r;
+	}
+	if (strcmp(PQgetvalue(res, 0, 0), "dead") == 0)
+	{
+		relay_stats.dead++;
+		relay_log("command \"%s\" is dead after %d deliveries: %s",
+				  cmd->command_id, cmd->deliveries, vals[3]);
+	}
+	else
+	{
+		relay_stats.retried++;
+		relay_debug("command \"%s\" will be retried: %s", cmd->command_id, vals[3]);
+	}
+	cmd->state = CMD_DONE;
+	PQclear(res);
+	return DB_OK;
+}
+
+/*
+ * Report the outcome of every finished command of the batch: one array ack
+ * for the delivered ones, one fail per failed one.  Reported commands
+ * become CMD_DONE; on DB_RETRY the rest stays for the next attempt.
+ */
+DbResult
+db_report(RelayBatch *batch)
+{
+	DbResult	r;
+	int			i;
+	int			failed = 0;
+	const char *first_error = NULL;
+
+	if (!db_connected())
+		return DB_RETRY;
+	if ((r = db_ack(batch)) != DB_OK)
+		return r;
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *cmd = &batch->cmds[i];
+
+		if (cmd->state != CMD_FAILED)
+			continue;
+		if (failed++ == 0)
+			first_error = cmd->error;
+		if ((r = db_fail(cmd)) != DB_OK)
+			return r;
+	}
+	if (failed > 0)
+		relay_log("%d deliver%s failed (first error: %s)", failed,
+				  failed == 1 ? "y" : "ies", first_error ? first_error : "?");
+	return DB_OK;
+}
+
+/*
+ * Renew the leases of the commands not delivered yet (the one being
+ * delivered among them).  A refused renewal means the lease was lost: the
+ * command is dropped from the batch.
+ */
+DbResult
+db_renew(RelayBatch *batch)
+{
+	char		verbuf[32];
+	char		leasebuf[32];
+	const char *vals[4];
+	double		left = 1e9;
+	int			i;
+	int			renewed = 0;
+
+	if (!db_connected())
+		return DB_RETRY;
+	snprintf(leasebuf, sizeof(leasebuf), "%.3f", relay_opts.lease);
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *cmd = &batch->cmds[i];
+		PGresult   *res;
+		double		l;
+
+		if (cmd->state != CMD_TODO)
+			continue;
+		snprintf(verbuf, sizeof(verbuf), "%lld", cmd->version);
+		vals[0] = cmd->command_id;
+		vals[1] = relay_opts.worker;
+		vals[2] = verbuf;
+		vals[3] = relay_opts.lease > 0 ? leasebuf : NULL;
+		res = PQexecPrepared(conn, "outbox_renew", 4, vals, NULL, NULL, 0);
+		if (PQresultStatus(res) != PGRES_TUPLES_OK)
+		{
+			const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+			DbResult	r;
+
+			if (state != NULL && strcmp(state, "55000") == 0)
+			{
+				relay_log("lease of \"%s\" lost: %s", cmd->command_id, result_error(res));
+				relay_stats.stale++;
+				cmd->state = CMD_DONE;
+				PQclear(res);
+				continue;
+			}
+			r = db_failure(res, "renew");
+			PQclear(res);
+			return r;
+		}
+		l = strtod(PQgetvalue(res, 0, 0), NULL);
+		if (l < left)
+			left = l;
+		renewed++;
+		PQclear(res);
+	}
+	relay_stats.renewed += renewed;
+	if (renewed > 0)
+	{
+		batch_set_lease(batch, relay_now(), left);
+		relay_debug("renewed %d lease%s for %.1fs", renewed, renewed == 1 ? "" : "s", left);
+	}
+	return DB_OK;
+}
+
+/* Drain the notifications libpq has queued; return how many there were. */
+static int
+db_drain_notifies(void)
+{
+	PGnotify   *n;
+	int			count = 0;
+
+	while ((n = PQnotifies(conn)) != NULL)
+	{
+		count++;
+		PQfreemem(n);
+	}
+	return count;
+}
+
+/*
+ * Wait up to `timeout` seconds for a notification, a signal or the end of
+ * the connection.  True when woken by a notification.
+ */
+bool
+db_wait(double timeout)
+{
+	int			sock;
+	int			sfd = relay_signal_fd();
+	fd_set		rfds;
+	struct timeval tv;
+	int			rc;
+
+	if (!db_connected())
+	{
+		relay_sleep(timeout);
+		return false;
+	}
+	/* a notification that arrived during the last call: no wait */
+	if (db_drain_notifies() > 0)
+	{
+		relay_stats.wakeups++;
+		return true;
+	}
+	if (timeout <= 0)
+		return false;
+
+	sock = PQsocket(conn);
+	FD_ZERO(&rfds);
+	FD_SET(sock, &rfds);
+	FD_SET(sfd, &rfds);
+	tv.tv_sec = (time_t) timeout;
+	tv.tv_usec = (suseconds_t) ((timeout - (double) tv.tv_sec) * 1e6);
+	rc = select((sock > sfd ? sock : sfd) + 1, &rfds, NULL, NULL, &tv);
+	if (rc < 0)
+		return false;
+	if (FD_ISSET(sfd, &rfds))
+		relay_drain_signal_fd();
+	if (FD_ISSET(sock, &rfds))
+	{
+		if (!PQconsumeInput(conn) || PQstatus(conn) != CONNECTION_OK)
+		{
+			relay_log("connection lost: %s", one_line(PQerrorMessage(conn)));
+			db_disconnect();
+			return false;
+		}
+		if (db_drain_notifies() > 0)
+		{
+			relay_stats.wakeups++;
+			return true;
+		}
+	}
+	return false;
+}

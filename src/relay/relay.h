@@ -1,0 +1,177 @@
+/*-------------------------------------------------------------------------
+ *
+ * relay.h
+ *		Shared declarations of outbox-relay, the reference publisher of the
+ *		outbox extension.
+ *
+ * The relay is one single-threaded process: one libpq connection (claim,
+ * ack, fail, renew, LISTEN) and one sink (stdout, a file, or an HTTP(S)
+ * endpoint through libcurl's multi interface).  It claims a batch, delivers
+ * its commands (in claim order, or up to --concurrency HTTP requests at
+ * once), and reports the outcome of the whole batch: one array ack for the
+ * delivered commands and one fail per failed command.  Every call carries
+ * the token (command_id, version) the claim returned, so a relay whose
+ * lease was taken over is refused and changes nothing.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef OUTBOX_RELAY_H
+#define OUTBOX_RELAY_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+#define RELAY_NAME			"outbox-relay"
+#define RELAY_VERSION		"0.1.0"
+
+/* Exit codes (documented in --help and in the README). */
+#define RELAY_EXIT_OK		0	/* stopped by a signal, or --drain found no work */
+#define RELAY_EXIT_RUNTIME	1	/* fatal database error, or the sink broke */
+#define RELAY_EXIT_USAGE	2	/* bad command line */
+
+/* A growable string. */
+typedef struct StrBuf
+{
+	char	   *data;
+	size_t		len;
+	size_t		cap;
+} StrBuf;
+
+/* Command line. */
+typedef struct RelayOptions
+{
+	const char *dsn;			/* libpq conninfo, NULL: PG* environment */
+	const char *sink;			/* stdout, file:PATH, http(s)://... */
+	int			batch;			/* claim batch size */
+	double		lease;			/* lease in seconds, 0: server default */
+	const char *kinds;			/* text[] literal, NULL: all kinds */
+	char	   *worker;			/* worker name (lease owner) */
+	double		poll;			/* backstop poll interval, seconds */
+	double		timeout;		/* HTTP total timeout, seconds */
+	double		connect_timeout;	/* HTTP connect timeout, seconds */
+	int			concurrency;	/* HTTP requests in flight at once */
+	const char **headers;		/* extra HTTP headers */
+	int			nheaders;
+	bool		drain;			/* exit when a claim finds nothing */
+	int			verbose;
+} RelayOptions;
+
+/* Where one claimed command stands within its batch. */
+typedef enum CmdState
+{
+	CMD_TODO,					/* not delivered yet */
+	CMD_DELIVERED,				/* the sink accepted it: ack it */
+	CMD_FAILED,					/* the sink refused it: fail it */
+	CMD_DONE					/* outcome reported, or the lease was lost */
+} CmdState;
+
+/* One claimed command. */
+typedef struct RelayCommand
+{
+	char	   *command_id;
+	char	   *run_id;
+	char	   *kind;
+	char	   *payload;		/* JSON text (jsonb output) */
+	long long	version;		/* the lease token */
+	int			deliveries;
+	CmdState	state;
+	bool		fatal;			/* CMD_FAILED: no retry */
+	char	   *error;			/* CMD_FAILED: what went wrong */
+} RelayCommand;
+
+/* One claimed batch. */
+typedef struct RelayBatch
+{
+	RelayCommand *cmds;
+	int			n;
+	double		lease_end;		/* monotonic time the first lease ends */
+	double		renew_at;		/* monotonic time to renew the leases */
+	PGresult   *res;			/* the claim result the strings point into */
+} RelayBatch;
+
+/* Cumulative counters, printed in the summary line. */
+typedef struct RelayStats
+{
+	long long	batches;
+	long long	claimed;
+	long long	delivered;
+	long long	acked;
+	long long	stale;
+	long long	retried;
+	long long	dead;
+	long long	renewed;
+	long long	reconnects;
+	long long	wakeups;
+} RelayStats;
+
+/* Result of an attempt to deliver one command. */
+typedef enum SinkResult
+{
+	SINK_OK,					/* delivered (2xx, or written) */
+	SINK_RETRY,					/* failed; retry after a backoff */
+	SINK_FATAL,					/* refused; do not retry */
+	SINK_UNAVAILABLE			/* the endpoint is unreachable: stop the batch */
+} SinkResult;
+
+typedef struct Sink Sink;
+
+/* Called while HTTP deliveries are in progress; false aborts them. */
+typedef bool (*SinkTick) (void *arg);
+
+/* util.c */
+extern RelayOptions relay_opts;
+extern RelayStats relay_stats;
+extern volatile sig_atomic_t relay_stop;		/* 1: stop claiming; 2: interrupt */
+extern volatile sig_atomic_t relay_reopen;	/* SIGHUP: reopen a file sink */
+extern double relay_now(void);
+extern void relay_log(const char *fmt,...) __attribute__((format(printf, 1, 2)));
+extern void relay_debug(const char *fmt,...) __attribute__((format(printf, 1, 2)));
+extern void *relay_malloc(size_t size);
+extern char *relay_strdup(const char *s);
+extern void sb_init(StrBuf *sb);
+extern void sb_free(StrBuf *sb);
+extern void sb_reset(StrBuf *sb);
+extern void sb_append(StrBuf *sb, const char *s, size_t len);
+extern void sb_puts(StrBuf *sb, const char *s);
+extern void sb_printf(StrBuf *sb, const char *fmt,...) __attribute__((format(printf, 2, 3)));
+extern void sb_json_string(StrBuf *sb, const char *s);
+extern void sb_array_elem(StrBuf *sb, const char *s);
+extern void relay_command_json(StrBuf *sb, const RelayCommand *cmd);
+extern char *relay_clean_error(const char *s, size_t maxlen);
+extern void relay_sleep(double seconds);
+extern void relay_signal_init(void);
+extern int	relay_signal_fd(void);
+extern void relay_drain_signal_fd(void);
+
+/* db.c */
+typedef enum DbResult
+{
+	DB_OK,
+	DB_RETRY,					/* transient; the connection may be gone */
+	DB_FATAL					/* configuration error: exit 1 */
+} DbResult;
+
+extern bool db_connected(void);
+extern DbResult db_connect(void);
+extern void db_disconnect(void);
+extern DbResult db_claim(RelayBatch *batch);
+extern DbResult db_report(RelayBatch *batch);
+extern DbResult db_renew(RelayBatch *batch);
+extern bool db_wait(double timeout);
+extern void batch_free(RelayBatch *batch);
+
+/* sink.c */
+extern Sink *sink_open(const char *spec, char **errmsg);
+extern bool sink_is_http(Sink *sink);
+extern SinkResult sink_deliver(Sink *sink, RelayCommand *cmd);
+extern bool sink_deliver_batch(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
+extern bool sink_flush(Sink *sink, char **errmsg);
+extern bool sink_reopen(Sink *sink, char **errmsg);
+extern void sink_close(Sink *sink);
+extern const char *sink_describe(Sink *sink);
+
+#endif							/* OUTBOX_RELAY_H */

@@ -1,0 +1,320 @@
+-- outbox install script, part 40: the conservation checks and the DBA views.
+--
+-- Each invariant of the conservation contract has one check_<name> view that
+-- returns the offending rows and is empty while the invariant holds;
+-- outbox.conservation sums them up, one row per check, and outbox.verify()
+-- turns them into an error.  All of them read one snapshot (one statement),
+-- so a concurrent producer, publisher or purge never causes a false alarm:
+-- an event and its command commit together, and the purge removes a command
+-- and its receipt and writes the tombstone in one transaction.
+--
+-- Tombstones.  outbox.purge() leaves a row in outbox.purged for each command
+-- it removes.  A tombstone excuses a missing command only when it matches
+-- the event exactly (same command_id, run_id and seq); a command removed in
+-- any other way has no tombstone and is reported.  A tombstone never excuses
+-- a receipt (the purge removes the receipt with the command), and a
+-- tombstone next to a live command with the same id is itself a violation.
+--
+-- Cost.  Every check is one pass over the tables it reads, matched on their
+-- unique keys (command_id everywhere; the events also by (run_id, seq)) with
+-- NOT EXISTS, which the planner turns into anti-joins: hash anti-joins for a
+-- full check of a large outbox, index lookups (commands_pkey, receipts_pkey,
+-- purged_pkey, events_pkey, events_command_id_key) when one side is small.
+-- No check is a nested loop of scans; the cost grows linearly.
+-- The views use only pg_catalog functions, so pg_monitor needs nothing but
+-- SELECT on them; they never show a payload.
+
+-- Part 90 creates the group roles too; this part runs first and grants to
+-- outbox_admin below.
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles
+					WHERE rolname OPERATOR(pg_catalog.=) 'outbox_admin') THEN
+		CREATE ROLE outbox_admin NOLOGIN;
+	END IF;
+END;
+$$;
+
+-- Invariant 1: every event that decided a command has that command, or the
+-- tombstone the purge left for exactly that event's command.
+CREATE VIEW @extschema@.check_decisions_without_command AS
+SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
+  FROM @extschema@.events e
+ WHERE e.command_id IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM @extschema@.commands c
+					WHERE c.command_id OPERATOR(pg_catalog.=) e.command_id)
+   AND NOT EXISTS (SELECT 1 FROM @extschema@.purged p
+					WHERE p.command_id OPERATOR(pg_catalog.=) e.command_id
+					  AND p.run_id OPERATOR(pg_catalog.=) e.run_id
+					  AND p.seq OPERATOR(pg_catalog.=) e.seq);
+COMMENT ON VIEW @extschema@.check_decisions_without_command
+	IS 'conservation check (error): events that decided a command that neither exists nor was purged; empty when healthy';
+
+-- Invariant 2: every command traces to its source event, and that event
+-- names this command.  events.command_id is unique, so "the event
+-- (run_id, seq) names c" is the same as "the event naming c is
+-- (run_id, seq)": the anti-join runs on command_id.
+CREATE VIEW @extschema@.check_orphan_commands AS
+SELECT c.command_id, c.run_id, c.seq, c.kind, c.status,
+	   e.command_id AS event_command_id,
+	   CASE WHEN e.run_id IS NULL THEN 'event_missing'
+			WHEN e.command_id IS NULL THEN 'event_decided_nothing'
+			ELSE 'event_decided_other' END::pg_catalog.text AS problem
+  FROM @extschema@.commands c
+  LEFT JOIN @extschema@.events e
+	ON e.run_id OPERATOR(pg_catalog.=) c.run_id
+   AND e.seq OPERATOR(pg_catalog.=) c.seq
+ WHERE NOT EXISTS (SELECT 1 FROM @extschema@.events s
+					WHERE s.command_id OPERATOR(pg_catalog.=) c.command_id
+					  AND s.run_id OPERATOR(pg_catalog.=) c.run_id
+					  AND s.seq OPERATOR(pg_catalog.=) c.seq);
+COMMENT ON VIEW @extschema@.check_orphan_commands
+	IS 'conservation check (error): commands whose source event (run_id, seq) is missing or does not name them; empty when healthy';
+COMMENT ON COLUMN @extschema@.check_orphan_commands.problem
+	IS 'event_missing, event_decided_nothing or event_decided_other (event_command_id names it)';
+
+-- Invariant 3: every receipt references an existing command.  The purge
+-- removes a receipt with its command, so a tombstone does not excuse one;
+-- the purged column tells a receipt the purge left behind from one that
+-- never had a command.
+CREATE VIEW @extschema@.check_orphan_receipts AS
+SELECT r.command_id, r.outcome, r.completed_at,
+	   EXISTS (SELECT 1 FROM @extschema@.purged p
+				WHERE p.command_id OPERATOR(pg_catalog.=) r.command_id) AS purged
+  FROM @extschema@.receipts r
+ WHERE NOT EXISTS (SELECT 1 FROM @extschema@.commands c
+					WHERE c.command_id OPERATOR(pg_catalog.=) r.command_id);
+COMMENT ON VIEW @extschema@.check_orphan_receipts
+	IS 'conservation check (error): receipts whose command does not exist; empty when healthy';
+
+-- Invariant 4: the state of each command is consistent.  One row per
+-- inconsistent command; rules lists every rule it breaks:
+--   sending_without_owner             sending, owner is NULL
+--   sending_without_lease             sending, lease_until is NULL
+--   lease_while_not_sending           not sending, lease_until is set
+--   published_without_time            published, published_at is NULL
+--   publish_time_while_not_published  not published, published_at is set
+--   claimed_without_delivery          not pending (so claimed), deliveries = 0
+--   version_behind_deliveries         version < deliveries + 1 (each claim
+--                                     bumps both, every other change version)
+--   pending_not_claimable             pending, due_at NULL or <> available_at
+--                                     (claim would never see it: a lost command)
+--   claimable_while_not_pending       not pending, due_at is set (claim would
+--                                     hand it out again)
+--   dead_without_error                dead or uncertain, last_error is NULL
+--   purged_but_present                a tombstone exists for this live command
+--                                     (a terminal, purged command came back)
+-- The flags are computed in the subquery; their disjunction filters the scan
+-- and the rules array is built for the offending rows only.  Tombstones are
+-- hashed and probed by the one scan of commands.
+CREATE VIEW @extschema@.check_state AS
+SELECT f.command_id, f.status,
+	   pg_catalog.array_remove(ARRAY[
+		   CASE WHEN f.r1 THEN 'sending_without_owner' END,
+		   CASE WHEN f.r2 THEN 'sending_without_lease' END,
+		   CASE WHEN f.r3 THEN 'lease_while_not_sending' END,
+		   CASE WHEN f.r4 THEN 'published_without_time' END,
+		   CASE WHEN f.r5 THEN 'publish_time_while_not_published' END,
+		   CASE WHEN f.r6 THEN 'claimed_without_delivery' END,
+		   CASE WHEN f.r7 THEN 'version_behind_deliveries' END,
+		   CASE WHEN f.r8 THEN 'pending_not_claimable' END,
+		   CASE WHEN f.r9 THEN 'claimable_while_not_pending' END,
+		   CASE WHEN f.r10 THEN 'dead_without_error' END,
+		   CASE WHEN f.r11 THEN 'purged_but_present' END]::pg_catalog.text[], NULL) AS rules,
+	   f.owner, f.version, f.deliveries, f.lease_until, f.published_at,
+	   f.available_at, f.due_at
+  FROM (SELECT c.command_id, c.status, c.owner, c.version, c.deliveries,
+			   c.lease_until, c.published_at, c.available_at, c.due_at,
+			   c.status OPERATOR(pg_catalog.=) 'sending' AND c.owner IS NULL AS r1,
+			   c.status OPERATOR(pg_catalog.=) 'sending' AND c.lease_until IS NULL AS r2,
+			   c.status OPERATOR(pg_catalog.<>) 'sending' AND c.lease_until IS NOT NULL AS r3,
+			   c.status OPERATOR(pg_catalog.=) 'published' AND c.published_at IS NULL AS r4,
+			   c.status OPERATOR(pg_catalog.<>) 'published' AND c.published_at IS NOT NULL AS r5,
+			   c.status OPERATOR(pg_catalog.<>) 'pending'
+				   AND c.deliveries OPERATOR(pg_catalog.=) 0 AS r6,
+			   c.version OPERATOR(pg_catalog.<)
+				   (c.deliveries::pg_catalog.int8 OPERATOR(pg_catalog.+) 1) AS r7,
+			   c.status OPERATOR(pg_catalog.=) 'pending'
+				   AND (c.due_at IS NULL
+						OR c.due_at OPERATOR(pg_catalog.<>) c.available_at) AS r8,
+			   c.status OPERATOR(pg_catalog.<>) 'pending' AND c.due_at IS NOT NULL AS r9,
+			   c.status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[])
+				   AND c.last_error IS NULL AS r10,
+			   p.command_id IS NOT NULL AS r11
+		  FROM @extschema@.commands c
+		  LEFT JOIN @extschema@.purged p
+			ON p.command_id OPERATOR(pg_catalog.=) c.command_id) f
+ WHERE f.r1 OR f.r2 OR f.r3 OR f.r4 OR f.r5 OR f.r6 OR f.r7 OR f.r8 OR f.r9
+	OR f.r10 OR f.r11;
+COMMENT ON VIEW @extschema@.check_state
+	IS 'conservation check (error): commands whose status and fields disagree, with the rules they break; empty when healthy';
+COMMENT ON COLUMN @extschema@.check_state.rules
+	IS 'the broken rules (see the README, section Monitoring)';
+
+-- Invariant 5 (warning class): a published command waits for its receipt no
+-- longer than outbox.receipt_overdue.  The setting is defined once the
+-- module is loaded in the session (always, when it is preloaded); before
+-- that a value from the configuration is still seen (as written, a bare
+-- number meaning seconds), and without any the threshold is one hour.  It is
+-- computed once per query (an uncorrelated subquery), not once per row.
+CREATE VIEW @extschema@.check_receipt_overdue AS
+SELECT c.command_id, c.run_id, c.seq, c.kind, c.owner, c.published_at,
+	   pg_catalog.now() OPERATOR(pg_catalog.-) c.published_at AS waiting
+  FROM @extschema@.commands c
+ WHERE c.status OPERATOR(pg_catalog.=) 'published'
+   AND c.published_at OPERATOR(pg_catalog.<)
+	   (SELECT pg_catalog.now() OPERATOR(pg_catalog.-)
+			   CASE WHEN s.v IS NULL OR s.v OPERATOR(pg_catalog.=) ''
+					THEN '1 hour'::pg_catalog.interval
+					ELSE s.v::pg_catalog.interval END
+		  FROM (SELECT pg_catalog.current_setting('outbox.receipt_overdue', true) AS v) s)
+   AND NOT EXISTS (SELECT 1 FROM @extschema@.receipts r
+					WHERE r.command_id OPERATOR(pg_catalog.=) c.command_id);
+COMMENT ON VIEW @extschema@.check_receipt_overdue
+	IS 'conservation check (warning): published commands without a receipt for longer than outbox.receipt_overdue; empty when healthy';
+
+-- One row per check.  Each check view returns one row per offending command
+-- and is read once (a materialized CTE):
+-- violations counts its rows, sample holds up to five of the offending
+-- command ids, smallest first.
+CREATE VIEW @extschema@.conservation AS
+WITH d AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_decisions_without_command v),
+	 o AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_orphan_commands v),
+	 r AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_orphan_receipts v),
+	 s AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_state v),
+	 w AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_receipt_overdue v)
+SELECT x.check_name, x.severity, x.violations, x.sample, x.description
+  FROM (VALUES
+	('decisions_without_command'::pg_catalog.text, 'error'::pg_catalog.text,
+	 (SELECT pg_catalog.count(*) FROM d),
+	 ARRAY(SELECT d.id FROM d ORDER BY d.id LIMIT 5),
+	 'every event that decided a command has that command, or its purge tombstone'::pg_catalog.text),
+	('orphan_commands', 'error',
+	 (SELECT pg_catalog.count(*) FROM o),
+	 ARRAY(SELECT o.id FROM o ORDER BY o.id LIMIT 5),
+	 'every command traces to its source run and event'),
+	('orphan_receipts', 'error',
+	 (SELECT pg_catalog.count(*) FROM r),
+	 ARRAY(SELECT r.id FROM r ORDER BY r.id LIMIT 5),
+	 'every receipt references an existing command'),
+	('state', 'error',
+	 (SELECT pg_catalog.count(*) FROM s),
+	 ARRAY(SELECT s.id FROM s ORDER BY s.id LIMIT 5),
+	 'every command''s status agrees with its owner, lease, publish time, deliveries and version'),
+	('receipt_overdue', 'warning',
+	 (SELECT pg_catalog.count(*) FROM w),
+	 ARRAY(SELECT w.id FROM w ORDER BY w.id LIMIT 5),
+	 'no published command has waited longer than outbox.receipt_overdue for its receipt'))
+	AS x(check_name, severity, violations, sample, description);
+COMMENT ON VIEW @extschema@.conservation
+	IS 'one row per conservation check: severity, number of violations (0 when healthy) and up to five offending command ids';
+
+-- Raise 23000 (integrity_constraint_violation) naming every violated
+-- error-class check, with a sample of ids per check in the detail.  A
+-- violated warning-class check only emits a WARNING, unless
+-- include_warnings is true.  Silent when everything holds.  SECURITY
+-- INVOKER: the caller needs SELECT on outbox.conservation.
+CREATE FUNCTION @extschema@.verify(include_warnings pg_catalog.bool DEFAULT false)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	c record;
+	failed pg_catalog.text[] := '{}';
+	details pg_catalog.text[] := '{}';
+	line pg_catalog.text;
+BEGIN
+	IF include_warnings IS NULL THEN
+		RAISE EXCEPTION 'include_warnings must not be null'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	FOR c IN SELECT v.check_name, v.severity, v.violations, v.sample
+			   FROM @extschema@.conservation v
+			  WHERE v.violations OPERATOR(pg_catalog.>) 0
+	LOOP
+		line := pg_catalog.format('Check %s found %s violation%s, among them %s.',
+								  c.check_name, c.violations,
+								  CASE WHEN c.violations OPERATOR(pg_catalog.=) 1 THEN '' ELSE 's' END,
+								  pg_catalog.array_to_string(c.sample, ', '));
+		IF c.severity OPERATOR(pg_catalog.=) 'error' OR include_warnings THEN
+			failed := failed OPERATOR(pg_catalog.||) c.check_name;
+			details := details OPERATOR(pg_catalog.||) line;
+		ELSE
+			RAISE WARNING 'outbox conservation check % found % violation%', c.check_name, c.violations,
+				CASE WHEN c.violations OPERATOR(pg_catalog.=) 1 THEN '' ELSE 's' END
+				USING DETAIL = line,
+					  HINT = pg_catalog.format('See the view outbox.check_%s.', c.check_name);
+		END IF;
+	END LOOP;
+	IF pg_catalog.cardinality(failed) OPERATOR(pg_catalog.>) 0 THEN
+		RAISE EXCEPTION 'outbox conservation violated: %', pg_catalog.array_to_string(failed, ', ')
+			USING ERRCODE = 'integrity_constraint_violation',
+				  DETAIL = pg_catalog.array_to_string(details, E'\n'),
+				  HINT = 'Each check has a view outbox.check_<name> listing the offending rows.';
+	END IF;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.verify(pg_catalog.bool)
+	IS 'raise integrity_constraint_violation (23000) naming every violated conservation check; warnings only warn unless include_warnings';
+
+-- DBA views ------------------------------------------------------------------
+
+-- Per kind and status: how many commands, how many pending ones wait for
+-- their not-before time, and how long the oldest available one has been
+-- available (for pending rows: the oldest command waiting to be claimed).
+CREATE VIEW @extschema@.backlog AS
+SELECT c.kind, c.status,
+	   pg_catalog.count(*) AS commands,
+	   pg_catalog.count(*) FILTER (WHERE c.status OPERATOR(pg_catalog.=) 'pending'
+								   AND c.available_at OPERATOR(pg_catalog.>) pg_catalog.now()) AS delayed,
+	   pg_catalog.min(c.available_at) AS oldest_available_at,
+	   pg_catalog.now() OPERATOR(pg_catalog.-)
+		   pg_catalog.min(c.available_at) FILTER (WHERE c.available_at OPERATOR(pg_catalog.<=) pg_catalog.now())
+		   AS oldest_available_age
+  FROM @extschema@.commands c
+ GROUP BY c.kind, c.status;
+COMMENT ON VIEW @extschema@.backlog
+	IS 'per kind and status: number of commands, delayed pending ones, and the age of the oldest available one';
+
+-- Every sending command: its holder and token, and how long the lease has
+-- left (negative: expired that long ago).  takeover says what happens to an
+-- expired lease: auto (the next claim takes it over) or manual (the worker
+-- moves it to uncertain).
+CREATE VIEW @extschema@.leases AS
+SELECT c.command_id, c.kind, c.owner AS holder, c.version, c.deliveries, c.lease_until,
+	   c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now() AS expired,
+	   c.lease_until OPERATOR(pg_catalog.-) pg_catalog.now() AS time_left,
+	   COALESCE(p.takeover, 'auto') AS takeover
+  FROM @extschema@.commands c
+  LEFT JOIN @extschema@.policies p ON p.kind OPERATOR(pg_catalog.=) c.kind
+ WHERE c.status OPERATOR(pg_catalog.=) 'sending';
+COMMENT ON VIEW @extschema@.leases
+	IS 'sending commands: holder, token (version), lease end, whether it expired and the time left';
+
+-- Commands that need a human: dead (deliveries used up or a fatal failure)
+-- and uncertain (an expired lease of a manual-takeover kind).
+CREATE VIEW @extschema@.dead_letters AS
+SELECT c.command_id, c.run_id, c.seq, c.kind, c.status, c.deliveries, c.version,
+	   c.owner, c.last_error, c.created_at, c.available_at
+  FROM @extschema@.commands c
+ WHERE c.status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[]);
+COMMENT ON VIEW @extschema@.dead_letters
+	IS 'dead and uncertain commands with their last error; requeue or resolve them';
+
+-- Privileges: monitoring roles read, nobody else.
+REVOKE ALL ON
+	@extschema@.check_decisions_without_command, @extschema@.check_orphan_commands,
+	@extschema@.check_orphan_receipts, @extschema@.check_state,
+	@extschema@.check_receipt_overdue, @extschema@.conservation,
+	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters
+	FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.verify(pg_catalog.bool) FROM PUBLIC;
+
+GRANT SELECT ON
+	@extschema@.check_decisions_without_command, @extschema@.check_orphan_commands,
+	@extschema@.check_orphan_receipts, @extschema@.check_state,
+	@extschema@.check_receipt_overdue, @extschema@.conservation,
+	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters
+	TO pg_monitor, outbox_admin;
+GRANT EXECUTE ON FUNCTION @extschema@.verify(pg_catalog.bool) TO pg_monitor, outbox_admin;

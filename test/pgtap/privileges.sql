@@ -1,0 +1,396 @@
+-- Privileges of the outbox extension, checked from the catalog.
+--
+-- The table "expected" below lists every function, relation and type of the
+-- schema outbox with the roles that may use it.  The catalog must hold
+-- exactly these objects (a new function cannot slip through without a row
+-- here), each object's privileges must be exactly the listed ones (for the
+-- four group roles, pg_monitor and PUBLIC), and a call made by a login role
+-- that is a member of each group role must succeed when allowed and fail
+-- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
+-- back, so the calls do not disturb each other.
+BEGIN;
+SELECT plan(104);
+
+-- Objects and who may use them.  Functions by signature (regprocedure),
+-- relations by name (SELECT is the only privilege ever granted on one),
+-- types by name (USAGE).  call is a statement that succeeds for the
+-- listed roles.
+CREATE TEMP TABLE expected (
+	object		text PRIMARY KEY,
+	kind		text NOT NULL CHECK (kind IN ('function', 'relation', 'type')),
+	grantees	text[] NOT NULL,
+	secdef		bool,
+	call		text NOT NULL
+);
+INSERT INTO expected VALUES
+	-- producer
+	('outbox.commit_decision(text,bigint,text,text,text,jsonb,jsonb,timestamp with time zone,integer)',
+	 'function', '{outbox_producer}', true,
+	 $$SELECT outbox.commit_decision('pt-run', 10, 'e', 'pt-new', 'k', '{}')$$),
+	('outbox.commit_decisions(text[],bigint[],text[],text[],text[],jsonb[],jsonb[],timestamp with time zone[],integer[])',
+	 'function', '{outbox_producer}', true,
+	 $$SELECT outbox.commit_decisions('{pt-run}', '{11}', '{e}', '{pt-new-2}', '{k}', '{"{}"}')$$),
+	('outbox.record_event(text,bigint,text,jsonb)',
+	 'function', '{outbox_producer}', true,
+	 $$SELECT outbox.record_event('pt-run', 12, 'note')$$),
+	-- publisher
+	('outbox.claim(text,integer,interval,text[])',
+	 'function', '{outbox_publisher}', true,
+	 $$SELECT count(*) FROM outbox.claim('pt-w2', 1, kinds => '{pt-none}')$$),
+	('outbox.ack(text,text,bigint)',
+	 'function', '{outbox_publisher}', true,
+	 $$SELECT outbox.ack('pt-live', 'pt-w', 2)$$),
+	('outbox.ack(text,text[],bigint[])',
+	 'function', '{outbox_publisher}', true,
+	 $$SELECT count(*) FROM outbox.ack('pt-w', '{pt-live}'::text[], '{2}'::bigint[])$$),
+	('outbox.fail(text,text,bigint,text,boolean)',
+	 'function', '{outbox_publisher}', true,
+	 $$SELECT outbox.fail('pt-live', 'pt-w', 2, 'boom')$$),
+	('outbox.renew(text,text,bigint,interval)',
+	 'function', '{outbox_publisher}', true,
+	 $$SELECT outbox.renew('pt-live', 'pt-w', 2)$$),
+	-- consumer
+	('outbox.complete(text,text,jsonb)',
+	 'function', '{outbox_consumer}', true,
+	 $$SELECT outbox.complete('pt-live')$$),
+	('outbox.inbox_accept(text,text)',
+	 'function', '{outbox_consumer}', true,
+	 $$SELECT outbox.inbox_accept('pt-consumer', 'pt-live')$$),
+	-- administrator
+	('outbox.requeue(text)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.requeue('pt-dead')$$),
+	('outbox.resolve(text,text)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.resolve('pt-unc', 'retry')$$),
+	('outbox.set_policy(text,integer,interval,interval,interval,text,interval)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.set_policy('pt-kind-x', max_deliveries => 3)$$),
+	('outbox.pause(text)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.pause('pt-kind-x')$$),
+	('outbox.resume(text)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.resume('pt-kind-x')$$),
+	('outbox.purge(integer,interval)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.purge()$$),
+	('outbox.sweep(integer)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.sweep()$$),
+	('outbox.stats_reset()',
+	 'function', '{outbox_admin}', false,
+	 $$SELECT outbox.stats_reset()$$),
+	-- monitoring
+	('outbox.verify(boolean)',
+	 'function', '{outbox_admin,pg_monitor}', false,
+	 $$SELECT outbox.verify()$$),
+	('outbox.preloaded()',
+	 'function', '{outbox_producer,outbox_publisher,outbox_consumer,outbox_admin,pg_monitor}', false,
+	 $$SELECT outbox.preloaded()$$),
+	-- internal: the views outbox.stats and outbox.workers call these with
+	-- the reader's rights; the others only run as the owner
+	('outbox._stats()',
+	 'function', '{outbox_admin,pg_monitor}', false,
+	 $$SELECT count(*) FROM outbox._stats()$$),
+	('outbox._workers()',
+	 'function', '{outbox_admin,pg_monitor}', false,
+	 $$SELECT count(*) FROM outbox._workers()$$),
+	('outbox._require(anyelement,text)',
+	 'function', '{}', false,
+	 $$SELECT outbox._require(1, 'x')$$),
+	('outbox._require_id(text,text)',
+	 'function', '{}', false,
+	 $$SELECT outbox._require_id('a', 'x')$$),
+	('outbox._count_purged(integer)',
+	 'function', '{}', false,
+	 $$SELECT outbox._count_purged(0)$$),
+	('outbox._request_worker()',
+	 'function', '{}', false,
+	 $$SELECT outbox._request_worker()$$),
+	-- tables: nobody but the owner reads or writes them
+	('outbox.events', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.events RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.commands', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.commands RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.receipts', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.receipts RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.inbox', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.inbox RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.policies', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.policies RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.purged', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.purged RETURNING 1) SELECT count(*) FROM d$$),
+	-- views: monitoring roles read them
+	('outbox.stats', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.stats$$),
+	('outbox.workers', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.workers$$),
+	('outbox.check_decisions_without_command', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.check_decisions_without_command$$),
+	('outbox.check_orphan_commands', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.check_orphan_commands$$),
+	('outbox.check_orphan_receipts', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.check_orphan_receipts$$),
+	('outbox.check_state', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.check_state$$),
+	('outbox.check_receipt_overdue', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.check_receipt_overdue$$),
+	('outbox.conservation', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.conservation$$),
+	('outbox.backlog', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.backlog$$),
+	('outbox.leases', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.leases$$),
+	('outbox.dead_letters', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.dead_letters$$),
+	-- result types of the publisher API
+	('outbox.lease', 'type', '{outbox_publisher}', NULL,
+	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.lease) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
+	('outbox.ack_result', 'type', '{outbox_publisher}', NULL,
+	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.ack_result) RETURNS int LANGUAGE sql AS 'SELECT 1'$$);
+
+-- The catalog's objects, named the way the table names them.
+CREATE TEMP VIEW actual_objects AS
+SELECT p.oid::regprocedure::text AS object, 'function' AS kind, p.oid
+  FROM pg_proc p
+ WHERE p.pronamespace = 'outbox'::regnamespace
+UNION ALL
+SELECT c.oid::regclass::text, 'relation', c.oid
+  FROM pg_class c
+ WHERE c.relnamespace = 'outbox'::regnamespace
+   AND c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
+UNION ALL
+SELECT t.oid::regtype::text, 'type', t.oid
+  FROM pg_type t
+ WHERE t.typnamespace = 'outbox'::regnamespace
+   AND t.typcategory <> 'A'
+   AND (t.typrelid = 0
+		OR (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c');
+
+-- The roles that get privileges, and PUBLIC.
+CREATE TEMP TABLE grantee_roles (r text);
+INSERT INTO grantee_roles VALUES
+	('outbox_producer'), ('outbox_publisher'), ('outbox_consumer'), ('outbox_admin'),
+	('pg_monitor'), ('public');
+
+-- Login roles, one per group role, one with none (rolled back at the end).
+CREATE ROLE pt_producer LOGIN IN ROLE outbox_producer;
+CREATE ROLE pt_publisher LOGIN IN ROLE outbox_publisher;
+CREATE ROLE pt_consumer LOGIN IN ROLE outbox_consumer;
+CREATE ROLE pt_admin LOGIN IN ROLE outbox_admin;
+CREATE ROLE pt_monitor LOGIN IN ROLE pg_monitor;
+CREATE ROLE pt_nobody LOGIN;
+CREATE TEMP TABLE login_roles (login text, grp text);
+INSERT INTO login_roles VALUES
+	('pt_producer', 'outbox_producer'), ('pt_publisher', 'outbox_publisher'),
+	('pt_consumer', 'outbox_consumer'), ('pt_admin', 'outbox_admin'),
+	('pt_monitor', 'pg_monitor'), ('pt_nobody', NULL);
+
+-- Run stmt as role who (NULL: as the current user) in a subtransaction that
+-- is always rolled back; return its SQLSTATE, 00000 for success.
+CREATE FUNCTION pg_temp.try_as(who text, stmt text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+	state text;
+BEGIN
+	BEGIN
+		IF who IS NOT NULL THEN
+			EXECUTE format('SET LOCAL ROLE %I', who);
+		END IF;
+		EXECUTE stmt;
+		RAISE SQLSTATE 'PTOK0';
+	EXCEPTION WHEN OTHERS THEN
+		state := SQLSTATE;
+	END;
+	RETURN CASE WHEN state = 'PTOK0' THEN '00000' ELSE state END;
+END;
+$$;
+
+-- Commands the calls work on: pt-live leased to pt-w at version 2, pt-dead
+-- dead, pt-unc uncertain (as the sweep leaves an expired manual lease).
+DO $$
+BEGIN
+	PERFORM outbox.commit_decision('pt-run', 1, 'e', 'pt-live', 'pt-kind-live', '{}');
+	PERFORM outbox.commit_decision('pt-run', 2, 'e', 'pt-dead', 'pt-kind-dead', '{}');
+	PERFORM outbox.commit_decision('pt-run', 3, 'e', 'pt-unc', 'pt-kind-unc', '{}');
+	PERFORM outbox.claim('pt-w', 1, kinds => '{pt-kind-live}');
+	PERFORM outbox.claim('pt-w', 1, kinds => '{pt-kind-dead}');
+	PERFORM outbox.fail('pt-dead', 'pt-w', 2, 'boom', fatal => true);
+	PERFORM outbox.claim('pt-w', 1, kinds => '{pt-kind-unc}');
+	UPDATE outbox.commands
+	   SET status = 'uncertain', lease_until = NULL, version = version + 1,
+		   last_error = 'lease of worker pt-w expired; kind pt-kind-unc needs a manual takeover'
+	 WHERE command_id = 'pt-unc';
+END;
+$$;
+
+-- 1-3: the catalog holds exactly the listed objects.
+SELECT set_eq($$SELECT object FROM actual_objects WHERE kind = 'function'$$,
+			  $$SELECT object FROM expected WHERE kind = 'function'$$,
+			  'every function of the schema is in the privilege table, and only those');
+SELECT set_eq($$SELECT object FROM actual_objects WHERE kind = 'relation'$$,
+			  $$SELECT object FROM expected WHERE kind = 'relation'$$,
+			  'every table and view of the schema is in the privilege table, and only those');
+SELECT set_eq($$SELECT object FROM actual_objects WHERE kind = 'type'$$,
+			  $$SELECT object FROM expected WHERE kind = 'type'$$,
+			  'every standalone type of the schema is in the privilege table, and only those');
+
+-- 4: nothing in the schema but the extension's own objects.
+SELECT is(ARRAY(SELECT a.object FROM actual_objects a
+				 WHERE NOT EXISTS (SELECT 1 FROM pg_depend d
+									WHERE d.objid = a.oid
+									  AND d.refclassid = 'pg_extension'::regclass
+									  AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'outbox')
+									  AND d.deptype = 'e')
+				 ORDER BY 1),
+		  '{}'::text[], 'every object of the schema belongs to the extension');
+
+-- 5: the schema: USAGE for the group roles and pg_monitor, CREATE for the owner only.
+SELECT is(ARRAY(SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END
+					   || ':' || a.privilege_type
+				  FROM pg_namespace n, aclexplode(n.nspacl) a
+				 WHERE n.nspname = 'outbox' AND a.grantee <> n.nspowner
+				 ORDER BY 1),
+		  '{outbox_admin:USAGE,outbox_consumer:USAGE,outbox_producer:USAGE,outbox_publisher:USAGE,pg_monitor:USAGE}'::text[],
+		  'schema outbox: USAGE for the group roles and pg_monitor, nothing for PUBLIC');
+
+-- 6-50: each object's privileges, for the group roles, pg_monitor and PUBLIC.
+SELECT is(CASE WHEN a.oid IS NULL THEN NULL ELSE
+			  ARRAY(SELECT g.r FROM grantee_roles g
+					 WHERE has_function_privilege(g.r, a.oid, 'EXECUTE')
+					 ORDER BY 1) END,
+		  ARRAY(SELECT x FROM unnest(e.grantees) x ORDER BY 1),
+		  'EXECUTE on ' || e.object)
+  FROM expected e
+  LEFT JOIN actual_objects a ON a.object = e.object AND a.kind = e.kind
+ WHERE e.kind = 'function'
+ ORDER BY e.object;
+
+SELECT is(CASE WHEN a.oid IS NULL THEN NULL ELSE
+			  ARRAY(SELECT g.r || ':' || p.priv
+					  FROM grantee_roles g,
+						   unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE',
+										'REFERENCES', 'TRIGGER']) p(priv)
+					 WHERE CASE WHEN p.priv IN ('SELECT', 'INSERT', 'UPDATE', 'REFERENCES')
+								THEN has_any_column_privilege(g.r, a.oid, p.priv)
+								ELSE has_table_privilege(g.r, a.oid, p.priv) END
+					 ORDER BY 1) END,
+		  ARRAY(SELECT x || ':SELECT' FROM unnest(e.grantees) x ORDER BY 1),
+		  'privileges on ' || e.object)
+  FROM expected e
+  LEFT JOIN actual_objects a ON a.object = e.object AND a.kind = e.kind
+ WHERE e.kind = 'relation'
+ ORDER BY e.object;
+
+SELECT is(CASE WHEN a.oid IS NULL THEN NULL ELSE
+			  ARRAY(SELECT g.r FROM grantee_roles g
+					 WHERE has_type_privilege(g.r, a.oid, 'USAGE')
+					 ORDER BY 1) END,
+		  ARRAY(SELECT x FROM unnest(e.grantees) x ORDER BY 1),
+		  'USAGE on type ' || e.object)
+  FROM expected e
+  LEFT JOIN actual_objects a ON a.object = e.object AND a.kind = e.kind
+ WHERE e.kind = 'type'
+ ORDER BY e.object;
+
+-- 51: no ACL entry (table or column) lets anyone but the owner write.
+SELECT is(ARRAY(SELECT c.relname || ':' || a.grantee::regrole::text || ':' || a.privilege_type
+				  FROM pg_class c, aclexplode(c.relacl) a
+				 WHERE c.relnamespace = 'outbox'::regnamespace
+				   AND a.grantee <> c.relowner AND a.privilege_type <> 'SELECT'
+				UNION ALL
+				SELECT c.relname || '.' || t.attname || ':' || a.grantee::regrole::text || ':' || a.privilege_type
+				  FROM pg_class c
+				  JOIN pg_attribute t ON t.attrelid = c.oid, aclexplode(t.attacl) a
+				 WHERE c.relnamespace = 'outbox'::regnamespace
+				   AND a.grantee <> c.relowner
+				 ORDER BY 1),
+		  '{}'::text[], 'nobody but the owner may write a table (no table or column grant)');
+
+-- 52: PUBLIC appears in no ACL, and no ACL is left at its default (which
+-- would let PUBLIC execute a function or use a type).
+SELECT is(ARRAY(SELECT a.object FROM actual_objects a
+				 WHERE CASE a.kind
+						   WHEN 'function' THEN (SELECT p.proacl IS NULL
+													 OR EXISTS (SELECT 1 FROM aclexplode(p.proacl) x WHERE x.grantee = 0)
+												   FROM pg_proc p WHERE p.oid = a.oid)
+						   WHEN 'relation' THEN (SELECT c.relacl IS NULL
+													 OR EXISTS (SELECT 1 FROM aclexplode(c.relacl) x WHERE x.grantee = 0)
+												   FROM pg_class c WHERE c.oid = a.oid)
+						   ELSE (SELECT t.typacl IS NULL
+										OR EXISTS (SELECT 1 FROM aclexplode(t.typacl) x WHERE x.grantee = 0)
+								   FROM pg_type t WHERE t.oid = a.oid) END
+				 ORDER BY 1),
+		  '{}'::text[], 'PUBLIC has no privilege on any object, explicitly');
+
+-- 53: the SECURITY DEFINER functions are exactly the listed ones.
+SELECT is(ARRAY(SELECT a.object FROM actual_objects a JOIN pg_proc p ON p.oid = a.oid
+				 WHERE p.prosecdef ORDER BY 1),
+		  ARRAY(SELECT e.object FROM expected e WHERE e.secdef ORDER BY 1),
+		  'SECURITY DEFINER: the producer, publisher, consumer and administrator API');
+
+-- 54: each of them pins search_path to pg_catalog, pg_temp.
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' ' || coalesce(p.proconfig::text, 'no settings')
+				  FROM pg_proc p
+				 WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
+				   AND p.proconfig IS DISTINCT FROM '{"search_path=pg_catalog, pg_temp"}'::text[]
+				 ORDER BY 1),
+		  '{}'::text[], 'every SECURITY DEFINER function has search_path = pg_catalog, pg_temp and nothing else');
+
+-- 55: so does every function written in SQL or PL/pgSQL.
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text
+				  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+				 WHERE p.pronamespace = 'outbox'::regnamespace AND l.lanname <> 'c'
+				   AND NOT coalesce('search_path=pg_catalog, pg_temp' = ANY (p.proconfig), false)
+				 ORDER BY 1),
+		  '{}'::text[], 'every SQL and PL/pgSQL function pins search_path');
+
+-- 56: the SECURITY DEFINER functions run as the extension's owner, a superuser.
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' owned by ' || p.proowner::regrole::text
+				  FROM pg_proc p
+				 WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
+				   AND (p.proowner <> (SELECT extowner FROM pg_extension WHERE extname = 'outbox')
+						OR NOT (SELECT rolsuper FROM pg_roles WHERE oid = p.proowner))
+				 ORDER BY 1),
+		  '{}'::text[], 'SECURITY DEFINER functions are owned by the extension owner');
+
+-- 57: internal helpers are granted to none of the four roles, except the
+-- two the views call with the reader's rights.
+SELECT is(ARRAY(SELECT a.object || ':' || g.r
+				  FROM actual_objects a, grantee_roles g
+				 WHERE a.kind = 'function' AND a.object LIKE 'outbox.\_%'
+				   AND g.r LIKE 'outbox\_%'
+				   AND has_function_privilege(g.r, a.oid, 'EXECUTE')
+				 ORDER BY 1),
+		  '{outbox._stats():outbox_admin,outbox._workers():outbox_admin}'::text[],
+		  'internal helpers: only _stats and _workers, for outbox_admin (the views need them)');
+
+-- 58: the group roles cannot log in and hold no special attribute.
+SELECT is(ARRAY(SELECT r.rolname::text FROM pg_roles r
+				 WHERE r.rolname IN ('outbox_producer', 'outbox_publisher', 'outbox_consumer', 'outbox_admin')
+				   AND NOT (r.rolcanlogin OR r.rolsuper OR r.rolcreaterole OR r.rolcreatedb
+							OR r.rolreplication OR r.rolbypassrls)
+				 ORDER BY 1),
+		  '{outbox_admin,outbox_consumer,outbox_producer,outbox_publisher}'::text[],
+		  'the four group roles exist, NOLOGIN, with no special attribute');
+
+-- 59: every listed call succeeds as the owner (so a 42501 below is a
+-- privilege refusal, not a broken statement).
+SELECT is(ARRAY(SELECT e.object || ' ' || pg_temp.try_as(NULL, e.call)
+				  FROM expected e
+				 WHERE pg_temp.try_as(NULL, e.call) <> '00000'
+				 ORDER BY 1),
+		  '{}'::text[], 'every listed call succeeds as the owner');
+
+-- 60-104: each login role's call: 00000 when its group role is listed, else 42501.
+SELECT is(ARRAY(SELECT l.login || ':' || pg_temp.try_as(l.login, e.call)
+				  FROM login_roles l ORDER BY l.login),
+		  ARRAY(SELECT l.login || ':' || CASE WHEN l.grp = ANY (e.grantees) THEN '00000' ELSE '42501' END
+				  FROM login_roles l ORDER BY l.login),
+		  'called as each role: ' || e.object)
+  FROM expected e
+ ORDER BY e.object;
+
+SELECT * FROM finish();
+ROLLBACK;

@@ -1,0 +1,304 @@
+# The background worker's duties: one notification per committed decision
+# and none for a rolled-back one, few for a burst, and one when a delayed
+# command, a retry backoff or a lease becomes due; dead-lettering exactly at
+# the delivery limit; uncertain for a manual kind; a purge that removes only
+# what guarantee 6 allows; and counters in outbox.stats that match all of
+# it, including the notifications a listener received.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(time);
+
+my $node = PostgreSQL::Test::Cluster->new('worker_duties');
+$node->init;
+$node->append_conf('postgresql.conf', qq{
+shared_preload_libraries = 'outbox'
+outbox.naptime = '200ms'
+});
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+
+my %exp = map { $_ => 0 } qw(enqueued claimed taken_over acked stale_refused
+  failed dead_lettered purged);
+
+sub sql { return $node->safe_psql('postgres', $_[0]); }
+
+sub rounds { return sql('SELECT rounds FROM outbox.workers'); }
+
+# Wait until the worker has finished $n more rounds.
+sub wait_rounds
+{
+	my ($n) = @_;
+	my $r = rounds();
+	$node->poll_query_until('postgres', "SELECT rounds >= $r + $n FROM outbox.workers")
+	  or die 'the worker stopped running rounds';
+}
+
+sub set_naptime
+{
+	my ($nap) = @_;
+	sql(qq{ALTER SYSTEM SET outbox.naptime = '$nap'; SELECT pg_reload_conf()});
+	$node->poll_query_until('postgres', "SELECT naptime = '$nap' FROM outbox.workers")
+	  or die "naptime $nap never applied";
+}
+
+$node->poll_query_until('postgres', q{SELECT rounds > 0 FROM outbox.workers})
+  or die 'no worker';
+my $worker = sql('SELECT pid FROM outbox.workers');
+
+# The listening publisher.  psql prints the notifications that arrived
+# after each query it runs.
+my $listener = $node->background_psql('postgres');
+$listener->query_safe('LISTEN outbox');
+my $heard = 0;			# notifications received since the stats reset
+my @pids;				# the senders of those
+
+# Run a query in the listener; count the notifications psql printed after
+# it.  Returns how many.
+sub listen_query
+{
+	my ($query) = @_;
+	my $out = $listener->query_safe($query);
+	my @got = ($out =~ /Asynchronous notification "outbox" received from server process with PID (\d+)/g);
+	push @pids, @got;
+	$heard += @got;
+	return scalar @got;
+}
+
+# Collect what has arrived; returns how many.
+sub drain { return listen_query('SELECT 1'); }
+
+# Wait for at least one notification (at most $limit seconds); returns
+# how many arrived.
+sub wait_notification
+{
+	my ($limit) = @_;
+	my $deadline = time + $limit;
+	my $n = 0;
+	while (($n = listen_query('SELECT pg_sleep(0.02)')) == 0 && time < $deadline)
+	{
+	}
+	return $n;
+}
+
+# Quiet start: the worker's start-up notification is past.
+wait_rounds(2);
+drain();
+sql('SELECT outbox.stats_reset()');
+$heard = 0;
+@pids = ();
+
+# --- a committed decision is announced ------------------------------------------
+sql(q{SELECT outbox.commit_decision('run-1', 1, 'e', 'one', 'k', '{}')});
+$exp{enqueued}++;
+ok(wait_notification(30) >= 1, 'a committed decision produces a notification');
+is(scalar(grep { $_ != $worker } @pids), 0, 'sent by the worker, not by the producer');
+
+# --- a rolled-back one is not ------------------------------------------------------
+sql(q{BEGIN; SELECT outbox.commit_decision('run-1', 2, 'e', 'two', 'k', '{}'); ROLLBACK});
+wait_rounds(3);
+is(drain(), 0, 'a rolled-back decision produces no notification');
+
+# --- a burst of 1,000 commits ------------------------------------------------------
+sql(q{DO $$
+BEGIN
+	FOR i IN 1..1000 LOOP
+		PERFORM outbox.commit_decision('burst', i, 'e', 'b-' || i, 'burst', '{}');
+		COMMIT;
+	END LOOP;
+END $$});
+$exp{enqueued} += 1000;
+wait_rounds(3);
+my $burst = drain();
+ok($burst >= 1, 'a burst of 1,000 commits is announced');
+cmp_ok($burst, '<=', 250, 'with far fewer notifications than commits');
+note "burst of 1000 commits: $burst notifications";
+
+# Publish the burst (one claim, one batch ack) and try one stale ack.
+is(sql(q{WITH c AS MATERIALIZED (SELECT * FROM outbox.claim('p', 1000, NULL, ARRAY['burst']))
+	SELECT count(*) FILTER (WHERE acked)
+	  FROM outbox.ack('p', (SELECT array_agg(command_id) FROM c), (SELECT array_agg(version) FROM c))}),
+	'1000', 'the burst is claimed and acked');
+$exp{claimed} += 1000;
+$exp{acked} += 1000;
+my ($rc, $out, $err) = $node->psql('postgres', q{SELECT outbox.ack('b-1', 'p', 2)});
+like($err, qr/lease_not_owned/, 'a repeated ack is refused');
+$exp{stale_refused}++;
+
+# --- what becomes claimable with no commit to announce it -------------------------
+# With a one-minute nap only the worker's look at what is due can announce
+# these within the limits below.
+set_naptime('1min');
+drain();
+
+sql(q{SELECT outbox.commit_decision('run-2', 1, 'e', 'later', 'later', '{}',
+		not_before => clock_timestamp() + interval '1.5 s')});
+$exp{enqueued}++;
+wait_notification(30);		# the commit's own
+is(sql(q{SELECT count(*) FROM outbox.claim('p', 10, NULL, ARRAY['later'])}), '0',
+	'a delayed command cannot be claimed yet');
+ok(wait_notification(20) >= 1, 'a notification comes when the delayed command is due');
+is(sql(q{SELECT count(*) FROM outbox.claim('p', 10, NULL, ARRAY['later'])}), '1',
+	'and the delayed command can then be claimed');
+$exp{claimed}++;
+
+sql(q{SELECT outbox.commit_decision('run-2', 2, 'e', 'retry', 'retry', '{}')});
+$exp{enqueued}++;
+wait_notification(30);
+is(sql(q{SELECT outbox.fail(command_id, 'p', version, 'broker down')
+	FROM outbox.claim('p', 10, NULL, ARRAY['retry'])}), 'pending', 'a failed delivery backs off');
+$exp{claimed}++;
+$exp{failed}++;
+drain();
+ok(wait_notification(20) >= 1, 'a notification comes when the backoff ends');
+is(sql(q{SELECT count(*) FROM outbox.claim('p', 10, NULL, ARRAY['retry'])}), '1',
+	'and the command can be claimed again');
+$exp{claimed}++;
+
+sql(q{SELECT outbox.commit_decision('run-2', 3, 'e', 'lapse', 'lapse', '{}')});
+$exp{enqueued}++;
+wait_notification(30);
+sql(q{SELECT count(*) FROM outbox.claim('gone', 10, interval '1.5 s', ARRAY['lapse'])});
+$exp{claimed}++;
+drain();
+ok(wait_notification(20) >= 1, 'a notification comes when a lease expires');
+is(sql(q{SELECT deliveries FROM outbox.claim('p', 10, NULL, ARRAY['lapse'])}),
+	'2', 'and another publisher takes the command over');
+$exp{claimed}++;
+$exp{taken_over}++;
+
+# Settle the leases of this part, so that none expires later on.
+sql(q{SELECT outbox.ack(command_id, 'p', version) FROM outbox.commands
+	   WHERE command_id IN ('later', 'retry', 'lapse')});
+$exp{acked} += 3;
+set_naptime('200ms');
+
+# --- dead-lettering exactly at the delivery limit ------------------------------------
+sql(q{SELECT outbox.set_policy('limited', max_deliveries => 2);
+	  SELECT outbox.commit_decision('run-3', 1, 'e', 'lim', 'limited', '{}');
+	  SELECT count(*) FROM outbox.claim('w1', 10, interval '300 ms', ARRAY['limited'])});
+$exp{enqueued}++;
+$exp{claimed}++;
+$node->poll_query_until('postgres', q{SELECT lease_until < clock_timestamp() FROM outbox.commands WHERE command_id = 'lim'})
+  or die 'lease never expired';
+wait_rounds(3);
+is(sql(q{SELECT status || ' ' || deliveries FROM outbox.commands WHERE command_id = 'lim'}),
+	'sending 1', 'an expired lease with a delivery left is not dead-lettered');
+is(sql(q{SELECT deliveries FROM outbox.claim('w2', 10, interval '300 ms', ARRAY['limited'])}),
+	'2', 'it is taken over for its last delivery');
+$exp{claimed}++;
+$exp{taken_over}++;
+ok($node->poll_query_until('postgres', q{SELECT status = 'dead' FROM outbox.commands WHERE command_id = 'lim'}),
+	'when the last lease expires the worker dead-letters the command');
+$exp{dead_lettered}++;
+is(sql(q{SELECT deliveries || ' | ' || last_error FROM outbox.commands WHERE command_id = 'lim'}),
+	'2 | lease of worker w2 expired after 2 deliveries', 'after exactly 2 deliveries, saying why');
+
+# --- a manual kind goes to uncertain ---------------------------------------------------
+sql(q{SELECT outbox.set_policy('payment', takeover => 'manual');
+	  SELECT outbox.commit_decision('run-3', 2, 'e', 'pay', 'payment', '{}');
+	  SELECT count(*) FROM outbox.claim('w1', 10, interval '300 ms', ARRAY['payment'])});
+$exp{enqueued}++;
+$exp{claimed}++;
+ok($node->poll_query_until('postgres', q{SELECT status = 'uncertain' FROM outbox.commands WHERE command_id = 'pay'}),
+	'an expired lease of a manual kind goes to uncertain');
+is(sql(q{SELECT deliveries || ' | ' || last_error FROM outbox.commands WHERE command_id = 'pay'}),
+	'1 | lease of worker w1 expired; kind payment needs a manual takeover',
+	'after one delivery, saying why');
+is(sql(q{SELECT count(*) FROM outbox.claim('w2', 10, NULL, ARRAY['payment'])}), '0',
+	'and no publisher takes it over');
+
+# --- the purge removes only what guarantee 6 allows ---------------------------------------
+# Every status x receipt (none, old, recent) x age of the command (old,
+# recent), with the default retention of 1 day; plus, for a kind whose
+# policy keeps commands 1 hour, and for the default kind, a published
+# command with a receipt, both 2 hours old.
+sql(q{SELECT outbox.set_policy('short', retention => interval '1 hour')});
+my @expected_gone;
+my @seeded;
+for my $status (qw(pending sending published dead uncertain))
+{
+	for my $receipt (qw(none old recent))
+	{
+		for my $age (qw(old recent))
+		{
+			my $id = "$status-$receipt-$age";
+			my $ts = $age eq 'old' ? "now() - interval '10 days'" : "now() - interval '10 minutes'";
+			my $rts = $receipt eq 'old' ? "now() - interval '10 days'" : "now() - interval '10 minutes'";
+			sql(qq{
+				INSERT INTO outbox.commands (command_id, run_id, seq, kind, status, version, deliveries,
+					available_at, due_at, lease_until, owner, created_at, published_at, payload)
+				VALUES ('$id', 'seed', 1, 'k', '$status', 2, 1, $ts,
+					CASE WHEN '$status' = 'pending' THEN $ts END,
+					CASE WHEN '$status' = 'sending' THEN now() + interval '1 hour' END,
+					CASE WHEN '$status' <> 'pending' THEN 'w' END,
+					$ts, CASE WHEN '$status' = 'published' THEN $ts END, '{}')});
+			sql(qq{INSERT INTO outbox.receipts (command_id, outcome, completed_at) VALUES ('$id', 'done', $rts)})
+			  if $receipt ne 'none';
+			push @seeded, $id;
+			push @expected_gone, $id if $status eq 'published' && $receipt eq 'old' && $age eq 'old';
+		}
+	}
+}
+for my $kind (qw(short k))
+{
+	my $id = "policy-$kind";
+	sql(qq{
+		INSERT INTO outbox.commands (command_id, run_id, seq, kind, status, version, deliveries,
+			available_at, owner, created_at, published_at, payload)
+		VALUES ('$id', 'seed', 2, '$kind', 'published', 2, 1, now() - interval '2 hours', 'w',
+			now() - interval '2 hours', now() - interval '2 hours', '{}');
+		INSERT INTO outbox.receipts (command_id, outcome, completed_at)
+		VALUES ('$id', 'done', now() - interval '2 hours')});
+	push @seeded, $id;
+	push @expected_gone, $id if $kind eq 'short';
+}
+sql(q{ALTER SYSTEM SET outbox.retention = '1d'; SELECT pg_reload_conf()});
+ok($node->poll_query_until('postgres', q{SELECT count(*) = 2 FROM outbox.purged}),
+	'the worker purges');
+$exp{purged} += 2;
+wait_rounds(3);
+is(sql(q{SELECT string_agg(command_id, ' ' ORDER BY command_id) FROM outbox.purged}),
+	join(' ', sort @expected_gone),
+	'only published commands with a receipt, both older than the retention (the kind\'s when it has one)');
+my $list = join(', ', map { "'$_'" } @seeded);
+is(sql(qq{SELECT count(*) FROM outbox.commands WHERE command_id IN ($list)}),
+	scalar(@seeded) - scalar(@expected_gone), 'every other seeded command is still there');
+is(sql(q{SELECT count(*) FROM outbox.receipts r
+	WHERE NOT EXISTS (SELECT 1 FROM outbox.commands c WHERE c.command_id = r.command_id)}),
+	'0', 'the receipts of purged commands went with them');
+
+# Purges by hand count too, unless rolled back.
+sql(q{BEGIN; SELECT outbox.purge(100, interval '1 minute'); ROLLBACK});
+my $manual = sql(q{SELECT outbox.purge(100, interval '1 minute')});
+cmp_ok($manual, '>', 0, 'a purge by hand with a shorter retention removes more');
+$exp{purged} += $manual;
+
+# --- the counters --------------------------------------------------------------------------
+wait_rounds(3);
+drain();
+my $stats = sql(q{SELECT enqueued, claimed, taken_over, acked, stale_refused, failed,
+	dead_lettered, purged, wakeups FROM outbox.stats});
+my @got = split /\|/, $stats;
+my @names = qw(enqueued claimed taken_over acked stale_refused failed dead_lettered purged);
+for my $i (0 .. $#names)
+{
+	is($got[$i], $exp{ $names[$i] }, "outbox.stats.$names[$i] matches what the test did");
+}
+is($got[8], $heard, 'outbox.stats.wakeups equals the notifications the listener received');
+is(scalar(grep { $_ != $worker } @pids), 0, 'all of them sent by the worker');
+
+# --- who may read the statistics ------------------------------------------------------------
+sql(q{CREATE ROLE mon LOGIN IN ROLE pg_monitor; CREATE ROLE nobody LOGIN});
+is($node->safe_psql('postgres', 'SELECT count(*) FROM outbox.stats, outbox.workers', extra_params => ['-U', 'mon']),
+	'1', 'pg_monitor reads outbox.stats and outbox.workers');
+($rc, $out, $err) = $node->psql('postgres', 'SELECT count(*) FROM outbox.stats', extra_params => ['-U', 'nobody']);
+like($err, qr/permission denied/, 'PUBLIC does not');
+($rc, $out, $err) = $node->psql('postgres', 'SELECT outbox.stats_reset()', extra_params => ['-U', 'mon']);
+like($err, qr/permission denied/, 'pg_monitor may not reset the counters');
+
+$listener->quit;
+$node->stop;
+done_testing();

@@ -1,0 +1,528 @@
+# Behaviour of outbox-relay, the reference publisher: NDJSON sinks (stdout,
+# file), the HTTP sink (Idempotency-Key, 2xx ack, 408/429/5xx/timeouts
+# retried through outbox.fail with backoff, other 4xx fatal), the kinds
+# filter, lease renewal during a slow delivery, SIGTERM (finish the batch
+# in flight, exit 0), reconnection after a server restart, --help and the
+# exit codes.
+#
+# The HTTP endpoint is outbox-receiver (built next to the relay), which
+# applies each command through outbox.inbox_accept, a business row and
+# outbox.complete; its test hooks (test_status, test_sleep_ms, test_times
+# in the payload) make it fail on purpose.
+
+use strict;
+use warnings;
+
+use File::Basename qw(dirname);
+use JSON::PP;
+use POSIX qw(WNOHANG);
+use Time::HiRes qw(usleep);
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $src = $ENV{OUTBOX_SRC} // dirname(__FILE__) . '/../..';
+my $receiver = "$src/src/outbox-receiver";
+die "outbox-receiver not built at $receiver (run make)" unless -x $receiver;
+
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+
+# Start a program in the background, stdout and stderr to files.
+sub spawn
+{
+	my ($out, $err, @cmd) = @_;
+	my $pid = fork() // die "fork: $!";
+	if ($pid == 0)
+	{
+		# never return into the test (its END blocks would stop the node)
+		open(STDIN, '<', '/dev/null') or POSIX::_exit(127);
+		open(STDOUT, '>>', $out) or POSIX::_exit(127);
+		open(STDERR, '>>', $err) or POSIX::_exit(127);
+		exec(@cmd) or POSIX::_exit(127);
+	}
+	return $pid;
+}
+
+# Wait for a child to exit; its exit code, or undef after the timeout.
+sub wait_exit
+{
+	my ($pid) = @_;
+	my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
+	while (time() < $deadline)
+	{
+		my $r = waitpid($pid, WNOHANG);
+		return $? >> 8 if $r == $pid;
+		usleep(50_000);
+	}
+	kill 'KILL', $pid;
+	waitpid($pid, 0);
+	return undef;
+}
+
+# Wait until a file exists and is not empty.
+sub wait_file
+{
+	my ($path) = @_;
+	my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
+	while (time() < $deadline)
+	{
+		return 1 if -s $path;
+		usleep(50_000);
+	}
+	return 0;
+}
+
+# Run outbox-relay to completion; returns (exit code, stdout, stderr).
+sub run_relay
+{
+	my (@args) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'outbox-relay', @args ], '<', \undef, '>', \$out, '2>', \$err,
+		IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
+	return ($? >> 8, $out, $err);
+}
+
+my $node = PostgreSQL::Test::Cluster->new('relay');
+$node->init;
+$node->append_conf(
+	'postgresql.conf', qq(
+shared_preload_libraries = 'outbox'
+outbox.backoff_base = 100
+outbox.backoff_max = 400
+));
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+$node->safe_psql('postgres', 'CREATE TABLE biz (command_id text, payload jsonb)');
+my $dsn = $node->connstr('postgres');
+
+# Commit one decision per row: [command_id, kind, payload-json].
+my $seq = 0;
+sub produce
+{
+	my @rows = @_;
+	my @sql;
+	for my $r (@rows)
+	{
+		my ($id, $kind, $payload) = @$r;
+		$seq++;
+		my $qid = $id;
+		$qid =~ s/'/''/g;
+		$payload =~ s/'/''/g;
+		push @sql,
+		  "SELECT outbox.commit_decision('run-050', $seq, 'decided', '$qid', '$kind', '$payload');";
+	}
+	$node->safe_psql('postgres', join("\n", @sql));
+}
+
+sub sq { return $node->safe_psql('postgres', $_[0]); }
+
+# ---------------------------------------------------------------------------
+# Command line and exit codes
+# ---------------------------------------------------------------------------
+program_help_ok('outbox-relay');
+program_version_ok('outbox-relay');
+{
+	my ($rc, $out, $err) = run_relay('--help');
+	like($out, qr/--dsn=CONNINFO.*--sink=SINK.*--batch=N.*--lease=SECONDS.*--kinds=K1,K2.*--worker=NAME.*--poll=SECONDS/s,
+		'--help lists the documented options');
+	like($out, qr/Exit status:.*\b0\b.*\b1\b.*\b2\b/s, '--help documents the exit codes');
+
+	($rc, $out, $err) = run_relay('--dsn', $dsn);
+	is($rc, 2, 'no --sink: exit 2');
+	like($err, qr/--sink is required/, 'no --sink: says so');
+
+	($rc, $out, $err) = run_relay('--sink', 'ftp://x');
+	is($rc, 2, 'unknown sink: exit 2');
+	like($err, qr/invalid sink "ftp:\/\/x"/, 'unknown sink: says so');
+
+	($rc, $out, $err) = run_relay('--sink', 'stdout', '--batch', '0');
+	is($rc, 2, '--batch 0: exit 2');
+
+	($rc, $out, $err) = run_relay('--sink', 'stdout', '--lease', '-1');
+	is($rc, 2, 'negative --lease: exit 2');
+
+	($rc, $out, $err) = run_relay('--sink', 'stdout', '--kinds', 'a,,b');
+	is($rc, 2, 'empty kind in --kinds: exit 2');
+
+	($rc, $out, $err) = run_relay('--sink', 'stdout', '--dsn', 'nosuchoption=1');
+	is($rc, 2, 'malformed --dsn: exit 2');
+	like($err, qr/invalid --dsn/, 'malformed --dsn: says so');
+
+	($rc, $out, $err) = run_relay('--sink', 'stdout', '--bogus');
+	is($rc, 2, 'unknown option: exit 2');
+
+	$node->safe_psql('postgres', 'CREATE DATABASE noext');
+	($rc, $out, $err) = run_relay('--dsn', $node->connstr('noext'), '--sink', 'stdout', '--drain');
+	is($rc, 1, 'database without the extension: exit 1');
+	like($err, qr/prepare failed: .*SQLSTATE (3F000|42883)/, 'database without the extension: says why');
+	like($err, qr/summary: .* exit=1/, 'summary line printed on a runtime error');
+
+	($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', "file:$tmp/no/such/dir/out.ndjson");
+	is($rc, 1, 'unwritable file sink: exit 1');
+	like($err, qr/could not open file/, 'unwritable file sink: says why');
+
+	($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', 'stdout', '--drain', '--batch', '20000');
+	is($rc, 1, 'batch over outbox.max_batch: exit 1');
+	like($err, qr/batch_size must be between 1 and/, 'batch over outbox.max_batch: server message shown');
+}
+
+# ---------------------------------------------------------------------------
+# NDJSON to a file and to stdout
+# ---------------------------------------------------------------------------
+my @tricky = (
+	[ 'nd-plain', 'mail', '{"to": "a@example.com", "n": 1}' ],
+	[ qq(nd-"quoted"\\back), 'mail', '{"s": "quote \" backslash \\\\ slash /"}' ],
+	[ "nd-tab\there", 'mail', '{"s": "line1\nline2\ttab \u0001 ctrl"}' ],
+	[ 'nd-unicode-é', 'sms', '{"s": "héllo wörld ✓", "a": [1, 2.5, null, true]}' ],
+	[ 'nd-empty', 'sms', '{}' ],);
+produce(@tricky);
+{
+	my ($rc, $out, $err) =
+	  run_relay('--dsn', $dsn, '--sink', "file:$tmp/out.ndjson", '--drain', '--batch', '2');
+	is($rc, 0, 'file sink with --drain: exit 0');
+	like($err, qr/summary: .*claimed=5 delivered=5 acked=5 .*exit=0/, 'file sink: summary counts');
+	my @lines = split /\n/, slurp_file("$tmp/out.ndjson");
+	is(scalar(@lines), 5, 'file sink: one line per command');
+	# byte strings on both sides: the file is UTF-8, so is this script
+	my $json = JSON::PP->new;
+	my %got;
+	for my $l (@lines)
+	{
+		my $o = eval { $json->decode($l) };
+		ok($o, "line is valid JSON: $l") or next;
+		is_deeply([ sort keys %$o ], [qw(command_id deliveries kind payload run_id)],
+			'line has exactly the documented fields');
+		$got{ $o->{command_id} } = $o;
+	}
+	for my $t (@tricky)
+	{
+		my ($id, $kind, $payload) = @$t;
+		my $o = $got{$id};
+		ok($o, "command \"$id\" written") or next;
+		is($o->{kind}, $kind, "kind of \"$id\"");
+		is($o->{run_id}, 'run-050', "run_id of \"$id\"");
+		is($o->{deliveries}, 1, "deliveries of \"$id\"");
+		is_deeply($o->{payload}, $json->decode($payload),
+			"payload of \"$id\" round-trips");
+	}
+	is(sq("SELECT count(*) FROM outbox.commands WHERE run_id = 'run-050' AND status = 'published'"),
+		'5', 'file sink: all published');
+}
+produce([ 'std-1', 'mail', '{"k": 1}' ], [ 'std-2', 'mail', '{"k": 2}' ]);
+{
+	my ($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', 'stdout', '--drain');
+	is($rc, 0, 'stdout sink: exit 0');
+	my @ids = map { JSON::PP->new->decode($_)->{command_id} } split /\n/, $out;
+	is_deeply([ sort @ids ], [ 'std-1', 'std-2' ], 'stdout sink: NDJSON on stdout, logs on stderr');
+	unlike($err, qr/"command_id"/, 'stdout sink: no data on stderr');
+}
+
+# A file that cannot take the data: the batch goes back (retryable), exit 1.
+produce([ 'full-1', 'mail', '{}' ]);
+{
+	my ($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', 'file:/dev/full', '--drain');
+	is($rc, 1, 'write error on the file sink: exit 1');
+	is(sq("SELECT status || ' ' || deliveries || ' ' || (last_error LIKE '%No space left%') FROM outbox.commands WHERE command_id = 'full-1'"),
+		'pending 1 true', 'write error: command back to pending with the error');
+	sq("SELECT outbox.requeue('full-1')") if 0;
+}
+# deliver it, so later checks start clean
+ok($node->poll_query_until('postgres',
+	"SELECT available_at <= clock_timestamp() FROM outbox.commands WHERE command_id = 'full-1'"),
+	'backoff of full-1 over');
+run_relay('--dsn', $dsn, '--sink', "file:$tmp/rest.ndjson", '--drain');
+
+# ---------------------------------------------------------------------------
+# Kinds filter
+# ---------------------------------------------------------------------------
+produce([ 'kind-a', 'ka', '{}' ], [ 'kind-b', 'kb', '{}' ], [ 'kind-c', 'kc', '{}' ]);
+{
+	my ($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', 'stdout', '--drain', '--kinds', 'ka,kc');
+	is($rc, 0, 'kinds filter: exit 0');
+	my @ids = sort map { JSON::PP->new->decode($_)->{command_id} } split /\n/, $out;
+	is_deeply(\@ids, [ 'kind-a', 'kind-c' ], 'kinds filter: only the named kinds delivered');
+	is(sq("SELECT string_agg(command_id || '=' || status, ',' ORDER BY command_id) FROM outbox.commands WHERE command_id LIKE 'kind-%'"),
+		'kind-a=published,kind-b=pending,kind-c=published', 'kinds filter: the other kind stays pending');
+	($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', 'stdout', '--drain', '--kinds', 'kb');
+	is($out =~ tr/\n//, 1, 'kinds filter: the other kind delivered by its own relay');
+}
+
+# ---------------------------------------------------------------------------
+# HTTP sink
+# ---------------------------------------------------------------------------
+my $rlog = "$tmp/receiver.log";
+my $rpid = spawn("$tmp/receiver.out", "$tmp/receiver.err", $receiver,
+	'--port-file', "$tmp/receiver.port", '--dsn', $dsn, '--table', 'biz', '--log', $rlog);
+ok(wait_file("$tmp/receiver.port"), 'receiver listening');
+my $port = slurp_file("$tmp/receiver.port");
+chomp $port;
+my $url = "http://127.0.0.1:$port/hook";
+
+produce(
+	[ 'h-ok-1', 'hook', '{"n": 1}' ],
+	[ 'h-ok-2', 'hook', '{"n": 2}' ],
+	[ 'h-503', 'hook', '{"test_status": 503, "test_times": 2}' ],
+	[ 'h-500', 'hook', '{"test_status": 500, "test_times": 1}' ],
+	[ 'h-429', 'hook', '{"test_status": 429, "test_times": 1}' ],
+	[ 'h-408', 'hook', '{"test_status": 408, "test_times": 1}' ],
+	[ 'h-timeout', 'hook', '{"test_sleep_ms": 2500, "test_times": 1}' ],
+	[ 'h-404', 'hook', '{"test_status": 404}' ],
+	[ 'h-422', 'hook', '{"test_status": 422}' ],
+	[ 'h-301', 'hook', '{"test_status": 301, "test_times": 1}' ]);
+{
+	my $err = "$tmp/relay-http.err";
+	my $pid = spawn("$tmp/relay-http.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', $url, '--timeout', '1', '--poll', '0.2', '--kinds', 'hook', '--worker', 'http-relay');
+	ok($node->poll_query_until('postgres',
+		"SELECT count(*) FILTER (WHERE status IN ('published', 'dead')) = 10 FROM outbox.commands WHERE kind = 'hook'"),
+		'HTTP: every command settled');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, 'HTTP relay: SIGTERM exits 0');
+	my $errtxt = slurp_file($err);
+	like($errtxt, qr/summary: worker=http-relay .*exit=0/, 'HTTP relay: summary line');
+
+	my %st = map { split /\|/ } split /\n/,
+	  sq("SELECT command_id, status || ' ' || deliveries FROM outbox.commands WHERE kind = 'hook'");
+	is($st{'h-ok-1'}, 'published 1', '2xx: acked on the first delivery');
+	is($st{'h-ok-2'}, 'published 1', '2xx: acked on the first delivery (2)');
+	is($st{'h-503'}, 'published 3', '503 twice: retried through fail, then acked');
+	is($st{'h-500'}, 'published 2', '500: retried');
+	is($st{'h-429'}, 'published 2', '429: retried');
+	is($st{'h-408'}, 'published 2', '408: retried');
+	is($st{'h-301'}, 'published 2', 'a redirect is not followed and is retried');
+	is($st{'h-timeout'}, 'published 2', 'timeout: retried');
+	is($st{'h-404'}, 'dead 1', '404: fatal, dead at once');
+	is($st{'h-422'}, 'dead 1', '422: fatal, dead at once');
+	like(sq("SELECT last_error FROM outbox.commands WHERE command_id = 'h-404'"),
+		qr/^HTTP 404 from \Q$url\E/, '404: last_error names the status');
+	like(sq("SELECT last_error FROM outbox.commands WHERE command_id = 'h-timeout'"),
+		qr/[Tt]imeout/, 'timeout: last_error says so');
+	like(sq("SELECT last_error FROM outbox.commands WHERE command_id = 'h-503'"),
+		qr/^HTTP 503/, '503: last_error names the status');
+
+	# the retries waited for the backoff: fail() moved available_at, and
+	# the attempts were spaced by at least the minimum backoff (base/2)
+	is(sq("SELECT count(*) FROM outbox.commands WHERE kind = 'hook' AND available_at > created_at AND deliveries > 1"),
+		'6', 'retried commands were made available again only after a backoff');
+
+	# the receiver saw the Idempotency-Key of every delivery (it answers 400
+	# without one, which would have made the command dead)
+	my @log = map { [ split /\t/ ] } split /\n/, slurp_file($rlog);
+	my %key_seen = map { $_->[0] => 1 } @log;
+	is_deeply([ sort keys %key_seen ],
+		[ sort qw(h-ok-1 h-ok-2 h-503 h-500 h-429 h-408 h-timeout h-404 h-422 h-301) ],
+		'Idempotency-Key carried the command_id of every delivery');
+	my %deliveries_logged;
+	$deliveries_logged{ $_->[0] }{ $_->[1] }++ for @log;
+	is_deeply([ sort { $a <=> $b } keys %{ $deliveries_logged{'h-503'} } ], [ 1, 2, 3 ],
+		'body carries the delivery number');
+	my @t503 = map { $_->[4] } grep { $_->[0] eq 'h-503' } @log;
+	ok($t503[1] - $t503[0] >= 50 && $t503[2] - $t503[1] >= 50,
+		'retries of h-503 spaced by the backoff (' . join(', ', map { $t503[$_] - $t503[$_ - 1] } 1 .. 2) . ' ms)');
+
+	# exactly once in the business table and one receipt per published command
+	is(sq("SELECT count(*) || ' ' || count(DISTINCT command_id) FROM biz WHERE command_id LIKE 'h-%'"),
+		'8 8', 'business rows: one per published command');
+	is(sq("SELECT count(*) FROM outbox.receipts WHERE command_id LIKE 'h-%'"), '8',
+		'receipts recorded by the receiver');
+}
+
+# --concurrency: the requests of a batch overlap.  Each takes 1.5 s at the
+# receiver; one at a time, the four would finish at least 4.5 s apart.
+produce(map { [ "conc-$_", 'conc', '{"test_sleep_ms": 1500}' ] } 1 .. 4);
+{
+	my ($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', $url, '--kinds', 'conc',
+		'--concurrency', '4', '--drain');
+	is($rc, 0, '--concurrency 4: exit 0');
+	is(sq("SELECT count(*) FROM outbox.commands WHERE kind = 'conc' AND status = 'published' AND deliveries = 1"),
+		'4', '--concurrency 4: all delivered once');
+	my @t = sort { $a <=> $b } map { (split /\t/)[4] } grep { /^conc-/ } split /\n/, slurp_file($rlog);
+	is(scalar(@t), 4, '--concurrency 4: four requests');
+	cmp_ok($t[-1] - $t[0], '<', 1500, '--concurrency 4: the requests were in flight together');
+}
+
+# The endpoint is unreachable: the command fails (retryable) and the relay
+# backs off instead of spinning.
+produce([ 'down-1', 'down', '{}' ], [ 'down-2', 'down', '{}' ]);
+{
+	my $deadport = PostgreSQL::Test::Cluster::get_free_port();
+	my $err = "$tmp/relay-down.err";
+	my $pid = spawn("$tmp/relay-down.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', "http://127.0.0.1:$deadport/", '--kinds', 'down', '--poll', '0.2');
+	ok($node->poll_query_until('postgres',
+		"SELECT count(last_error) = 2 FROM outbox.commands WHERE kind = 'down'"),
+		'unreachable endpoint: both commands failed');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, 'unreachable endpoint: SIGTERM exits 0');
+	like(slurp_file($err), qr/endpoint unavailable; pausing/, 'unreachable endpoint: relay pauses');
+	is(sq("SELECT count(*) FROM outbox.commands WHERE kind = 'down' AND status = 'pending'"),
+		'2', 'unreachable endpoint: commands stay pending for a retry');
+	like(sq("SELECT string_agg(last_error, '|') FROM outbox.commands WHERE kind = 'down'"),
+		qr/Couldn't connect to server/, 'unreachable endpoint: the connection error is recorded');
+}
+
+# ---------------------------------------------------------------------------
+# Lease renewal during a slow delivery
+# ---------------------------------------------------------------------------
+produce([ 'slow-renew', 'slow', '{"test_sleep_ms": 3500}' ]);
+{
+	my $err = "$tmp/relay-renew.err";
+	my $pid = spawn("$tmp/relay-renew.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', $url, '--kinds', 'slow', '--lease', '2', '--timeout', '20',
+		'--worker', 'renewer', '--poll', '0.2');
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'sending' FROM outbox.commands WHERE command_id = 'slow-renew'"),
+		'slow delivery claimed');
+	my $first = sq("SELECT lease_until FROM outbox.commands WHERE command_id = 'slow-renew'");
+	ok($node->poll_query_until('postgres',
+		"SELECT clock_timestamp() > '$first'::timestamptz"),
+		'the first lease has run out');
+	is(sq("SELECT count(*) FROM outbox.claim('thief', 10, '10 s', ARRAY['slow'])"), '0',
+		'renewed lease: another worker cannot take the command over');
+	is(sq("SELECT owner || ' ' || (lease_until > '$first'::timestamptz) FROM outbox.commands WHERE command_id = 'slow-renew'"),
+		'renewer true', 'lease renewed by its holder');
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'published' FROM outbox.commands WHERE command_id = 'slow-renew'"),
+		'slow delivery acked');
+	is(sq("SELECT deliveries FROM outbox.commands WHERE command_id = 'slow-renew'"), '1',
+		'slow delivery: delivered once');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, 'renewing relay: exit 0');
+	like(slurp_file($err), qr/summary: .*renewed=[1-9]/, 'summary counts the renewals');
+}
+
+# ---------------------------------------------------------------------------
+# SIGTERM: stop claiming, finish the delivery in flight, exit 0.
+# A second signal interrupts it and fails the command (retryable).
+# ---------------------------------------------------------------------------
+produce([ 'term-slow', 'term', '{"test_sleep_ms": 1500}' ]);
+produce([ 'term-next', 'term', '{}' ]);
+{
+	my $err = "$tmp/relay-term.err";
+	my $pid = spawn("$tmp/relay-term.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', $url, '--kinds', 'term', '--batch', '1', '--poll', '0.2');
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'sending' FROM outbox.commands WHERE command_id = 'term-slow'"),
+		'SIGTERM: slow delivery in flight');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, 'SIGTERM: exit 0');
+	is(sq("SELECT status || ' ' || deliveries FROM outbox.commands WHERE command_id = 'term-slow'"),
+		'published 1', 'SIGTERM: the delivery in flight was finished and acked');
+	is(sq("SELECT status || ' ' || deliveries FROM outbox.commands WHERE command_id = 'term-next'"),
+		'pending 0', 'SIGTERM: nothing claimed after the signal');
+	like(slurp_file($err), qr/stop requested.*summary: .*exit=0/s, 'SIGTERM: logged and summarized');
+}
+sq("UPDATE outbox.commands SET payload = '{\"test_sleep_ms\": 20000}' WHERE command_id = 'term-next'");
+{
+	my $err = "$tmp/relay-term2.err";
+	my $pid = spawn("$tmp/relay-term2.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', $url, '--kinds', 'term', '--timeout', '30', '--poll', '0.2');
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'sending' FROM outbox.commands WHERE command_id = 'term-next'"),
+		'second SIGTERM: slow delivery in flight');
+	kill 'TERM', $pid;
+	usleep(100_000);
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, 'second SIGTERM: exit 0');
+	is(sq("SELECT status || ' ' || deliveries || ' ' || last_error FROM outbox.commands WHERE command_id = 'term-next'"),
+		'pending 1 delivery interrupted: the relay was stopped',
+		'second SIGTERM: the delivery in flight was failed as retryable');
+}
+
+# ---------------------------------------------------------------------------
+# SIGHUP reopens a file sink (log rotation).
+# ---------------------------------------------------------------------------
+{
+	my $f = "$tmp/hup.ndjson";
+	my $pid = spawn("$tmp/relay-hup.out", "$tmp/relay-hup.err", 'outbox-relay', '--dsn', $dsn,
+		'--sink', "file:$f", '--kinds', 'hup', '--poll', '0.2');
+	produce([ 'hup-1', 'hup', '{}' ]);
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'published' FROM outbox.commands WHERE command_id = 'hup-1'"),
+		'SIGHUP: first command delivered');
+	rename($f, "$f.1") or die;
+	kill 'HUP', $pid;
+	produce([ 'hup-2', 'hup', '{}' ]);
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'published' FROM outbox.commands WHERE command_id = 'hup-2'"),
+		'SIGHUP: second command delivered');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, 'SIGHUP: relay kept running, exit 0 on SIGTERM');
+	like(slurp_file("$f.1"), qr/\A\{"command_id":"hup-1"[^\n]*\n\z/, 'SIGHUP: the rotated file has the first line only');
+	like(slurp_file($f), qr/\A\{"command_id":"hup-2"[^\n]*\n\z/, 'SIGHUP: the reopened file has the second');
+}
+
+# ---------------------------------------------------------------------------
+# Privileges: membership in outbox_publisher is all the relay needs; a role
+# without it is refused with a clear error and exit 1.
+# ---------------------------------------------------------------------------
+sq("CREATE ROLE relay_login LOGIN IN ROLE outbox_publisher; CREATE ROLE nobody_login LOGIN");
+produce([ 'role-1', 'rolek', '{}' ]);
+{
+	my ($rc, $out, $err) = run_relay('--dsn', "$dsn user=nobody_login", '--sink', 'stdout', '--drain');
+	is($rc, 1, 'role without outbox_publisher: exit 1');
+	like($err, qr/permission denied .*SQLSTATE 42501/, 'role without outbox_publisher: says why');
+	($rc, $out, $err) = run_relay('--dsn', "$dsn user=relay_login", '--sink', 'stdout', '--drain',
+		'--kinds', 'rolek');
+	is($rc, 0, 'outbox_publisher member: exit 0');
+	like($out, qr/"command_id":"role-1"/, 'outbox_publisher member: delivers');
+}
+
+# ---------------------------------------------------------------------------
+# Wake-ups: with a long poll, the notification the background worker sends
+# after a commit is what gets the command delivered.
+# ---------------------------------------------------------------------------
+{
+	my $err = "$tmp/relay-listen.err";
+	my $pid = spawn("$tmp/relay-listen.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', "file:$tmp/listen.ndjson", '--kinds', 'wake', '--poll', '600');
+	# LISTEN comes before the first claim: once that claim is over, the
+	# relay is waiting for a notification (or 600 s)
+	ok($node->poll_query_until('postgres',
+		"SELECT count(*) = 1 FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%FROM outbox.claim(\$1, \$2, pg_catalog.make_interval%'"),
+		'listening relay connected and idle');
+	produce([ 'wake-1', 'wake', '{}' ]);
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'published' FROM outbox.commands WHERE command_id = 'wake-1'"),
+		'notified relay delivered the command');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, 'listening relay: exit 0');
+	like(slurp_file($err), qr/summary: .*batches=1 .*wakeups=[1-9]/, 'delivered on a wake-up, not by polling');
+}
+
+# ---------------------------------------------------------------------------
+# Reconnection after a server restart; the relay works by polling alone.
+# ---------------------------------------------------------------------------
+{
+	my $err = "$tmp/relay-restart.err";
+	my $out = "$tmp/relay-restart.ndjson";
+	my $pid = spawn("$tmp/relay-restart.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', "file:$out", '--kinds', 'rs', '--poll', '0.2');
+	produce([ 'rs-before', 'rs', '{}' ]);
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'published' FROM outbox.commands WHERE command_id = 'rs-before'"),
+		'restart: delivered before the restart');
+	$node->restart;
+	produce([ 'rs-after', 'rs', '{}' ]);
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'published' FROM outbox.commands WHERE command_id = 'rs-after'"),
+		'restart: delivered after the restart');
+	$node->stop('immediate');
+	$node->start;
+	produce([ 'rs-crash', 'rs', '{}' ]);
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'published' FROM outbox.commands WHERE command_id = 'rs-crash'"),
+		'restart: delivered after an immediate stop');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, 'restart: exit 0');
+	my $e = slurp_file($err);
+	like($e, qr/connection lost/, 'restart: the loss was logged');
+	like($e, qr/summary: .*reconnects=[2-9]/, 'restart: reconnected twice');
+	my @ids = map { JSON::PP->new->decode($_)->{command_id} } split /\n/, slurp_file($out);
+	is_deeply([ sort @ids ], [qw(rs-after rs-before rs-crash)], 'restart: each command written once');
+}
+
+kill 'TERM', $rpid;
+waitpid($rpid, 0);
+$node->stop;
+done_testing();
