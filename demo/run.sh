@@ -135,6 +135,7 @@ sleep 1.5
 echo "   kill -9 relay-A in the middle of a batch:"
 as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d demo -c \"SELECT '   relay-A holds ' || count(*) || ' leases' FROM outbox.commands WHERE owner = 'relay-A' AND status = 'sending'\""
 kill -9 "$RELAY_A"
+wait "$RELAY_A" 2>/dev/null
 wait "$PRODUCERS"
 echo "   producers done; waiting for relay-B to take over relay-A's expired leases and drain"
 for _ in $(seq 120); do
@@ -148,11 +149,12 @@ echo "   relay-B's summary: $(grep 'summary:' "$WORK/relay-B.log" | tail -1)"
 kill "$RECEIVER_PID" 2>/dev/null
 
 sql "SELECT status, count(*) AS commands, sum(deliveries) AS deliveries, count(*) FILTER (WHERE deliveries > 1) AS redelivered
-  FROM outbox.commands GROUP BY status;
+  FROM outbox.commands WHERE kind = 'ship_order' GROUP BY status;
 SELECT count(*) AS commands_taken_over_from_relay_a FROM outbox.commands WHERE deliveries > 1 AND owner = 'relay-B';
-SELECT (SELECT count(*) FROM outbox.commands) AS committed_commands,
+SELECT (SELECT count(*) FROM outbox.commands WHERE kind = 'ship_order') AS committed_commands,
        (SELECT count(*) FROM shipments) AS shipments_applied,
-       (SELECT count(*) FROM outbox.receipts) AS receipts,
+       (SELECT count(*) FROM outbox.receipts r JOIN outbox.commands c USING (command_id)
+         WHERE c.kind = 'ship_order') AS receipts,
        (SELECT count(*) FROM shipments WHERE command_id LIKE 'rolled-back-%') AS rolled_back_but_applied;
 SELECT enqueued, claimed, taken_over, acked, stale_refused, failed, dead_lettered, wakeups FROM outbox.stats;
 SELECT check_name, severity, violations FROM outbox.conservation;"
