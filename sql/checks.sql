@@ -240,3 +240,6 @@ BEGIN;
 DELETE FROM outbox.commands WHERE command_id = 'c-dead';
 SELECT run_id, seq, command_id FROM outbox.check_decisions_without_command;
 ROLLBACK;
+-- What holds the vacuum horizon back: at least this session's own snapshot.
+SELECT source, role IS NOT NULL AS has_role, xmin_age >= 0 AS aged
+  FROM outbox.horizon WHERE holder = pg_backend_pid()::text;

@@ -1005,6 +1005,27 @@ wk_record_error(const char *msg)
 	LWLockRelease(OutboxShared->lock);
 }
 
+/*
+ * Recover from an error caught in one of the worker's transactions: log it,
+ * keep its message in the slot, roll the transaction back.  The worker then
+ * carries on with its next duty.
+ */
+static void
+wk_recover(MemoryContext cxt)
+{
+	ErrorData  *edata;
+
+	HOLD_INTERRUPTS();
+	MemoryContextSwitchTo(cxt);
+	edata = CopyErrorData();
+	EmitErrorReport();
+	FlushErrorState();
+	AbortCurrentTransaction();
+	RESUME_INTERRUPTS();
+	wk_record_error(edata->message);
+	FreeErrorData(edata);
+}
+
 typedef bool (*wk_duty) (void *arg);
 
 /*
@@ -1033,17 +1054,7 @@ wk_transaction(const char *what, wk_duty duty, void *arg)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
-
-		HOLD_INTERRUPTS();
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		EmitErrorReport();
-		FlushErrorState();
-		AbortCurrentTransaction();
-		RESUME_INTERRUPTS();
-		wk_record_error(edata->message);
-		FreeErrorData(edata);
+		wk_recover(cxt);
 		ok = false;
 	}
 	PG_END_TRY();
@@ -1211,17 +1222,7 @@ wk_notify(void)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
-
-		HOLD_INTERRUPTS();
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		EmitErrorReport();
-		FlushErrorState();
-		AbortCurrentTransaction();
-		RESUME_INTERRUPTS();
-		wk_record_error(edata->message);
-		FreeErrorData(edata);
+		wk_recover(cxt);
 	}
 	PG_END_TRY();
 	MemoryContextSwitchTo(cxt);

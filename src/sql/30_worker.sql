@@ -105,16 +105,7 @@ COMMENT ON FUNCTION @extschema@._request_worker()
 
 SELECT @extschema@._request_worker();
 
--- Privileges.  Part 90 creates the group roles too; this part runs first.
-DO $$
-BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles
-					WHERE rolname OPERATOR(pg_catalog.=) 'outbox_admin') THEN
-		CREATE ROLE outbox_admin NOLOGIN;
-	END IF;
-END;
-$$;
-
+-- Privileges (the roles come from part 05).
 REVOKE ALL ON FUNCTION
 	@extschema@._stats(),
 	@extschema@.stats_reset(),

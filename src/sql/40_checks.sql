@@ -24,16 +24,6 @@
 -- The views use only pg_catalog functions, so pg_monitor needs nothing but
 -- SELECT on them; they never show a payload.
 
--- Part 90 creates the group roles too; this part runs first and grants to
--- outbox_admin below.
-DO $$
-BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles
-					WHERE rolname OPERATOR(pg_catalog.=) 'outbox_admin') THEN
-		CREATE ROLE outbox_admin NOLOGIN;
-	END IF;
-END;
-$$;
 
 -- Invariant 1: every event that decided a command has that command, or the
 -- tombstone the purge left for exactly that event's command.
@@ -303,11 +293,38 @@ COMMENT ON VIEW @extschema@.dead_letters
 	IS 'dead and uncertain commands with their last error; requeue or resolve them';
 
 -- Privileges: monitoring roles read, nobody else.
+-- What holds the vacuum horizon back: open transactions, prepared
+-- transactions and replication slots with an xmin, oldest first.  While one
+-- of them lives, vacuum cannot remove the dead row versions that claims and
+-- acks leave behind, and the claim index grows.
+CREATE VIEW @extschema@.horizon AS
+SELECT 'transaction'::pg_catalog.text AS source, a.pid::pg_catalog.text AS holder,
+	   a.usename::pg_catalog.text AS role, a.datname::pg_catalog.text AS database,
+	   a.state::pg_catalog.text AS state, pg_catalog.age(a.backend_xmin) AS xmin_age,
+	   pg_catalog.now() OPERATOR(pg_catalog.-) a.xact_start AS open_for
+  FROM pg_catalog.pg_stat_activity a
+ WHERE a.backend_xmin IS NOT NULL
+UNION ALL
+SELECT 'prepared transaction', p.gid, p.owner::pg_catalog.text, p.database::pg_catalog.text,
+	   NULL, pg_catalog.age(p.transaction),
+	   pg_catalog.now() OPERATOR(pg_catalog.-) p.prepared
+  FROM pg_catalog.pg_prepared_xacts p
+UNION ALL
+SELECT 'replication slot', s.slot_name::pg_catalog.text, NULL, s.database::pg_catalog.text,
+	   CASE WHEN s.active THEN 'active' ELSE 'inactive' END,
+	   pg_catalog.age(COALESCE(s.xmin, s.catalog_xmin)), NULL
+  FROM pg_catalog.pg_replication_slots s
+ WHERE s.xmin IS NOT NULL OR s.catalog_xmin IS NOT NULL
+ ORDER BY 6 DESC;
+COMMENT ON VIEW @extschema@.horizon
+	IS 'what holds the vacuum horizon back (transactions, prepared transactions, replication slots), oldest first';
+
 REVOKE ALL ON
 	@extschema@.check_decisions_without_command, @extschema@.check_orphan_commands,
 	@extschema@.check_orphan_receipts, @extschema@.check_state,
 	@extschema@.check_receipt_overdue, @extschema@.conservation,
-	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters
+	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
+	@extschema@.horizon
 	FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.verify(pg_catalog.bool) FROM PUBLIC;
 
@@ -315,6 +332,7 @@ GRANT SELECT ON
 	@extschema@.check_decisions_without_command, @extschema@.check_orphan_commands,
 	@extschema@.check_orphan_receipts, @extschema@.check_state,
 	@extschema@.check_receipt_overdue, @extschema@.conservation,
-	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters
+	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
+	@extschema@.horizon
 	TO pg_monitor, outbox_admin;
 GRANT EXECUTE ON FUNCTION @extschema@.verify(pg_catalog.bool) TO pg_monitor, outbox_admin;

@@ -154,19 +154,6 @@ BEGIN
 END;
 $$;
 
-DO $$
-DECLARE
-	r pg_catalog.text;
-BEGIN
-	FOREACH r IN ARRAY ARRAY['outbox_producer', 'outbox_publisher', 'outbox_consumer', 'outbox_admin']
-	LOOP
-		IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) r) THEN
-			EXECUTE pg_catalog.format('CREATE ROLE %I NOLOGIN', r);
-		END IF;
-	END LOOP;
-END;
-$$;
-
 -- PUBLIC: nothing on the schema, its relations, functions and types.
 REVOKE ALL ON SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA @extschema@ FROM PUBLIC;

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(104);
+SELECT plan(106);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -144,6 +144,8 @@ INSERT INTO expected VALUES
 	 $$SELECT count(*) FROM outbox.leases$$),
 	('outbox.dead_letters', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.dead_letters$$),
+	('outbox.horizon', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.horizon$$),
 	-- result types of the publisher API
 	('outbox.lease', 'type', '{outbox_publisher}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.lease) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
@@ -383,7 +385,7 @@ SELECT is(ARRAY(SELECT e.object || ' ' || pg_temp.try_as(NULL, e.call)
 				 ORDER BY 1),
 		  '{}'::text[], 'every listed call succeeds as the owner');
 
--- 60-104: each login role's call: 00000 when its group role is listed, else 42501.
+-- 60-106: each login role's call: 00000 when its group role is listed, else 42501.
 SELECT is(ARRAY(SELECT l.login || ':' || pg_temp.try_as(l.login, e.call)
 				  FROM login_roles l ORDER BY l.login),
 		  ARRAY(SELECT l.login || ':' || CASE WHEN l.grp = ANY (e.grantees) THEN '00000' ELSE '42501' END
