@@ -36,11 +36,11 @@ synchronous_commit = off" || exit 1
 
 q() { as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d soak -v ON_ERROR_STOP=1" <<<"$1"; }
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT soak"
-q "CREATE EXTENSION outbox;" >/dev/null
+q "CREATE EXTENSION outbox; CREATE SEQUENCE soak_ids;" >/dev/null
 
 cat >"$WORK/produce.sql" <<'EOF'
-\set n random(1, 2000000000)
-SELECT outbox.commit_decision('soak-' || :client_id, :n, 'e', 's-' || :client_id || '-' || :n, 'k', '{"to": "someone@example.org"}');
+SELECT outbox.commit_decision('soak', n, 'e', 's-' || n, 'k', '{"to": "someone@example.org"}')
+  FROM (SELECT pg_catalog.nextval('soak_ids') AS n) x;
 EOF
 # A publisher that is also the consumer: claim, ack, complete.
 cat >"$WORK/relay.sql" <<'EOF'
