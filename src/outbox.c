@@ -62,6 +62,7 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /* Counts of the current transaction, published at commit. */
 static int64 pending_counts[OBC_NUM_COUNTERS];
+static bool pending_request_worker = false;
 static bool pending_any = false;
 static bool xact_callback_registered = false;
 
@@ -288,17 +289,32 @@ ob_shmem_startup(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
-/* Add n to a counter when (and only if) the current transaction commits. */
-void
-OutboxCountAtCommit(OutboxCounter c, int64 n)
+/* Make sure ob_xact_callback runs at the end of this transaction. */
+static void
+ob_at_end_of_xact(void)
 {
 	if (!xact_callback_registered)
 	{
 		RegisterXactCallback(ob_xact_callback, NULL);
 		xact_callback_registered = true;
 	}
-	pending_counts[c] += n;
 	pending_any = true;
+}
+
+/* Add n to a counter when (and only if) the current transaction commits. */
+void
+OutboxCountAtCommit(OutboxCounter c, int64 n)
+{
+	ob_at_end_of_xact();
+	pending_counts[c] += n;
+}
+
+/* Ask the launcher for a worker in this database when the transaction commits. */
+void
+OutboxRequestWorkerAtCommit(void)
+{
+	ob_at_end_of_xact();
+	pending_request_worker = true;
 }
 
 /* Add n to a counter now (for refusals, which abort the transaction). */
@@ -331,7 +347,10 @@ OutboxFindSlot(Oid dboid)
 	return NULL;
 }
 
-/* Publish or drop the transaction's counts; wake the worker on commit. */
+/*
+ * Publish or drop the transaction's counts; on commit wake the worker, and
+ * ask the launcher for one if CREATE EXTENSION ran here.
+ */
 static void
 ob_xact_callback(XactEvent event, void *arg)
 {
@@ -369,6 +388,8 @@ ob_xact_callback(XactEvent event, void *arg)
 							SetLatch(latch);
 					}
 				}
+				if (pending_request_worker)
+					OutboxRequestWorker(MyDatabaseId);
 			}
 			break;
 		case XACT_EVENT_ABORT:
@@ -379,6 +400,7 @@ ob_xact_callback(XactEvent event, void *arg)
 			return;				/* not the end of the transaction yet */
 	}
 	memset(pending_counts, 0, sizeof(pending_counts));
+	pending_request_worker = false;
 	pending_any = false;
 }
 

@@ -127,6 +127,7 @@ extern OutboxSharedState *OutboxShared;
 /* outbox.c */
 extern void OutboxCountAtCommit(OutboxCounter c, int64 n);
 extern void OutboxCountNow(OutboxCounter c, int64 n);
+extern void OutboxRequestWorkerAtCommit(void);
 extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,
 								int nargs, const Oid *argtypes);
@@ -143,6 +144,7 @@ extern Interval *OutboxArgLease(FunctionCallInfo fcinfo, int argno);
 
 /* worker.c */
 extern void OutboxRegisterLauncher(void);
+extern void OutboxRequestWorker(Oid dboid);
 PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
 PGDLLEXPORT void OutboxWorkerMain(Datum main_arg);
 

@@ -175,10 +175,6 @@ static SPIPlanPtr wk_plan_sweep = NULL;
 static SPIPlanPtr wk_plan_purge = NULL;
 static SPIPlanPtr wk_plan_due = NULL;
 
-/* CREATE EXTENSION in this backend asks for a worker when it commits. */
-static bool request_at_commit = false;
-static bool request_callback_registered = false;
-
 static void wk_check(void);
 static void wk_serve_wakeups(void);
 
@@ -215,8 +211,8 @@ ob_database_free(Oid dboid)
 }
 
 /* Queue dboid for the launcher and wake it. */
-static void
-ob_request(Oid dboid)
+void
+OutboxRequestWorker(Oid dboid)
 {
 	Latch	   *latch;
 	int			i;
@@ -260,29 +256,6 @@ OutboxRegisterLauncher(void)
 	RegisterBackgroundWorker(&bgw);
 }
 
-/* At commit, ask the launcher for a worker in this database. */
-static void
-ob_request_callback(XactEvent event, void *arg)
-{
-	if (!request_at_commit)
-		return;
-	switch (event)
-	{
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_PARALLEL_COMMIT:
-			if (OutboxShared != NULL)
-				ob_request(MyDatabaseId);
-			break;
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PARALLEL_ABORT:
-		case XACT_EVENT_PREPARE:
-			break;
-		default:
-			return;
-	}
-	request_at_commit = false;
-}
-
 /*
  * outbox._request_worker(): ask the launcher to serve this database once
  * the calling transaction commits.  The install script calls it, so that a
@@ -293,14 +266,7 @@ Datum
 outbox_request_worker(PG_FUNCTION_ARGS)
 {
 	if (OutboxShared != NULL)
-	{
-		if (!request_callback_registered)
-		{
-			RegisterXactCallback(ob_request_callback, NULL);
-			request_callback_registered = true;
-		}
-		request_at_commit = true;
-	}
+		OutboxRequestWorkerAtCommit();
 	PG_RETURN_VOID();
 }
 
