@@ -7,11 +7,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 
-my $node = PostgreSQL::Test::Cluster->new('atomic');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'outbox'");
-$node->start;
+my $node = outbox_node('atomic');
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 
 sub counts

@@ -7,17 +7,16 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 
 my $commands = 20000;
 my $claimers = 8;
 
-my $node = PostgreSQL::Test::Cluster->new('drain');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
+my $node = outbox_node('drain', qq{
 max_connections = 40
 });
-$node->start;
 $node->safe_psql('postgres', qq{
 	CREATE EXTENSION outbox;
 	SELECT outbox.commit_decisions(

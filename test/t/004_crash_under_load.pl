@@ -5,11 +5,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 
-my $node = PostgreSQL::Test::Cluster->new('crash');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'outbox'\nmax_connections = 30");
-$node->start;
+my $node = outbox_node('crash', "max_connections = 30\n");
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 
 # Load from the side: two pgbench runs of two producers each, committing decisions until the crash cuts them off (their outcome is not known to the test).

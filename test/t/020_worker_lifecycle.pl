@@ -10,16 +10,15 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 use Time::HiRes qw(time);
 
-my $node = PostgreSQL::Test::Cluster->new('worker_life');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
+my $node = outbox_node('worker_life', qq{
 outbox.naptime = '200ms'
 restart_after_crash = on
 });
-$node->start;
 
 # The pid of the worker serving $db, or '' when there is none.
 sub worker_pid

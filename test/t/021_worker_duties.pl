@@ -9,15 +9,14 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 use Time::HiRes qw(time);
 
-my $node = PostgreSQL::Test::Cluster->new('worker_duties');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
+my $node = outbox_node('worker_duties', qq{
 outbox.naptime = '200ms'
 });
-$node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 
 my %exp = map { $_ => 0 } qw(enqueued claimed taken_over acked stale_refused

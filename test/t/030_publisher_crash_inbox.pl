@@ -11,11 +11,11 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 
-my $node = PostgreSQL::Test::Cluster->new('crash_inbox');
-$node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'outbox'");
-$node->start;
+my $node = outbox_node('crash_inbox');
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
 
 # The consumer's business table has no unique key: only the inbox keeps a

@@ -20,28 +20,15 @@ use Time::HiRes qw(usleep);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 
 my $src = $ENV{OUTBOX_SRC} // dirname(__FILE__) . '/../..';
 my $receiver = "$src/src/outbox-receiver";
 die "outbox-receiver not built at $receiver (run make)" unless -x $receiver;
 
 my $tmp = PostgreSQL::Test::Utils::tempdir;
-
-# Start a program in the background, stdout and stderr to files.
-sub spawn
-{
-	my ($out, $err, @cmd) = @_;
-	my $pid = fork() // die "fork: $!";
-	if ($pid == 0)
-	{
-		# never return into the test (its END blocks would stop the node)
-		open(STDIN, '<', '/dev/null') or POSIX::_exit(127);
-		open(STDOUT, '>>', $out) or POSIX::_exit(127);
-		open(STDERR, '>>', $err) or POSIX::_exit(127);
-		exec(@cmd) or POSIX::_exit(127);
-	}
-	return $pid;
-}
 
 # Wait for a child to exit; its exit code, or undef after the timeout.
 sub wait_exit

@@ -37,6 +37,9 @@ use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 
 my $src = $ENV{OUTBOX_SRC} // dirname(__FILE__) . '/../..';
 my $receiver = "$src/src/outbox-receiver";
@@ -54,22 +57,6 @@ my $APPLY_MS = 3;      # the receiver's extra time per delivery, keeps relays bu
 
 my $tmp = PostgreSQL::Test::Utils::tempdir;
 my $started = time();
-
-# Start a program in the background, stdout and stderr to files.
-sub spawn
-{
-	my ($out, $err, @cmd) = @_;
-	my $pid = fork() // die "fork: $!";
-	if ($pid == 0)
-	{
-		# never return into the test (its END blocks would stop the node)
-		open(STDIN, '<', '/dev/null') or POSIX::_exit(127);
-		open(STDOUT, '>>', $out) or POSIX::_exit(127);
-		open(STDERR, '>>', $err) or POSIX::_exit(127);
-		exec(@cmd) or POSIX::_exit(127);
-	}
-	return $pid;
-}
 
 my $node = PostgreSQL::Test::Cluster->new('chaos');
 $node->init;

@@ -23,14 +23,13 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 
-my $node = PostgreSQL::Test::Cluster->new('hijack');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
+my $node = outbox_node('hijack', qq{
 outbox.naptime = '200ms'
 });
-$node->start;
 
 # ---------------------------------------------------------------------------
 # 1. The scripts, read as installed.

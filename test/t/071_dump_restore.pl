@@ -10,14 +10,13 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 
-my $node = PostgreSQL::Test::Cluster->new('dump');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
+my $node = outbox_node('dump', qq{
 outbox.naptime = '200ms'
 });
-$node->start;
 
 sub sql { my ($n, $db, $q) = @_; return $n->safe_psql($db, $q); }
 
@@ -134,13 +133,9 @@ $node->command_ok([ 'pg_dump', '-Fc', '-f', $dump, '-d', $node->connstr('src') ]
 
 # Restore into a fresh database of the same cluster (the group roles
 # exist) and into a fresh cluster (they do not, but the DBA's role does).
-my $other = PostgreSQL::Test::Cluster->new('restored');
-$other->init;
-$other->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
+my $other = outbox_node('restored', qq{
 outbox.naptime = '200ms'
 });
-$other->start;
 $other->safe_psql('postgres', 'CREATE ROLE auditor');
 
 foreach my $target ([ $node, 'same cluster' ], [ $other, 'fresh cluster' ])

@@ -24,14 +24,13 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
 
-my $node = PostgreSQL::Test::Cluster->new('upgrade');
-$node->init;
-$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'outbox'
+my $node = outbox_node('upgrade', qq{
 outbox.naptime = '200ms'
 });
-$node->start;
 
 sub sql { my ($db, $q) = @_; return $node->safe_psql($db, $q); }
 
