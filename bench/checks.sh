@@ -21,20 +21,12 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 N=${1:-1000000}
 REPEATS=${REPEATS:-5}
 
-outbox_setup || { echo "setup failed" >&2; exit 1; }
-
-WORK=$(mktemp -d /tmp/outbox-bench-checks.XXXXXX)
-cp "$ROOT/bench/checks-load.sql" "$WORK/"
-outbox_give_to_pg_user "$WORK"
-trap 'outbox_cleanup_work "$WORK"' EXIT
-
-DATA=$WORK/data
-PORT=$(outbox_free_port)
 # The background worker is parked (a nap of an hour; nothing wakes it, as
 # the load bypasses the API): its rounds would compete with the measured
 # queries for the two cores.
-outbox_start_cluster "$DATA" "$PORT" "shared_buffers = 256MB
-outbox.naptime = 3600000" || { echo "cluster failed to start" >&2; exit 1; }
+outbox_bench_start bench-checks "outbox.naptime = 3600000" || { echo "cluster failed to start" >&2; exit 1; }
+cp "$ROOT/bench/checks-load.sql" "$WORK/"
+outbox_give_to_pg_user "$WORK"
 PSQL="'$PGBIN/psql' -X -q -h '$DATA' -p $PORT -d postgres -v ON_ERROR_STOP=1"
 
 as_pg "$PSQL -c 'CREATE EXTENSION outbox'"

@@ -32,19 +32,7 @@ if [ -n "${QUICK:-}" ]; then
 	SIZES="10000 100000"
 fi
 
-if [ -z "${OUTBOX_SKIP_BUILD:-}" ]; then
-	outbox_setup || exit 1
-fi
-WORK=$(mktemp -d /tmp/outbox-bench.XXXXXX)
-outbox_give_to_pg_user "$WORK"
-trap 'outbox_cleanup_work "$WORK"' EXIT
-DATA="$WORK/data"
-PORT=$(outbox_free_port)
-outbox_start_cluster "$DATA" "$PORT" "shared_buffers = 256MB
-max_connections = 50
-checkpoint_timeout = 30min
-max_wal_size = 4GB
-autovacuum = on" || exit 1
+outbox_bench_start bench || exit 1
 # The benchmark measures the SQL API alone: keep the background worker's
 # sweep and purge out of the numbers (it naps for an hour).
 as_pg "'$PGBIN/psql' -X -q -h '$DATA' -p $PORT -d postgres -c \"ALTER SYSTEM SET outbox.naptime = '1h'\" -c 'SELECT pg_reload_conf()'" >/dev/null

@@ -49,9 +49,7 @@ if [ -n "${QUICK:-}" ]; then
 	LAT_SECS=5
 fi
 
-if [ -z "${OUTBOX_SKIP_BUILD:-}" ]; then
-	outbox_setup || exit 1
-fi
+outbox_bench_start bench-relay "$EXTRA_CONF" || exit 1
 RELAY=$PGBIN/outbox-relay
 [ -x "$RELAY" ] || RELAY=$ROOT/src/outbox-relay
 RECEIVER=$ROOT/src/outbox-receiver
@@ -59,8 +57,6 @@ for f in "$RELAY" "$RECEIVER"; do
 	[ -x "$f" ] || { echo "missing $f: run make" >&2; exit 1; }
 done
 
-WORK=$(mktemp -d /tmp/outbox-bench-relay.XXXXXX)
-outbox_give_to_pg_user "$WORK"
 # Background processes run as the postgres user; their pids are kept in
 # files so that they can be signalled directly.
 cleanup() {
@@ -71,13 +67,6 @@ cleanup() {
 	outbox_cleanup_work "$WORK"
 }
 trap cleanup EXIT
-DATA="$WORK/data"
-PORT=$(outbox_free_port)
-outbox_start_cluster "$DATA" "$PORT" "shared_buffers = 256MB
-max_connections = 50
-checkpoint_timeout = 30min
-max_wal_size = 4GB
-$EXTRA_CONF" || { cat "$DATA/server.log"; exit 1; }
 DSN="host=$DATA port=$PORT dbname=bench"
 
 psql_q() {
@@ -100,18 +89,12 @@ outbox_give_to_pg_user "$WORK"
 # The HTTP endpoint: answers 200 to every POST.
 HPORT=$(outbox_free_port)
 as_pg "'$RECEIVER' --port $HPORT </dev/null >/dev/null 2>'$WORK/receiver.log' & echo \$! >'$WORK/receiver.pid'"
-for _ in $(seq 100); do
-	(echo >"/dev/tcp/127.0.0.1/$HPORT") 2>/dev/null && break
-	sleep 0.1
-done
+outbox_wait_port "$HPORT"
 URL="http://127.0.0.1:$HPORT/hook"
 # A slower one, standing for a remote endpoint.
 SPORT=$(outbox_free_port)
 as_pg "'$RECEIVER' --port $SPORT --delay-ms $REMOTE_MS </dev/null >/dev/null 2>'$WORK/receiver-slow.log' & echo \$! >'$WORK/receiver-slow.pid'"
-for _ in $(seq 100); do
-	(echo >"/dev/tcp/127.0.0.1/$SPORT") 2>/dev/null && break
-	sleep 0.1
-done
+outbox_wait_port "$SPORT"
 SLOW_URL="http://127.0.0.1:$SPORT/hook"
 
 # Commit N decisions (set-based, 5,000 per call), then tidy the table.

@@ -19,20 +19,11 @@ RATE=${RATE:-2000}
 HOLD_SECONDS=${HOLD_SECONDS:-120}
 HOLD_AT=$((MINUTES * 60 / 2))
 
-if [ -z "${OUTBOX_SKIP_BUILD:-}" ]; then
-	outbox_setup || exit 1
-fi
-WORK=$(mktemp -d /tmp/outbox-soak.XXXXXX)
-outbox_give_to_pg_user "$WORK"
-trap 'kill $(jobs -p) 2>/dev/null; outbox_cleanup_work "$WORK"' EXIT
-DATA="$WORK/data"
-PORT=$(outbox_free_port)
-outbox_start_cluster "$DATA" "$PORT" "shared_buffers = 256MB
-max_connections = 50
-outbox.naptime = 1000
+outbox_bench_start soak "outbox.naptime = 1000
 outbox.retention = 30
 outbox.purge_batch = 2000
 synchronous_commit = off" || exit 1
+trap 'kill $(jobs -p) 2>/dev/null; outbox_cleanup_work "$WORK"' EXIT
 
 q() { as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d soak -v ON_ERROR_STOP=1" <<<"$1"; }
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT soak"

@@ -104,7 +104,7 @@ HTTP_PORT=$(outbox_free_port)
 "$RECEIVER" --port "$HTTP_PORT" --dsn "$DSN" --table shipments --consumer shipping \
 	--delay-ms 5 2>"$WORK/receiver.log" &
 RECEIVER_PID=$!
-for _ in $(seq 50); do (echo >"/dev/tcp/127.0.0.1/$HTTP_PORT") 2>/dev/null && break; sleep 0.1; done
+outbox_wait_port "$HTTP_PORT"
 echo "   consumer listening on http://127.0.0.1:$HTTP_PORT/"
 
 # Producers: 4 sessions run 2,000 transactions deciding one command each

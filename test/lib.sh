@@ -101,3 +101,34 @@ EOF
 outbox_stop_cluster() {
 	as_pg "'$PGBIN/pg_ctl' -D '$1' -m fast -w stop" >/dev/null 2>&1 || true
 }
+
+# For the benchmarks: build and install unless OUTBOX_SKIP_BUILD is set, make
+# a scratch directory and start a throwaway cluster with the settings every
+# benchmark uses plus $2.  Sets WORK, DATA and PORT, and removes it all at
+# exit (a caller with its own EXIT trap calls outbox_cleanup_work itself).
+outbox_bench_start() {
+	local name=$1 extra=${2:-}
+	if [ -z "${OUTBOX_SKIP_BUILD:-}" ]; then
+		outbox_setup || return 1
+	fi
+	WORK=$(mktemp -d "/tmp/outbox-$name.XXXXXX")
+	outbox_give_to_pg_user "$WORK"
+	trap 'outbox_cleanup_work "$WORK"' EXIT
+	DATA="$WORK/data"
+	PORT=$(outbox_free_port)
+	outbox_start_cluster "$DATA" "$PORT" "shared_buffers = 256MB
+max_connections = 50
+checkpoint_timeout = 30min
+max_wal_size = 4GB
+$extra" || { cat "$DATA/server.log" 2>/dev/null; return 1; }
+}
+
+# Wait until something listens on 127.0.0.1:$1 (10 seconds at most).
+outbox_wait_port() {
+	local _
+	for _ in $(seq 100); do
+		(echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+		sleep 0.1
+	done
+	return 1
+}
