@@ -30,7 +30,11 @@ fi
 
 WORK=$(mktemp -d /tmp/outbox-test.XXXXXX)
 cp -r "$ROOT/sql" "$ROOT/expected" "$ROOT/test" "$WORK/"
-printf "shared_preload_libraries = 'outbox'\nmax_connections = 100\n" > "$WORK/extra.conf"
+# pg_regress and isolation: the library is preloaded, but no worker serves
+# their databases (only "postgres", which has no extension), so a worker's
+# sweep or purge can never race the tests that call sweep() and purge().
+# The worker has its own TAP tests.
+printf "shared_preload_libraries = 'outbox'\nmax_connections = 100\noutbox.databases = 'postgres'\n" > "$WORK/extra.conf"
 outbox_give_to_pg_user "$WORK"
 trap 'outbox_cleanup_work "$WORK"' EXIT
 
@@ -46,39 +50,24 @@ record() {
 	SUMMARY+=("$(printf '%-10s %5d passed, %d failed' "$layer" "$p" "$f")")
 }
 
-run_regress() {
-	local tests out p f
-	tests=$(cd "$WORK/sql" && ls *.sql 2>/dev/null | sed 's/\.sql$//' | sort | tr '\n' ' ')
-	[ -n "$tests" ] || { record regress 0 0; return; }
-	out=$(as_pg "cd '$WORK' && '$PG_REGRESS' --temp-instance='$WORK/regress-tmp' \
-		--temp-config='$WORK/extra.conf' --inputdir='$WORK' --outputdir='$WORK/regress' \
-		--bindir='$PGBIN' --load-extension=outbox --dbname=contrib_regression $tests" 2>&1)
-	echo "$out" | grep -E '^(test | +|ok |not ok )' | grep -E '\.\.\. |ok ' || echo "$out" | tail -20
-	p=$(echo "$out" | grep -cE '\.\.\. ok')
-	f=$(echo "$out" | grep -cE '\.\.\. FAILED|\.\.\. failed')
-	if [ "$f" -gt 0 ] && [ -f "$WORK/regress/regression.diffs" ]; then
-		head -200 "$WORK/regress/regression.diffs"
-	fi
-	[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && f=1
-	record regress "$p" "$f"
-}
-
-run_isolation() {
-	local specs out p f
-	specs=$(cd "$WORK/test/isolation/specs" 2>/dev/null && ls *.spec 2>/dev/null | sed 's/\.spec$//' | sort | tr '\n' ' ')
-	[ -n "$specs" ] || { record isolation 0 0; return; }
-	out=$(as_pg "cd '$WORK' && '$PG_ISOLATION_REGRESS' --temp-instance='$WORK/iso-tmp' \
-		--temp-config='$WORK/extra.conf' --inputdir='$WORK/test/isolation' \
-		--outputdir='$WORK/isolation' --bindir='$PGBIN' --load-extension=outbox \
-		--dbname=isolation_regression $specs" 2>&1)
+# Run a pg_regress-style suite: run_suite LAYER DRIVER INPUTDIR SUFFIX TESTDIR
+# runs every TESTDIR/*.SUFFIX through DRIVER (pg_regress or
+# pg_isolation_regress) on a temporary preloaded instance.
+run_suite() {
+	local layer=$1 driver=$2 inputdir=$3 suffix=$4 testdir=$5 tests out p f
+	tests=$(cd "$testdir" 2>/dev/null && ls *."$suffix" 2>/dev/null | sed "s/\.$suffix\$//" | sort | tr '\n' ' ')
+	[ -n "$tests" ] || { record "$layer" 0 0; return; }
+	out=$(as_pg "cd '$WORK' && '$driver' --temp-instance='$WORK/$layer-tmp' \
+		--temp-config='$WORK/extra.conf' --inputdir='$inputdir' --outputdir='$WORK/$layer' \
+		--bindir='$PGBIN' --load-extension=outbox --dbname=${layer}_regression $tests" 2>&1)
 	echo "$out" | grep -E '\.\.\. ' || echo "$out" | tail -20
 	p=$(echo "$out" | grep -cE '\.\.\. ok')
 	f=$(echo "$out" | grep -cE '\.\.\. FAILED|\.\.\. failed')
-	if [ "$f" -gt 0 ] && [ -f "$WORK/isolation/regression.diffs" ]; then
-		head -200 "$WORK/isolation/regression.diffs"
+	if [ "$f" -gt 0 ] && [ -f "$WORK/$layer/regression.diffs" ]; then
+		head -200 "$WORK/$layer/regression.diffs"
 	fi
 	[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && f=1
-	record isolation "$p" "$f"
+	record "$layer" "$p" "$f"
 }
 
 run_pgtap() {
@@ -149,8 +138,8 @@ run_tap() {
 for layer in "${LAYERS[@]}"; do
 	echo "== $layer"
 	case "$layer" in
-		regress) run_regress ;;
-		isolation) run_isolation ;;
+		regress) run_suite regress "$PG_REGRESS" "$WORK" sql "$WORK/sql" ;;
+		isolation) run_suite isolation "$PG_ISOLATION_REGRESS" "$WORK/test/isolation" spec "$WORK/test/isolation/specs" ;;
 		pgtap) run_pgtap ;;
 		tap) run_tap ;;
 		*) echo "unknown layer $layer"; record "$layer" 0 1 ;;
