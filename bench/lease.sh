@@ -15,6 +15,10 @@
 #                 then UPDATE ... SET status = 'published' WHERE id = ANY(ids)
 #   delete        the same claim, then DELETE ... WHERE id = ANY(ids)
 #   mark-in       the textbook WHERE id IN (SELECT ...) claim (a warning)
+#   mark-c        mark on a table whose key has the "C" collation, as
+#                 outbox.commands has (B = 100 only)
+# The mark, delete and mark-in baselines keep the textbook key: text in the
+# database's default collation.
 set -u
 set -o pipefail
 
@@ -45,12 +49,29 @@ psql_q "CREATE EXTENSION outbox;
 -- The baseline: the same columns, a plain text key, the classic partial
 -- index on pending rows.
 CREATE TABLE bq (LIKE outbox.commands INCLUDING DEFAULTS) WITH (fillfactor = 80);
+ALTER TABLE bq ALTER command_id TYPE text COLLATE \"default\";
 ALTER TABLE bq ADD PRIMARY KEY (command_id);
-CREATE INDEX bq_pending ON bq (priority DESC, available_at, created_at) WHERE status = 'pending';"
+CREATE INDEX bq_pending ON bq (priority DESC, available_at, created_at) WHERE status = 'pending';
+-- The same baseline with the key in the \"C\" collation, as outbox.commands
+-- has it: shows how much of the difference is the key's collation.
+CREATE TABLE bqc (LIKE bq INCLUDING DEFAULTS) WITH (fillfactor = 80);
+ALTER TABLE bqc ALTER command_id TYPE text COLLATE \"C\";
+ALTER TABLE bqc ADD PRIMARY KEY (command_id);
+CREATE INDEX bqc_pending ON bqc (priority DESC, available_at, created_at) WHERE status = 'pending';"
+
+# The table a system works on.
+table_of() {
+	case $1 in
+	outbox) echo outbox.commands ;;
+	mark-c) echo bqc ;;
+	*) echo bq ;;
+	esac
+}
 
 # Load N pending commands into the system's table and vacuum it.
 load() {
-	local system=$1 n=$2
+	local system=$1 n=$2 t
+	t=$(table_of "$system")
 	if [ "$system" = outbox ]; then
 		psql_q "TRUNCATE outbox.commands;
 INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_at, due_at, created_at)
@@ -59,12 +80,12 @@ SELECT 'cmd-' || g, 'run-' || (g / 10), g, 'k', jsonb_build_object('n', g, 'to',
   FROM generate_series(1, $n) g;
 VACUUM ANALYZE outbox.commands;"
 	else
-		psql_q "TRUNCATE bq;
-INSERT INTO bq (command_id, run_id, seq, kind, payload, available_at, created_at)
+		psql_q "TRUNCATE $t;
+INSERT INTO $t (command_id, run_id, seq, kind, payload, available_at, created_at)
 SELECT 'cmd-' || g, 'run-' || (g / 10), g, 'k', jsonb_build_object('n', g, 'to', 'someone@example.org'),
        now() - interval '1 minute', now() - interval '1 minute' + g * interval '1 microsecond'
   FROM generate_series(1, $n) g;
-VACUUM ANALYZE bq;"
+VACUUM ANALYZE $t;"
 	fi
 }
 
@@ -77,6 +98,7 @@ BASE_CLAIM="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_
 BASE_CLAIM_IN="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id IN (SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"
 printf '%s\n%s\n' "$BASE_CLAIM" "UPDATE bq SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:ids::text[]);" >"$WORK/mark.sql"
 printf '%s\n%s\n' "$BASE_CLAIM" "DELETE FROM bq WHERE command_id = ANY (:ids::text[]);" >"$WORK/delete.sql"
+printf '%s\n%s\n' "${BASE_CLAIM//bq/bqc}" "UPDATE bqc SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:ids::text[]);" >"$WORK/mark-c.sql"
 printf '%s\n%s\n' "$BASE_CLAIM_IN" "UPDATE bq SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:ids::text[]);" >"$WORK/mark-in.sql"
 outbox_give_to_pg_user "$WORK"
 
@@ -98,21 +120,32 @@ median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = throughput ]; then
 echo "== relay throughput, commands/s (median of $REPEATS; backlog $BACKLOG)"
-printf '%-4s %-3s %10s %10s %10s %10s %9s %11s\n' B P outbox mark delete mark-in "vs mark" "vs delete"
+printf '%-4s %-3s %10s %10s %10s %10s %10s %9s %11s %11s\n' B P outbox mark delete mark-in mark-c "vs mark" "vs delete" "vs mark-c"
 for batch in ${BATCHES:-1 10 100}; do
 	for clients in ${CLIENTS:-1 2 4}; do
-		declare -A res=()
-		for system in outbox mark delete mark-in; do
-			if [ "$system" = mark-in ] && [ "$batch" -ne 100 ]; then
-				res[$system]=-
-				continue
-			fi
-			res[$system]=$(for r in $(seq "$REPEATS"); do run_once "$system" "$batch" "$clients"; done | median)
+		# The systems take turns within each repeat, so that a drift of the
+		# machine's speed during the run weighs on all of them alike.
+		declare -A res=() runs=()
+		for r in $(seq "$REPEATS"); do
+			for system in outbox mark delete mark-in mark-c; do
+				if [ "${system#mark-}" != "$system" ] && [ "$batch" -ne 100 ]; then
+					continue
+				fi
+				runs[$system]+="$(run_once "$system" "$batch" "$clients") "
+			done
 		done
-		printf '%-4s %-3s %10s %10s %10s %10s %9.2f %11.2f\n' "$batch" "$clients" \
-			"${res[outbox]}" "${res[mark]}" "${res[delete]}" "${res[mark-in]}" \
+		for system in outbox mark delete mark-in mark-c; do
+			if [ -n "${runs[$system]:-}" ]; then
+				res[$system]=$(printf '%s\n' ${runs[$system]} | median)
+			else
+				res[$system]=-
+			fi
+		done
+		printf '%-4s %-3s %10s %10s %10s %10s %10s %9.2f %11.2f %11s\n' "$batch" "$clients" \
+			"${res[outbox]}" "${res[mark]}" "${res[delete]}" "${res[mark-in]}" "${res[mark-c]}" \
 			"$(awk -v a="${res[outbox]}" -v b="${res[mark]}" 'BEGIN {print (b > 0 ? a / b : 0)}')" \
-			"$(awk -v a="${res[outbox]}" -v b="${res[delete]}" 'BEGIN {print (b > 0 ? a / b : 0)}')"
+			"$(awk -v a="${res[outbox]}" -v b="${res[delete]}" 'BEGIN {print (b > 0 ? a / b : 0)}')" \
+			"$(awk -v a="${res[outbox]}" -v b="${res[mark-c]}" 'BEGIN {print (b > 0 ? sprintf("%.2f", a / b) : "-")}')"
 	done
 done
 
@@ -121,9 +154,11 @@ fi
 # Latency of one claim of 100 at several backlog sizes: psql \timing over
 # 300 claim + ack rounds, claim times only.
 claim_latency() {
-	local system=$1 n=$2 f i rounds=300
+	local system=$1 n=$2 f i rounds=300 warm=5
 	f="$WORK/lat-$system.sql"
-	# Never drain the backlog: every measured claim finds 100 commands.
+	# Never drain the backlog: every measured claim finds 100 commands.  The
+	# first $warm rounds of the session (plan preparation, cold caches) are
+	# run but not counted, for both systems.
 	[ $((n / 100 - 10)) -lt $rounds ] && rounds=$((n / 100 - 10))
 	load "$system" "$n"
 	: >"$f"
@@ -138,13 +173,13 @@ claim_latency() {
 	done >>"$f"
 	outbox_give_to_pg_user "$f"
 	as_pg "'$PGBIN/psql' -X -q -h '$DATA' -p $PORT -d bench -c '\\timing on' -f '$f'" |
-		awk '/^Time: / {n++; if (n % 2 == 1) print $2}' | sort -n |
+		awk -v warm=$warm '/^Time: / {n++; if (n % 2 == 1 && n > 2 * warm) print $2}' | sort -n |
 		awk '{a[NR] = $1} END {printf "%.3f %.3f\n", a[int(NR * 0.5)], a[int(NR * 0.99)]}'
 }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = latency ]; then
 echo
-echo "== one claim of 100: p50 / p99 in ms (up to 300 claims, each followed by its ack)"
+echo "== one claim of 100: p50 / p99 in ms (up to 300 claims, each followed by its ack; 5 warm-up rounds not counted)"
 printf '%-9s %18s %18s\n' pending outbox mark
 for n in $SIZES; do
 	o=$(claim_latency outbox "$n")
@@ -159,7 +194,7 @@ echo
 echo "== table health after draining $BACKLOG commands (claim 100 + ack, 4 publishers)"
 for system in outbox mark; do
 	run_once "$system" 100 4 >/dev/null
-	if [ "$system" = outbox ]; then t=outbox.commands; else t=bq; fi
+	t=$(table_of "$system")
 	psql_q "SELECT pg_stat_force_next_flush();" >/dev/null
 	psql_q "SELECT '$system: table ' || pg_size_pretty(pg_relation_size('$t'))
 	     || ', indexes ' || (SELECT string_agg(indexrelid::regclass::text || ' ' || pg_size_pretty(pg_relation_size(indexrelid)), ', ')

@@ -57,6 +57,16 @@ static SPIPlanPtr plan_fail_set = NULL;
 static SPIPlanPtr plan_renew = NULL;
 static SPIPlanPtr plan_sweep = NULL;
 
+/*
+ * "The row is sending", for the statements that find their row by
+ * command_id.  Written plainly (status = 'sending'), the test matches the
+ * predicate of commands_lease_idx, and a plan made while that index is small
+ * (an empty table) reads the whole index, filtering on command_id, instead
+ * of probing the primary key; inside a CASE the planner cannot match it.
+ */
+#define LE_SENDING(alias) \
+	"CASE WHEN " alias "status OPERATOR(pg_catalog.=) 'sending' THEN true ELSE false END"
+
 /* The lease the caller did not name: outbox.default_lease. */
 static Interval *
 le_default_lease(void)
@@ -284,7 +294,7 @@ outbox_ack(PG_FUNCTION_ARGS)
 										 " WHERE command_id OPERATOR(pg_catalog.=) $1"
 										 "   AND owner OPERATOR(pg_catalog.=) $2"
 										 "   AND version OPERATOR(pg_catalog.=) $3"
-										 "   AND status OPERATOR(pg_catalog.=) 'sending'",
+										 "   AND " LE_SENDING(""),
 										 4, argtypes),
 						   args, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE)
@@ -346,10 +356,9 @@ le_reason(HeapTuple tup, TupleDesc desc, const char *worker)
  * joins the (id, version) pairs to the rows holding exactly that token; a
  * second query, run only when some did not take, says why for those.
  *
- * The UPDATE tests status = 'sending' inside a CASE: written plainly, the
- * planner matches it to the predicate of commands_lease_idx and drives the
- * join from a scan of that whole index instead of one primary-key lookup
- * per input pair.
+ * The UPDATE tests the status with LE_SENDING: written plainly, the
+ * planner would drive the join from a scan of the whole commands_lease_idx
+ * instead of one primary-key lookup per input pair.
  */
 Datum
 outbox_ack_batch(PG_FUNCTION_ARGS)
@@ -434,8 +443,7 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 										 " WHERE t.command_id OPERATOR(pg_catalog.=) i.command_id"
 										 "   AND t.version OPERATOR(pg_catalog.=) i.version"
 										 "   AND t.owner OPERATOR(pg_catalog.=) $1"
-										 "   AND CASE WHEN t.status OPERATOR(pg_catalog.=) 'sending'"
-										 "            THEN true ELSE false END"
+										 "   AND " LE_SENDING("t.")
 										 " RETURNING t.command_id, i.version",
 										 4, argtypes),
 						   args, NULL, false, 0);
@@ -611,7 +619,7 @@ outbox_fail(PG_FUNCTION_ARGS)
 									   " WHERE c.command_id OPERATOR(pg_catalog.=) $1"
 									   "   AND c.owner OPERATOR(pg_catalog.=) $2"
 									   "   AND c.version OPERATOR(pg_catalog.=) $3"
-									   "   AND c.status OPERATOR(pg_catalog.=) 'sending'"
+									   "   AND " LE_SENDING("c.")
 									   "   FOR NO KEY UPDATE OF c",
 									   3, lock_types),
 						 args, NULL, false, 1) != SPI_OK_SELECT)
@@ -701,7 +709,7 @@ outbox_renew(PG_FUNCTION_ARGS)
 									   " WHERE t.command_id OPERATOR(pg_catalog.=) $1"
 									   "   AND t.owner OPERATOR(pg_catalog.=) $2"
 									   "   AND t.version OPERATOR(pg_catalog.=) $3"
-									   "   AND t.status OPERATOR(pg_catalog.=) 'sending'"
+									   "   AND " LE_SENDING("t.")
 									   " RETURNING t.lease_until",
 									   6, argtypes),
 						 args, nulls, false, 0) != SPI_OK_UPDATE_RETURNING)

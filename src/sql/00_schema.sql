@@ -6,14 +6,21 @@
 
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
 
+-- Identifiers (run, command, kind, consumer) are compared byte by byte:
+-- their columns use the "C" collation, so the btree keys that every claim,
+-- ack and receipt probe compare with memcmp instead of the locale's
+-- strcoll, and an operating-system collation update can never reorder (and
+-- so corrupt) their indexes.  Comparisons with text of the default
+-- collation (parameters, literals, a caller's columns) take "C".
+--
 -- The event log of each run.  An event that decided a command records the
 -- command's id in command_id.
 CREATE TABLE @extschema@.events (
-	run_id		pg_catalog.text NOT NULL,
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	seq			pg_catalog.int8 NOT NULL,
-	kind		pg_catalog.text NOT NULL,
+	kind		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	payload		pg_catalog.jsonb,
-	command_id	pg_catalog.text,
+	command_id	pg_catalog.text COLLATE pg_catalog."C",
 	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
 	CONSTRAINT events_pkey PRIMARY KEY (run_id, seq),
 	CONSTRAINT events_seq_check CHECK (seq OPERATOR(pg_catalog.>=) 0)
@@ -30,10 +37,10 @@ CREATE UNIQUE INDEX events_command_id_key ON @extschema@.events (command_id)
 -- exists, and no field an ack changes appears in any key.  The fillfactor
 -- leaves room on each page for the new row versions.
 CREATE TABLE @extschema@.commands (
-	command_id	pg_catalog.text NOT NULL,
-	run_id		pg_catalog.text NOT NULL,
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	seq			pg_catalog.int8 NOT NULL,
-	kind		pg_catalog.text NOT NULL,
+	kind		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	status		pg_catalog.text NOT NULL DEFAULT 'pending',
 	version		pg_catalog.int8 NOT NULL DEFAULT 1,
 	deliveries	pg_catalog.int4 NOT NULL DEFAULT 0,
@@ -60,7 +67,7 @@ CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until)
 
 -- One completion receipt per command.
 CREATE TABLE @extschema@.receipts (
-	command_id	pg_catalog.text NOT NULL,
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	outcome		pg_catalog.text NOT NULL,
 	detail		pg_catalog.jsonb,
 	completed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
@@ -71,15 +78,15 @@ CREATE INDEX receipts_completed_at_idx ON @extschema@.receipts (completed_at);
 
 -- Commands a consumer has accepted (its deduplication memory).
 CREATE TABLE @extschema@.inbox (
-	consumer	pg_catalog.text NOT NULL,
-	command_id	pg_catalog.text NOT NULL,
+	consumer	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	accepted_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
 	CONSTRAINT inbox_pkey PRIMARY KEY (consumer, command_id)
 );
 
 -- Per-kind overrides of the outbox.* settings.  NULL means "use the GUC".
 CREATE TABLE @extschema@.policies (
-	kind		pg_catalog.text NOT NULL,
+	kind		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	max_deliveries pg_catalog.int4,
 	backoff_base pg_catalog.interval,
 	backoff_max pg_catalog.interval,
@@ -93,14 +100,17 @@ CREATE TABLE @extschema@.policies (
 	CONSTRAINT policies_max_deliveries_check CHECK (max_deliveries OPERATOR(pg_catalog.>=) 1)
 );
 
+-- The paused kinds, read once by every claim.
+CREATE INDEX policies_paused_idx ON @extschema@.policies (kind) WHERE paused;
+
 -- Tombstones of purged commands: what the retention purge removed, so that
 -- the conservation checks can tell a purged command from a lost one.  Only
 -- the purge writes here, and only for a published command with a receipt.
 CREATE TABLE @extschema@.purged (
-	command_id	pg_catalog.text NOT NULL,
-	run_id		pg_catalog.text NOT NULL,
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	seq			pg_catalog.int8 NOT NULL,
-	kind		pg_catalog.text NOT NULL,
+	kind		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	published_at pg_catalog.timestamptz NOT NULL,
 	outcome		pg_catalog.text NOT NULL,
 	purged_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),

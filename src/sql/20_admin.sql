@@ -224,6 +224,9 @@ DECLARE
 	dflt pg_catalog.interval := COALESCE(older_than,
 		pg_catalog.current_setting('outbox.retention')::pg_catalog.interval);
 	cutoff_ret pg_catalog.interval;
+	-- The planner settings the victims query runs under (see below).
+	steer CONSTANT pg_catalog.text[] := ARRAY['enable_seqscan', 'enable_bitmapscan', 'enable_sort', 'jit'];
+	saved pg_catalog.text[];
 BEGIN
 	IF lim OPERATOR(pg_catalog.<) 1 THEN
 		RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = 'invalid_parameter_value';
@@ -244,6 +247,16 @@ BEGIN
 	ELSE
 		cutoff_ret := dflt;
 	END IF;
+	-- The victims query has one good plan, receipts_completed_at_idx in
+	-- order with a primary-key probe of commands per receipt; with
+	-- statistics that misjudge how many receipts are old enough, the
+	-- planner preferred a sequential scan of commands and a sort.  Like the
+	-- C functions, run it with those ruled out (and JIT off), and put the
+	-- caller's settings back afterwards (an error rolls them back anyway).
+	saved := ARRAY(SELECT pg_catalog.current_setting(steer[i])
+					 FROM pg_catalog.generate_subscripts(steer, 1) AS i ORDER BY i);
+	PERFORM pg_catalog.set_config(steer[i], 'off', true)
+	   FROM pg_catalog.generate_subscripts(steer, 1) AS i;
 	WITH victims AS (
 		SELECT c.command_id, c.run_id, c.seq, c.kind, c.published_at, r.outcome
 		  FROM @extschema@.receipts r
@@ -270,6 +283,8 @@ BEGIN
 	DELETE FROM @extschema@.commands c USING tomb
 	 WHERE c.command_id OPERATOR(pg_catalog.=) tomb.command_id;
 	GET DIAGNOSTICS n = ROW_COUNT;
+	PERFORM pg_catalog.set_config(steer[i], saved[i], true)
+	   FROM pg_catalog.generate_subscripts(steer, 1) AS i;
 	-- Counted in outbox.stats when (and only if) this transaction commits.
 	PERFORM @extschema@._count_purged(n);
 	RETURN n;

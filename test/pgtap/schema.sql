@@ -1,6 +1,6 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(44);
+SELECT plan(47);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged']);
@@ -36,6 +36,8 @@ SELECT ok((SELECT reloptions @> ARRAY['fillfactor=80'] FROM pg_class WHERE oid =
 	'commands leaves room for new row versions');
 
 -- receipts, inbox, policies, purged
+SELECT indexes_are('outbox', 'policies', ARRAY['policies_pkey', 'policies_paused_idx'],
+	'policies: the key, and the paused kinds every claim reads');
 SELECT col_is_pk('outbox', 'receipts', 'command_id', 'col_is_pk outbox, receipts, command_id');
 SELECT col_not_null('outbox', 'receipts', 'outcome', 'col_not_null outbox, receipts, outcome');
 SELECT col_is_pk('outbox', 'inbox', ARRAY['consumer', 'command_id'], 'col_is_pk outbox, inbox, ARRAY[consumer, command_id]');
@@ -75,6 +77,22 @@ SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_namespace n ON n.oid = p.
 SELECT is((SELECT count(*)::int FROM pg_description d JOIN pg_class c ON c.oid = d.objoid AND d.classoid = 'pg_class'::regclass
 	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 6,
 	'every table has a comment');
+
+-- identifiers compare byte by byte: every run, command, kind and consumer
+-- column of the data tables has the "C" collation (and no other text
+-- column does)
+SELECT set_eq($$SELECT c.relname || '.' || a.attname FROM pg_attribute a
+	JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+	  AND a.attcollation = 'pg_catalog."C"'::regcollation$$,
+	ARRAY['events.run_id', 'events.kind', 'events.command_id', 'commands.command_id', 'commands.run_id',
+		  'commands.kind', 'receipts.command_id', 'inbox.consumer', 'inbox.command_id', 'policies.kind',
+		  'purged.command_id', 'purged.run_id', 'purged.kind'],
+	'identifier columns use the "C" collation');
+SELECT is((SELECT pg_catalog.array_agg(i.indexrelid::regclass::text ORDER BY 1) FROM pg_index i
+	JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+	WHERE n.nspname = 'outbox' AND i.indcollation::oid[] && ARRAY[100::oid]), NULL,
+	'no index of the extension sorts text in the database''s collation');
 
 SELECT * FROM finish();
 ROLLBACK;

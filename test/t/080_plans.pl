@@ -1,0 +1,101 @@
+# The API's statements use their indexes on a filled table, whatever the
+# table looked like when the session made its saved plans.  One session
+# calls every producer, publisher, consumer and administrator function while
+# the tables are empty (the plans are made then), fills the tables with
+# 100,000 pending and 50,000 published commands, and calls them all again
+# with auto_explain logging every nested statement's plan; then once more
+# after ANALYZE (plans re-made with statistics).  No plan may read a table
+# of the extension with a sequential or bitmap scan.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
+
+# No autovacuum: nothing may re-plan behind the test's back.
+my $node = outbox_node('plans', "autovacuum = off\n");
+$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+
+# Every API function once, on commands of a kind named after phase $p (the
+# claim asks for that kind only).
+sub calls
+{
+	my ($p) = @_;
+	return qq{
+SELECT outbox.commit_decision('run-$p', 1, 'e', '$p-1', 'k-$p', '{}', NULL, NULL, 1);
+SELECT outbox.commit_decisions(ARRAY['run-$p', 'run-$p'], ARRAY[2, 3]::int8[], ARRAY['e', 'e'],
+	ARRAY['$p-2', '$p-3'], ARRAY['k-$p', 'k-$p'], ARRAY['{}', '{}']::jsonb[], NULL, NULL, ARRAY[1, 1]);
+SELECT outbox.record_event('run-$p', 4, 'e');
+CREATE TEMP TABLE l AS SELECT * FROM outbox.claim('w-$p', 10, NULL, ARRAY['k-$p']);
+SELECT count(*) = 3 AS claimed_three FROM l;
+SELECT outbox.renew('$p-1', 'w-$p', (SELECT version FROM l WHERE command_id = '$p-1'));
+SELECT outbox.ack('$p-1', 'w-$p', (SELECT version FROM l WHERE command_id = '$p-1'));
+SELECT count(*) FROM outbox.ack('w-$p', ARRAY['$p-2', '$p-1'], ARRAY[(SELECT version FROM l WHERE command_id = '$p-2'), 1]);
+DO \$\$ BEGIN PERFORM outbox.ack('$p-1', 'w-$p', 1); EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END \$\$;
+SELECT outbox.fail('$p-3', 'w-$p', (SELECT version FROM l WHERE command_id = '$p-3'), 'boom', true);
+SELECT outbox.requeue('$p-3');
+SELECT outbox.complete('$p-1');
+SELECT outbox.inbox_accept('consumer', '$p-1');
+SELECT outbox.sweep();
+SELECT outbox.purge(10, interval '0');
+DROP TABLE l;
+SELECT 'phase $p done';
+};
+}
+
+my $fill = q{
+INSERT INTO outbox.events (run_id, seq, kind, command_id)
+SELECT 'fill-' || g / 100, g % 100, 'e', 'fill-' || g FROM generate_series(1, 150000) g;
+INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_at, due_at)
+SELECT 'fill-' || g, 'fill-' || g / 100, g % 100, 'k', '{}', now(), now() FROM generate_series(1, 100000) g;
+INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_at, status, version, deliveries,
+							 owner, published_at)
+SELECT 'fill-' || g, 'fill-' || g / 100, g % 100, 'k', '{}', now(), 'published', 3, 1, 'w', now()
+  FROM generate_series(100001, 150000) g;
+INSERT INTO outbox.receipts (command_id, outcome, completed_at)
+SELECT 'fill-' || g, 'done', now() + interval '1 day' FROM generate_series(100001, 150000) g;
+INSERT INTO outbox.inbox (consumer, command_id) SELECT 'consumer', 'fill-' || g FROM generate_series(100001, 150000) g;
+};
+
+my $script = q{
+LOAD 'auto_explain';
+SET auto_explain.log_nested_statements = on;
+SET auto_explain.log_level = notice;
+SET client_min_messages = notice;
+SET auto_explain.log_min_duration = -1;
+} . calls('empty') . $fill . q{
+SET auto_explain.log_min_duration = 0;
+} . calls('filled') . q{
+ANALYZE;
+} . calls('analyzed') . q{
+SELECT 'settings after the calls: ' || current_setting('enable_seqscan') || ' ' || current_setting('enable_sort')
+	|| ' ' || current_setting('enable_bitmapscan');
+};
+
+my ($rc, $out, $err) = $node->psql('postgres', $script, on_error_stop => 1);
+is($rc, 0, 'every call of the three phases ran') or diag($err);
+like($out, qr/phase analyzed done/, 'the script ran to its end');
+unlike($out, qr/^f$/m, 'each phase claimed its own three commands');
+like($out, qr/settings after the calls: on on on/, "the caller's planner settings are left as they were");
+
+# The plans auto_explain logged, one per statement.
+my @plans = split /NOTICE:  duration: /, $err;
+shift @plans;
+cmp_ok(scalar(@plans), '>=', 60, 'auto_explain logged the plans of the nested statements');
+
+my $tables = qr/(?:commands|events|receipts|inbox|purged|policies)/;
+my @bad = grep { /(?:Seq Scan|Bitmap Heap Scan) on $tables\b/ } @plans;
+is(scalar(@bad), 0, 'no plan reads a table of the extension with a sequential or bitmap scan')
+  or diag(join("\n----\n", @bad));
+
+# The hot statements read their own index (spot checks of the plans that
+# matter most for throughput).
+ok((grep { /Index Scan using commands_claim_idx/ } @plans), 'claim reads commands_claim_idx');
+ok((grep { /Index Scan using commands_lease_idx/ } @plans), 'takeovers and the sweep read commands_lease_idx');
+ok((grep { /Index Scan using receipts_completed_at_idx/ } @plans), 'the purge reads receipts_completed_at_idx');
+
+$node->stop;
+done_testing();
