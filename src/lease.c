@@ -310,7 +310,7 @@ outbox_ack(PG_FUNCTION_ARGS)
 /* A token a batch ack took: (command_id, version), used up once matched. */
 typedef struct LeTaken
 {
-	char	   *id;
+	text	   *id;
 	int64		version;
 	bool		used;
 } LeTaken;
@@ -321,10 +321,14 @@ le_cmp_taken(const void *a, const void *b)
 {
 	const LeTaken *x = (const LeTaken *) a;
 	const LeTaken *y = (const LeTaken *) b;
-	int			c = strcmp(x->id, y->id);
+	int			lx = VARSIZE_ANY_EXHDR(x->id);
+	int			ly = VARSIZE_ANY_EXHDR(y->id);
+	int			c = memcmp(VARDATA_ANY(x->id), VARDATA_ANY(y->id), Min(lx, ly));
 
 	if (c != 0)
 		return c;
+	if (lx != ly)
+		return (lx > ly) - (lx < ly);
 	return (x->version > y->version) - (x->version < y->version);
 }
 
@@ -462,7 +466,8 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	{
 		bool		isnull;
 
-		taken[i].id = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		taken[i].id = DatumGetTextPP(SPI_getbinval(SPI_tuptable->vals[i],
+												   SPI_tuptable->tupdesc, 1, &isnull));
 		taken[i].version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
 													   SPI_tuptable->tupdesc, 2, &isnull));
 		taken[i].used = false;
@@ -474,7 +479,7 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 		LeTaken		key;
 		LeTaken    *hit = NULL;
 
-		key.id = TextDatumGetCString(id_elems[i]);
+		key.id = DatumGetTextPP(id_elems[i]);
 		key.version = DatumGetInt64(v_elems[i]);
 		if (nacked > 0)
 			hit = bsearch(&key, taken, nacked, sizeof(LeTaken), le_cmp_taken);
