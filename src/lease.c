@@ -154,6 +154,15 @@ le_raise_not_owned(text *command_id, text *worker, int64 version)
  * One statement: lock up to batch_size expired leases (takeovers) and then
  * as many due pending commands as the batch still has room for, and lease
  * them all to worker.
+ *
+ * The UPDATE finds the rows the index scans locked by their ctid (a TID
+ * scan), not by a second primary-key lookup of each command_id.  A locked
+ * row version cannot be updated, moved or removed by anyone else until this
+ * transaction ends, so its ctid stays its own.  One case differs from a
+ * lookup by key: when the row was changed by a transaction that committed
+ * after this statement's snapshot, the locking scan locks the newest version
+ * and the UPDATE, which sees the older one only, leaves it alone; the
+ * command stays where it was, for the next claim.
  */
 Datum
 outbox_claim(PG_FUNCTION_ARGS)
@@ -208,8 +217,10 @@ outbox_claim(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	ret = OutboxExecute(OutboxPrepare(&plan_claim,
-										 "WITH tk AS MATERIALIZED (SELECT ARRAY("
-										 "  SELECT c.command_id FROM outbox.commands c"
+										 "WITH tk AS MATERIALIZED ("
+										 " SELECT COALESCE(pg_catalog.array_agg(l.tid), '{}') AS tids,"
+										 "        COALESCE(pg_catalog.array_agg(l.id), '{}') AS ids FROM ("
+										 "  SELECT c.ctid AS tid, c.command_id AS id FROM outbox.commands c"
 										 "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
 										 "     AND c.lease_until OPERATOR(pg_catalog.<=) $5"
 										 "     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))"
@@ -221,16 +232,16 @@ outbox_claim(PG_FUNCTION_ARGS)
 										 "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'))"
 										 "   ORDER BY c.lease_until"
 										 "   LIMIT $2"
-										 "   FOR NO KEY UPDATE OF c SKIP LOCKED) AS ids),"
+										 "   FOR NO KEY UPDATE OF c SKIP LOCKED) l),"
 										 " pd AS MATERIALIZED (SELECT ARRAY("
-										 "  SELECT c.command_id FROM outbox.commands c"
+										 "  SELECT c.ctid FROM outbox.commands c"
 										 "   WHERE c.due_at OPERATOR(pg_catalog.<=) $5"
 										 "     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))"
 										 "     AND c.kind OPERATOR(pg_catalog.<>) ALL ((SELECT COALESCE(pg_catalog.array_agg(p.kind),"
 										 "            '{}') FROM outbox.policies p WHERE p.paused)::pg_catalog.text[])"
 										 "   ORDER BY c.priority DESC, c.due_at, c.created_at"
 										 "   LIMIT ($2 OPERATOR(pg_catalog.-) pg_catalog.cardinality((SELECT ids FROM tk)))"
-										 "   FOR NO KEY UPDATE OF c SKIP LOCKED) AS ids)"
+										 "   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)"
 										 "UPDATE outbox.commands t"
 										 "   SET status = 'sending', owner = $1, due_at = NULL,"
 										 "       lease_until = $5 OPERATOR(pg_catalog.+) COALESCE($3,"
@@ -238,8 +249,8 @@ outbox_claim(PG_FUNCTION_ARGS)
 										 "             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $6),"
 										 "       version = t.version OPERATOR(pg_catalog.+) 1,"
 										 "       deliveries = t.deliveries OPERATOR(pg_catalog.+) 1"
-										 " WHERE t.command_id OPERATOR(pg_catalog.=) ANY"
-										 "       ((SELECT ids FROM tk) OPERATOR(pg_catalog.||) (SELECT ids FROM pd))"
+										 " WHERE t.ctid OPERATOR(pg_catalog.=) ANY"
+										 "       ((SELECT tids FROM tk) OPERATOR(pg_catalog.||) (SELECT tids FROM pd))"
 										 " RETURNING t.command_id, t.run_id, t.kind, t.payload, t.version,"
 										 "           t.deliveries, t.lease_until,"
 										 "           t.command_id OPERATOR(pg_catalog.=) ANY ((SELECT ids FROM tk)::pg_catalog.text[])",

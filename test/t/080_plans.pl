@@ -94,6 +94,8 @@ is(scalar(@bad), 0, 'no plan reads a table of the extension with a sequential or
 # The hot statements read their own index (spot checks of the plans that
 # matter most for throughput).
 ok((grep { /Index Scan using commands_claim_idx/ } @plans), 'claim reads commands_claim_idx');
+ok((grep { /Update on commands t.*\n\s+CTE tk(?:.*\n)+?\s+->\s+Tid Scan on commands t/ } @plans),
+	'claim updates the rows it locked by their ctid (a TID scan, no second key lookup)');
 ok((grep { /Index Scan using commands_lease_idx/ } @plans), 'takeovers and the sweep read commands_lease_idx');
 ok((grep { /Index Scan using receipts_completed_at_idx/ } @plans), 'the purge reads receipts_completed_at_idx');
 
