@@ -160,9 +160,14 @@ le_raise_not_owned(text *command_id, text *worker, int64 version)
  * row version cannot be updated, moved or removed by anyone else until this
  * transaction ends, so its ctid stays its own.  One case differs from a
  * lookup by key: when the row was changed by a transaction that committed
- * after this statement's snapshot, the locking scan locks the newest version
- * and the UPDATE, which sees the older one only, leaves it alone; the
- * command stays where it was, for the next claim.
+ * after this statement's snapshot (and still qualifies), the locking scan
+ * locks and lists its newest version, which the UPDATE's snapshot cannot
+ * see, so the UPDATE leaves it alone.  The command stays as it was, locked
+ * until this transaction ends, and the claim returns fewer rows than it
+ * locked (that row took a place in the batch); the next claim takes it.
+ * Through the API this needs a commit that makes a row claimable again
+ * (fail, requeue, resolve) between the snapshot and the lock: rare, and never
+ * a loss or a second lease.
  */
 Datum
 outbox_claim(PG_FUNCTION_ARGS)
