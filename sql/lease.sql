@@ -181,3 +181,12 @@ SELECT outbox.fail('c1', 'A', 1, 'x', NULL);
 SELECT outbox.renew('c1', 'A', 1, interval '0 seconds');
 SELECT outbox.sweep(0);
 SELECT command_id, status, version, deliveries FROM outbox.commands ORDER BY command_id;
+
+-- claim hands out its batch in claim order, whatever the rows' physical
+-- order: takeovers first, then by priority (o-mid is older than o-high)
+SELECT outbox.commit_decision('order', 1, 'e', 'o-low', 'order', '{}');
+SELECT count(*) FROM outbox.claim('A', 1, interval '1 millisecond', ARRAY['order']);
+SELECT pg_sleep(0.05);
+SELECT outbox.commit_decision('order', 2, 'e', 'o-mid', 'order', '{}', priority => 3);
+SELECT outbox.commit_decision('order', 3, 'e', 'o-high', 'order', '{}', priority => 5);
+SELECT command_id, deliveries FROM outbox.claim('B', 10, interval '1 minute', ARRAY['order']);

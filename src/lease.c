@@ -148,6 +148,34 @@ le_raise_not_owned(text *command_id, text *worker, int64 version)
 			 errdetail_internal("%s", detail)));
 }
 
+/* A row a claim leased, with the keys of claim order. */
+typedef struct LeClaimed
+{
+	HeapTuple	tup;
+	bool		takeover;
+	int32		priority;
+	TimestampTz available_at;
+	TimestampTz created_at;
+} LeClaimed;
+
+/* qsort comparator of LeClaimed: takeovers, priority (higher first), availability, age. */
+static int
+le_cmp_claimed(const void *a, const void *b)
+{
+	const LeClaimed *x = (const LeClaimed *) a;
+	const LeClaimed *y = (const LeClaimed *) b;
+
+	if (x->takeover != y->takeover)
+		return x->takeover ? -1 : 1;
+	if (x->priority != y->priority)
+		return x->priority > y->priority ? -1 : 1;
+	if (x->available_at != y->available_at)
+		return x->available_at < y->available_at ? -1 : 1;
+	if (x->created_at != y->created_at)
+		return x->created_at < y->created_at ? -1 : 1;
+	return 0;
+}
+
 /*
  * outbox.claim(worker, batch_size, lease, kinds)
  *
@@ -183,6 +211,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 	int			ret;
 	uint64		i;
 	int64		takeovers = 0;
+	LeClaimed  *order;
 
 	OutboxArgNotNull(fcinfo, 1, "batch_size");
 	batch = PG_GETARG_INT32(1);
@@ -258,24 +287,41 @@ outbox_claim(PG_FUNCTION_ARGS)
 										 "       ((SELECT tids FROM tk) OPERATOR(pg_catalog.||) (SELECT tids FROM pd))"
 										 " RETURNING t.command_id, t.run_id, t.kind, t.payload, t.version,"
 										 "           t.deliveries, t.lease_until,"
-										 "           t.command_id OPERATOR(pg_catalog.=) ANY ((SELECT ids FROM tk)::pg_catalog.text[])",
+										 "           t.command_id OPERATOR(pg_catalog.=) ANY ((SELECT ids FROM tk)::pg_catalog.text[]),"
+										 "           t.priority, t.available_at, t.created_at",
 										 7, argtypes),
 						   args, nulls, false, 0);
 	if (ret != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox: claim failed: %s", SPI_result_code_string(ret));
 
+	/*
+	 * Hand the batch out in claim order (the UPDATE returns it in physical
+	 * order): takeovers first, then by priority, availability and age.
+	 */
+	order = palloc(sizeof(LeClaimed) * (SPI_processed + 1));
 	for (i = 0; i < SPI_processed; i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+
+		order[i].tup = tup;
+		order[i].takeover = DatumGetBool(SPI_getbinval(tup, desc, 8, &isnull));
+		order[i].priority = DatumGetInt32(SPI_getbinval(tup, desc, 9, &isnull));
+		order[i].available_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
+		order[i].created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull));
+		if (order[i].takeover)
+			takeovers++;
+	}
+	qsort(order, SPI_processed, sizeof(LeClaimed), le_cmp_claimed);
+	for (i = 0; i < SPI_processed; i++)
+	{
 		Datum		values[7];
 		bool		isnull[7];
-		bool		tnull;
 		int			k;
 
 		for (k = 0; k < 7; k++)
-			values[k] = SPI_getbinval(tup, SPI_tuptable->tupdesc, k + 1, &isnull[k]);
-		if (DatumGetBool(SPI_getbinval(tup, SPI_tuptable->tupdesc, 8, &tnull)))
-			takeovers++;
+			values[k] = SPI_getbinval(order[i].tup, SPI_tuptable->tupdesc, k + 1, &isnull[k]);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
 	OutboxCountAtCommit(OBC_CLAIMED, (int64) SPI_processed);
