@@ -380,6 +380,35 @@ handle_post(PGconn **pgp, const char *key, const char *body, int fd, bool keep_a
 	return status;
 }
 
+/*
+ * Receive more of a connection's bytes into *buf (holding *len of *cap),
+ * first growing it to room for at least `room` bytes (plus a terminator).
+ * False when the peer closed, on an error, or out of memory.
+ */
+static bool
+recv_more(int fd, char **buf, size_t *len, size_t *cap, size_t room)
+{
+	ssize_t		n;
+
+	if (*cap < room)
+	{
+		size_t		want = room > *cap * 2 ? room : *cap * 2;
+		char	   *grown = realloc(*buf, want + 1);
+
+		if (grown == NULL)
+			return false;
+		*buf = grown;
+		*cap = want;
+	}
+	do
+		n = recv(fd, *buf + *len, *cap - *len, 0);
+	while (n < 0 && errno == EINTR);
+	if (n <= 0)
+		return false;
+	*len += (size_t) n;
+	return true;
+}
+
 /* Serve one connection until it closes. */
 static void *
 serve(void *arg)
@@ -410,23 +439,8 @@ serve(void *arg)
 		/* read the head */
 		while ((hdr_end = (len > 0 ? memmem(buf, len, "\r\n\r\n", 4) : NULL)) == NULL)
 		{
-			ssize_t		n;
-
-			if (len >= MAX_HEADER)
+			if (len >= MAX_HEADER || !recv_more(fd, &buf, &len, &cap, len + 4096))
 				goto done;
-			if (cap - len < 4096)
-			{
-				cap = cap ? cap * 2 : 16384;
-				buf = realloc(buf, cap + 1);
-				if (buf == NULL)
-					goto done;
-			}
-			n = recv(fd, buf + len, cap - len, 0);
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
-				goto done;
-			len += (size_t) n;
 		}
 		hdr_len = (size_t) (hdr_end - buf) + 4;
 		*hdr_end = '\0';
@@ -478,21 +492,8 @@ serve(void *arg)
 		/* read the body */
 		while (len < hdr_len + (size_t) clen)
 		{
-			ssize_t		n;
-
-			if (cap < hdr_len + (size_t) clen)
-			{
-				cap = hdr_len + (size_t) clen;
-				buf = realloc(buf, cap + 1);
-				if (buf == NULL)
-					goto done;
-			}
-			n = recv(fd, buf + len, cap - len, 0);
-			if (n < 0 && errno == EINTR)
-				continue;
-			if (n <= 0)
+			if (!recv_more(fd, &buf, &len, &cap, hdr_len + (size_t) clen))
 				goto done;
-			len += (size_t) n;
 		}
 		body = buf + hdr_len;
 		{
