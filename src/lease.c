@@ -36,7 +36,6 @@
 #include "mb/pg_wchar.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/lsyscache.h"
 
 #include "outbox.h"
 
@@ -67,14 +66,30 @@ static SPIPlanPtr plan_sweep = NULL;
 #define LE_SENDING(alias) \
 	"CASE WHEN " alias "status OPERATOR(pg_catalog.=) 'sending' THEN true ELSE false END"
 
-/* The lease the caller did not name: outbox.default_lease. */
-static Interval *
-le_default_lease(void)
+/* The lease the caller did not name: outbox.default_lease, into *iv. */
+static Datum
+le_default_lease(Interval *iv)
 {
-	Interval   *iv = palloc0(sizeof(Interval));
-
 	iv->time = (int64) outbox_default_lease_ms * 1000;
-	return iv;
+	iv->day = 0;
+	iv->month = 0;
+	return IntervalPGetDatum(iv);
+}
+
+/* Fetch and check a batch_size argument: 1 to outbox.max_batch. */
+static int32
+le_arg_batch(FunctionCallInfo fcinfo, int argno)
+{
+	int32		batch;
+
+	OutboxArgNotNull(fcinfo, argno, "batch_size");
+	batch = PG_GETARG_INT32(argno);
+	if (batch < 1 || batch > outbox_max_batch)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be between 1 and %d", outbox_max_batch),
+				 errdetail("The value was %d.", batch)));
+	return batch;
 }
 
 /* Fetch and check a version argument (a token is at least 1). */
@@ -148,10 +163,12 @@ le_raise_not_owned(text *command_id, text *worker, int64 version)
 			 errdetail_internal("%s", detail)));
 }
 
-/* A row a claim leased, with the keys of claim order. */
+/* A row a claim leased (its RETURNING columns, deformed once), in claim order. */
+#define LE_CLAIM_COLS 11		/* 7 lease columns, takeover, priority, available_at, created_at */
 typedef struct LeClaimed
 {
-	HeapTuple	tup;
+	Datum		values[LE_CLAIM_COLS];
+	bool		isnull[LE_CLAIM_COLS];
 	bool		takeover;
 	int32		priority;
 	TimestampTz available_at;
@@ -206,6 +223,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
 	int32		batch;
 	Interval   *lease;
+	Interval	default_lease;
 	Datum		args[7];
 	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	int			ret;
@@ -213,13 +231,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 	int64		takeovers = 0;
 	LeClaimed  *order;
 
-	OutboxArgNotNull(fcinfo, 1, "batch_size");
-	batch = PG_GETARG_INT32(1);
-	if (batch < 1 || batch > outbox_max_batch)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch_size must be between 1 and %d", outbox_max_batch),
-				 errdetail("The value was %d.", batch)));
+	batch = le_arg_batch(fcinfo, 1);
 	lease = OutboxArgLease(fcinfo, 2);
 	if (!PG_ARGISNULL(3))
 	{
@@ -246,7 +258,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 	if (lease == NULL)
 		nulls[2] = 'n';
 	args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
-	args[5] = IntervalPGetDatum(le_default_lease());
+	args[5] = le_default_lease(&default_lease);
 	args[6] = Int32GetDatum(outbox_max_deliveries);
 
 	SPI_connect();
@@ -298,32 +310,25 @@ outbox_claim(PG_FUNCTION_ARGS)
 	 * Hand the batch out in claim order (the UPDATE returns it in physical
 	 * order): takeovers first, then by priority, availability and age.
 	 */
+	if (SPI_tuptable->tupdesc->natts != LE_CLAIM_COLS)
+		elog(ERROR, "outbox: claim returned %d columns", SPI_tuptable->tupdesc->natts);
 	order = palloc(sizeof(LeClaimed) * (SPI_processed + 1));
 	for (i = 0; i < SPI_processed; i++)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
+		LeClaimed  *c = &order[i];
 
-		order[i].tup = tup;
-		order[i].takeover = DatumGetBool(SPI_getbinval(tup, desc, 8, &isnull));
-		order[i].priority = DatumGetInt32(SPI_getbinval(tup, desc, 9, &isnull));
-		order[i].available_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 10, &isnull));
-		order[i].created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 11, &isnull));
-		if (order[i].takeover)
+		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, c->values, c->isnull);
+		c->takeover = DatumGetBool(c->values[7]);
+		c->priority = DatumGetInt32(c->values[8]);
+		c->available_at = DatumGetTimestampTz(c->values[9]);
+		c->created_at = DatumGetTimestampTz(c->values[10]);
+		if (c->takeover)
 			takeovers++;
 	}
 	qsort(order, SPI_processed, sizeof(LeClaimed), le_cmp_claimed);
+	/* the result type has the first 7 columns */
 	for (i = 0; i < SPI_processed; i++)
-	{
-		Datum		values[7];
-		bool		isnull[7];
-		int			k;
-
-		for (k = 0; k < 7; k++)
-			values[k] = SPI_getbinval(order[i].tup, SPI_tuptable->tupdesc, k + 1, &isnull[k]);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
-	}
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, order[i].values, order[i].isnull);
 	OutboxCountAtCommit(OBC_CLAIMED, (int64) SPI_processed);
 	if (takeovers > 0)
 		OutboxCountAtCommit(OBC_TAKEN_OVER, takeovers);
@@ -433,7 +438,7 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	static const Oid why_types[1] = {TEXTARRAYOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
-	char	   *wname;
+	char	   *wname = NULL;
 	ArrayType  *ids;
 	ArrayType  *versions;
 	Datum	   *id_elems;
@@ -493,7 +498,6 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	if (nids == 0)
 		return (Datum) 0;
 
-	wname = text_to_cstring(worker);
 	args[0] = PointerGetDatum(worker);
 	args[1] = PointerGetDatum(ids);
 	args[2] = PointerGetDatum(versions);
@@ -558,6 +562,7 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	{
 		Datum		why_args[1];
 
+		wname = text_to_cstring(worker);
 		why_args[0] = PointerGetDatum(ids);
 		if (OutboxExecute(OutboxPrepare(&plan_ack_why,
 										   "SELECT i.ord, c.status, c.owner"
@@ -753,6 +758,7 @@ outbox_renew(PG_FUNCTION_ARGS)
 	text	   *worker = OutboxArgId(fcinfo, 1, "worker");
 	int64		version = le_arg_version(fcinfo, 2);
 	Interval   *lease = OutboxArgLease(fcinfo, 3);
+	Interval	default_lease;
 	Datum		args[6];
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
@@ -765,7 +771,7 @@ outbox_renew(PG_FUNCTION_ARGS)
 	args[4] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
 	if (lease == NULL)
 		nulls[4] = 'n';
-	args[5] = IntervalPGetDatum(le_default_lease());
+	args[5] = le_default_lease(&default_lease);
 
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_renew,
@@ -805,13 +811,7 @@ outbox_sweep(PG_FUNCTION_ARGS)
 	int64		dead = 0;
 	uint64		n;
 
-	OutboxArgNotNull(fcinfo, 0, "batch_size");
-	batch = PG_GETARG_INT32(0);
-	if (batch < 1 || batch > outbox_max_batch)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("batch_size must be between 1 and %d", outbox_max_batch),
-				 errdetail("The value was %d.", batch)));
+	batch = le_arg_batch(fcinfo, 0);
 	args[0] = Int32GetDatum(batch);
 	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
 	args[2] = Int32GetDatum(outbox_max_deliveries);

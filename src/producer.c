@@ -278,7 +278,7 @@ pr_array_arg(FunctionCallInfo fcinfo, int argno, const char *what,
 	return n;
 }
 
-/* Raise 22023 when an array's length differs from the first array's. */
+/* Raise 2202E when an array's length differs from the first array's. */
 static void
 pr_check_len(int n, int expected, const char *what)
 {
@@ -368,8 +368,7 @@ outbox_commit_decisions(PG_FUNCTION_ARGS)
 	for (i = 0; i < n; i++)
 	{
 		OutboxCheckId(DatumGetTextPP(elems[0][i]), "run_id");
-		if (DatumGetInt64(elems[1][i]) < 0)
-			pr_check_seq(DatumGetInt64(elems[1][i]));
+		pr_check_seq(DatumGetInt64(elems[1][i]));
 		OutboxCheckId(DatumGetTextPP(elems[2][i]), "event_kind");
 		OutboxCheckId(DatumGetTextPP(elems[3][i]), "command_id");
 		OutboxCheckId(DatumGetTextPP(elems[4][i]), "command_kind");
