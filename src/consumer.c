@@ -46,6 +46,7 @@ outbox_complete(PG_FUNCTION_ARGS)
 	bool		exists;
 	bool		inserted;
 	char	   *prior;
+	char	   *wanted;
 
 	args[0] = PointerGetDatum(command_id);
 	args[1] = PointerGetDatum(outcome);
@@ -96,13 +97,14 @@ outbox_complete(PG_FUNCTION_ARGS)
 			 text_to_cstring(command_id));
 	}
 	prior = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-	if (strcmp(prior, text_to_cstring(outcome)) != 0)
+	wanted = text_to_cstring(outcome);
+	if (strcmp(prior, wanted) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("command \"%s\" already has a receipt with outcome \"%s\"",
 						text_to_cstring(command_id), prior),
 				 errdetail("A command has one receipt; the repeat asked for outcome \"%s\".",
-						   text_to_cstring(outcome))));
+						   wanted)));
 	SPI_finish();
 	PG_RETURN_BOOL(false);
 }

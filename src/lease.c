@@ -406,14 +406,11 @@ le_cmp_taken(const void *a, const void *b)
 static const char *
 le_reason(HeapTuple tup, TupleDesc desc, const char *worker)
 {
-	bool		isnull;
-	char	   *status;
+	char	   *status = SPI_getvalue(tup, desc, 2);	/* NULL: no such row */
 	char	   *owner;
 
-	(void) SPI_getbinval(tup, desc, 2, &isnull);
-	if (isnull)
+	if (status == NULL)
 		return "unknown_command";
-	status = SPI_getvalue(tup, desc, 2);
 	if (strcmp(status, "sending") != 0)
 		return status;
 	owner = SPI_getvalue(tup, desc, 3);
@@ -648,14 +645,14 @@ Datum
 outbox_fail(PG_FUNCTION_ARGS)
 {
 	static const Oid lock_types[3] = {TEXTOID, TEXTOID, INT8OID};
-	static const Oid set_types[5] = {TEXTOID, TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID};
+	static const Oid set_types[4] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID};
 	text	   *command_id = OutboxArgId(fcinfo, 0, "command_id");
 	text	   *worker = OutboxArgId(fcinfo, 1, "worker");
 	int64		version = le_arg_version(fcinfo, 2);
 	text	   *error;
 	bool		fatal;
-	Datum		args[5];
-	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	Datum		args[4];
+	char		nulls[4] = {' ', ' ', ' ', ' '};
 	HeapTuple	tup;
 	TupleDesc	desc;
 	bool		isnull;
@@ -714,26 +711,25 @@ outbox_fail(PG_FUNCTION_ARGS)
 
 	dead = fatal || deliveries >= max_deliveries;
 
-	/* $3 is the new available_at, NULL when the command goes to dead. */
-	args[0] = PointerGetDatum(command_id);
-	args[1] = CStringGetTextDatum(dead ? "dead" : "pending");
-	args[2] = (Datum) 0;
+	/* $1 stays the command_id; $2 is the new available_at, NULL when the command goes to dead. */
+	args[1] = (Datum) 0;
 	if (dead)
-		nulls[2] = 'n';
+		nulls[1] = 'n';
 	else
-		args[2] = TimestampTzGetDatum(now + le_backoff_usec(deliveries, base_usec, max_usec));
-	args[3] = PointerGetDatum(error);
-	args[4] = Int64GetDatum(version);
+		args[1] = TimestampTzGetDatum(now + le_backoff_usec(deliveries, base_usec, max_usec));
+	args[2] = PointerGetDatum(error);
+	args[3] = Int64GetDatum(version);
 	if (OutboxExecute(OutboxPrepare(&plan_fail_set,
 									   "UPDATE outbox.commands"
-									   "   SET status = $2, last_error = $4, lease_until = NULL,"
-									   "       owner = CASE WHEN $3 IS NULL THEN owner END,"
-									   "       available_at = COALESCE($3, available_at),"
-									   "       due_at = $3,"
+									   "   SET status = CASE WHEN $2 IS NULL THEN 'dead' ELSE 'pending' END,"
+									   "       last_error = $3, lease_until = NULL,"
+									   "       owner = CASE WHEN $2 IS NULL THEN owner END,"
+									   "       available_at = COALESCE($2, available_at),"
+									   "       due_at = $2,"
 									   "       version = version OPERATOR(pg_catalog.+) 1"
 									   " WHERE command_id OPERATOR(pg_catalog.=) $1"
-									   "   AND version OPERATOR(pg_catalog.=) $5",
-									   5, set_types),
+									   "   AND version OPERATOR(pg_catalog.=) $4",
+									   4, set_types),
 						 args, nulls, false, 0) != SPI_OK_UPDATE || SPI_processed != 1)
 		elog(ERROR, "outbox: fail update failed");
 	SPI_finish();
