@@ -444,7 +444,9 @@ OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
  * made leaves the index plan as the only choice; JIT is off because these
  * short statements never repay it (and the cost penalty of a disabled node
  * would trigger it).  The settings are plain planner variables, saved and
- * restored around the call, so this costs nothing per call.
+ * restored around the call, so this costs nothing per call.  outbox.purge()
+ * (src/sql/20_admin.sql) turns the same four off for its victims query:
+ * keep the two lists alike.
  */
 int
 OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
