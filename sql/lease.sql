@@ -190,3 +190,18 @@ SELECT pg_sleep(0.05);
 SELECT outbox.commit_decision('order', 2, 'e', 'o-mid', 'order', '{}', priority => 3);
 SELECT outbox.commit_decision('order', 3, 'e', 'o-high', 'order', '{}', priority => 5);
 SELECT command_id, deliveries FROM outbox.claim('B', 10, interval '1 minute', ARRAY['order']);
+
+-- requeue and resolve('retry') read the clock once: available_at and due_at
+-- of the command they make pending are equal (300 of each, so that two
+-- readings of the clock would differ for some)
+INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_at, status, version,
+							 deliveries, owner, last_error)
+SELECT 'clk-' || g, 'clk', g, 'clk', '{}', now(), CASE WHEN g % 2 = 0 THEN 'dead' ELSE 'uncertain' END,
+	   2, 1, 'w', 'x'
+  FROM generate_series(1, 600) g;
+SELECT count(*) FROM (SELECT outbox.requeue(command_id) FROM outbox.commands
+					   WHERE kind = 'clk' AND status = 'dead') r;
+SELECT count(*) FROM (SELECT outbox.resolve(command_id, 'retry') FROM outbox.commands
+					   WHERE kind = 'clk' AND status = 'uncertain') r;
+SELECT count(*) AS pending, count(*) FILTER (WHERE due_at IS DISTINCT FROM available_at) AS due_differs
+  FROM outbox.commands WHERE kind = 'clk';

@@ -41,6 +41,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	st pg_catalog.text;
+	-- One reading of the clock: available_at and due_at must be equal.
+	now_ts pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
 	PERFORM @extschema@._require_id(command_id, 'command_id');
 	SELECT c.status INTO st FROM @extschema@.commands c
@@ -56,8 +58,8 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.commands c
 	   SET status = 'pending', owner = NULL, lease_until = NULL,
-		   available_at = pg_catalog.clock_timestamp(),
-		   due_at = pg_catalog.clock_timestamp(),
+		   available_at = now_ts,
+		   due_at = now_ts,
 		   version = c.version OPERATOR(pg_catalog.+) 1
 	 WHERE c.command_id OPERATOR(pg_catalog.=) requeue.command_id;
 END;
@@ -72,6 +74,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	st pg_catalog.text;
+	-- One reading of the clock: a retried command's available_at and due_at
+	-- must be equal.
+	now_ts pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
 	PERFORM @extschema@._require_id(command_id, 'command_id');
 	PERFORM @extschema@._require(resolution, 'resolution');
@@ -94,13 +99,13 @@ BEGIN
 	UPDATE @extschema@.commands c
 	   SET status = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry' THEN 'pending' ELSE resolution END,
 		   published_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'published'
-							   THEN pg_catalog.clock_timestamp() END,
+							   THEN now_ts END,
 		   owner = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry' THEN NULL ELSE c.owner END,
 		   lease_until = NULL,
 		   available_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry'
-							   THEN pg_catalog.clock_timestamp() ELSE c.available_at END,
+							   THEN now_ts ELSE c.available_at END,
 		   due_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry'
-						 THEN pg_catalog.clock_timestamp() END,
+						 THEN now_ts END,
 		   last_error = CASE WHEN resolution OPERATOR(pg_catalog.=) 'dead'
 							 THEN pg_catalog.concat_ws('; ', c.last_error, 'resolved as dead')
 							 ELSE c.last_error END,
