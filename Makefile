@@ -4,7 +4,7 @@ EXTENSION = outbox
 EXTVERSION = 0.1.0
 
 MODULE_big = outbox
-OBJS = src/outbox.o src/producer.o src/lease.o src/consumer.o src/worker.o
+OBJS = src/outbox.o src/producer.o src/lease.o src/consumer.o src/worker.o src/upkeep.o
 
 # The install script is assembled from the parts in src/sql/, in name order.
 DATA_built = outbox--$(EXTVERSION).sql

@@ -92,5 +92,11 @@ for m in $(seq 1 "$MINUTES"); do
 	printf '%4s %8s %9s %8s %9s %9s %9s %8s %9s %s  %s\n' "$m" "$pend" "$pub" "$rec" "$tkb" "$ikb" "$rkb" "$dead" "$purged" "$lat" "$hz"
 done
 wait
+echo "== sizes at the end (kB)"
+q "SELECT c.relname, pg_relation_size(c.oid) / 1024 FROM pg_class c
+     WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'i')
+       AND c.relname ~ '^(commands|receipts)' ORDER BY 1" | tr '|' ' '
+echo "== index upkeep"
+grep -E 'outbox upkeep|index upkeep' "$DATA/server.log" | sed -E 's/^.*(LOG|WARNING|ERROR|FATAL): +//' || echo "(none)"
 echo "== producers: $(grep -E '^tps' "$WORK/produce.log" | head -1)"
 echo "== relays:    $(grep -E '^tps' "$WORK/relay.log" | head -1)"

@@ -54,6 +54,8 @@ int			outbox_receipt_overdue_s = 3600;
 int			outbox_max_workers = 8;
 char	   *outbox_databases = NULL;
 int			outbox_notify_interval_ms = 10;
+double		outbox_index_bloat = 3.0;
+int			outbox_index_check_interval_ms = 60000;
 
 OutboxSharedState *OutboxShared = NULL;
 
@@ -197,6 +199,21 @@ _PG_init(void)
 							NULL,
 							&outbox_notify_interval_ms,
 							10, 0, 60 * 1000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomRealVariable("outbox.index_bloat",
+							 "Rebuild an index of the extension's tables (REINDEX CONCURRENTLY) once it has this many times the pages its entries need; 0 turns it off.",
+							 NULL,
+							 &outbox_index_bloat,
+							 3.0, 0.0, 1000.0,
+							 PGC_SIGHUP, 0,
+							 NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.index_check_interval",
+							"How often the background worker measures the indexes of the extension's tables.",
+							NULL,
+							&outbox_index_check_interval_ms,
+							60000, 1000, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 

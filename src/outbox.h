@@ -46,6 +46,8 @@ extern int	outbox_receipt_overdue_s;
 extern int	outbox_max_workers;
 extern char *outbox_databases;
 extern int	outbox_notify_interval_ms;
+extern double outbox_index_bloat;
+extern int	outbox_index_check_interval_ms;
 
 /* Cumulative counters kept in shared memory (outbox.stats). */
 typedef enum OutboxCounter
@@ -147,5 +149,12 @@ extern void OutboxRegisterLauncher(void);
 extern void OutboxRequestWorker(Oid dboid);
 PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
 PGDLLEXPORT void OutboxWorkerMain(Datum main_arg);
+
+/* upkeep.c */
+struct BackgroundWorkerHandle;
+extern List *OutboxUpkeepWork(void);
+extern bool OutboxStartUpkeep(struct BackgroundWorkerHandle **handle);
+extern bool OutboxUpkeepUnopposed(void);
+PGDLLEXPORT void OutboxUpkeepMain(Datum main_arg);
 
 #endif							/* OUTBOX_H */

@@ -170,6 +170,9 @@ static TimestampTz wk_next_check = 0;
 static TimestampTz wk_hold_until = 0;	/* a held wake-up goes out then */
 static TimestampTz wk_round_start = 0;	/* start of the current duties */
 static int	wk_purge_skip = 0;	/* rounds to skip the purge */
+static TimestampTz wk_next_upkeep = 0;	/* next measure of the indexes */
+static BackgroundWorkerHandle *wk_upkeep = NULL;	/* our upkeep worker */
+static bool wk_upkeep_stopped = false;	/* we asked it to stop */
 
 static SPIPlanPtr wk_plan_sweep = NULL;
 static SPIPlanPtr wk_plan_purge = NULL;
@@ -892,6 +895,8 @@ wk_on_exit(int code, Datum arg)
 {
 	Latch	   *latch = NULL;
 
+	if (wk_upkeep != NULL)
+		TerminateBackgroundWorker(wk_upkeep);
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	if (wk_slot->generation == wk_generation)
 	{
@@ -1230,6 +1235,8 @@ wk_reload(void)
 	ConfigReloadPending = false;
 	ProcessConfigFile(PGC_SIGHUP);
 	wk_purge_skip = 0;			/* the retention may have changed */
+	wk_next_upkeep = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												 outbox_index_check_interval_ms);
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	wk_slot->naptime_ms = outbox_naptime_ms;
 	LWLockRelease(OutboxShared->lock);
@@ -1326,23 +1333,86 @@ wk_round(void)
 	LWLockRelease(OutboxShared->lock);
 }
 
+/* True while our upkeep worker is starting or running. */
+static bool
+wk_upkeep_running(void)
+{
+	pid_t		pid;
+
+	if (wk_upkeep == NULL)
+		return false;
+	switch (GetBackgroundWorkerPid(wk_upkeep, &pid))
+	{
+		case BGWH_STARTED:
+		case BGWH_NOT_YET_STARTED:
+			return true;
+		default:
+			pfree(wk_upkeep);
+			wk_upkeep = NULL;
+			return false;
+	}
+}
+
 /*
  * Give way to DDL on the database, and stop when the extension is gone.
- * Cheap: one conditional lock and one syscache look-up.
+ * Cheap: one conditional lock and one syscache look-up.  While an upkeep
+ * worker runs, also stop it when anyone waits for a lock on the
+ * extension's tables (see upkeep.c).
  */
 static void
 wk_check(void)
 {
 	bool		present;
+	bool		opposed = false;
 
 	wk_next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), WK_CHECK_MS);
 	if (!ob_database_free(MyDatabaseId))
 		wk_exit(OBX_DATABASE_BUSY);
 	StartTransactionCommand();
 	present = OidIsValid(get_extension_oid("outbox", true));
+	if (present && !wk_upkeep_stopped && wk_upkeep_running())
+		opposed = !OutboxUpkeepUnopposed();
 	CommitTransactionCommand();
 	if (!present)
 		wk_exit(OBX_NO_EXTENSION);
+	if (opposed)
+	{
+		TerminateBackgroundWorker(wk_upkeep);
+		wk_upkeep_stopped = true;
+		ereport(LOG,
+				(errmsg("outbox worker for database \"%s\" stopped its index upkeep: another session is waiting for a lock on the extension's tables",
+						wk_dbname)));
+	}
+}
+
+/* Whether any index upkeep is due (OutboxUpkeepWork). */
+static bool
+wk_upkeep_duty(void *arg)
+{
+	*(bool *) arg = OutboxUpkeepWork() != NIL;
+	return true;
+}
+
+/*
+ * Every outbox.index_check_interval, measure the indexes of the extension's
+ * tables, and start an upkeep worker if one needs a rebuild (or a rebuild
+ * left something behind).
+ */
+static void
+wk_index_check(TimestampTz now)
+{
+	bool		due = false;
+
+	wk_next_upkeep = TimestampTzPlusMilliseconds(now, outbox_index_check_interval_ms);
+	if (outbox_index_bloat <= 0 || wk_upkeep_running())
+		return;
+	if (!wk_transaction("outbox: measuring indexes", wk_upkeep_duty, &due) || !due)
+		return;
+	wk_upkeep_stopped = false;
+	if (!OutboxStartUpkeep(&wk_upkeep))
+		ereport(LOG,
+				(errmsg("outbox worker for database \"%s\" could not start its index upkeep: no background worker slot is free",
+						wk_dbname)));
 }
 
 /*
@@ -1425,6 +1495,8 @@ OutboxWorkerMain(Datum main_arg)
 									ALLOCSET_DEFAULT_SIZES);
 	next_round = 0;
 	wk_last_due_check = GetCurrentTimestamp();
+	wk_next_upkeep = TimestampTzPlusMilliseconds(wk_last_due_check,
+												 outbox_index_check_interval_ms);
 
 	for (;;)
 	{
@@ -1453,6 +1525,9 @@ OutboxWorkerMain(Datum main_arg)
 			wk_due_check();
 		}
 
+		if (now >= wk_next_upkeep)
+			wk_index_check(now);
+
 		if (now >= next_round)
 		{
 			last_round = now;
@@ -1469,6 +1544,7 @@ OutboxWorkerMain(Datum main_arg)
 		wk_serve_wakeups();
 
 		wake = Min(next_round, wk_next_check);
+		wake = Min(wake, wk_next_upkeep);
 		if (wk_next_due != 0)
 			wake = Min(wake, wk_next_due);
 		if (wk_hold_until != 0)
