@@ -75,6 +75,7 @@ static Size ob_shmem_size(void);
 static void ob_xact_callback(XactEvent event, void *arg);
 static bool ob_check_channel(char **newval, void **extra, GucSource source);
 static bool ob_check_databases(char **newval, void **extra, GucSource source);
+static bool ob_check_index_bloat(double *newval, void **extra, GucSource source);
 
 PG_FUNCTION_INFO_V1(outbox_stats);
 PG_FUNCTION_INFO_V1(outbox_stats_reset);
@@ -208,7 +209,7 @@ _PG_init(void)
 							 &outbox_index_bloat,
 							 3.0, 0.0, 1000.0,
 							 PGC_SIGHUP, 0,
-							 NULL, NULL, NULL);
+							 ob_check_index_bloat, NULL, NULL);
 	DefineCustomIntVariable("outbox.index_check_interval",
 							"How often the background worker measures the indexes of the extension's tables.",
 							NULL,
@@ -261,6 +262,22 @@ ob_check_databases(char **newval, void **extra, GucSource source)
 	if (!ok)
 		GUC_check_errdetail("outbox.databases must be a comma-separated list of database names.");
 	return ok;
+}
+
+/*
+ * outbox.index_bloat: 0 (off) or at least 1.5.  A fresh build measures
+ * about 1, and an index with random inserts settles near 1.4, so a smaller
+ * limit would rebuild the same index over and over.
+ */
+static bool
+ob_check_index_bloat(double *newval, void **extra, GucSource source)
+{
+	if (*newval != 0 && *newval < 1.5)
+	{
+		GUC_check_errdetail("outbox.index_bloat must be 0 (off) or at least 1.5.");
+		return false;
+	}
+	return true;
 }
 
 static Size

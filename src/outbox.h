@@ -152,9 +152,12 @@ PGDLLEXPORT void OutboxWorkerMain(Datum main_arg);
 
 /* upkeep.c */
 struct BackgroundWorkerHandle;
-extern List *OutboxUpkeepWork(void);
+typedef bool (*OutboxDuty) (void *arg);
+typedef bool (*OutboxRunner) (const char *what, OutboxDuty duty, void *arg);
+extern List *OutboxUpkeepFind(OutboxRunner run, bool (*between) (void),
+							  bool first_only);
 extern bool OutboxStartUpkeep(struct BackgroundWorkerHandle **handle);
-extern bool OutboxUpkeepUnopposed(void);
+extern bool OutboxUpkeepUnopposed(int pid);
 PGDLLEXPORT void OutboxUpkeepMain(Datum main_arg);
 
 #endif							/* OUTBOX_H */

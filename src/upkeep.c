@@ -13,11 +13,12 @@
  * truncates them).
  *
  * So every outbox.index_check_interval the per-database worker measures
- * each index of the extension's tables, reading its pages: the bytes its
+ * each index of outbox.commands, receipts and inbox, reading its pages (UP_STEP_PAGES per
+ * transaction, answering wake-ups and DDL between steps): the bytes its
  * leaf pages use (entries, line pointers, high key) against the pages it
  * has.  An index of at least UP_MIN_PAGES pages that has outbox.index_bloat
- * times the pages its entries would need (leaf pages filled to the B-tree's
- * default 90%, plus its internal pages and meta page) is rebuilt.  The
+ * times the pages its entries would need (leaf pages filled to the index's
+ * fillfactor, plus its internal pages and meta page) is rebuilt.  The
  * measure counts entries of dead row versions that vacuum has not removed
  * yet as used, so an index is never rebuilt while a long transaction is
  * still open, only after vacuum has caught up.
@@ -29,15 +30,16 @@
  * (it commits several transactions), so the upkeep worker calls
  * ProcessUtility as a client's simple query would, not through SPI.  It
  * first drops what an interrupted rebuild left behind (an invalid
- * <index>_ccnew or <index>_ccold), then rebuilds what needs it, then exits.
+ * <index>_ccnew or <index>_ccold, when no rebuild holds its table), then
+ * rebuilds what needs it, then exits.
  *
  * It gives way like the per-database worker does: that worker, every half
- * second while the upkeep runs, tries (conditionally, and releases at
- * once) a row-exclusive lock on each of the extension's tables and the
- * database lock of new connections; if anyone is waiting for a conflicting
- * lock (DROP EXTENSION, DROP DATABASE, ALTER TABLE ...) it stops the
- * upkeep worker, whose REINDEX is then rolled back (the next upkeep drops
- * its leftover).  It also stops it when it exits itself.
+ * second while the upkeep runs, looks in the lock table for any other
+ * session waiting for a lock on the tables or their indexes (VACUUM,
+ * ANALYZE, DROP EXTENSION, ALTER TABLE ... wait for the rebuild's lock), and
+ * checks the database lock of new connections; if either is taken it stops
+ * the upkeep worker, whose REINDEX is then rolled back (the next upkeep
+ * drops its leftover).  It also stops it when it exits itself.
  *
  *-------------------------------------------------------------------------
  */
@@ -61,6 +63,7 @@
 #include "storage/bufmgr.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
+#include "storage/lock.h"
 #include "tcop/tcopprot.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
@@ -74,8 +77,8 @@
 
 /* Smaller indexes are never rebuilt: 1 MB. */
 #define UP_MIN_PAGES		((BlockNumber) (1024 * 1024 / BLCKSZ))
-/* The fill of a freshly built B-tree leaf page (BTREE_DEFAULT_FILLFACTOR). */
-#define UP_LEAF_FILL		0.90
+/* Pages read in one transaction (32 MB): a step takes some milliseconds. */
+#define UP_STEP_PAGES		4096
 
 /* One statement of upkeep work. */
 typedef struct UpWork
@@ -94,53 +97,6 @@ static const char *const up_tables[] = {"commands", "receipts", "inbox"};
 
 #define UP_NTABLES	((int) lengthof(up_tables))
 
-/*
- * The pages of a B-tree: all of them, and how many its live pages would
- * need if packed as a new build packs them.
- */
-static void
-up_measure(Relation index, BlockNumber *pages, BlockNumber *needed)
-{
-	BufferAccessStrategy strategy = GetAccessStrategy(BAS_BULKREAD);
-	BlockNumber nblocks = RelationGetNumberOfBlocks(index);
-	BlockNumber blkno;
-	BlockNumber inner = 0;
-	double		leaf_bytes = 0;
-	double		usable = 0;
-
-	/* Block 0 is the meta page. */
-	for (blkno = BTREE_METAPAGE + 1; blkno < nblocks; blkno++)
-	{
-		Buffer		buf;
-		Page		page;
-		BTPageOpaque opaque;
-
-		CHECK_FOR_INTERRUPTS();
-		buf = ReadBufferExtended(index, MAIN_FORKNUM, blkno, RBM_NORMAL, strategy);
-		LockBuffer(buf, BUFFER_LOCK_SHARE);
-		page = BufferGetPage(buf);
-		if (!PageIsNew(page) &&
-			PageGetSpecialSize(page) == MAXALIGN(sizeof(BTPageOpaqueData)))
-		{
-			opaque = BTPageGetOpaque(page);
-			usable = ((PageHeader) page)->pd_special - SizeOfPageHeaderData;
-			if (P_IGNORE(opaque))
-				;				/* deleted or half-dead: free */
-			else if (P_ISLEAF(opaque))
-				leaf_bytes += usable - PageGetExactFreeSpace(page);
-			else
-				inner++;
-		}
-		UnlockReleaseBuffer(buf);
-	}
-	FreeAccessStrategy(strategy);
-
-	*pages = nblocks;
-	*needed = 1 + inner;
-	if (usable > 0)
-		*needed += (BlockNumber) ceil(leaf_bytes / (usable * UP_LEAF_FILL));
-}
-
 /* The extension's schema, or InvalidOid when the extension is not here. */
 static Oid
 up_schema(void)
@@ -150,80 +106,219 @@ up_schema(void)
 	return get_namespace_oid("outbox", true);
 }
 
+/* An index to look at, and what has been measured of it so far. */
+typedef struct UpIndex
+{
+	Oid			tableid;
+	Oid			indexid;
+	BlockNumber next;			/* next block to read */
+	BlockNumber inner;			/* internal pages seen */
+	double		leaf_bytes;		/* bytes used on live leaf pages */
+} UpIndex;
+
+/* The state of a search for work (OutboxUpkeepFind). */
+typedef struct UpFind
+{
+	MemoryContext cxt;			/* where the results go */
+	List	   *indexes;		/* of UpIndex */
+	UpIndex    *cur;			/* the one being measured */
+	bool		done;			/* cur is measured (or skipped) */
+	List	   *drops;			/* of UpWork */
+	List	   *rebuilds;		/* of UpWork */
+} UpFind;
+
 static UpWork *
-up_work(const char *command, const char *qualified, Relation index)
+up_work(const char *command, Relation index)
 {
 	UpWork	   *w = palloc(sizeof(UpWork));
 
-	w->sql = psprintf("%s %s", command, qualified);
+	w->sql = psprintf("%s %s", command,
+					  quote_qualified_identifier(get_namespace_name(RelationGetNamespace(index)),
+												 RelationGetRelationName(index)));
 	w->index = pstrdup(RelationGetRelationName(index));
 	w->rebuild = command[0] == 'R';
 	return w;
 }
 
-/*
- * What index upkeep there is to do: a list of UpWork (in the
- * current memory context), drops of rebuild leftovers first.  Takes every
- * lock conditionally and skips what it cannot lock.  Call inside a
- * transaction.
- */
-List *
-OutboxUpkeepWork(void)
+/* Duty: list the indexes of the tables looked after. */
+static bool
+up_list_duty(void *arg)
 {
-	List	   *drops = NIL;
-	List	   *rebuilds = NIL;
+	UpFind	   *f = (UpFind *) arg;
 	Oid			nsp = up_schema();
-	const char *nspname;
 	int			t;
 
-	if (!OidIsValid(nsp) || outbox_index_bloat <= 0)
-		return NIL;
-	nspname = get_namespace_name(nsp);
+	if (!OidIsValid(nsp))
+		return false;
 	for (t = 0; t < UP_NTABLES; t++)
 	{
 		Oid			relid = get_relname_relid(up_tables[t], nsp);
 		Relation	rel;
 		List	   *indexes;
 		ListCell   *lc;
+		MemoryContext oldcxt;
 
 		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, AccessShareLock))
 			continue;
-		rel = relation_open(relid, NoLock);
+		rel = try_relation_open(relid, NoLock);
+		if (rel == NULL)
+			continue;
 		indexes = RelationGetIndexList(rel);
 		relation_close(rel, NoLock);
-
+		oldcxt = MemoryContextSwitchTo(f->cxt);
 		foreach(lc, indexes)
 		{
-			Oid			indexid = lfirst_oid(lc);
-			Relation	index;
-			const char *name;
-			BlockNumber pages;
-			BlockNumber needed;
+			UpIndex    *ix = palloc0(sizeof(UpIndex));
 
-			if (!ConditionalLockRelationOid(indexid, AccessShareLock))
-				continue;
-			index = index_open(indexid, NoLock);
-			name = quote_qualified_identifier(nspname, RelationGetRelationName(index));
-			if (!index->rd_index->indisvalid)
-			{
-				/* Left by an interrupted rebuild (ours, or anyone's). */
-				if (strstr(RelationGetRelationName(index), "_ccnew") != NULL ||
-					strstr(RelationGetRelationName(index), "_ccold") != NULL)
-					drops = lappend(drops, up_work("DROP INDEX CONCURRENTLY", name, index));
-			}
-			else if (index->rd_rel->relam == BTREE_AM_OID &&
-					 RelationGetNumberOfBlocks(index) >= UP_MIN_PAGES)
-			{
-				up_measure(index, &pages, &needed);
-				if (pages >= UP_MIN_PAGES &&
-					pages >= outbox_index_bloat * needed)
-					rebuilds = lappend(rebuilds,
-									   up_work("REINDEX INDEX CONCURRENTLY", name, index));
-			}
-			index_close(index, NoLock);
+			ix->tableid = relid;
+			ix->indexid = lfirst_oid(lc);
+			ix->next = BTREE_METAPAGE + 1;
+			f->indexes = lappend(f->indexes, ix);
+		}
+		MemoryContextSwitchTo(oldcxt);
+	}
+	return true;
+}
+
+/*
+ * Duty: one step of looking at f->cur.  An invalid index named like the
+ * leftover of an interrupted concurrent rebuild is to be dropped, unless a
+ * rebuild holds its table right now (it may be that rebuild's own new
+ * index).  A valid B-tree of at least UP_MIN_PAGES is read UP_STEP_PAGES
+ * pages at a time: the bytes its live leaf pages use (entries, line
+ * pointers, high key) and its internal pages; deleted and half-dead pages
+ * count as free.  When the last page is read, it is to be rebuilt if it has
+ * outbox.index_bloat times the pages a fresh build would need (leaf pages
+ * filled to the index's fillfactor).  Locks are taken conditionally: an
+ * index that cannot be locked is skipped.
+ */
+static bool
+up_step_duty(void *arg)
+{
+	UpFind	   *f = (UpFind *) arg;
+	UpIndex    *ix = f->cur;
+	BufferAccessStrategy strategy;
+	Relation	index;
+	BlockNumber nblocks;
+	BlockNumber stop;
+	BlockNumber blkno;
+	double		usable;
+	double		needed;
+	MemoryContext oldcxt;
+
+	f->done = true;
+	if (!ConditionalLockRelationOid(ix->tableid, AccessShareLock) ||
+		!ConditionalLockRelationOid(ix->indexid, AccessShareLock) ||
+		(index = try_relation_open(ix->indexid, NoLock)) == NULL)
+		return true;
+	if (index->rd_rel->relkind != RELKIND_INDEX)
+	{
+		relation_close(index, NoLock);
+		return true;
+	}
+
+	if (!index->rd_index->indisvalid)
+	{
+		const char *name = RelationGetRelationName(index);
+
+		if ((strstr(name, "_ccnew") != NULL || strstr(name, "_ccold") != NULL) &&
+			ConditionalLockRelationOid(ix->tableid, ShareUpdateExclusiveLock))
+		{
+			UnlockRelationOid(ix->tableid, ShareUpdateExclusiveLock);
+			oldcxt = MemoryContextSwitchTo(f->cxt);
+			f->drops = lappend(f->drops, up_work("DROP INDEX CONCURRENTLY", index));
+			MemoryContextSwitchTo(oldcxt);
+		}
+		relation_close(index, NoLock);
+		return true;
+	}
+
+	nblocks = RelationGetNumberOfBlocks(index);
+	if (index->rd_rel->relam != BTREE_AM_OID || nblocks < UP_MIN_PAGES)
+	{
+		relation_close(index, NoLock);
+		return true;
+	}
+
+	usable = BLCKSZ - SizeOfPageHeaderData - MAXALIGN(sizeof(BTPageOpaqueData));
+	stop = Min(nblocks, ix->next + UP_STEP_PAGES);
+	strategy = GetAccessStrategy(BAS_BULKREAD);
+	for (blkno = ix->next; blkno < stop; blkno++)
+	{
+		Buffer		buf;
+		Page		page;
+
+		CHECK_FOR_INTERRUPTS();
+		buf = ReadBufferExtended(index, MAIN_FORKNUM, blkno, RBM_NORMAL, strategy);
+		LockBuffer(buf, BUFFER_LOCK_SHARE);
+		page = BufferGetPage(buf);
+		if (!PageIsNew(page) &&
+			PageGetSpecialSize(page) == MAXALIGN(sizeof(BTPageOpaqueData)))
+		{
+			BTPageOpaque opaque = BTPageGetOpaque(page);
+
+			if (P_IGNORE(opaque))
+				;				/* deleted or half-dead: free */
+			else if (P_ISLEAF(opaque))
+				ix->leaf_bytes += usable - PageGetExactFreeSpace(page);
+			else
+				ix->inner++;
+		}
+		UnlockReleaseBuffer(buf);
+	}
+	FreeAccessStrategy(strategy);
+	ix->next = stop;
+
+	if (stop < nblocks)
+		f->done = false;
+	else
+	{
+		needed = 1 + ix->inner +
+			ceil(ix->leaf_bytes / (usable * BTGetFillFactor(index) / 100.0));
+		if (nblocks >= outbox_index_bloat * needed)
+		{
+			oldcxt = MemoryContextSwitchTo(f->cxt);
+			f->rebuilds = lappend(f->rebuilds, up_work("REINDEX INDEX CONCURRENTLY", index));
+			MemoryContextSwitchTo(oldcxt);
 		}
 	}
-	return list_concat(drops, rebuilds);
+	relation_close(index, NoLock);
+	return true;
+}
+
+/*
+ * What index upkeep there is to do: a list of UpWork in the caller's memory
+ * context, drops of rebuild leftovers first.  Each step runs in its own
+ * transaction through run(); between steps (outside any transaction)
+ * between(), if given, is called, and the search ends early when it returns
+ * false.  With first_only it ends at the first thing found.
+ */
+List *
+OutboxUpkeepFind(OutboxRunner run, bool (*between) (void), bool first_only)
+{
+	UpFind		f;
+	ListCell   *lc;
+
+	memset(&f, 0, sizeof(f));
+	f.cxt = CurrentMemoryContext;
+	if (outbox_index_bloat <= 0 ||
+		!run("outbox: listing indexes", up_list_duty, &f))
+		return NIL;
+	foreach(lc, f.indexes)
+	{
+		f.cur = (UpIndex *) lfirst(lc);
+		do
+		{
+			if (!run("outbox: measuring indexes", up_step_duty, &f))
+				f.done = true;
+			if (between != NULL && !between())
+				goto out;
+		} while (!f.done);
+		if (first_only && (f.drops != NIL || f.rebuilds != NIL))
+			break;
+	}
+out:
+	return list_concat(f.drops, f.rebuilds);
 }
 
 /*
@@ -286,6 +381,23 @@ up_size_kb(const char *name)
 	return kb;
 }
 
+/* Run one duty in a transaction of the upkeep worker (an error ends it). */
+static bool
+up_transaction(const char *what, OutboxDuty duty, void *arg)
+{
+	bool		ok;
+
+	pgstat_report_activity(STATE_RUNNING, what);
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	ok = duty(arg);
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	return ok;
+}
+
 /*
  * Upkeep worker entry point: bgw_extra holds the database.  Finds the work
  * again (it may have changed since the per-database worker looked), does
@@ -309,11 +421,8 @@ OutboxUpkeepMain(Datum main_arg)
 
 	cxt = AllocSetContextCreate(TopMemoryContext, "outbox upkeep work",
 								ALLOCSET_DEFAULT_SIZES);
-	StartTransactionCommand();
 	MemoryContextSwitchTo(cxt);
-	work = OutboxUpkeepWork();
-	CommitTransactionCommand();
-	MemoryContextSwitchTo(cxt);
+	work = OutboxUpkeepFind(up_transaction, NULL, false);
 
 	foreach(lc, work)
 	{
@@ -364,27 +473,45 @@ OutboxStartUpkeep(BackgroundWorkerHandle **handle)
 }
 
 /*
- * True while nobody waits for a lock on one of the extension's tables that
- * a row-exclusive one would conflict with, nor for the database.  Never
+ * True while no session but the upkeep worker (pid) waits for a lock on
+ * one of the tables looked after or one of their indexes, nor holds or
+ * waits for a lock that keeps new sessions out of the database.  Never
  * waits.  Call inside a transaction.
  */
 bool
-OutboxUpkeepUnopposed(void)
+OutboxUpkeepUnopposed(int pid)
 {
 	Oid			nsp = up_schema();
+	List	   *relids = NIL;
+	LockData   *locks;
 	int			t;
+	int			i;
 
 	if (!OidIsValid(nsp))
 		return false;
 	for (t = 0; t < UP_NTABLES; t++)
 	{
 		Oid			relid = get_relname_relid(up_tables[t], nsp);
+		Relation	rel;
 
-		if (!OidIsValid(relid))
+		/* Fails as well when a waiter's lock would conflict with ours. */
+		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, AccessShareLock) ||
+			(rel = try_relation_open(relid, NoLock)) == NULL)
 			return false;
-		if (!ConditionalLockRelationOid(relid, RowExclusiveLock))
+		relids = list_concat(lappend_oid(relids, relid), RelationGetIndexList(rel));
+		relation_close(rel, NoLock);
+	}
+
+	locks = GetLockStatusData();
+	for (i = 0; i < locks->nelements; i++)
+	{
+		LockInstanceData *l = &locks->locks[i];
+
+		if (l->waitLockMode != NoLock && l->pid != pid &&
+			l->locktag.locktag_type == LOCKTAG_RELATION &&
+			l->locktag.locktag_field1 == MyDatabaseId &&
+			list_member_oid(relids, l->locktag.locktag_field2))
 			return false;
-		UnlockRelationOid(relid, RowExclusiveLock);
 	}
 	return true;
 }

@@ -72,6 +72,12 @@
  * the sweep will settle may cause a notification that finds nothing to
  * claim, which costs a listener one empty claim.
  *
+ * Index upkeep.  Every outbox.index_check_interval the worker measures the
+ * indexes of the tables rows leave and, when one is mostly empty (as after
+ * a long transaction held vacuum back), starts a short-lived upkeep worker
+ * that rebuilds it concurrently; while that runs, wk_check also stops it
+ * when anyone waits for a lock it holds (upkeep.c).
+ *
  * Locking.  Slots are protected by OutboxShared->lock (never held across
  * anything that can fail or wait); wake_pending is an atomic.  A slot's
  * generation is bumped each time the launcher assigns it, and a worker
@@ -997,7 +1003,7 @@ wk_recover(MemoryContext cxt)
 	FreeErrorData(edata);
 }
 
-typedef bool (*wk_duty) (void *arg);
+typedef OutboxDuty wk_duty;
 
 /*
  * Run one duty in its own transaction, with a snapshot and SPI.  An error
@@ -1235,8 +1241,9 @@ wk_reload(void)
 	ConfigReloadPending = false;
 	ProcessConfigFile(PGC_SIGHUP);
 	wk_purge_skip = 0;			/* the retention may have changed */
-	wk_next_upkeep = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-												 outbox_index_check_interval_ms);
+	wk_next_upkeep = Min(wk_next_upkeep,
+						 TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													 outbox_index_check_interval_ms));
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	wk_slot->naptime_ms = outbox_naptime_ms;
 	LWLockRelease(OutboxShared->lock);
@@ -1371,7 +1378,12 @@ wk_check(void)
 	StartTransactionCommand();
 	present = OidIsValid(get_extension_oid("outbox", true));
 	if (present && !wk_upkeep_stopped && wk_upkeep_running())
-		opposed = !OutboxUpkeepUnopposed();
+	{
+		pid_t		pid = 0;
+
+		(void) GetBackgroundWorkerPid(wk_upkeep, &pid);
+		opposed = !OutboxUpkeepUnopposed(pid);
+	}
 	CommitTransactionCommand();
 	if (!present)
 		wk_exit(OBX_NO_EXTENSION);
@@ -1385,11 +1397,12 @@ wk_check(void)
 	}
 }
 
-/* Whether any index upkeep is due (OutboxUpkeepWork). */
+/* Between two steps of measuring the indexes: answer signals, give way
+ * to DDL, send wake-ups. */
 static bool
-wk_upkeep_duty(void *arg)
+wk_between_steps(void)
 {
-	*(bool *) arg = OutboxUpkeepWork() != NIL;
+	(void) wk_between_batches();
 	return true;
 }
 
@@ -1401,12 +1414,10 @@ wk_upkeep_duty(void *arg)
 static void
 wk_index_check(TimestampTz now)
 {
-	bool		due = false;
-
 	wk_next_upkeep = TimestampTzPlusMilliseconds(now, outbox_index_check_interval_ms);
 	if (outbox_index_bloat <= 0 || wk_upkeep_running())
 		return;
-	if (!wk_transaction("outbox: measuring indexes", wk_upkeep_duty, &due) || !due)
+	if (OutboxUpkeepFind(wk_transaction, wk_between_steps, true) == NIL)
 		return;
 	wk_upkeep_stopped = false;
 	if (!OutboxStartUpkeep(&wk_upkeep))

@@ -2,8 +2,9 @@
 # purged backlog left mostly empty is rebuilt concurrently by the worker
 # (same name, constraint kept, much smaller), but never while a transaction
 # keeps the old entries alive; small indexes are left alone; what an
-# interrupted rebuild leaves behind is dropped (and nothing else); and a
-# rebuild that is waiting gives way to DROP EXTENSION.
+# interrupted rebuild leaves behind is dropped (and nothing else); a
+# limit that would rebuild a fresh index is refused; and a rebuild that is
+# waiting gives way to VACUUM and to DROP EXTENSION.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -65,6 +66,18 @@ sub fill_and_drain
 	  or die 'the purge did not finish';
 }
 
+my ($ret, $out, $err) = $node->psql('postgres', q{ALTER SYSTEM SET outbox.index_bloat = 1.2});
+like($err, qr/outbox\.index_bloat must be 0 \(off\) or at least 1\.5/,
+	'a limit that would rebuild a fresh index again is refused');
+
+# Wait until no upkeep worker runs.
+sub wait_upkeep_gone
+{
+	$node->poll_query_until('postgres',
+		q{SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'outbox upkeep'})
+	  or die 'the upkeep worker did not exit';
+}
+
 # --- A held snapshot: the purged entries stay, nothing is rebuilt. --------
 my $pkey_node = filenode('commands_pkey');
 my $claim_node = filenode('commands_claim_idx');
@@ -85,9 +98,7 @@ sql('VACUUM outbox.commands, outbox.receipts');
 ok($node->poll_query_until('postgres',
 		"SELECT relfilenode <> $pkey_node FROM pg_class WHERE oid = 'outbox.commands_pkey'::regclass"),
 	'the primary key was rebuilt');
-$node->poll_query_until('postgres',
-	q{SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'outbox upkeep'})
-  or die 'the upkeep worker did not exit';
+wait_upkeep_gone();
 my $after = size_kb('commands_pkey');
 cmp_ok($after * 8, '<=', $before, "it is much smaller ($before kB before, $after kB after)");
 is(sql(q{SELECT count(*) FROM pg_constraint c JOIN pg_index i ON i.indexrelid = c.conindid
@@ -98,6 +109,7 @@ is(sql(q{SELECT count(*) FROM pg_constraint c JOIN pg_index i ON i.indexrelid = 
 like(sql(q{SELECT string_agg(relname, ',') FROM pg_class
             WHERE relnamespace = 'outbox'::regnamespace AND relname LIKE '%\_cc%'}),
 	qr/^$/, 'no rebuild leftover remains');
+cmp_ok(size_kb('commands_claim_idx'), '<', 1024, 'the claim index is under 1 MB');
 is(filenode('commands_claim_idx'), $claim_node, 'an index under 1 MB is left alone');
 my $log = slurp_file($node->logfile);
 like($log, qr/outbox upkeep rebuilt index "commands_pkey": \d+ kB before, \d+ kB after/,
@@ -121,6 +133,7 @@ sql(q{CREATE INDEX commands_pkey_ccnew ON outbox.commands (command_id);
 ok($node->poll_query_until('postgres',
 		q{SELECT to_regclass('outbox.commands_pkey_ccnew') IS NULL}),
 	'an invalid _ccnew index is dropped');
+wait_upkeep_gone();
 is(sql(q{SELECT to_regclass('outbox.mine_idx') IS NOT NULL}), 't',
 	'an invalid index of another name is not touched');
 sql('DROP INDEX outbox.mine_idx');
@@ -135,17 +148,34 @@ sql('VACUUM outbox.commands, outbox.receipts');
 $holder->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
 $holder->query_safe('SELECT 1');
 sql(q{ALTER SYSTEM SET outbox.index_bloat = 2; SELECT pg_reload_conf()});
-ok($node->poll_query_until('postgres',
+# Wait until an upkeep worker waits for the held snapshot.
+sub wait_upkeep_waiting
+{
+	return $node->poll_query_until('postgres',
 		q{SELECT count(*) > 0 FROM pg_stat_activity
-		   WHERE backend_type = 'outbox upkeep' AND wait_event_type = 'Lock'}),
-	'the rebuild waits for the held snapshot');
-my ($ret, $out, $err) = $node->psql('postgres',
+		   WHERE backend_type = 'outbox upkeep' AND wait_event = 'virtualxid'});
+}
+
+sub stopped_count
+{
+	my @n = (slurp_file($node->logfile) =~ /stopped its index upkeep: another session is waiting for a lock/g);
+	return scalar @n;
+}
+
+ok(wait_upkeep_waiting(), 'the rebuild waits for the held snapshot');
+my $stopped = stopped_count();
+($ret, $out, $err) = $node->psql('postgres',
+	q{SET statement_timeout = '60s'; VACUUM outbox.commands});
+is($ret, 0, 'VACUUM is not blocked by the waiting rebuild') or diag($err);
+cmp_ok(stopped_count(), '>', $stopped, 'the worker stopped the rebuild and says why');
+
+ok(wait_upkeep_waiting(), 'the next rebuild (after dropping the leftover) waits again');
+$stopped = stopped_count();
+($ret, $out, $err) = $node->psql('postgres',
 	q{SET statement_timeout = '60s'; DROP EXTENSION outbox});
 is($ret, 0, 'DROP EXTENSION is not blocked by the waiting rebuild') or diag($err);
-is(sql(q{SELECT to_regclass('outbox.commands') IS NULL AND to_regclass('outbox.commands_pkey_ccnew') IS NULL}),
-	't', 'the tables are gone, and the rebuild\'s leftover with them');
-like(slurp_file($node->logfile), qr/stopped its index upkeep: another session is waiting for a lock/,
-	'the worker says why it stopped the rebuild');
+is(sql(q{SELECT to_regclass('outbox.commands') IS NULL}), 't', 'the extension is gone');
+cmp_ok(stopped_count(), '>', $stopped, 'the worker stopped that rebuild too');
 $holder->query_safe('COMMIT');
 $holder->quit;
 
