@@ -145,13 +145,17 @@ extern int64 OutboxIntervalUsec(Interval *iv);
 extern Interval *OutboxArgLease(FunctionCallInfo fcinfo, int argno);
 
 /* worker.c */
+struct BackgroundWorkerHandle;
 extern void OutboxRegisterLauncher(void);
+extern bool OutboxRegisterWorker(const char *function, const char *type,
+								 const char *name, Datum main_arg,
+								 const void *extra, Size extralen,
+								 struct BackgroundWorkerHandle **handle);
 extern void OutboxRequestWorker(Oid dboid);
 PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
 PGDLLEXPORT void OutboxWorkerMain(Datum main_arg);
 
 /* upkeep.c */
-struct BackgroundWorkerHandle;
 typedef bool (*OutboxDuty) (void *arg);
 typedef bool (*OutboxRunner) (const char *what, OutboxDuty duty, void *arg);
 extern List *OutboxUpkeepFind(OutboxRunner run, bool (*between) (void),

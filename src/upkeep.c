@@ -140,43 +140,68 @@ up_work(const char *command, Relation index)
 	return w;
 }
 
+/*
+ * Lock the tables looked after (AccessShareLock, conditionally) and read
+ * their index lists: relids[t] is InvalidOid and indexes[t] NIL for a table
+ * that is missing or could not be locked.  False if any such table.
+ */
+static bool
+up_lock_tables(Oid nsp, Oid *relids, List **indexes)
+{
+	bool		all = true;
+	int			t;
+
+	for (t = 0; t < UP_NTABLES; t++)
+	{
+		Oid			relid = get_relname_relid(up_tables[t], nsp);
+		Relation	rel = NULL;
+
+		relids[t] = InvalidOid;
+		indexes[t] = NIL;
+		if (OidIsValid(relid) && ConditionalLockRelationOid(relid, AccessShareLock))
+			rel = try_relation_open(relid, NoLock);
+		if (rel == NULL)
+		{
+			all = false;
+			continue;
+		}
+		relids[t] = relid;
+		indexes[t] = RelationGetIndexList(rel);
+		relation_close(rel, NoLock);
+	}
+	return all;
+}
+
 /* Duty: list the indexes of the tables looked after. */
 static bool
 up_list_duty(void *arg)
 {
 	UpFind	   *f = (UpFind *) arg;
 	Oid			nsp = up_schema();
+	Oid			relids[UP_NTABLES];
+	List	   *indexes[UP_NTABLES];
+	MemoryContext oldcxt;
 	int			t;
 
 	if (!OidIsValid(nsp))
 		return false;
+	(void) up_lock_tables(nsp, relids, indexes);
+	oldcxt = MemoryContextSwitchTo(f->cxt);
 	for (t = 0; t < UP_NTABLES; t++)
 	{
-		Oid			relid = get_relname_relid(up_tables[t], nsp);
-		Relation	rel;
-		List	   *indexes;
 		ListCell   *lc;
-		MemoryContext oldcxt;
 
-		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, AccessShareLock))
-			continue;
-		rel = try_relation_open(relid, NoLock);
-		if (rel == NULL)
-			continue;
-		indexes = RelationGetIndexList(rel);
-		relation_close(rel, NoLock);
-		oldcxt = MemoryContextSwitchTo(f->cxt);
-		foreach(lc, indexes)
+		foreach(lc, indexes[t])
 		{
 			UpIndex    *ix = palloc0(sizeof(UpIndex));
 
-			ix->tableid = relid;
+			ix->tableid = relids[t];
 			ix->indexid = lfirst_oid(lc);
 			ix->next = BTREE_METAPAGE + 1;
 			f->indexes = lappend(f->indexes, ix);
 		}
-		MemoryContextSwitchTo(oldcxt);
 	}
+	MemoryContextSwitchTo(oldcxt);
 	return true;
 }
 
@@ -449,27 +474,11 @@ OutboxUpkeepMain(Datum main_arg)
 bool
 OutboxStartUpkeep(BackgroundWorkerHandle **handle)
 {
-	BackgroundWorker bgw;
-	MemoryContext oldcxt;
-	bool		ok;
+	char		name[BGW_MAXLEN];
 
-	memset(&bgw, 0, sizeof(bgw));
-	bgw.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	bgw.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	bgw.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(bgw.bgw_library_name, "outbox", BGW_MAXLEN);
-	strlcpy(bgw.bgw_function_name, "OutboxUpkeepMain", BGW_MAXLEN);
-	snprintf(bgw.bgw_name, BGW_MAXLEN, "outbox upkeep for database %u", MyDatabaseId);
-	strlcpy(bgw.bgw_type, "outbox upkeep", BGW_MAXLEN);
-	memcpy(bgw.bgw_extra, &MyDatabaseId, sizeof(Oid));
-	bgw.bgw_notify_pid = MyProcPid;
-
-	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-	ok = RegisterDynamicBackgroundWorker(&bgw, handle);
-	MemoryContextSwitchTo(oldcxt);
-	if (!ok)
-		*handle = NULL;
-	return ok;
+	snprintf(name, sizeof(name), "outbox upkeep for database %u", MyDatabaseId);
+	return OutboxRegisterWorker("OutboxUpkeepMain", "outbox upkeep", name,
+								(Datum) 0, &MyDatabaseId, sizeof(Oid), handle);
 }
 
 /*
@@ -482,25 +491,18 @@ bool
 OutboxUpkeepUnopposed(int pid)
 {
 	Oid			nsp = up_schema();
-	List	   *relids = NIL;
+	Oid			relids[UP_NTABLES];
+	List	   *indexes[UP_NTABLES];
+	List	   *watched = NIL;
 	LockData   *locks;
 	int			t;
 	int			i;
 
-	if (!OidIsValid(nsp))
+	/* Locking fails as well when a waiter's lock would conflict with ours. */
+	if (!OidIsValid(nsp) || !up_lock_tables(nsp, relids, indexes))
 		return false;
 	for (t = 0; t < UP_NTABLES; t++)
-	{
-		Oid			relid = get_relname_relid(up_tables[t], nsp);
-		Relation	rel;
-
-		/* Fails as well when a waiter's lock would conflict with ours. */
-		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, AccessShareLock) ||
-			(rel = try_relation_open(relid, NoLock)) == NULL)
-			return false;
-		relids = list_concat(lappend_oid(relids, relid), RelationGetIndexList(rel));
-		relation_close(rel, NoLock);
-	}
+		watched = list_concat(lappend_oid(watched, relids[t]), indexes[t]);
 
 	locks = GetLockStatusData();
 	for (i = 0; i < locks->nelements; i++)
@@ -510,7 +512,7 @@ OutboxUpkeepUnopposed(int pid)
 		if (l->waitLockMode != NoLock && l->pid != pid &&
 			l->locktag.locktag_type == LOCKTAG_RELATION &&
 			l->locktag.locktag_field1 == MyDatabaseId &&
-			list_member_oid(relids, l->locktag.locktag_field2))
+			list_member_oid(watched, l->locktag.locktag_field2))
 			return false;
 	}
 	return true;

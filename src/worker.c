@@ -248,6 +248,42 @@ OutboxRequestWorker(Oid dboid)
  * ----------------------------------------------------------------
  */
 
+/*
+ * Register a dynamic background worker of this library that connects to a
+ * database, is never restarted by the postmaster, and reports its start
+ * and exit to us (bgw_notify_pid).  The handle lives in TopMemoryContext.
+ * False if no background worker slot is free.
+ */
+bool
+OutboxRegisterWorker(const char *function, const char *type, const char *name,
+					 Datum main_arg, const void *extra, Size extralen,
+					 BackgroundWorkerHandle **handle)
+{
+	BackgroundWorker bgw;
+	MemoryContext oldcxt;
+	bool		ok;
+
+	Assert(extralen <= BGW_EXTRALEN);
+	memset(&bgw, 0, sizeof(bgw));
+	bgw.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	bgw.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	bgw.bgw_restart_time = BGW_NEVER_RESTART;
+	strlcpy(bgw.bgw_library_name, "outbox", BGW_MAXLEN);
+	strlcpy(bgw.bgw_function_name, function, BGW_MAXLEN);
+	strlcpy(bgw.bgw_name, name, BGW_MAXLEN);
+	strlcpy(bgw.bgw_type, type, BGW_MAXLEN);
+	bgw.bgw_main_arg = main_arg;
+	memcpy(bgw.bgw_extra, extra, extralen);
+	bgw.bgw_notify_pid = MyProcPid;
+
+	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+	ok = RegisterDynamicBackgroundWorker(&bgw, handle);
+	MemoryContextSwitchTo(oldcxt);
+	if (!ok)
+		*handle = NULL;
+	return ok;
+}
+
 /* Register the launcher (called from _PG_init when preloaded). */
 void
 OutboxRegisterLauncher(void)
@@ -391,11 +427,10 @@ ln_backoff_ms(int failures)
 static bool
 ln_start_worker(LnDb *db, TimestampTz now)
 {
-	BackgroundWorker bgw;
-	MemoryContext oldcxt;
+	char		extra[sizeof(Oid) + sizeof(uint32)];
+	char		name[BGW_MAXLEN];
 	uint32		generation;
 	int			slotno;
-	bool		ok;
 	bool		exists;
 
 	if (!ob_database_free(db->dboid))
@@ -430,26 +465,13 @@ ln_start_worker(LnDb *db, TimestampTz now)
 	}
 	db->slotno = slotno;
 
-	memset(&bgw, 0, sizeof(bgw));
-	bgw.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	bgw.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	bgw.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(bgw.bgw_library_name, "outbox", BGW_MAXLEN);
-	strlcpy(bgw.bgw_function_name, "OutboxWorkerMain", BGW_MAXLEN);
-	snprintf(bgw.bgw_name, BGW_MAXLEN, "outbox worker for database %s",
-			 NameStr(db->name));
-	strlcpy(bgw.bgw_type, "outbox worker", BGW_MAXLEN);
-	bgw.bgw_main_arg = Int32GetDatum(slotno);
-	memcpy(bgw.bgw_extra, &db->dboid, sizeof(Oid));
-	memcpy(bgw.bgw_extra + sizeof(Oid), &generation, sizeof(uint32));
-	bgw.bgw_notify_pid = MyProcPid;
-
-	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-	ok = RegisterDynamicBackgroundWorker(&bgw, &db->handle);
-	MemoryContextSwitchTo(oldcxt);
-	if (!ok)
+	memcpy(extra, &db->dboid, sizeof(Oid));
+	memcpy(extra + sizeof(Oid), &generation, sizeof(uint32));
+	snprintf(name, sizeof(name), "outbox worker for database %s", NameStr(db->name));
+	if (!OutboxRegisterWorker("OutboxWorkerMain", "outbox worker", name,
+							  Int32GetDatum(slotno), extra, sizeof(extra),
+							  &db->handle))
 	{
-		db->handle = NULL;
 		if (!db->warned)
 			ereport(WARNING,
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
