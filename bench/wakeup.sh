@@ -18,6 +18,7 @@
 #      and with 0 (a notification per wake-up).  Also the CPU time of the
 #      worker as a share of the CPU time of the producers' backends, which
 #      a shared machine disturbs far less than throughput.
+# WAKEUP_CONF adds lines to postgresql.conf (e.g. "outbox.index_bloat = 0").
 # Run as root it re-runs itself as the postgres OS user.  Needs pg_config,
 # gcc and the libpq headers, and outbox installed (make install).
 set -euo pipefail
@@ -41,7 +42,7 @@ PG_CONFIG=${PG_CONFIG:-pg_config}
 BIN=$("$PG_CONFIG" --bindir)
 
 if [ "$(id -u)" = 0 ]; then
-	exec su postgres -s /bin/bash -c "bash '$HERE/wakeup.sh' --commits $COMMITS --seconds $SECONDS_PER_RUN --clients $CLIENTS --repeats $REPEATS"
+	exec su postgres -s /bin/bash -c "WAKEUP_CONF='${WAKEUP_CONF:-}' bash '$HERE/wakeup.sh' --commits $COMMITS --seconds $SECONDS_PER_RUN --clients $CLIENTS --repeats $REPEATS"
 fi
 
 WORK=$(mktemp -d /tmp/outbox-wakeup.XXXXXX)
@@ -64,6 +65,7 @@ unix_socket_directories = '$WORK'
 shared_preload_libraries = 'outbox'
 shared_buffers = 256MB
 max_connections = 50
+${WAKEUP_CONF:-}
 EOF
 "$BIN/pg_ctl" -D "$DATA" -l "$WORK/log" -w start >/dev/null
 PSQL=("$BIN/psql" -X -q -At -h "$WORK" -p "$PORT" -v ON_ERROR_STOP=1)
