@@ -158,7 +158,7 @@ PGDLLEXPORT void OutboxWorkerMain(Datum main_arg);
 /* upkeep.c */
 typedef bool (*OutboxDuty) (void *arg);
 typedef bool (*OutboxRunner) (const char *what, OutboxDuty duty, void *arg);
-extern List *OutboxUpkeepFind(OutboxRunner run, bool (*between) (void),
+extern List *OutboxUpkeepFind(OutboxRunner run, void (*between) (void),
 							  bool first_only);
 extern bool OutboxStartUpkeep(struct BackgroundWorkerHandle **handle);
 extern bool OutboxUpkeepUnopposed(int pid);

@@ -77,8 +77,8 @@
 
 /* Smaller indexes are never rebuilt: 1 MB. */
 #define UP_MIN_PAGES		((BlockNumber) (1024 * 1024 / BLCKSZ))
-/* Pages read in one transaction (32 MB): a step takes some milliseconds. */
-#define UP_STEP_PAGES		4096
+/* Pages read in one transaction (1 MB): a step takes about a millisecond. */
+#define UP_STEP_PAGES		128
 
 /* One statement of upkeep work. */
 typedef struct UpWork
@@ -127,16 +127,18 @@ typedef struct UpFind
 	List	   *rebuilds;		/* of UpWork */
 } UpFind;
 
+/* The statement that rebuilds index, or drops it (a leftover). */
 static UpWork *
-up_work(const char *command, Relation index)
+up_work(Relation index, bool rebuild)
 {
 	UpWork	   *w = palloc(sizeof(UpWork));
 
-	w->sql = psprintf("%s %s", command,
+	w->sql = psprintf("%s %s",
+					  rebuild ? "REINDEX INDEX CONCURRENTLY" : "DROP INDEX CONCURRENTLY",
 					  quote_qualified_identifier(get_namespace_name(RelationGetNamespace(index)),
 												 RelationGetRelationName(index)));
 	w->index = pstrdup(RelationGetRelationName(index));
-	w->rebuild = command[0] == 'R';
+	w->rebuild = rebuild;
 	return w;
 }
 
@@ -251,7 +253,7 @@ up_step_duty(void *arg)
 		{
 			UnlockRelationOid(ix->tableid, ShareUpdateExclusiveLock);
 			oldcxt = MemoryContextSwitchTo(f->cxt);
-			f->drops = lappend(f->drops, up_work("DROP INDEX CONCURRENTLY", index));
+			f->drops = lappend(f->drops, up_work(index, false));
 			MemoryContextSwitchTo(oldcxt);
 		}
 		relation_close(index, NoLock);
@@ -303,7 +305,7 @@ up_step_duty(void *arg)
 		if (nblocks >= outbox_index_bloat * needed)
 		{
 			oldcxt = MemoryContextSwitchTo(f->cxt);
-			f->rebuilds = lappend(f->rebuilds, up_work("REINDEX INDEX CONCURRENTLY", index));
+			f->rebuilds = lappend(f->rebuilds, up_work(index, true));
 			MemoryContextSwitchTo(oldcxt);
 		}
 	}
@@ -315,11 +317,11 @@ up_step_duty(void *arg)
  * What index upkeep there is to do: a list of UpWork in the caller's memory
  * context, drops of rebuild leftovers first.  Each step runs in its own
  * transaction through run(); between steps (outside any transaction)
- * between(), if given, is called, and the search ends early when it returns
- * false.  With first_only it ends at the first thing found.
+ * between(), if given, is called.  With first_only it ends at the first
+ * thing found.
  */
 List *
-OutboxUpkeepFind(OutboxRunner run, bool (*between) (void), bool first_only)
+OutboxUpkeepFind(OutboxRunner run, void (*between) (void), bool first_only)
 {
 	UpFind		f;
 	ListCell   *lc;
@@ -336,13 +338,12 @@ OutboxUpkeepFind(OutboxRunner run, bool (*between) (void), bool first_only)
 		{
 			if (!run("outbox: measuring indexes", up_step_duty, &f))
 				f.done = true;
-			if (between != NULL && !between())
-				goto out;
+			if (between != NULL)
+				between();
 		} while (!f.done);
 		if (first_only && (f.drops != NIL || f.rebuilds != NIL))
 			break;
 	}
-out:
 	return list_concat(f.drops, f.rebuilds);
 }
 
@@ -483,9 +484,9 @@ OutboxStartUpkeep(BackgroundWorkerHandle **handle)
 
 /*
  * True while no session but the upkeep worker (pid) waits for a lock on
- * one of the tables looked after or one of their indexes, nor holds or
- * waits for a lock that keeps new sessions out of the database.  Never
- * waits.  Call inside a transaction.
+ * one of the tables looked after or one of their indexes.  Never waits.
+ * Call inside a transaction.  (The worker checks the database lock of new
+ * connections itself, in wk_check.)
  */
 bool
 OutboxUpkeepUnopposed(int pid)

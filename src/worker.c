@@ -1419,13 +1419,14 @@ wk_check(void)
 	}
 }
 
-/* Between two steps of measuring the indexes: answer signals, give way
- * to DDL, send wake-ups. */
-static bool
+/*
+ * Between two steps of measuring the indexes: answer signals, give way to
+ * DDL, send wake-ups (the round's time budget does not apply).
+ */
+static void
 wk_between_steps(void)
 {
 	(void) wk_between_batches();
-	return true;
 }
 
 /*

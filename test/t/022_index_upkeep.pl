@@ -91,6 +91,10 @@ sql('VACUUM outbox.commands, outbox.receipts');
 wait_rounds(10);
 is(filenode('commands_pkey'), $pkey_node,
 	'not rebuilt while a transaction keeps the old entries alive');
+# A rebuild started now would wait for the holder (and so not show in the
+# file node): no upkeep worker may have been started at all.
+is(sql(q{SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox upkeep'}), '0',
+	'no rebuild is even attempted while the old entries are alive');
 
 # --- The holder ends: vacuum empties the pages, the worker rebuilds. ------
 $holder->query_safe('COMMIT');
