@@ -26,7 +26,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
 
 REPEATS=${REPEATS:-3}
-# ONLY=throughput|latency|health|plans runs one part.
+# ONLY=throughput|latency|health|plans runs one part; BATCHES, CLIENTS and
+# SYSTEMS (for example "outbox delete") narrow the throughput part.
 ONLY=${ONLY:-}
 BACKLOG=${BACKLOG:-200000}
 SIZES=${SIZES:-"10000 100000 1000000"}
@@ -127,7 +128,7 @@ for batch in ${BATCHES:-1 10 100}; do
 		# machine's speed during the run weighs on all of them alike.
 		declare -A res=() runs=()
 		for r in $(seq "$REPEATS"); do
-			for system in outbox mark delete mark-in mark-c; do
+			for system in ${SYSTEMS:-outbox mark delete mark-in mark-c}; do
 				if [ "${system#mark-}" != "$system" ] && [ "$batch" -ne 100 ]; then
 					continue
 				fi

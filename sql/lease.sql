@@ -90,6 +90,17 @@ SELECT command_id, version FROM outbox.claim('A', 1, interval '1 minute');
 SELECT outbox.ack('c8', 'A', 2);
 SELECT outbox.ack('c8', 'A', 3);
 
+-- a takeover after the lease index was rebuilt under a new OID: the claim's
+-- look for expired leases finds the new index
+SELECT outbox.commit_decision('rx', 1, 'e', 'cx1', 'mail', '{}');
+SELECT command_id, version FROM outbox.claim('A', 1, interval '1 millisecond');
+SELECT 'outbox.commands_lease_idx'::regclass::oid AS lease_idx_before \gset
+REINDEX INDEX CONCURRENTLY outbox.commands_lease_idx;
+SELECT 'outbox.commands_lease_idx'::regclass::oid <> :lease_idx_before AS rebuilt;
+SELECT pg_sleep(0.05);
+SELECT command_id, version, deliveries FROM outbox.claim('B', 1, interval '1 minute');
+SELECT outbox.ack('cx1', 'B', 3);
+
 -- max deliveries: the last failure dead-letters; an exhausted expired lease is
 -- not taken over and the sweep dead-letters it
 SELECT outbox.set_policy('budget', max_deliveries => 2, backoff_base => '0 seconds', backoff_max => '0 seconds');
@@ -205,3 +216,16 @@ SELECT count(*) FROM (SELECT outbox.resolve(command_id, 'retry') FROM outbox.com
 					   WHERE kind = 'clk' AND status = 'uncertain') r;
 SELECT count(*) AS pending, count(*) FILTER (WHERE due_at IS DISTINCT FROM available_at) AS due_differs
   FROM outbox.commands WHERE kind = 'clk';
+
+-- an index made by hand under the name commands_lease_idx that holds fewer
+-- rows than the extension's: claim does not trust it to say that no lease
+-- has expired, and still takes over
+DROP INDEX outbox.commands_lease_idx;
+CREATE INDEX commands_lease_idx ON outbox.commands (lease_until)
+	WHERE status = 'sending' AND kind = 'no such kind';
+SELECT outbox.commit_decision('hand', 1, 'e', 'h1', 'hand', '{}');
+SELECT command_id, version FROM outbox.claim('A', 1, interval '1 millisecond', ARRAY['hand']);
+SELECT pg_sleep(0.05);
+SELECT command_id, version, deliveries FROM outbox.claim('B', 1, interval '1 minute', ARRAY['hand']);
+DROP INDEX outbox.commands_lease_idx;
+CREATE INDEX commands_lease_idx ON outbox.commands (lease_until) WHERE status = 'sending';
