@@ -83,6 +83,12 @@ static SPIPlanPtr plan_sweep = NULL;
 #define LE_SENDING(alias) \
 	"CASE WHEN " alias "status OPERATOR(pg_catalog.=) 'sending' THEN true ELSE false END"
 
+/* "The row's kind is in manual takeover mode." */
+#define LE_MANUAL(alias) \
+	"EXISTS (SELECT 1 FROM outbox.policies p" \
+	"         WHERE p.kind OPERATOR(pg_catalog.=) " alias "kind" \
+	"           AND p.takeover OPERATOR(pg_catalog.=) 'manual')"
+
 /* The lease the caller did not name: outbox.default_lease, into *iv. */
 static Datum
 le_default_lease(Interval *iv)
@@ -646,13 +652,14 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 
 	SPI_connect();
-	ret = OutboxExecute(OutboxPrepare(&plan_ack_batch,
+	ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_batch,
 										 "UPDATE outbox.commands t"
 										 "   SET status = 'published', published_at = $4, lease_until = NULL,"
 										 "       version = t.version OPERATOR(pg_catalog.+) 1"
 										 "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3))"
 										 "       AS i(command_id, version)"
 										 " WHERE t.command_id OPERATOR(pg_catalog.=) i.command_id"
+										 "   AND t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
 										 "   AND t.version OPERATOR(pg_catalog.=) i.version"
 										 "   AND t.owner OPERATOR(pg_catalog.=) $1"
 										 "   AND " LE_SENDING("t.")
@@ -706,11 +713,12 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 
 		wname = text_to_cstring(worker);
 		why_args[0] = PointerGetDatum(ids);
-		if (OutboxExecute(OutboxPrepare(&plan_ack_why,
+		if (OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_why,
 										   "SELECT i.ord, c.status, c.owner"
 										   "  FROM pg_catalog.unnest($1) WITH ORDINALITY AS i(command_id, ord)"
 										   "  LEFT JOIN outbox.commands c"
 										   "         ON c.command_id OPERATOR(pg_catalog.=) i.command_id"
+										   "        AND c.command_id OPERATOR(pg_catalog.=) ANY ($1)"
 										   " ORDER BY i.ord",
 										   1, why_types),
 							 why_args, NULL, false, 0) != SPI_OK_SELECT ||
@@ -940,7 +948,9 @@ outbox_renew(PG_FUNCTION_ARGS)
  * outbox.sweep(batch_size): settle up to batch_size expired leases that
  * claim will not take over: to dead when the deliveries are used up, to
  * uncertain when the kind's takeover mode is manual.  Returns the number of
- * commands settled.
+ * commands settled.  The UPDATE finds the rows it locked by their ctid, as
+ * claim does: no join with outbox.commands that a planner misled by the
+ * table's statistics could turn into a read of the whole table.
  */
 Datum
 outbox_sweep(PG_FUNCTION_ARGS)
@@ -959,34 +969,27 @@ outbox_sweep(PG_FUNCTION_ARGS)
 
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_sweep,
-									   "WITH x AS ("
-									   "  SELECT c.command_id,"
-									   "         EXISTS (SELECT 1 FROM outbox.policies p"
-									   "                  WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
-									   "                    AND p.takeover OPERATOR(pg_catalog.=) 'manual') AS manual"
-									   "    FROM outbox.commands c"
+									   "WITH x AS MATERIALIZED (SELECT ARRAY("
+									   "  SELECT c.ctid FROM outbox.commands c"
 									   "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
 									   "     AND c.lease_until OPERATOR(pg_catalog.<=) $2"
 									   "     AND (c.deliveries OPERATOR(pg_catalog.>=) COALESCE("
 									   "            (SELECT p.max_deliveries FROM outbox.policies p"
 									   "              WHERE p.kind OPERATOR(pg_catalog.=) c.kind), $3)"
-									   "          OR EXISTS (SELECT 1 FROM outbox.policies p"
-									   "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
-									   "                        AND p.takeover OPERATOR(pg_catalog.=) 'manual'))"
+									   "          OR " LE_MANUAL("c.") ")"
 									   "   ORDER BY c.lease_until"
 									   "   LIMIT $1"
-									   "   FOR NO KEY UPDATE OF c SKIP LOCKED)"
+									   "   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)"
 									   "UPDATE outbox.commands t"
-									   "   SET status = CASE WHEN x.manual THEN 'uncertain' ELSE 'dead' END,"
-									   "       last_error = CASE WHEN x.manual"
+									   "   SET status = CASE WHEN " LE_MANUAL("t.") " THEN 'uncertain' ELSE 'dead' END,"
+									   "       last_error = CASE WHEN " LE_MANUAL("t.")
 									   "         THEN pg_catalog.format('lease of worker %s expired; kind %s needs a manual takeover',"
 									   "                                t.owner, t.kind)"
 									   "         ELSE pg_catalog.format('lease of worker %s expired after %s deliveries',"
 									   "                                t.owner, t.deliveries) END,"
 									   "       lease_until = NULL,"
 									   "       version = t.version OPERATOR(pg_catalog.+) 1"
-									   "  FROM x"
-									   " WHERE t.command_id OPERATOR(pg_catalog.=) x.command_id"
+									   " WHERE t.ctid OPERATOR(pg_catalog.=) ANY ((SELECT tids FROM x)::pg_catalog.tid[])"
 									   " RETURNING t.status",
 									   3, argtypes),
 						 args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)

@@ -482,20 +482,27 @@ OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
  * (src/sql/20_admin.sql) turns the same four off for its victims query:
  * keep the two lists alike.
  */
-int
-OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
-			  bool read_only, long count)
+static int
+ob_execute(SPIPlanPtr plan, Datum *args, const char *nulls, bool read_only,
+		   long count, bool hash_joins)
 {
 	bool		save_seqscan = enable_seqscan;
 	bool		save_bitmapscan = enable_bitmapscan;
 	bool		save_sort = enable_sort;
 	bool		save_jit = jit_enabled;
+	bool		save_nestloop = enable_nestloop;
+	bool		save_mergejoin = enable_mergejoin;
 	int			ret;
 
 	enable_seqscan = false;
 	enable_bitmapscan = false;
 	enable_sort = false;
 	jit_enabled = false;
+	if (hash_joins)
+	{
+		enable_nestloop = false;
+		enable_mergejoin = false;
+	}
 	PG_TRY();
 	{
 		ret = SPI_execute_plan(plan, args, nulls, read_only, count);
@@ -506,9 +513,37 @@ OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
 		enable_bitmapscan = save_bitmapscan;
 		enable_sort = save_sort;
 		jit_enabled = save_jit;
+		enable_nestloop = save_nestloop;
+		enable_mergejoin = save_mergejoin;
 	}
 	PG_END_TRY();
 	return ret;
+}
+
+int
+OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
+			  bool read_only, long count)
+{
+	return ob_execute(plan, args, nulls, read_only, count, false);
+}
+
+/*
+ * OutboxExecute for a statement that joins the elements of an array
+ * argument to outbox.commands.  Left free, the planner may take the table
+ * as the outer side of a nested loop whenever its statistics make it look
+ * tiny (an ANALYZE of a drained table, a selective-looking filter): the
+ * saved plan then reads the whole table once for each element, or the
+ * elements once for each row (seconds for a batch of thousands on a table
+ * of tens of thousands, for the rest of the session).  Such a statement
+ * also restricts the table to the array's keys (command_id = ANY (...)), and
+ * runs with nested loops and merge joins off, which leaves a hash join of
+ * the two sides: each read once, whatever the estimates.
+ */
+int
+OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,
+					  bool read_only, long count)
+{
+	return ob_execute(plan, args, nulls, read_only, count, true);
 }
 
 /* Raise 22004 if argument argno is NULL. */

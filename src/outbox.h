@@ -135,6 +135,8 @@ extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,
 								int nargs, const Oid *argtypes);
 extern int	OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
 						  bool read_only, long count);
+extern int	OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,
+								  bool read_only, long count);
 extern text *OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what);
 extern Jsonb *OutboxArgPayload(FunctionCallInfo fcinfo, int argno,
 							   const char *what, bool nullable);

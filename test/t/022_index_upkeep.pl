@@ -142,6 +142,30 @@ is(sql(q{SELECT to_regclass('outbox.mine_idx') IS NOT NULL}), 't',
 	'an invalid index of another name is not touched');
 sql('DROP INDEX outbox.mine_idx');
 
+# --- A reload never postpones the next measure; a shorter interval applies
+# at once. -----------------------------------------------------------------
+sub plant_ccnew
+{
+	sql(q{CREATE INDEX commands_pkey_ccnew ON outbox.commands (command_id);
+	      UPDATE pg_index SET indisvalid = false
+	       WHERE indexrelid = 'outbox.commands_pkey_ccnew'::regclass});
+}
+plant_ccnew();
+sql(q{ALTER SYSTEM SET outbox.index_check_interval = '1h'; SELECT pg_reload_conf()});
+ok($node->poll_query_until('postgres',
+		q{SELECT to_regclass('outbox.commands_pkey_ccnew') IS NULL}),
+	'a reload to a longer interval does not postpone the measure already due');
+wait_upkeep_gone();
+plant_ccnew();
+sleep(3);
+is(sql(q{SELECT to_regclass('outbox.commands_pkey_ccnew') IS NOT NULL}), 't',
+	'with an hour between measures, a new leftover stays for now');
+sql(q{ALTER SYSTEM SET outbox.index_check_interval = '1s'; SELECT pg_reload_conf()});
+ok($node->poll_query_until('postgres',
+		q{SELECT to_regclass('outbox.commands_pkey_ccnew') IS NULL}),
+	'a reload to a shorter interval brings the next measure forward');
+wait_upkeep_gone();
+
 # --- A waiting rebuild gives way to DROP EXTENSION. -----------------------
 # Make the bloat with the upkeep off, then hold a snapshot (no lock on the
 # extension's tables) that the rebuild must wait for, and turn it on.
