@@ -575,9 +575,11 @@ le_reason(HeapTuple tup, TupleDesc desc, const char *worker)
  * joins the (id, version) pairs to the rows holding exactly that token; a
  * second query, run only when some did not take, says why for those.
  *
- * The UPDATE tests the status with LE_SENDING: written plainly, the
- * planner would drive the join from a scan of the whole commands_lease_idx
- * instead of one primary-key lookup per input pair.
+ * Both run as hash joins of the array's elements with the rows of
+ * outbox.commands that have those keys (see OutboxExecuteHashJoin).  The
+ * UPDATE tests the status with LE_SENDING: written plainly, the test would
+ * match the predicate of commands_lease_idx, and the planner could read the
+ * rows from a scan of that whole index.
  */
 Datum
 outbox_ack_batch(PG_FUNCTION_ARGS)
@@ -602,7 +604,8 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	LeTaken    *taken;
 	bool	   *acked;
 	int64		nok = 0;
-	SPITupleTable *why = NULL;
+	HeapTuple  *why = NULL;
+	TupleDesc	why_desc = NULL;
 
 	OutboxArgNotNull(fcinfo, 1, "command_ids");
 	OutboxArgNotNull(fcinfo, 2, "versions");
@@ -718,13 +721,29 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 										   "  FROM pg_catalog.unnest($1) WITH ORDINALITY AS i(command_id, ord)"
 										   "  LEFT JOIN outbox.commands c"
 										   "         ON c.command_id OPERATOR(pg_catalog.=) i.command_id"
-										   "        AND c.command_id OPERATOR(pg_catalog.=) ANY ($1)"
-										   " ORDER BY i.ord",
+										   "        AND c.command_id OPERATOR(pg_catalog.=) ANY ($1)",
 										   1, why_types),
 							 why_args, NULL, false, 0) != SPI_OK_SELECT ||
 			SPI_processed != (uint64) nids)
 			elog(ERROR, "outbox: batch ack diagnosis failed");
-		why = SPI_tuptable;
+
+		/*
+		 * One row per element, put in place by its ordinality (the query has
+		 * no ORDER BY: a sort would let the planner weigh a nested loop,
+		 * which keeps the elements' order, against the hash join).
+		 */
+		why = palloc0(sizeof(HeapTuple) * nids);
+		for (i = 0; i < nids; i++)
+		{
+			bool		isnull;
+			int64		ord = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+														   SPI_tuptable->tupdesc, 1, &isnull));
+
+			if (isnull || ord < 1 || ord > nids || why[ord - 1] != NULL)
+				elog(ERROR, "outbox: batch ack diagnosis failed");
+			why[ord - 1] = SPI_tuptable->vals[i];
+		}
+		why_desc = SPI_tuptable->tupdesc;
 	}
 
 	for (i = 0; i < nids; i++)
@@ -740,7 +759,7 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 			isnull[2] = true;
 		}
 		else
-			values[2] = CStringGetTextDatum(le_reason(why->vals[i], why->tupdesc, wname));
+			values[2] = CStringGetTextDatum(le_reason(why[i], why_desc, wname));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
 	SPI_finish();
@@ -948,9 +967,13 @@ outbox_renew(PG_FUNCTION_ARGS)
  * outbox.sweep(batch_size): settle up to batch_size expired leases that
  * claim will not take over: to dead when the deliveries are used up, to
  * uncertain when the kind's takeover mode is manual.  Returns the number of
- * commands settled.  The UPDATE finds the rows it locked by their ctid, as
- * claim does: no join with outbox.commands that a planner misled by the
- * table's statistics could turn into a read of the whole table.
+ * commands settled.  The UPDATE finds the rows it locked by their ctid (a
+ * TID scan, the only plan there is), not through a join with
+ * outbox.commands that a planner misled by the table's statistics could turn
+ * into a read of the whole table.  As in claim, a row that a transaction
+ * committed after the statement's snapshot changed is locked in its newest
+ * version but not settled; the count is short, and the next sweep settles
+ * it.
  */
 Datum
 outbox_sweep(PG_FUNCTION_ARGS)

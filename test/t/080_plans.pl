@@ -131,9 +131,17 @@ for my $name ('filled', 'analyzed')
 	# an index condition): with statistics that make the table look tiny,
 	# a join of an array argument to the table could read all of it for each
 	# element.
-	my @full = grep { /Index (?:Only )?Scan using commands_\w+ on commands\b[^\n]*\n(?!\s+Index Cond:)/ } @plans;
+	my @full = grep { /Index (?:Only )?Scan(?: Backward)? using commands_\w+ on commands\b[^\n]*\n(?!\s+Index Cond:)/ } @plans;
 	is(scalar(@full), 0, "$name: no plan reads a whole index of outbox.commands")
 	  or diag(join("\n----\n", @full));
+
+	# The batch ack and its diagnosis join the array's elements to the table
+	# with a hash join: no nested loop whose rescans read either side again.
+	my @ackjoin = grep { /Query Text: (?:UPDATE outbox\.commands t\s+SET status = 'published'|SELECT i\.ord)/ } @plans;
+	cmp_ok(scalar(@ackjoin), '>=', 2, "$name: the batch ack and its diagnosis were logged");
+	my @loops = grep { /Nested Loop/ || !/Hash (?:Left |Right )?Join/ } @ackjoin;
+	is(scalar(@loops), 0, "$name: the batch ack and its diagnosis run as hash joins")
+	  or diag(join("\n----\n", @loops));
 
 	# The hot statements read their own index (spot checks of the plans that
 	# matter most for throughput).
