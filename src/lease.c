@@ -83,6 +83,11 @@ static SPIPlanPtr plan_sweep = NULL;
 #define LE_SENDING(alias) \
 	"CASE WHEN " alias "status OPERATOR(pg_catalog.=) 'sending' THEN true ELSE false END"
 
+/* The row's kind's max deliveries, or dflt (outbox.max_deliveries). */
+#define LE_MAX_DELIVERIES(alias, dflt) \
+	"COALESCE((SELECT p.max_deliveries FROM outbox.policies p" \
+	"           WHERE p.kind OPERATOR(pg_catalog.=) " alias "kind), " dflt ")"
+
 /* "The row's kind is in manual takeover mode." */
 #define LE_MANUAL(alias) \
 	"EXISTS (SELECT 1 FROM outbox.policies p" \
@@ -434,9 +439,7 @@ outbox_claim(PG_FUNCTION_ARGS)
 										  "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
 										  "     AND c.lease_until OPERATOR(pg_catalog.<=) $5"
 										  "     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))"
-										  "     AND c.deliveries OPERATOR(pg_catalog.<) COALESCE("
-										  "           (SELECT p.max_deliveries FROM outbox.policies p"
-										  "             WHERE p.kind OPERATOR(pg_catalog.=) c.kind), $7)"
+										  "     AND c.deliveries OPERATOR(pg_catalog.<) " LE_MAX_DELIVERIES("c.", "$7")
 										  "     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
 										  "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
 										  "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'))"
@@ -996,9 +999,7 @@ outbox_sweep(PG_FUNCTION_ARGS)
 									   "  SELECT c.ctid FROM outbox.commands c"
 									   "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
 									   "     AND c.lease_until OPERATOR(pg_catalog.<=) $2"
-									   "     AND (c.deliveries OPERATOR(pg_catalog.>=) COALESCE("
-									   "            (SELECT p.max_deliveries FROM outbox.policies p"
-									   "              WHERE p.kind OPERATOR(pg_catalog.=) c.kind), $3)"
+									   "     AND (c.deliveries OPERATOR(pg_catalog.>=) " LE_MAX_DELIVERIES("c.", "$3")
 									   "          OR " LE_MANUAL("c.") ")"
 									   "   ORDER BY c.lease_until"
 									   "   LIMIT $1"

@@ -1025,15 +1025,13 @@ wk_recover(MemoryContext cxt)
 	FreeErrorData(edata);
 }
 
-typedef OutboxDuty wk_duty;
-
 /*
  * Run one duty in its own transaction, with a snapshot and SPI.  An error
  * is logged and kept in the slot, the transaction is rolled back and the
  * worker carries on.  Returns false if the duty failed or skipped its turn.
  */
 static bool
-wk_transaction(const char *what, wk_duty duty, void *arg)
+wk_transaction(const char *what, OutboxDuty duty, void *arg)
 {
 	MemoryContext cxt = CurrentMemoryContext;
 	volatile bool ok = false;
@@ -1362,15 +1360,17 @@ wk_round(void)
 	LWLockRelease(OutboxShared->lock);
 }
 
-/* True while our upkeep worker is starting or running. */
+/*
+ * True while our upkeep worker is starting or running; *pid is its process
+ * (0 while it starts).
+ */
 static bool
-wk_upkeep_running(void)
+wk_upkeep_running(pid_t *pid)
 {
-	pid_t		pid;
-
+	*pid = 0;
 	if (wk_upkeep == NULL)
 		return false;
-	switch (GetBackgroundWorkerPid(wk_upkeep, &pid))
+	switch (GetBackgroundWorkerPid(wk_upkeep, pid))
 	{
 		case BGWH_STARTED:
 		case BGWH_NOT_YET_STARTED:
@@ -1393,19 +1393,15 @@ wk_check(void)
 {
 	bool		present;
 	bool		opposed = false;
+	pid_t		pid;
 
 	wk_next_check = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), WK_CHECK_MS);
 	if (!ob_database_free(MyDatabaseId))
 		wk_exit(OBX_DATABASE_BUSY);
 	StartTransactionCommand();
 	present = OidIsValid(get_extension_oid("outbox", true));
-	if (present && !wk_upkeep_stopped && wk_upkeep_running())
-	{
-		pid_t		pid = 0;
-
-		(void) GetBackgroundWorkerPid(wk_upkeep, &pid);
+	if (present && !wk_upkeep_stopped && wk_upkeep_running(&pid))
 		opposed = !OutboxUpkeepUnopposed(pid);
-	}
 	CommitTransactionCommand();
 	if (!present)
 		wk_exit(OBX_NO_EXTENSION);
@@ -1437,8 +1433,10 @@ wk_between_steps(void)
 static void
 wk_index_check(TimestampTz now)
 {
+	pid_t		pid;
+
 	wk_next_upkeep = TimestampTzPlusMilliseconds(now, outbox_index_check_interval_ms);
-	if (outbox_index_bloat <= 0 || wk_upkeep_running())
+	if (outbox_index_bloat <= 0 || wk_upkeep_running(&pid))
 		return;
 	if (OutboxUpkeepFind(wk_transaction, wk_between_steps, true) == NIL)
 		return;
