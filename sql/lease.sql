@@ -155,6 +155,9 @@ SELECT command_id FROM outbox.claim('A', 10);
 SELECT outbox.resume('mail');
 SELECT command_id FROM outbox.claim('A', 10);
 SELECT kind, max_deliveries, backoff_base, backoff_max, takeover, paused FROM outbox.policies ORDER BY kind;
+-- versions older and newer than the lease the worker holds (c12 is at
+-- version 2) are refused as stale
+SELECT * FROM outbox.ack('A', ARRAY['c12', 'c12'], ARRAY[1, 3]::bigint[]);
 -- a token repeated in one batch ack is acked once
 SELECT * FROM outbox.ack('A', ARRAY['c12', 'c12'], ARRAY[2, 2]::bigint[]);
 SELECT outbox.set_policy('mail', takeover => 'sometimes');

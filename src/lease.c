@@ -58,6 +58,7 @@
 PG_FUNCTION_INFO_V1(outbox_claim);
 PG_FUNCTION_INFO_V1(outbox_ack);
 PG_FUNCTION_INFO_V1(outbox_ack_batch);
+PG_FUNCTION_INFO_V1(outbox_ack_token);
 PG_FUNCTION_INFO_V1(outbox_fail);
 PG_FUNCTION_INFO_V1(outbox_renew);
 PG_FUNCTION_INFO_V1(outbox_sweep);
@@ -574,15 +575,95 @@ le_reason(HeapTuple tup, TupleDesc desc, const char *worker)
 }
 
 /*
- * outbox.ack(worker, command_ids, versions): the batch form.  One UPDATE
- * joins the (id, version) pairs to the rows holding exactly that token; a
- * second query, run only when some did not take, says why for those.
+ * outbox._ack_token(command_ids, versions, command_id, version): whether
+ * (command_id, version) is one of the pairs of the two arrays.  The batch
+ * ack's UPDATE tests each row with it, so that the statement reads the
+ * rows by key alone (an index scan of commands_pkey, the arrays' keys) and
+ * joins nothing: no plan of it can read the table once per element or the
+ * elements once per row.  The test holds when the row is re-read after a
+ * concurrent update (its new version no longer matches).
  *
- * Both run as hash joins of the array's elements with the rows of
- * outbox.commands that have those keys (see OutboxExecuteHashJoin).  The
- * UPDATE tests the status with LE_SENDING: written plainly, the test would
- * match the predicate of commands_lease_idx, and the planner could read the
- * rows from a scan of that whole index.
+ * The pairs are sorted once per executor expression (fn_extra, keyed by
+ * the two arrays' addresses, which a query's parameters keep for the whole
+ * execution) and each row costs a binary search.  Null elements match
+ * nothing.
+ */
+typedef struct LeTokenSet
+{
+	Datum		ids;			/* the arrays the set was built from */
+	Datum		versions;
+	int			n;
+	LeTaken    *pairs;			/* sorted by le_cmp_taken */
+} LeTokenSet;
+
+Datum
+outbox_ack_token(PG_FUNCTION_ARGS)
+{
+	LeTokenSet *set = (LeTokenSet *) fcinfo->flinfo->fn_extra;
+	LeTaken		key;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
+		PG_RETURN_BOOL(false);
+	if (set == NULL || set->ids != PG_GETARG_DATUM(0) ||
+		set->versions != PG_GETARG_DATUM(1))
+	{
+		MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+		ArrayType  *ids = PG_GETARG_ARRAYTYPE_P_COPY(0);
+		ArrayType  *versions = PG_GETARG_ARRAYTYPE_P_COPY(1);
+		Datum	   *id_elems;
+		bool	   *id_nulls;
+		Datum	   *v_elems;
+		bool	   *v_nulls;
+		int			nids;
+		int			nvers;
+		int			i;
+
+		if (ARR_NDIM(ids) > 1 || ARR_NDIM(versions) > 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+					 errmsg("command_ids and versions must be one-dimensional arrays")));
+		deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, &id_elems, &id_nulls, &nids);
+		deconstruct_array(versions, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+						  &v_elems, &v_nulls, &nvers);
+		if (nids != nvers)
+			ereport(ERROR,
+					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+					 errmsg("command_ids and versions must have the same length")));
+		if (set == NULL)
+			set = palloc(sizeof(LeTokenSet));
+		set->ids = PG_GETARG_DATUM(0);
+		set->versions = PG_GETARG_DATUM(1);
+		set->pairs = palloc(sizeof(LeTaken) * (nids + 1));
+		set->n = 0;
+		for (i = 0; i < nids; i++)
+		{
+			if (id_nulls[i] || v_nulls[i])
+				continue;
+			set->pairs[set->n].id = DatumGetTextPP(id_elems[i]);
+			set->pairs[set->n].version = DatumGetInt64(v_elems[i]);
+			set->pairs[set->n].used = false;
+			set->n++;
+		}
+		qsort(set->pairs, set->n, sizeof(LeTaken), le_cmp_taken);
+		fcinfo->flinfo->fn_extra = set;
+		MemoryContextSwitchTo(old);
+	}
+	key.id = PG_GETARG_TEXT_PP(2);
+	key.version = PG_GETARG_INT64(3);
+	PG_RETURN_BOOL(set->n > 0 &&
+				   bsearch(&key, set->pairs, set->n, sizeof(LeTaken), le_cmp_taken) != NULL);
+}
+
+/*
+ * outbox.ack(worker, command_ids, versions): the batch form.  One UPDATE
+ * takes the rows that hold exactly one of the (id, version) tokens: it
+ * reads them by key (commands_pkey, command_id = ANY) and tests each with
+ * outbox._ack_token.  A second query, run only when some did not take,
+ * says why for those; it joins the ids to their rows as a hash join (see
+ * OutboxExecuteHashJoin).  The UPDATE tests the status with LE_SENDING:
+ * written plainly, the test would match the predicate of
+ * commands_lease_idx, and the planner could read the rows from a scan of
+ * that whole index.
  */
 Datum
 outbox_ack_batch(PG_FUNCTION_ARGS)
@@ -658,20 +739,17 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 
 	SPI_connect();
-	ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_batch,
-										 "UPDATE outbox.commands t"
-										 "   SET status = 'published', published_at = $4, lease_until = NULL,"
-										 "       version = t.version OPERATOR(pg_catalog.+) 1"
-										 "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3))"
-										 "       AS i(command_id, version)"
-										 " WHERE t.command_id OPERATOR(pg_catalog.=) i.command_id"
-										 "   AND t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
-										 "   AND t.version OPERATOR(pg_catalog.=) i.version"
-										 "   AND t.owner OPERATOR(pg_catalog.=) $1"
-										 "   AND " LE_SENDING("t.")
-										 " RETURNING t.command_id, i.version",
-										 4, argtypes),
-						   args, NULL, false, 0);
+	ret = OutboxExecute(OutboxPrepare(&plan_ack_batch,
+									  "UPDATE outbox.commands t"
+									  "   SET status = 'published', published_at = $4, lease_until = NULL,"
+									  "       version = t.version OPERATOR(pg_catalog.+) 1"
+									  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
+									  "   AND t.owner OPERATOR(pg_catalog.=) $1"
+									  "   AND " LE_SENDING("t.")
+									  "   AND outbox._ack_token($2, $3, t.command_id, t.version)"
+									  " RETURNING t.command_id, t.version OPERATOR(pg_catalog.-) 1",
+									  4, argtypes),
+						args, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox: batch ack failed: %s", SPI_result_code_string(ret));
 

@@ -109,6 +109,18 @@ AS 'MODULE_PATHNAME', 'outbox_ack_batch';
 COMMENT ON FUNCTION @extschema@.ack(pg_catalog.text, pg_catalog.text[], pg_catalog.int8[])
 	IS 'mark a batch of leased commands published; reports stale tokens per command instead of raising';
 
+-- Internal: the batch ack's test of a row's token against its arrays.
+CREATE FUNCTION @extschema@._ack_token(
+	command_ids pg_catalog.text[],
+	versions pg_catalog.int8[],
+	command_id pg_catalog.text,
+	version pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE c IMMUTABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_ack_token';
+COMMENT ON FUNCTION @extschema@._ack_token(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text, pg_catalog.int8)
+	IS 'internal: whether (command_id, version) is one of the pairs of the two arrays (used by the batch ack)';
+
 CREATE FUNCTION @extschema@.fail(
 	command_id pg_catalog.text,
 	worker pg_catalog.text,
