@@ -64,6 +64,11 @@ SELECT outbox.ack('c3', 'B', 3);
 SELECT * FROM outbox.ack('C', ARRAY['c2', 'c5'], ARRAY[2, 1]::bigint[]);
 SELECT * FROM outbox.ack('B', ARRAY['c2', 'c4', 'c3', 'zz', 'c5'], ARRAY[2, 3, 3, 1, 1]::bigint[]);
 SELECT * FROM outbox.ack('B', '{}'::text[], '{}'::bigint[]);
+-- the batch ack's internal token test, with arrays that differ per row
+SELECT a, v, outbox._ack_token(a, v, 'x', 2) AS holds
+  FROM (VALUES (ARRAY['x', 'y'], ARRAY[1, 2]::bigint[]), (ARRAY['y', 'x'], ARRAY[1, 2]::bigint[]),
+               (ARRAY['x', NULL], ARRAY[2, 2]::bigint[]), ('{}', '{}')) t(a, v);
+SELECT outbox._ack_token(ARRAY['x'], ARRAY[1, 2]::bigint[], 'x', 1);
 SELECT command_id, status, version FROM outbox.commands ORDER BY command_id;
 
 -- takeover: an expired lease goes to the next claimer; the old holder is refused

@@ -583,18 +583,55 @@ le_reason(HeapTuple tup, TupleDesc desc, const char *worker)
  * elements once per row.  The test holds when the row is re-read after a
  * concurrent update (its new version no longer matches).
  *
- * The pairs are sorted once per executor expression (fn_extra, keyed by
- * the two arrays' addresses, which a query's parameters keep for the whole
- * execution) and each row costs a binary search.  Null elements match
+ * When both arrays are the same for the whole query (constants or
+ * parameters, as in the batch ack), the pairs are sorted once, kept in
+ * fn_extra, and each row costs a binary search; otherwise (arrays read
+ * from the rows) each call searches its own arrays.  Null elements match
  * nothing.
  */
 typedef struct LeTokenSet
 {
-	Datum		ids;			/* the arrays the set was built from */
-	Datum		versions;
 	int			n;
 	LeTaken    *pairs;			/* sorted by le_cmp_taken */
 } LeTokenSet;
+
+static LeTokenSet *
+le_token_set(ArrayType *ids, ArrayType *versions)
+{
+	LeTokenSet *set = palloc(sizeof(LeTokenSet));
+	Datum	   *id_elems;
+	bool	   *id_nulls;
+	Datum	   *v_elems;
+	bool	   *v_nulls;
+	int			nids;
+	int			nvers;
+	int			i;
+
+	if (ARR_NDIM(ids) > 1 || ARR_NDIM(versions) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("command_ids and versions must be one-dimensional arrays")));
+	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, &id_elems, &id_nulls, &nids);
+	deconstruct_array(versions, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  &v_elems, &v_nulls, &nvers);
+	if (nids != nvers)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("command_ids and versions must have the same length")));
+	set->pairs = palloc(sizeof(LeTaken) * (nids + 1));
+	set->n = 0;
+	for (i = 0; i < nids; i++)
+	{
+		if (id_nulls[i] || v_nulls[i])
+			continue;
+		set->pairs[set->n].id = DatumGetTextPP(id_elems[i]);
+		set->pairs[set->n].version = DatumGetInt64(v_elems[i]);
+		set->pairs[set->n].used = false;
+		set->n++;
+	}
+	qsort(set->pairs, set->n, sizeof(LeTaken), le_cmp_taken);
+	return set;
+}
 
 Datum
 outbox_ack_token(PG_FUNCTION_ARGS)
@@ -604,49 +641,19 @@ outbox_ack_token(PG_FUNCTION_ARGS)
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
 		PG_RETURN_BOOL(false);
-	if (set == NULL || set->ids != PG_GETARG_DATUM(0) ||
-		set->versions != PG_GETARG_DATUM(1))
+	if (set == NULL)
 	{
-		MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-		ArrayType  *ids = PG_GETARG_ARRAYTYPE_P_COPY(0);
-		ArrayType  *versions = PG_GETARG_ARRAYTYPE_P_COPY(1);
-		Datum	   *id_elems;
-		bool	   *id_nulls;
-		Datum	   *v_elems;
-		bool	   *v_nulls;
-		int			nids;
-		int			nvers;
-		int			i;
-
-		if (ARR_NDIM(ids) > 1 || ARR_NDIM(versions) > 1)
-			ereport(ERROR,
-					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-					 errmsg("command_ids and versions must be one-dimensional arrays")));
-		deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, &id_elems, &id_nulls, &nids);
-		deconstruct_array(versions, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-						  &v_elems, &v_nulls, &nvers);
-		if (nids != nvers)
-			ereport(ERROR,
-					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-					 errmsg("command_ids and versions must have the same length")));
-		if (set == NULL)
-			set = palloc(sizeof(LeTokenSet));
-		set->ids = PG_GETARG_DATUM(0);
-		set->versions = PG_GETARG_DATUM(1);
-		set->pairs = palloc(sizeof(LeTaken) * (nids + 1));
-		set->n = 0;
-		for (i = 0; i < nids; i++)
+		if (get_fn_expr_arg_stable(fcinfo->flinfo, 0) &&
+			get_fn_expr_arg_stable(fcinfo->flinfo, 1))
 		{
-			if (id_nulls[i] || v_nulls[i])
-				continue;
-			set->pairs[set->n].id = DatumGetTextPP(id_elems[i]);
-			set->pairs[set->n].version = DatumGetInt64(v_elems[i]);
-			set->pairs[set->n].used = false;
-			set->n++;
+			MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+
+			set = le_token_set(PG_GETARG_ARRAYTYPE_P_COPY(0), PG_GETARG_ARRAYTYPE_P_COPY(1));
+			fcinfo->flinfo->fn_extra = set;
+			MemoryContextSwitchTo(old);
 		}
-		qsort(set->pairs, set->n, sizeof(LeTaken), le_cmp_taken);
-		fcinfo->flinfo->fn_extra = set;
-		MemoryContextSwitchTo(old);
+		else
+			set = le_token_set(PG_GETARG_ARRAYTYPE_P(0), PG_GETARG_ARRAYTYPE_P(1));
 	}
 	key.id = PG_GETARG_TEXT_PP(2);
 	key.version = PG_GETARG_INT64(3);
