@@ -68,7 +68,24 @@ SELECT * FROM outbox.ack('B', '{}'::text[], '{}'::bigint[]);
 SELECT a, v, outbox._ack_token(a, v, 'x', 2) AS holds
   FROM (VALUES (ARRAY['x', 'y'], ARRAY[1, 2]::bigint[]), (ARRAY['y', 'x'], ARRAY[1, 2]::bigint[]),
                (ARRAY['x', NULL], ARRAY[2, 2]::bigint[]), ('{}', '{}')) t(a, v);
-SELECT outbox._ack_token(ARRAY['x'], ARRAY[1, 2]::bigint[], 'x', 1);
+SELECT outbox._ack_token(a, v, 'x', 1) FROM (VALUES (ARRAY['x'], ARRAY[1, 2]::bigint[])) t(a, v);
+SELECT outbox._ack_token(a, v, 'x', 1) FROM (VALUES (ARRAY['x', 'y'], ARRAY[1, NULL]::bigint[])) t(a, v);
+SELECT outbox._ack_token(a, v, 'x', 1) FROM (VALUES ('{{x},{y}}'::text[], '{{1},{2}}'::bigint[])) t(a, v);
+-- and with arrays that a PL/pgSQL variable changes between calls of one
+-- expression (which keeps its state across the loop)
+DO $$
+DECLARE
+	ids text[];
+	vers bigint[];
+	r text := '';
+BEGIN
+	FOR i IN 1..3 LOOP
+		ids := ARRAY['x' || i];
+		vers := ARRAY[1::bigint];
+		r := r || outbox._ack_token(ids, vers, 'x2', 1)::text || ' ';
+	END LOOP;
+	RAISE NOTICE 'holds: %', r;
+END $$;
 SELECT command_id, status, version FROM outbox.commands ORDER BY command_id;
 
 -- takeover: an expired lease goes to the next claimer; the old holder is refused

@@ -6,8 +6,9 @@
  *
  * Lease protocol.  A command's token is (command_id, version).  Every state
  * change is one UPDATE whose WHERE clause holds the whole token: status =
- * 'sending', owner = the caller, version = the caller's version; it bumps
- * version.  Two holders can therefore never both change a row: whichever
+ * 'sending', owner = the caller, version = the caller's version (for the
+ * batch ack, the row's (command_id, version) is one of the caller's pairs:
+ * outbox._ack_token); it bumps version.  Two holders can therefore never both change a row: whichever
  * UPDATE runs second finds a different version (READ COMMITTED re-checks
  * the WHERE clause on the newest row version) and changes nothing, and the
  * caller is told lease_not_owned.  renew extends lease_until without
@@ -529,7 +530,10 @@ outbox_ack(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/* A token a batch ack took: (command_id, version), used up once matched. */
+/*
+ * A token (command_id, version): one the batch ack's UPDATE took (used: it
+ * was matched to an input already), or one of the pairs _ack_token tests.
+ */
 typedef struct LeTaken
 {
 	text	   *id;
@@ -583,17 +587,24 @@ le_reason(HeapTuple tup, TupleDesc desc, const char *worker)
  * elements once per row.  The test holds when the row is re-read after a
  * concurrent update (its new version no longer matches).
  *
- * When both arrays are the same for the whole query (constants or
- * parameters, as in the batch ack), the pairs are sorted once, kept in
- * fn_extra, and each row costs a binary search; otherwise (arrays read
- * from the rows) each call searches its own arrays.  Null elements match
+ * Inside the batch ack's UPDATE (le_ack_batch_call set, its arrays passed
+ * as parameters) the pairs are sorted once per call of outbox.ack, kept in
+ * fn_extra, and each row costs a binary search.  Anywhere else each call
+ * sorts its own arrays: a parameter is not always the same value for the
+ * life of an expression (PL/pgSQL keeps a simple expression's state, and so
+ * fn_extra, across the assignments of its variables).  Null elements match
  * nothing.
  */
 typedef struct LeTokenSet
 {
+	uint64		call;			/* le_ack_batch_call it was built for */
 	int			n;
 	LeTaken    *pairs;			/* sorted by le_cmp_taken */
 } LeTokenSet;
+
+/* Which call of outbox.ack (batch) is running its UPDATE; 0: none. */
+static uint64 le_ack_batch_call = 0;
+static uint64 le_ack_batch_calls = 0;
 
 static LeTokenSet *
 le_token_set(ArrayType *ids, ArrayType *versions)
@@ -617,7 +628,9 @@ le_token_set(ArrayType *ids, ArrayType *versions)
 	if (nids != nvers)
 		ereport(ERROR,
 				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("command_ids and versions must have the same length")));
+				 errmsg("command_ids and versions must have the same length"),
+				 errdetail("command_ids has %d elements and versions has %d.", nids, nvers)));
+	set->call = 0;
 	set->pairs = palloc(sizeof(LeTaken) * (nids + 1));
 	set->n = 0;
 	for (i = 0; i < nids; i++)
@@ -641,14 +654,21 @@ outbox_ack_token(PG_FUNCTION_ARGS)
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
 		PG_RETURN_BOOL(false);
-	if (set == NULL)
+	if (le_ack_batch_call == 0 || set == NULL || set->call != le_ack_batch_call)
 	{
-		if (get_fn_expr_arg_stable(fcinfo->flinfo, 0) &&
+		if (le_ack_batch_call != 0 &&
+			get_fn_expr_arg_stable(fcinfo->flinfo, 0) &&
 			get_fn_expr_arg_stable(fcinfo->flinfo, 1))
 		{
 			MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
 
+			if (set != NULL)
+			{
+				pfree(set->pairs);
+				pfree(set);
+			}
 			set = le_token_set(PG_GETARG_ARRAYTYPE_P_COPY(0), PG_GETARG_ARRAYTYPE_P_COPY(1));
+			set->call = le_ack_batch_call;
 			fcinfo->flinfo->fn_extra = set;
 			MemoryContextSwitchTo(old);
 		}
@@ -746,17 +766,26 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 
 	SPI_connect();
-	ret = OutboxExecute(OutboxPrepare(&plan_ack_batch,
-									  "UPDATE outbox.commands t"
-									  "   SET status = 'published', published_at = $4, lease_until = NULL,"
-									  "       version = t.version OPERATOR(pg_catalog.+) 1"
-									  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
-									  "   AND t.owner OPERATOR(pg_catalog.=) $1"
-									  "   AND " LE_SENDING("t.")
-									  "   AND outbox._ack_token($2, $3, t.command_id, t.version)"
-									  " RETURNING t.command_id, t.version OPERATOR(pg_catalog.-) 1",
-									  4, argtypes),
-						args, NULL, false, 0);
+	le_ack_batch_call = ++le_ack_batch_calls;
+	PG_TRY();
+	{
+		ret = OutboxExecute(OutboxPrepare(&plan_ack_batch,
+										  "UPDATE outbox.commands t"
+										  "   SET status = 'published', published_at = $4, lease_until = NULL,"
+										  "       version = t.version OPERATOR(pg_catalog.+) 1"
+										  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
+										  "   AND t.owner OPERATOR(pg_catalog.=) $1"
+										  "   AND " LE_SENDING("t.")
+										  "   AND outbox._ack_token($2, $3, t.command_id, t.version)"
+										  " RETURNING t.command_id, t.version OPERATOR(pg_catalog.-) 1",
+										  4, argtypes),
+							args, NULL, false, 0);
+	}
+	PG_FINALLY();
+	{
+		le_ack_batch_call = 0;
+	}
+	PG_END_TRY();
 	if (ret != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox: batch ack failed: %s", SPI_result_code_string(ret));
 
