@@ -235,6 +235,7 @@ le_is_lease_index(Relation rel, Relation idx)
 	Form_pg_index ix = idx->rd_index;
 	List	   *pred;
 	OpExpr	   *op;
+	Node	   *left;
 	Var		   *var;
 	Const	   *val;
 
@@ -248,10 +249,15 @@ le_is_lease_index(Relation rel, Relation idx)
 	if (list_length(pred) != 1 || !IsA(linitial(pred), OpExpr))
 		return false;
 	op = linitial_node(OpExpr, pred);
-	if (op->opno != TextEqualOperator || list_length(op->args) != 2 ||
-		!IsA(linitial(op->args), Var) || !IsA(lsecond(op->args), Const))
+	if (op->opno != TextEqualOperator || list_length(op->args) != 2)
 		return false;
-	var = linitial_node(Var, op->args);
+	/* status is of the domain command_status: text = text on (status)::text */
+	left = linitial(op->args);
+	if (IsA(left, RelabelType))
+		left = (Node *) ((RelabelType *) left)->arg;
+	if (!IsA(left, Var) || !IsA(lsecond(op->args), Const))
+		return false;
+	var = (Var *) left;
 	val = lsecond_node(Const, op->args);
 	return var->varattno == get_attnum(RelationGetRelid(rel), "status") &&
 		val->consttype == TEXTOID && !val->constisnull &&

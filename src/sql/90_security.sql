@@ -158,7 +158,8 @@ $$;
 REVOKE ALL ON SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @extschema@ FROM PUBLIC;
-REVOKE ALL ON TYPE @extschema@.lease, @extschema@.ack_result FROM PUBLIC;
+REVOKE ALL ON TYPE @extschema@.lease, @extschema@.ack_result, @extschema@.command_status,
+	@extschema@.command_version, @extschema@.command_deliveries FROM PUBLIC;
 
 GRANT USAGE ON SCHEMA @extschema@ TO outbox_producer, outbox_publisher, outbox_consumer, outbox_admin, pg_monitor;
 
