@@ -140,4 +140,7 @@ COMMENT ON TABLE @extschema@.receipts IS 'one durable completion receipt per com
 COMMENT ON TABLE @extschema@.inbox IS 'commands each consumer has accepted, for exactly-once effects';
 COMMENT ON TABLE @extschema@.policies IS 'per-kind overrides: max deliveries, backoff, lease, takeover mode, pause, retention';
 COMMENT ON TABLE @extschema@.purged IS 'tombstones of commands removed by the retention purge';
+COMMENT ON DOMAIN @extschema@.command_status IS 'a command''s status: pending, sending, published, dead or uncertain';
+COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version, the second half of its lease token (at least 1)';
+COMMENT ON DOMAIN @extschema@.command_deliveries IS 'how many times a command was handed to a publisher (not negative)';
 COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending, NULL otherwise (the key of the claim index)';
