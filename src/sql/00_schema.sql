@@ -32,8 +32,9 @@ CREATE UNIQUE INDEX events_command_id_key ON @extschema@.events (command_id)
 -- constraints of the table: PostgreSQL reads and plans a table's CHECK
 -- constraints afresh for every statement that writes the table (the three
 -- of commands took about 4% of the backend's time at a batch of 10), and a
--- domain's check once per session.  To every query they are their base
--- type (comparisons, parameters, casts, arrays).
+-- domain's check once per session.  Operators, parameters and casts treat
+-- them as their base types; the views (part 40) show the columns cast to
+-- those, since no role is granted USAGE on the domains.
 CREATE DOMAIN @extschema@.command_status AS pg_catalog.text
 	CONSTRAINT command_status_check CHECK (VALUE OPERATOR(pg_catalog.=) ANY
 		(ARRAY['pending', 'sending', 'published', 'dead', 'uncertain']::pg_catalog.text[]));

@@ -45,7 +45,7 @@ COMMENT ON VIEW @extschema@.check_decisions_without_command
 -- (run_id, seq) names c" is the same as "the event naming c is
 -- (run_id, seq)": the anti-join runs on command_id.
 CREATE VIEW @extschema@.check_orphan_commands AS
-SELECT c.command_id, c.run_id, c.seq, c.kind, c.status,
+SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS status,
 	   e.command_id AS event_command_id,
 	   CASE WHEN e.run_id IS NULL THEN 'event_missing'
 			WHEN e.command_id IS NULL THEN 'event_decided_nothing'
@@ -98,7 +98,7 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 -- and the rules array is built for the offending rows only.  Tombstones are
 -- hashed and probed by the one scan of commands.
 CREATE VIEW @extschema@.check_state AS
-SELECT f.command_id, f.status,
+SELECT f.command_id, f.status::pg_catalog.text AS status,
 	   pg_catalog.array_remove(ARRAY[
 		   CASE WHEN f.r1 THEN 'sending_without_owner' END,
 		   CASE WHEN f.r2 THEN 'sending_without_lease' END,
@@ -111,7 +111,8 @@ SELECT f.command_id, f.status,
 		   CASE WHEN f.r9 THEN 'claimable_while_not_pending' END,
 		   CASE WHEN f.r10 THEN 'dead_without_error' END,
 		   CASE WHEN f.r11 THEN 'purged_but_present' END]::pg_catalog.text[], NULL) AS rules,
-	   f.owner, f.version, f.deliveries, f.lease_until, f.published_at,
+	   f.owner, f.version::pg_catalog.int8 AS version, f.deliveries::pg_catalog.int4 AS deliveries,
+	   f.lease_until, f.published_at,
 	   f.available_at, f.due_at
   FROM (SELECT c.command_id, c.status, c.owner, c.version, c.deliveries,
 			   c.lease_until, c.published_at, c.available_at, c.due_at,
@@ -254,7 +255,7 @@ COMMENT ON FUNCTION @extschema@.verify(pg_catalog.bool)
 -- their not-before time, and how long the oldest available one has been
 -- available (for pending rows: the oldest command waiting to be claimed).
 CREATE VIEW @extschema@.backlog AS
-SELECT c.kind, c.status,
+SELECT c.kind, c.status::pg_catalog.text AS status,
 	   pg_catalog.count(*) AS commands,
 	   pg_catalog.count(*) FILTER (WHERE c.status OPERATOR(pg_catalog.=) 'pending'
 								   AND c.available_at OPERATOR(pg_catalog.>) pg_catalog.now()) AS delayed,
@@ -272,7 +273,8 @@ COMMENT ON VIEW @extschema@.backlog
 -- expired lease: auto (the next claim takes it over) or manual (the worker
 -- moves it to uncertain).
 CREATE VIEW @extschema@.leases AS
-SELECT c.command_id, c.kind, c.owner AS holder, c.version, c.deliveries, c.lease_until,
+SELECT c.command_id, c.kind, c.owner AS holder, c.version::pg_catalog.int8 AS version,
+	   c.deliveries::pg_catalog.int4 AS deliveries, c.lease_until,
 	   c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now() AS expired,
 	   c.lease_until OPERATOR(pg_catalog.-) pg_catalog.now() AS time_left,
 	   COALESCE(p.takeover, 'auto') AS takeover
@@ -285,7 +287,8 @@ COMMENT ON VIEW @extschema@.leases
 -- Commands that need a human: dead (deliveries used up or a fatal failure)
 -- and uncertain (an expired lease of a manual-takeover kind).
 CREATE VIEW @extschema@.dead_letters AS
-SELECT c.command_id, c.run_id, c.seq, c.kind, c.status, c.deliveries, c.version,
+SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS status,
+	   c.deliveries::pg_catalog.int4 AS deliveries, c.version::pg_catalog.int8 AS version,
 	   c.owner, c.last_error, c.created_at, c.available_at
   FROM @extschema@.commands c
  WHERE c.status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[]);

@@ -3,7 +3,7 @@
 -- payload, are readable by pg_monitor and outbox_admin only, and hold on a
 -- working outbox; verify() raises 23000 on a fault.
 BEGIN;
-SELECT plan(32);
+SELECT plan(33);
 
 CREATE TEMP TABLE my_views (name) AS
 VALUES ('check_decisions_without_command'), ('check_orphan_commands'), ('check_orphan_receipts'),
@@ -45,6 +45,17 @@ SELECT columns_are('outbox', 'dead_letters',
 		  'last_error', 'created_at', 'available_at']);
 
 SELECT col_type_is('outbox', 'conservation', 'violations', 'bigint', 'conservation.violations is a bigint');
+-- The views show the commands' status, version and deliveries in their base
+-- types, not the domains of outbox.commands (which no role may use): a
+-- reader can copy any view into a table or view of its own.
+SELECT is(ARRAY(SELECT c.relname || '.' || a.attname || ' ' || pg_catalog.format_type(a.atttypid, a.atttypmod)
+				  FROM pg_attribute a
+				  JOIN pg_class c ON c.oid = a.attrelid
+				  JOIN pg_type t ON t.oid = a.atttypid
+				 WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind = 'v'
+				   AND a.attnum > 0 AND t.typnamespace = 'outbox'::regnamespace
+				 ORDER BY 1),
+		  '{}'::text[], 'no view column is of a type of the extension');
 SELECT col_type_is('outbox', 'conservation', 'sample', 'text[]', 'conservation.sample is a text[]');
 SELECT function_returns('outbox', 'verify', ARRAY['boolean'], 'void', 'verify(boolean) returns void');
 

@@ -1,6 +1,6 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(49);
+SELECT plan(52);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged']);
@@ -21,6 +21,9 @@ SELECT col_is_pk('outbox', 'commands', 'command_id', 'col_is_pk outbox, commands
 SELECT col_type_is('outbox', 'commands', 'payload', 'jsonb', 'col_type_is outbox, commands, payload, jsonb');
 SELECT col_type_is('outbox', 'commands', 'version', 'outbox', 'command_version', 'version is of the domain command_version');
 SELECT domain_type_is('outbox', 'command_version', 'bigint', 'command_version is a bigint');
+SELECT col_type_is('outbox', 'commands', 'deliveries', 'outbox', 'command_deliveries', 'deliveries is of the domain command_deliveries');
+SELECT domain_type_is('outbox', 'command_deliveries', 'integer', 'command_deliveries is an integer');
+SELECT domain_type_is('outbox', 'command_status', 'text', 'command_status is a text');
 SELECT col_not_null('outbox', 'commands', 'status', 'col_not_null outbox, commands, status');
 SELECT col_not_null('outbox', 'commands', 'payload', 'col_not_null outbox, commands, payload');
 SELECT col_has_default('outbox', 'commands', 'status', 'col_has_default outbox, commands, status');

@@ -118,8 +118,8 @@ SELECT string_agg(x, E'\n' ORDER BY x) FROM (
 	  FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'v')
 	UNION ALL
 	SELECT t.oid::regtype::text || ' ' || coalesce(t.typacl::text, 'default')
-	  FROM pg_type t JOIN pg_class c ON c.oid = t.typrelid
-	 WHERE t.typnamespace = 'outbox'::regnamespace AND c.relkind = 'c'
+	  FROM pg_type t LEFT JOIN pg_class c ON c.oid = t.typrelid
+	 WHERE t.typnamespace = 'outbox'::regnamespace AND (c.relkind = 'c' OR t.typtype = 'd')
 	UNION ALL
 	SELECT 'schema ' || coalesce(nspacl::text, 'default') FROM pg_namespace WHERE nspname = 'outbox') s});
 }
