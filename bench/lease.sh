@@ -85,7 +85,9 @@ key_expr() {
 	esac
 }
 
-# Load N pending commands into the system's table and vacuum it.
+# Load N pending commands into the system's table, vacuum it, and take a
+# checkpoint, so that no run starts with (or is interrupted by) the
+# checkpoint the previous loads' WAL would bring.
 load() {
 	local system=$1 n=$2 t
 	t=$(table_of "$system")
@@ -95,14 +97,16 @@ INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_a
 SELECT $(key_expr), 'run-' || (g / 10), g, 'k', jsonb_build_object('n', g, 'to', 'someone@example.org'),
        now() - interval '1 minute', now() - interval '1 minute', now() - interval '1 minute' + g * interval '1 microsecond'
   FROM generate_series(1, $n) g;
-VACUUM ANALYZE outbox.commands;"
+VACUUM ANALYZE outbox.commands;
+CHECKPOINT;"
 	else
 		psql_q "TRUNCATE $t;
 INSERT INTO $t (command_id, run_id, seq, kind, payload, available_at, created_at)
 SELECT $(key_expr), 'run-' || (g / 10), g, 'k', jsonb_build_object('n', g, 'to', 'someone@example.org'),
        now() - interval '1 minute', now() - interval '1 minute' + g * interval '1 microsecond'
   FROM generate_series(1, $n) g;
-VACUUM ANALYZE $t;"
+VACUUM ANALYZE $t;
+CHECKPOINT;"
 	fi
 }
 
