@@ -8,10 +8,10 @@
  * change is one UPDATE whose WHERE clause holds the whole token: status =
  * 'sending', owner = the caller, version = the caller's version (for the
  * batch ack, the row's (command_id, version) is one of the caller's pairs:
- * outbox._ack_token); it bumps version.  Two holders can therefore never both change a row: whichever
- * UPDATE runs second finds a different version (READ COMMITTED re-checks
- * the WHERE clause on the newest row version) and changes nothing, and the
- * caller is told lease_not_owned.  renew extends lease_until without
+ * outbox._ack_token); it bumps version.  Two holders can therefore never
+ * both change a row: whichever UPDATE runs second finds a different version
+ * (READ COMMITTED re-checks the WHERE clause on the newest row version) and
+ * changes nothing, and the caller is told lease_not_owned.  renew extends lease_until without
  * bumping version: the holder keeps its token.
  *
  * claim locks its candidates with FOR NO KEY UPDATE SKIP LOCKED, so
@@ -612,6 +612,32 @@ typedef struct LeTokenSet
 static uint64 le_ack_batch_call = 0;
 static uint64 le_ack_batch_calls = 0;
 
+/*
+ * The elements of a batch ack's two arrays, checked to be one-dimensional
+ * and of the same length (2202E otherwise).  Returns their number.
+ */
+static int
+le_token_arrays(ArrayType *ids, ArrayType *versions, Datum **id_elems,
+				bool **id_nulls, Datum **v_elems, bool **v_nulls)
+{
+	int			nids;
+	int			nvers;
+
+	if (ARR_NDIM(ids) > 1 || ARR_NDIM(versions) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("command_ids and versions must be one-dimensional arrays")));
+	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, id_elems, id_nulls, &nids);
+	deconstruct_array(versions, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+					  v_elems, v_nulls, &nvers);
+	if (nids != nvers)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("command_ids and versions must have the same length"),
+				 errdetail("command_ids has %d elements and versions has %d.", nids, nvers)));
+	return nids;
+}
+
 static LeTokenSet *
 le_token_set(ArrayType *ids, ArrayType *versions)
 {
@@ -620,22 +646,9 @@ le_token_set(ArrayType *ids, ArrayType *versions)
 	bool	   *id_nulls;
 	Datum	   *v_elems;
 	bool	   *v_nulls;
-	int			nids;
-	int			nvers;
+	int			nids = le_token_arrays(ids, versions, &id_elems, &id_nulls, &v_elems, &v_nulls);
 	int			i;
 
-	if (ARR_NDIM(ids) > 1 || ARR_NDIM(versions) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("command_ids and versions must be one-dimensional arrays")));
-	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, &id_elems, &id_nulls, &nids);
-	deconstruct_array(versions, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-					  &v_elems, &v_nulls, &nvers);
-	if (nids != nvers)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("command_ids and versions must have the same length"),
-				 errdetail("command_ids has %d elements and versions has %d.", nids, nvers)));
 	set->call = 0;
 	set->pairs = palloc(sizeof(LeTaken) * (nids + 1));
 	set->n = 0;
@@ -683,8 +696,7 @@ outbox_ack_token(PG_FUNCTION_ARGS)
 	}
 	key.id = PG_GETARG_TEXT_PP(2);
 	key.version = PG_GETARG_INT64(3);
-	PG_RETURN_BOOL(set->n > 0 &&
-				   bsearch(&key, set->pairs, set->n, sizeof(LeTaken), le_cmp_taken) != NULL);
+	PG_RETURN_BOOL(bsearch(&key, set->pairs, set->n, sizeof(LeTaken), le_cmp_taken) != NULL);
 }
 
 /*
@@ -713,7 +725,6 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	Datum	   *v_elems;
 	bool	   *v_nulls;
 	int			nids;
-	int			nvers;
 	int			i;
 	Datum		args[4];
 	int			ret;
@@ -728,18 +739,7 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	OutboxArgNotNull(fcinfo, 2, "versions");
 	ids = PG_GETARG_ARRAYTYPE_P(1);
 	versions = PG_GETARG_ARRAYTYPE_P(2);
-	if (ARR_NDIM(ids) > 1 || ARR_NDIM(versions) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("command_ids and versions must be one-dimensional arrays")));
-	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, &id_elems, &id_nulls, &nids);
-	deconstruct_array(versions, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-					  &v_elems, &v_nulls, &nvers);
-	if (nids != nvers)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("command_ids and versions must have the same length"),
-				 errdetail("command_ids has %d elements and versions has %d.", nids, nvers)));
+	nids = le_token_arrays(ids, versions, &id_elems, &id_nulls, &v_elems, &v_nulls);
 	if (nids > outbox_max_batch)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
