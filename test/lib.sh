@@ -3,10 +3,19 @@
 # build and install, and run commands as the unprivileged postgres OS user
 # (PostgreSQL refuses to run as root).
 
-PGBIN=/usr/lib/postgresql/15/bin
-PGXS_DIR=/usr/lib/postgresql/15/lib/pgxs
-PG_REGRESS=$PGXS_DIR/src/test/regress/pg_regress
-PG_ISOLATION_REGRESS=$PGXS_DIR/src/test/isolation/pg_isolation_regress
+# The server everything is built for and run on: PG_CONFIG names its
+# pg_config (Debian's PostgreSQL 15 by default); every other path comes from it.
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+
+# Set PGBIN, PGXS_DIR, PG_REGRESS and PG_ISOLATION_REGRESS from $PG_CONFIG.
+outbox_paths() {
+	[ -x "$PG_CONFIG" ] || return 1
+	PGBIN=$("$PG_CONFIG" --bindir)
+	PGXS_DIR=$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs)")")")
+	PG_REGRESS=$PGXS_DIR/src/test/regress/pg_regress
+	PG_ISOLATION_REGRESS=$PGXS_DIR/src/test/isolation/pg_isolation_regress
+}
+outbox_paths
 
 # Debian packages the build, the tests and the demo need.
 OUTBOX_PACKAGES=(
@@ -36,15 +45,9 @@ outbox_setup() {
 		apt-get update -qq >/dev/null || return 1
 		apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || return 1
 	fi
-	# Debian's postgresql-common may create and start a default cluster on
-	# install; it is not used here and would only compete for the machine.
-	if [ "$(id -u)" -eq 0 ] && command -v pg_lsclusters >/dev/null 2>&1; then
-		pg_lsclusters -h 2>/dev/null | awk '$4 == "online" {print $1, $2}' | while read -r v c; do
-			pg_ctlcluster "$v" "$c" stop >/dev/null 2>&1 || true
-		done
-	fi
-	(cd "$ROOT" && make -s PG_CONFIG="$PGBIN/pg_config" >/dev/null) || return 1
-	(cd "$ROOT" && make -s PG_CONFIG="$PGBIN/pg_config" install >/dev/null) || return 1
+	outbox_paths || { echo "no pg_config at $PG_CONFIG" >&2; return 1; }
+	(cd "$ROOT" && make -s PG_CONFIG="$PG_CONFIG" >/dev/null) || return 1
+	(cd "$ROOT" && make -s PG_CONFIG="$PG_CONFIG" install >/dev/null) || return 1
 	return 0
 }
 
