@@ -78,6 +78,49 @@ SELECT outbox.commit_decisions(ARRAY['run-6'], ARRAY[1]::bigint[], ARRAY['e'],
   ARRAY[''], ARRAY['k'], ARRAY['{}']::jsonb[]);
 SELECT count(*) AS run_6_rows FROM outbox.events WHERE run_id = 'run-6';
 
+-- A repeat is named by its positions, the earliest repeat of the batch first.
+SELECT outbox.commit_decisions(ARRAY['run-7', 'run-7', 'run-7', 'run-7'], ARRAY[1, 2, 3, 4]::bigint[],
+  ARRAY['e', 'e', 'e', 'e'], ARRAY['cmd-7d', 'cmd-7b', 'cmd-7c', 'cmd-7b'], ARRAY['k', 'k', 'k', 'k'],
+  ARRAY['{}', '{}', '{}', '{}']::jsonb[]);
+SELECT outbox.commit_decisions(ARRAY['run-7', 'run-8', 'run-7', 'run-8', 'run-7'], ARRAY[1, 1, 2, 1, 1]::bigint[],
+  ARRAY['e', 'e', 'e', 'e', 'e'], ARRAY['c7a', 'c7b', 'c7c', 'c7d', 'c7e'], ARRAY['k', 'k', 'k', 'k', 'k'],
+  ARRAY['{}', '{}', '{}', '{}', '{}']::jsonb[]);
+SELECT count(*) AS run_7_rows FROM outbox.events WHERE run_id IN ('run-7', 'run-8');
+
+-- A taken key keeps its constraint's name: a client tells a taken command
+-- id from a taken (run_id, seq) without reading the message.
+CREATE FUNCTION pg_temp.taken(call text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE st text; tab text; con text;
+BEGIN
+  EXECUTE call;
+  RETURN 'recorded';
+EXCEPTION WHEN unique_violation THEN
+  GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, tab = TABLE_NAME, con = CONSTRAINT_NAME;
+  RETURN st || ' ' || tab || '.' || con;
+END $$;
+SELECT pg_temp.taken($$SELECT outbox.commit_decision('run-x', 1, 'e', 'cmd-1', 'k', '{}')$$) AS command_id,
+       pg_temp.taken($$SELECT outbox.commit_decision('run-1', 1, 'e', 'cmd-x', 'k', '{}')$$) AS run_seq,
+       pg_temp.taken($$SELECT outbox.record_event('run-1', 1, 'e')$$) AS event,
+       pg_temp.taken($$SELECT outbox.commit_decisions(ARRAY['run-x'], ARRAY[1]::bigint[], ARRAY['e'],
+                        ARRAY['cmd-1'], ARRAY['k'], ARRAY['{}']::jsonb[])$$) AS batch_command_id,
+       pg_temp.taken($$SELECT outbox.commit_decisions(ARRAY['run-1'], ARRAY[1]::bigint[], ARRAY['e'],
+                        ARRAY['cmd-x'], ARRAY['k'], ARRAY['{}']::jsonb[])$$) AS batch_run_seq;
+-- A command whose row is gone (purged: only its event and tombstone stay)
+-- is still taken, through the events' index of command ids.
+BEGIN;
+DELETE FROM outbox.commands WHERE command_id = 'cmd-2';
+SELECT pg_temp.taken($$SELECT outbox.commit_decision('run-y', 1, 'e', 'cmd-2', 'k', '{}')$$) AS purged_command_id;
+ROLLBACK;
+-- A unique index that is not the extension's keeps its own error.
+BEGIN;
+CREATE UNIQUE INDEX commands_one_kind_idx ON outbox.commands (kind) WHERE kind = 'only-one';
+SELECT outbox.commit_decision('run-z', 1, 'e', 'cmd-z1', 'only-one', '{}');
+\set VERBOSITY terse
+SELECT outbox.commit_decision('run-z', 2, 'e', 'cmd-z2', 'only-one', '{}');
+\set VERBOSITY default
+ROLLBACK;
+SELECT count(*) AS run_x_y_z_rows FROM outbox.events WHERE run_id IN ('run-x', 'run-y', 'run-z');
+
 -- Bad input: every argument, a clear error, nothing changed.
 SELECT outbox.commit_decision(NULL, 1, 'e', 'c', 'k', '{}');
 SELECT outbox.commit_decision('r', NULL, 'e', 'c', 'k', '{}');

@@ -5,12 +5,19 @@
  *
  * Everything runs in the caller's transaction through SPI with saved
  * plans, so an event and the command it decides commit or roll back
- * together with the caller's own writes.  Duplicates are detected with
- * INSERT ... ON CONFLICT DO NOTHING (which also waits for a concurrent
- * inserter of the same key to finish) and reported as 23505 after a
- * diagnostic query that says which key was taken; the error aborts the
- * caller's (sub)transaction, so the event of a rejected decision never
- * survives.
+ * together with the caller's own writes.
+ *
+ * Each call is one plain INSERT statement (the commands, then their events):
+ * the unique indexes detect a taken key, waiting for a concurrent inserter
+ * of the same key to finish as any insert does, and the unique violation is
+ * re-raised as the API's 23505, whose message says what was taken and which
+ * keeps the constraint's name (events_pkey: the run's seq; commands_pkey or
+ * events_command_id_key: the command id).  No ON CONFLICT clause: its
+ * arbiter probes and speculative insertion cost more than a tenth of a
+ * decision, for the rare case of a taken key.  The set-based form first
+ * checks its elements for repeats among themselves, and names both
+ * positions.  Any error aborts the caller's (sub)transaction, so the event
+ * of a rejected decision never survives.
  *
  *-------------------------------------------------------------------------
  */
@@ -29,9 +36,7 @@ PG_FUNCTION_INFO_V1(outbox_record_event);
 
 static SPIPlanPtr plan_decide = NULL;
 static SPIPlanPtr plan_event = NULL;
-static SPIPlanPtr plan_diagnose = NULL;
-static SPIPlanPtr plan_batch_events = NULL;
-static SPIPlanPtr plan_batch_commands = NULL;
+static SPIPlanPtr plan_batch = NULL;
 
 /* Raise 22023 unless seq is non-negative. */
 static void
@@ -59,62 +64,106 @@ pr_check_not_before(TimestampTz t)
 }
 
 /*
- * Raise 23505 naming what made a decision (or event, when command_id is
- * NULL) conflict.  Called after ON CONFLICT DO NOTHING inserted nothing.
+ * What an insert of decisions writes, for the message of a taken key: one
+ * decision (command_id set) or one event (command_id NULL) of run_id, or a
+ * batch (run_id NULL).  rows is the number of rows the statement inserts.
+ */
+typedef struct PrWhat
+{
+	text	   *run_id;
+	int64		seq;
+	text	   *command_id;
+	uint64		rows;
+} PrWhat;
+
+/*
+ * Raise the API's 23505 for a unique violation (edata) of the extension's
+ * keys: events_pkey is a run's (run_id, seq); commands_pkey and
+ * events_command_id_key a command id (the events keep the id of a purged
+ * command).  The error keeps the schema's, table's and constraint's names,
+ * so a client tells the cases apart without reading the message.  Returns
+ * for any other constraint.
  */
 static void
-pr_raise_duplicate(text *run_id, int64 seq, text *command_id)
+pr_raise_taken(ErrorData *edata, const PrWhat *w)
 {
-	static const Oid argtypes[3] = {TEXTOID, INT8OID, TEXTOID};
-	Datum		args[3];
-	char		nulls[3] = {' ', ' ', ' '};
-	bool		isnull;
-	bool		event_exists;
-	bool		command_exists = false;
+	const char *con = edata->constraint_name;
+	bool		event_key;
 
-	args[0] = PointerGetDatum(run_id);
-	args[1] = Int64GetDatum(seq);
-	args[2] = command_id ? PointerGetDatum(command_id) : (Datum) 0;
-	if (command_id == NULL)
-		nulls[2] = 'n';
+	if (con == NULL || edata->schema_name == NULL ||
+		strcmp(edata->schema_name, "outbox") != 0)
+		return;
+	event_key = (strcmp(con, "events_pkey") == 0);
+	if (!event_key && strcmp(con, "commands_pkey") != 0 &&
+		strcmp(con, "events_command_id_key") != 0)
+		return;
 
-	if (OutboxExecute(OutboxPrepare(&plan_diagnose,
-									   "SELECT EXISTS (SELECT 1 FROM outbox.events"
-									   "                WHERE run_id OPERATOR(pg_catalog.=) $1"
-									   "                  AND seq OPERATOR(pg_catalog.=) $2),"
-									   "       EXISTS (SELECT 1 FROM outbox.commands"
-									   "                WHERE command_id OPERATOR(pg_catalog.=) $3)"
-									   "    OR EXISTS (SELECT 1 FROM outbox.events"
-									   "                WHERE command_id OPERATOR(pg_catalog.=) $3)"
-									   "    OR EXISTS (SELECT 1 FROM outbox.purged"
-									   "                WHERE command_id OPERATOR(pg_catalog.=) $3)",
-									   3, argtypes),
-						 args, nulls, false, 1) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: duplicate diagnosis failed");
-	event_exists = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-											  SPI_tuptable->tupdesc, 1, &isnull));
-	if (command_id != NULL)
-		command_exists = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-													SPI_tuptable->tupdesc, 2, &isnull));
-
-	if (command_exists)
+	if (w->run_id == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
-				 errmsg("command \"%s\" already exists", text_to_cstring(command_id)),
-				 errdetail("A command id is decided once; nothing of this decision was recorded.")));
-	if (event_exists)
+				 errmsg(event_key ? "an event of the batch already exists"
+						: "a command of the batch already exists"),
+				 errdetail_internal("%s Nothing of this call was recorded.",
+									edata->detail ? edata->detail : ""),
+				 err_generic_string(PG_DIAG_SCHEMA_NAME, edata->schema_name),
+				 err_generic_string(PG_DIAG_TABLE_NAME, edata->table_name),
+				 err_generic_string(PG_DIAG_CONSTRAINT_NAME, con)));
+	if (event_key)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNIQUE_VIOLATION),
 				 errmsg("event %s of run \"%s\" already exists",
-						DatumGetCString(DirectFunctionCall1(int8out, Int64GetDatum(seq))),
-						text_to_cstring(run_id)),
-				 errdetail("Each (run_id, seq) is recorded once; nothing of this call was recorded.")));
-	/* A concurrent transaction inserted and then rolled back: still refuse. */
-	ereport(ERROR,
-			(errcode(ERRCODE_UNIQUE_VIOLATION),
-			 errmsg("event %s of run \"%s\" conflicts with a concurrent decision",
-					DatumGetCString(DirectFunctionCall1(int8out, Int64GetDatum(seq))),
-					text_to_cstring(run_id))));
+						DatumGetCString(DirectFunctionCall1(int8out, Int64GetDatum(w->seq))),
+						text_to_cstring(w->run_id)),
+				 errdetail("Each (run_id, seq) is recorded once; nothing of this call was recorded."),
+				 err_generic_string(PG_DIAG_SCHEMA_NAME, edata->schema_name),
+				 err_generic_string(PG_DIAG_TABLE_NAME, edata->table_name),
+				 err_generic_string(PG_DIAG_CONSTRAINT_NAME, con)));
+	if (w->command_id != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("command \"%s\" already exists", text_to_cstring(w->command_id)),
+				 errdetail("A command id is decided once; nothing of this decision was recorded."),
+				 err_generic_string(PG_DIAG_SCHEMA_NAME, edata->schema_name),
+				 err_generic_string(PG_DIAG_TABLE_NAME, edata->table_name),
+				 err_generic_string(PG_DIAG_CONSTRAINT_NAME, con)));
+}
+
+/*
+ * Run a plain INSERT of decisions (or of an event), which must insert
+ * w->rows rows.  A unique violation of the extension's keys is re-raised as
+ * the API's 23505 (pr_raise_taken).  Nothing touches the database between
+ * catching the error and raising the new one, so no subtransaction is
+ * needed: the caller's (sub)transaction is aborting either way.
+ */
+static void
+pr_insert(SPIPlanPtr plan, Datum *args, const char *nulls, const PrWhat *w)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+
+	PG_TRY();
+	{
+		int			ret = OutboxExecute(plan, args, nulls, false, 0);
+
+		if (ret != SPI_OK_INSERT || SPI_processed != w->rows)
+			elog(ERROR, "outbox: insert of decisions failed: %s",
+				 SPI_result_code_string(ret));
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode == ERRCODE_UNIQUE_VIOLATION)
+		{
+			FlushErrorState();
+			pr_raise_taken(edata, w);
+			ReThrowError(edata);
+		}
+		FreeErrorData(edata);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 }
 
 /*
@@ -137,7 +186,7 @@ outbox_commit_decision(PG_FUNCTION_ARGS)
 	Jsonb	   *event_payload;
 	Datum		args[9];
 	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	int			ret;
+	PrWhat		what;
 
 	OutboxArgNotNull(fcinfo, 1, "seq");
 	seq = PG_GETARG_INT64(1);
@@ -165,27 +214,24 @@ outbox_commit_decision(PG_FUNCTION_ARGS)
 		nulls[7] = 'n';
 	args[8] = PG_GETARG_DATUM(8);
 
+	what.run_id = run_id;
+	what.seq = seq;
+	what.command_id = command_id;
+	what.rows = 1;
 	SPI_connect();
-	ret = OutboxExecute(OutboxPrepare(&plan_decide,
-										 "WITH e AS ("
-										 "  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
-										 "  VALUES ($1, $2, $3, $7, $4)"
-										 "  ON CONFLICT DO NOTHING RETURNING 1)"
-										 "INSERT INTO outbox.commands"
-										 "  (command_id, run_id, seq, kind, payload, priority,"
-										 "   available_at, due_at)"
-										 "SELECT $4, $1, $2, $5, $6, $9,"
-										 "       COALESCE($8, pg_catalog.now()),"
-										 "       COALESCE($8, pg_catalog.now())"
-										 "  FROM e "
-										 "ON CONFLICT DO NOTHING",
-										 9, argtypes),
-						   args, nulls, false, 0);
-	if (ret != SPI_OK_INSERT)
-		elog(ERROR, "outbox: commit_decision insert failed: %s",
-			 SPI_result_code_string(ret));
-	if (SPI_processed != 1)
-		pr_raise_duplicate(run_id, seq, command_id);
+	pr_insert(OutboxPrepare(&plan_decide,
+							"WITH c AS ("
+							"  INSERT INTO outbox.commands"
+							"    (command_id, run_id, seq, kind, payload, priority,"
+							"     available_at, due_at)"
+							"  VALUES ($4, $1, $2, $5, $6, $9,"
+							"          COALESCE($8, pg_catalog.now()),"
+							"          COALESCE($8, pg_catalog.now()))"
+							"  RETURNING 1)"
+							"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+							"SELECT $1, $2, $3, $7, $4 FROM c",
+							9, argtypes),
+			  args, nulls, &what);
 	SPI_finish();
 
 	OutboxCountAtCommit(OBC_ENQUEUED, 1);
@@ -203,7 +249,7 @@ outbox_record_event(PG_FUNCTION_ARGS)
 	Jsonb	   *payload;
 	Datum		args[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
-	int			ret;
+	PrWhat		what;
 
 	OutboxArgNotNull(fcinfo, 1, "seq");
 	seq = PG_GETARG_INT64(1);
@@ -218,17 +264,16 @@ outbox_record_event(PG_FUNCTION_ARGS)
 	if (payload == NULL)
 		nulls[3] = 'n';
 
+	what.run_id = run_id;
+	what.seq = seq;
+	what.command_id = NULL;
+	what.rows = 1;
 	SPI_connect();
-	ret = OutboxExecute(OutboxPrepare(&plan_event,
-										 "INSERT INTO outbox.events (run_id, seq, kind, payload)"
-										 "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-										 4, argtypes),
-						   args, nulls, false, 0);
-	if (ret != SPI_OK_INSERT)
-		elog(ERROR, "outbox: record_event insert failed: %s",
-			 SPI_result_code_string(ret));
-	if (SPI_processed != 1)
-		pr_raise_duplicate(run_id, seq, NULL);
+	pr_insert(OutboxPrepare(&plan_event,
+							"INSERT INTO outbox.events (run_id, seq, kind, payload)"
+							"VALUES ($1, $2, $3, $4)",
+							4, argtypes),
+			  args, nulls, &what);
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -289,36 +334,106 @@ pr_check_len(int n, int expected, const char *what)
 				 errdetail("All arrays of a set-based call must have the same length.")));
 }
 
+/* One element of a batch, for finding repeats within it. */
+typedef struct PrKey
+{
+	text	   *id;				/* command_id, or run_id with seq */
+	int64		seq;
+	int			elem;			/* 0-based position in the batch */
+} PrKey;
+
+/* qsort comparator of PrKey: id byte by byte (as the "C" keys), seq, position. */
+static int
+pr_cmp_key(const void *a, const void *b)
+{
+	const PrKey *x = (const PrKey *) a;
+	const PrKey *y = (const PrKey *) b;
+	int			lx = VARSIZE_ANY_EXHDR(x->id);
+	int			ly = VARSIZE_ANY_EXHDR(y->id);
+	int			c = memcmp(VARDATA_ANY(x->id), VARDATA_ANY(y->id), Min(lx, ly));
+
+	if (c != 0)
+		return c;
+	if (lx != ly)
+		return lx < ly ? -1 : 1;
+	if (x->seq != y->seq)
+		return x->seq < y->seq ? -1 : 1;
+	return x->elem - y->elem;
+}
+
 /*
- * Check the result of one step of commit_decisions: (rows inserted, first
- * refused run_id, seq, command_id).  Raise 23505 unless all n went in.
+ * Sort n keys and find the repeat placed earliest in the batch: *second is
+ * its position and *first that of its earliest twin (0-based).  Returns
+ * false when the keys are all distinct.
+ */
+static bool
+pr_find_repeat(PrKey *keys, int n, int *first, int *second)
+{
+	int			i;
+	int			group = 0;
+	bool		found = false;
+
+	qsort(keys, n, sizeof(PrKey), pr_cmp_key);
+	for (i = 1; i < n; i++)
+	{
+		PrKey		k = keys[i];
+
+		k.elem = keys[i - 1].elem;
+		if (pr_cmp_key(&k, &keys[i - 1]) != 0)
+		{
+			group = i;
+			continue;
+		}
+		if (!found || keys[i].elem < *second)
+		{
+			*first = keys[group].elem;
+			*second = keys[i].elem;
+			found = true;
+		}
+	}
+	return found;
+}
+
+/*
+ * Raise 23505 if two decisions of a batch share a command id or a (run_id,
+ * seq), naming both positions (1-based), before anything is inserted.
  */
 static void
-pr_check_batch_result(int ret, int n)
+pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 {
-	HeapTuple	tup;
-	TupleDesc	desc;
-	bool		isnull;
-	int64		inserted;
+	PrKey	   *keys = palloc(sizeof(PrKey) * n);
+	int			first;
+	int			second;
+	int			i;
 
-	if (ret != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: commit_decisions insert failed: %s",
-			 SPI_result_code_string(ret));
-	tup = SPI_tuptable->vals[0];
-	desc = SPI_tuptable->tupdesc;
-	inserted = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-	if (inserted == n)
-		return;
-	(void) SPI_getbinval(tup, desc, 2, &isnull);
-	if (!isnull)
-		pr_raise_duplicate(DatumGetTextPP(SPI_getbinval(tup, desc, 2, &isnull)),
-						   DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull)),
-						   DatumGetTextPP(SPI_getbinval(tup, desc, 4, &isnull)));
-	ereport(ERROR,
-			(errcode(ERRCODE_UNIQUE_VIOLATION),
-			 errmsg("a decision is repeated within the batch"),
-			 errdetail("%d of %d decisions were refused; nothing of this call was recorded.",
-					   n - (int) inserted, n)));
+	for (i = 0; i < n; i++)
+	{
+		keys[i].id = DatumGetTextPP(command_ids[i]);
+		keys[i].seq = 0;
+		keys[i].elem = i;
+	}
+	if (pr_find_repeat(keys, n, &first, &second))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("a decision is repeated within the batch"),
+				 errdetail("Decisions %d and %d have the same command_id \"%s\"; nothing of this call was recorded.",
+						   first + 1, second + 1,
+						   text_to_cstring(DatumGetTextPP(command_ids[second])))));
+	for (i = 0; i < n; i++)
+	{
+		keys[i].id = DatumGetTextPP(run_ids[i]);
+		keys[i].seq = DatumGetInt64(seqs[i]);
+		keys[i].elem = i;
+	}
+	if (pr_find_repeat(keys, n, &first, &second))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("a decision is repeated within the batch"),
+				 errdetail("Decisions %d and %d have the same run_id \"%s\" and seq " INT64_FORMAT "; nothing of this call was recorded.",
+						   first + 1, second + 1,
+						   text_to_cstring(DatumGetTextPP(run_ids[second])),
+						   DatumGetInt64(seqs[second]))));
+	pfree(keys);
 }
 
 /*
@@ -326,7 +441,7 @@ pr_check_batch_result(int ret, int n)
  *						   command_kinds, payloads, event_payloads,
  *						   not_before, priorities)
  *
- * The set-based form: many decisions in two statements.  Returns the
+ * The set-based form: many decisions in one statement.  Returns the
  * number of decisions recorded, which is all of them or an error.
  */
 Datum
@@ -344,7 +459,7 @@ outbox_commit_decisions(PG_FUNCTION_ARGS)
 	char		nulls[9];
 	int			n;
 	int			i;
-	int			ret;
+	PrWhat		what;
 
 	for (i = 0; i < 9; i++)
 	{
@@ -385,54 +500,35 @@ outbox_commit_decisions(PG_FUNCTION_ARGS)
 		args[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
 	}
 
+	pr_check_repeats(elems[0], elems[1], elems[3], n);
+
+	what.run_id = NULL;
+	what.seq = 0;
+	what.command_id = NULL;
+	what.rows = n;
 	SPI_connect();
-
-	/* Events first; report the first decision whose event was refused. */
-	ret = OutboxExecute(OutboxPrepare(&plan_batch_events,
-										 "WITH u AS ("
-										 "  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3),"
-										 "                            pg_catalog.unnest($4), pg_catalog.unnest($7))"
-										 "    WITH ORDINALITY AS u(run_id, seq, kind, command_id, payload, ord)),"
-										 " e AS ("
-										 "  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
-										 "  SELECT run_id, seq, kind, payload, command_id FROM u"
-										 "  ON CONFLICT DO NOTHING RETURNING run_id, seq, command_id)"
-										 "SELECT (SELECT pg_catalog.count(*) FROM e), r.* FROM (SELECT) one"
-										 "  LEFT JOIN LATERAL (SELECT u.run_id, u.seq, u.command_id FROM u"
-										 "   WHERE NOT EXISTS (SELECT 1 FROM e"
-										 "                      WHERE e.run_id OPERATOR(pg_catalog.=) u.run_id"
-										 "                        AND e.seq OPERATOR(pg_catalog.=) u.seq"
-										 "                        AND e.command_id OPERATOR(pg_catalog.=) u.command_id)"
-										 "   ORDER BY u.ord LIMIT 1) r ON true",
-										 9, argtypes),
-						   args, nulls, false, 0);
-	pr_check_batch_result(ret, n);
-
-	ret = OutboxExecute(OutboxPrepare(&plan_batch_commands,
-										 "WITH u AS ("
-										 "  SELECT * FROM ROWS FROM (pg_catalog.unnest($4), pg_catalog.unnest($1), pg_catalog.unnest($2),"
-										 "                            pg_catalog.unnest($5), pg_catalog.unnest($6), pg_catalog.unnest($8),"
-										 "                            pg_catalog.unnest($9))"
-										 "    WITH ORDINALITY AS u(command_id, run_id, seq, kind, payload,"
-										 "                         not_before, priority, ord)),"
-										 " c AS ("
-										 "  INSERT INTO outbox.commands"
-										 "    (command_id, run_id, seq, kind, payload, priority,"
-										 "     available_at, due_at)"
-										 "  SELECT command_id, run_id, seq, kind, payload,"
-										 "         COALESCE(priority, 0),"
-										 "         COALESCE(not_before, pg_catalog.now()),"
-										 "         COALESCE(not_before, pg_catalog.now())"
-										 "    FROM u"
-										 "  ON CONFLICT DO NOTHING RETURNING command_id)"
-										 "SELECT (SELECT pg_catalog.count(*) FROM c), r.* FROM (SELECT) one"
-										 "  LEFT JOIN LATERAL (SELECT u.run_id, u.seq, u.command_id FROM u"
-										 "   WHERE NOT EXISTS (SELECT 1 FROM c"
-										 "                      WHERE c.command_id OPERATOR(pg_catalog.=) u.command_id)"
-										 "   ORDER BY u.ord LIMIT 1) r ON true",
-										 9, argtypes),
-						   args, nulls, false, 0);
-	pr_check_batch_result(ret, n);
+	pr_insert(OutboxPrepare(&plan_batch,
+							"WITH u AS ("
+							"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+							"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
+							"                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
+							"                            pg_catalog.unnest($7), pg_catalog.unnest($8),"
+							"                            pg_catalog.unnest($9))"
+							"    AS u(run_id, seq, event_kind, command_id, command_kind, payload,"
+							"         event_payload, not_before, priority)),"
+							" e AS ("
+							"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+							"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
+							"INSERT INTO outbox.commands"
+							"  (command_id, run_id, seq, kind, payload, priority,"
+							"   available_at, due_at)"
+							"SELECT command_id, run_id, seq, command_kind, payload,"
+							"       COALESCE(priority, 0),"
+							"       COALESCE(not_before, pg_catalog.now()),"
+							"       COALESCE(not_before, pg_catalog.now())"
+							"  FROM u",
+							9, argtypes),
+			  args, nulls, &what);
 	SPI_finish();
 
 	OutboxCountAtCommit(OBC_ENQUEUED, n);
