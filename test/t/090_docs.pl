@@ -334,10 +334,10 @@ foreach my $file (@files)
 	if ($file eq 'README.md')
 	{
 		is($node->safe_psql($db, q{
-				SELECT count(*) FROM outbox.receipts r
+				SELECT count(*) > 0 FROM outbox.receipts r
 				  JOIN outbox.commands c USING (command_id)
 				 WHERE c.status = 'published'}),
-			'1', 'README.md: Getting started ends with a published command and its receipt');
+			't', 'README.md: Getting started ends with a published command and its receipt');
 	}
 
 	$node->safe_psql('postgres', "DROP DATABASE $db WITH (FORCE)");
