@@ -187,13 +187,13 @@ foreach my $file (@files)
 	my @range;    # per block: [first script line, last script line]
 	foreach my $k (0 .. $#blocks)
 	{
-		my $b = $blocks[$k];
-		push @script, "\\echo '<<<setup $k>>>'", split(/\n/, $b->{setup}) if defined $b->{setup};
+		my $blk = $blocks[$k];
+		push @script, "\\echo '<<<setup $k>>>'", split(/\n/, $blk->{setup}) if defined $blk->{setup};
 		push @script, "\\echo '<<<block $k>>>'";
 		my $first = @script + 1;
-		push @script, split(/\n/, $b->{sql}, -1);
+		push @script, split(/\n/, $blk->{sql}, -1);
 		# a block that does not end its last statement leaves it to the next
-		push @script, ';' if $b->{sql} !~ /;\s*(--[^\n]*)?\s*$/s;
+		push @script, ';' if $blk->{sql} !~ /;\s*(--[^\n]*)?\s*$/s;
 		$range[$k] = [ $first, scalar(@script) ];
 	}
 	push @script, "\\echo '<<<end>>>'";
@@ -259,15 +259,15 @@ foreach my $file (@files)
 
 	foreach my $k (0 .. $#blocks)
 	{
-		my $b = $blocks[$k];
+		my $blk = $blocks[$k];
 		my ($first, $last) = @{ $range[$k] };
 		my $setup_first = $k == 0 ? 0 : $range[ $k - 1 ][1] + 1;
-		my $name = "$file block " . ($k + 1) . " (line $b->{line})";
+		my $name = "$file block " . ($k + 1) . " (line $blk->{line})";
 		my @problems;
 
 		# The markers: script line => SQLSTATE.
 		my %want;
-		my @sql_lines = split(/\n/, $b->{sql}, -1);
+		my @sql_lines = split(/\n/, $blk->{sql}, -1);
 		foreach my $j (0 .. $#sql_lines)
 		{
 			$want{ $first + $j } = uc($1) if $sql_lines[$j] =~ /--\s*error:\s*([0-9A-Za-z]{5})\s*$/;
@@ -283,7 +283,7 @@ foreach my $file (@files)
 				next;
 			}
 			$got{ $m->{line} } = $m->{code};
-			my $md_line = $b->{line} + 1 + $m->{line} - $first;
+			my $md_line = $blk->{line} + 1 + $m->{line} - $first;
 			if (!exists $want{ $m->{line} })
 			{
 				push @problems, "unexpected error at $file:$md_line: $m->{code} $m->{text}[0]";
@@ -296,17 +296,17 @@ foreach my $file (@files)
 		}
 		foreach my $line (sort { $a <=> $b } keys %want)
 		{
-			my $md_line = $b->{line} + 1 + $line - $first;
+			my $md_line = $blk->{line} + 1 + $line - $first;
 			push @problems, "$file:$md_line was to fail with $want{$line} and did not"
 			  unless exists $got{$line};
 		}
 		push @problems, 'psql stopped before the block ended'
 		  unless $out =~ /^<<<end>>>$/m;
 
-		if (defined $b->{output})
+		if (defined $blk->{output})
 		{
-			my @want_out = norm(grep { !/$msg_line/ } @{ $b->{output} });
-			my @want_msg = norm(grep { /$msg_line/ } @{ $b->{output} });
+			my @want_out = norm(grep { !/$msg_line/ } @{ $blk->{output} });
+			my @want_msg = norm(grep { /$msg_line/ } @{ $blk->{output} });
 			my @got_out = norm(@{ $stdout{$k} // [] });
 			my $w = join("\n", @want_out);
 			my $g = join("\n", @got_out);
