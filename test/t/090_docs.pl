@@ -203,9 +203,11 @@ foreach my $file (@files)
 	close($sf);
 
 	my ($out, $err) = ('', '');
+	# (a block that hangs ends the test after the usual timeout)
 	IPC::Run::run([ 'psql', '-X', '-h', $host, '-p', $port, '-d', $db,
 					'-v', 'ON_ERROR_STOP=0', '-f', $script_file ],
-				  '<', \undef, '>', \$out, '2>', \$err);
+				  '<', \undef, '>', \$out, '2>', \$err,
+				  IPC::Run::timeout($PostgreSQL::Test::Utils::timeout_default));
 
 	# Standard output per block.
 	my %stdout;
