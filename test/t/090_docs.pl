@@ -12,8 +12,8 @@
 # The worker is kept out of these databases (outbox.databases), so no sweep
 # or purge runs behind an example's back.
 #
-# Conventions for writing examples (docs/README.md... see the README's
-# "Development" section):
+# Conventions for writing examples (also in docs/internals.md, "Examples in
+# the documentation"):
 #   * A statement that is meant to fail ends its last line (the one with the
 #     semicolon) with the comment  -- error: SQLSTATE  (for example
 #     "-- error: 23505").  It must fail with exactly that SQLSTATE; every
