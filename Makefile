@@ -6,7 +6,8 @@
 #   make installcheck-pgtap         # pgTAP tests with pg_prove, on a running server
 #
 # installcheck and installcheck-pgtap use the server that PGHOST/PGPORT/PGUSER
-# point at; it needs outbox in shared_preload_libraries (see REGRESS_OPTS).
+# point at, as a superuser.  The extension need not be preloaded; if it is,
+# outbox.databases must not name the test databases (test/installcheck-server.sql).
 
 EXTENSION = outbox
 # The version is written once, as default_version in outbox.control.
@@ -37,6 +38,7 @@ REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
 REGRESS_OPTS = --inputdir=. --load-extension=outbox
 ISOLATION = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=test/isolation/output_iso --load-extension=outbox
+REGRESS_PREP = installcheck-server
 
 # Perl TAP tests (test/t/*.pl, helpers in test/perl/): make prove_installcheck.
 # Each test starts its own servers from PG_CONFIG's bindir; outbox-relay is
@@ -54,14 +56,20 @@ include $(PGXS)
 outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql))
 	cat $^ > $@
 
-.PHONY: prove_installcheck installcheck-pgtap
+.PHONY: prove_installcheck installcheck-pgtap installcheck-server
+# Refuse a server whose background worker would serve the test databases.
+installcheck-server:
+	'$(bindir)/psql' -X -q -d postgres -v dbs='$(CONTRIB_TESTDB) $(ISOLATION_TESTDB) $(PGTAP_DB)' \
+		-f test/installcheck-server.sql
+
 prove_installcheck:
 	$(prove_installcheck)
 
 # pgTAP: a fresh database with pgtap and outbox, then pg_prove over test/pgtap.
 PGTAP_DB ?= outbox_pgtap
 PG_PROVE ?= pg_prove
-installcheck-pgtap:
+installcheck-pgtap: installcheck-server
+	@command -v $(PG_PROVE) >/dev/null || { echo "$(PG_PROVE) not found (Debian: apt-get install libtap-parser-sourcehandler-pgtap-perl)" >&2; exit 1; }
 	'$(bindir)/dropdb' --if-exists '$(PGTAP_DB)'
 	'$(bindir)/createdb' '$(PGTAP_DB)'
 	'$(bindir)/psql' -X -q -v ON_ERROR_STOP=1 -d '$(PGTAP_DB)' \
