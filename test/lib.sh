@@ -7,6 +7,13 @@
 # pg_config (Debian's PostgreSQL 15 by default); every other path comes from it.
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 
+# Clusters take their encoding and collation from the locale: the tests
+# expect UTF8 under C.UTF-8 (built into Debian's libc), whatever the caller's
+# locale is (a fresh machine or a container may have none, which gives
+# SQL_ASCII).  PostgreSQL::Test::Utils drops LC_ALL, so LANG is set too.
+export LANG=C.UTF-8 LC_ALL=C.UTF-8
+unset LANGUAGE
+
 # Set PGBIN, PGXS_DIR, PG_REGRESS and PG_ISOLATION_REGRESS from $PG_CONFIG,
 # and OUTBOX_RELAY_PREFIX, where make install puts outbox-relay (bin/) and
 # its man page (share/man/): /usr/local, or, for a relocated copy of
