@@ -226,7 +226,7 @@ run_tap() {
 		record tap 0 1
 		return
 	fi
-	out=$(as_pg "cd '$WORK/src' && $MAKE_ENV make prove_installcheck PROVE_FLAGS=-v PROVE_TESTS='${files[*]}'" 2>&1)
+	out=$(as_pg "cd '$WORK/src' && $MAKE_ENV make prove_installcheck PROVE_FLAGS='-v --merge' PROVE_TESTS='${files[*]}'" 2>&1)
 	rc=$?
 	echo "$out" >"$WORK/tap.out"
 	# Per file: name, ok lines, not ok lines, died (prove's verdict).
