@@ -1,7 +1,20 @@
 # outbox: PGXS build of the extension and of the outbox-relay program.
+#
+#   make && make install            # PG_CONFIG=/path/to/pg_config if needed
+#   make installcheck               # pg_regress + isolation, on a running server
+#   make prove_installcheck         # Perl TAP tests (they start their own servers)
+#   make installcheck-pgtap         # pgTAP tests with pg_prove, on a running server
+#
+# installcheck and installcheck-pgtap use the server that PGHOST/PGPORT/PGUSER
+# point at, as a superuser.  The extension need not be preloaded; if it is,
+# outbox.databases must not name the test databases (test/installcheck-server.sql).
 
 EXTENSION = outbox
-EXTVERSION = 0.1.0
+# The version is written once, as default_version in outbox.control.
+EXTVERSION := $(shell sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" outbox.control)
+ifeq ($(EXTVERSION),)
+$(error no default_version in outbox.control)
+endif
 
 MODULE_big = outbox
 OBJS = src/outbox.o src/producer.o src/lease.o src/consumer.o src/worker.o src/upkeep.o
@@ -11,11 +24,28 @@ DATA_built = outbox--$(EXTVERSION).sql
 DATA = $(filter-out $(DATA_built),$(wildcard outbox--*--*.sql))
 
 PG_CONFIG ?= pg_config
-PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Werror
+PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
+# Warnings are errors in the test build (test/run.sh sets WERROR=1), not in
+# a user's build with another compiler.
+ifeq ($(WERROR),1)
+PG_CPPFLAGS += -Werror
+RELAY_WFLAGS = -Werror
+endif
 
-# pg_regress suite (sql/ and expected/).
+# pg_regress suite (sql/ and expected/) and isolation specs
+# (test/isolation/specs/ and test/isolation/expected/).
 REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
 REGRESS_OPTS = --inputdir=. --load-extension=outbox
+ISOLATION = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test/isolation --outputdir=test/isolation/output_iso --load-extension=outbox
+REGRESS_PREP = installcheck-server
+
+# Perl TAP tests (test/t/*.pl, helpers in test/perl/): make prove_installcheck.
+# Each test starts its own servers from PG_CONFIG's bindir; outbox-relay is
+# found on PATH, outbox-receiver in src/.
+PROVE_TESTS ?= $(sort $(wildcard test/t/*.pl))
+PROVE_FLAGS += -I test/perl
+EXTRA_CLEAN = tmp_check/ test/isolation/output_iso/
 
 # No LLVM bitcode: it needs clang, which a plain server-dev install lacks.
 override with_llvm = no
@@ -26,27 +56,59 @@ include $(PGXS)
 outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql))
 	cat $^ > $@
 
-# The reference publisher.
+.PHONY: prove_installcheck installcheck-pgtap installcheck-server
+# Refuse a server whose background worker would serve the test databases.
+installcheck-server:
+	'$(bindir)/psql' -X -q -d postgres -v dbs='$(CONTRIB_TESTDB) $(ISOLATION_TESTDB) $(PGTAP_DB)' \
+		-f test/installcheck-server.sql
+
+prove_installcheck:
+	$(prove_installcheck)
+
+# pgTAP: a fresh database with pgtap and outbox, then pg_prove over test/pgtap.
+PGTAP_DB ?= outbox_pgtap
+PG_PROVE ?= pg_prove
+installcheck-pgtap: installcheck-server
+	@command -v $(PG_PROVE) >/dev/null || { echo "$(PG_PROVE) not found (Debian: apt-get install libtap-parser-sourcehandler-pgtap-perl)" >&2; exit 1; }
+	'$(bindir)/dropdb' --if-exists '$(PGTAP_DB)'
+	'$(bindir)/createdb' '$(PGTAP_DB)'
+	'$(bindir)/psql' -X -q -v ON_ERROR_STOP=1 -d '$(PGTAP_DB)' \
+		-c 'CREATE EXTENSION pgtap' -c 'CREATE EXTENSION outbox'
+	$(PG_PROVE) $(PG_PROVE_OPTS) -d '$(PGTAP_DB)' $(sort $(wildcard test/pgtap/*.sql))
+
+# The reference publisher, installed where users run it by name:
+# RELAY_BINDIR (default /usr/local/bin) and its man page under RELAY_MANDIR.
+RELAY_PREFIX ?= /usr/local
+RELAY_BINDIR ?= $(RELAY_PREFIX)/bin
+RELAY_MANDIR ?= $(RELAY_PREFIX)/share/man
 RELAY_SRCS = $(wildcard src/relay/*.c)
-RELAY = $(if $(RELAY_SRCS),src/outbox-relay)
-all: $(RELAY)
-src/outbox-relay: $(RELAY_SRCS) $(wildcard src/relay/*.h)
-	$(CC) $(CFLAGS) -Wall -Wextra -Werror -O2 -I$(shell $(PG_CONFIG) --includedir) \
-		-o $@ $(RELAY_SRCS) -L$(shell $(PG_CONFIG) --libdir) -lpq -lcurl
+RELAY_CFLAGS = $(filter -D_FORTIFY_SOURCE%,$(CPPFLAGS)) $(CFLAGS) -Wall -Wextra $(RELAY_WFLAGS) -I$(shell $(PG_CONFIG) --includedir)
+RELAY_LIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq
+all: src/outbox-relay
+src/outbox-relay: $(RELAY_SRCS) $(wildcard src/relay/*.h) outbox.control
+	$(CC) $(RELAY_CFLAGS) -DRELAY_VERSION='"$(EXTVERSION)"' -o $@ $(RELAY_SRCS) \
+		$(LDFLAGS) $(RELAY_LIBS) -lcurl
+# make install RELAY_INSTALL=no installs the extension only (the Debian
+# packaging puts the relay in a package of its own).
+ifneq ($(RELAY_INSTALL),no)
 install: install-relay
-install-relay: $(RELAY)
-	$(if $(RELAY),$(INSTALL_PROGRAM) $(RELAY) '$(DESTDIR)$(bindir)/outbox-relay')
+uninstall: uninstall-relay
+endif
+install-relay: src/outbox-relay
+	$(MKDIR_P) '$(DESTDIR)$(RELAY_BINDIR)' '$(DESTDIR)$(RELAY_MANDIR)/man1'
+	$(INSTALL_PROGRAM) src/outbox-relay '$(DESTDIR)$(RELAY_BINDIR)/outbox-relay'
+	$(INSTALL_DATA) src/relay/outbox-relay.1 '$(DESTDIR)$(RELAY_MANDIR)/man1/outbox-relay.1'
+uninstall-relay:
+	rm -f '$(DESTDIR)$(RELAY_BINDIR)/outbox-relay' '$(DESTDIR)$(RELAY_MANDIR)/man1/outbox-relay.1'
 
 # The local webhook receiver used by the relay's tests, benchmark and demo
 # (built, not installed).
 RECEIVER_SRCS = $(wildcard src/relay/receiver/*.c)
-RECEIVER = $(if $(RECEIVER_SRCS),src/outbox-receiver)
-all: $(RECEIVER)
+all: src/outbox-receiver
 src/outbox-receiver: $(RECEIVER_SRCS)
-	$(CC) $(CFLAGS) -Wall -Wextra -Werror -O2 -pthread -I$(shell $(PG_CONFIG) --includedir) \
-		-o $@ $(RECEIVER_SRCS) -L$(shell $(PG_CONFIG) --libdir) -lpq
+	$(CC) $(RELAY_CFLAGS) -pthread -o $@ $(RECEIVER_SRCS) $(LDFLAGS) $(RELAY_LIBS)
 clean: clean-relay
 clean-relay:
 	rm -f src/outbox-relay src/outbox-receiver
 
-.PHONY: install-relay clean-relay
+.PHONY: install-relay uninstall-relay clean-relay

@@ -50,7 +50,7 @@ if [ -n "${QUICK:-}" ]; then
 fi
 
 outbox_bench_start bench-relay "$EXTRA_CONF" || exit 1
-RELAY=$PGBIN/outbox-relay
+RELAY=$OUTBOX_RELAY_BINDIR/outbox-relay
 [ -x "$RELAY" ] || RELAY=$ROOT/src/outbox-relay
 RECEIVER=$ROOT/src/outbox-receiver
 for f in "$RELAY" "$RECEIVER"; do

@@ -93,7 +93,7 @@ fi
 
 echo
 echo "== 9. The whole chain live: producers, two outbox-relay publishers, a webhook consumer"
-RELAY="$PGBIN/outbox-relay"
+RELAY="$OUTBOX_RELAY_BINDIR/outbox-relay"
 RECEIVER="$ROOT/src/outbox-receiver"
 DSN="host=$DATA port=$PORT dbname=demo user=postgres"
 sql "CREATE TABLE shipments (command_id text PRIMARY KEY, payload jsonb, applied_at timestamptz DEFAULT clock_timestamp());

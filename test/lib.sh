@@ -7,13 +7,31 @@
 # pg_config (Debian's PostgreSQL 15 by default); every other path comes from it.
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 
-# Set PGBIN, PGXS_DIR, PG_REGRESS and PG_ISOLATION_REGRESS from $PG_CONFIG.
+# Clusters take their encoding and collation from the locale: the tests
+# expect UTF8 under C.UTF-8 (built into Debian's libc), whatever the caller's
+# locale is (a fresh machine or a container may have none, which gives
+# SQL_ASCII).  PostgreSQL::Test::Utils drops LC_ALL, so LANG is set too.
+export LANG=C.UTF-8 LC_ALL=C.UTF-8
+unset LANGUAGE
+
+# Set PGBIN, PGXS_DIR, PG_REGRESS and PG_ISOLATION_REGRESS from $PG_CONFIG,
+# and OUTBOX_RELAY_PREFIX, where make install puts outbox-relay (bin/) and
+# its man page (share/man/): /usr/local, or, for a relocated copy of
+# Debian's PostgreSQL (PG_CONFIG under DIR/usr/lib/postgresql/), DIR/usr/local,
+# so that a private build does not replace the machine's outbox-relay.
+# OUTBOX_PG_ROOT is that DIR (empty for the system's PostgreSQL).
 outbox_paths() {
 	[ -x "$PG_CONFIG" ] || return 1
 	PGBIN=$("$PG_CONFIG" --bindir)
 	PGXS_DIR=$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs)")")")
 	PG_REGRESS=$PGXS_DIR/src/test/regress/pg_regress
 	PG_ISOLATION_REGRESS=$PGXS_DIR/src/test/isolation/pg_isolation_regress
+	OUTBOX_PG_ROOT=
+	case "$PGBIN" in
+		?*/usr/lib/postgresql/*) OUTBOX_PG_ROOT=${PGBIN%%/usr/lib/postgresql/*} ;;
+	esac
+	OUTBOX_RELAY_PREFIX=${OUTBOX_RELAY_PREFIX:-$OUTBOX_PG_ROOT/usr/local}
+	OUTBOX_RELAY_BINDIR=$OUTBOX_RELAY_PREFIX/bin
 }
 outbox_paths
 
@@ -29,10 +47,35 @@ OUTBOX_PACKAGES=(
 	curl
 )
 
-# Install missing packages (as root), then build and install.
+# More Debian packages the tests need (test/run.sh installs them too).
+OUTBOX_TEST_PACKAGES=(
+	apt
+	perl
+	libtap-parser-sourcehandler-pgtap-perl
+	man-db
+	debhelper
+	dpkg-dev
+	fakeroot
+	lintian
+	postgresql-server-dev-all
+)
+
+# The programs the scripts, the Makefile and the tests run, and the files
+# they build against; test/run.sh's deps layer finds the package of each and
+# fails unless one of the lists above installs it (directly or as a
+# dependency, not as a recommendation).  PostgreSQL's own programs are
+# looked up in PG_CONFIG's bindir, the rest on PATH.
+OUTBOX_TOOLS=(bash gcc make perl prove pg_prove runuser tar curl man
+	dpkg-buildpackage dpkg-deb dh pg_buildext fakeroot lintian apt-cache)
+OUTBOX_PG_TOOLS=(pg_config postgres initdb pg_ctl psql createdb dropdb pgbench)
+OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
+
+# Install the missing packages of OUTBOX_PACKAGES and of the arguments (as
+# root), then build and install (with warnings as errors when OUTBOX_WERROR
+# is set; outbox-relay under OUTBOX_RELAY_PREFIX).
 outbox_setup() {
 	local missing=() p
-	for p in "${OUTBOX_PACKAGES[@]}"; do
+	for p in "${OUTBOX_PACKAGES[@]}" "$@"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 	done
 	if [ ${#missing[@]} -gt 0 ]; then
@@ -46,8 +89,13 @@ outbox_setup() {
 		apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || return 1
 	fi
 	outbox_paths || { echo "no pg_config at $PG_CONFIG" >&2; return 1; }
-	(cd "$ROOT" && make -s PG_CONFIG="$PG_CONFIG" >/dev/null) || return 1
-	(cd "$ROOT" && make -s PG_CONFIG="$PG_CONFIG" install >/dev/null) || return 1
+	local mk=(make -s -C "$ROOT" PG_CONFIG="$PG_CONFIG" RELAY_PREFIX="$OUTBOX_RELAY_PREFIX")
+	if [ -n "${OUTBOX_WERROR:-}" ]; then
+		"${mk[@]}" clean >/dev/null || return 1
+		mk+=(WERROR=1)
+	fi
+	"${mk[@]}" >/dev/null || return 1
+	"${mk[@]}" install >/dev/null || return 1
 	return 0
 }
 

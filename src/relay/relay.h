@@ -26,7 +26,10 @@
 #include <libpq-fe.h>
 
 #define RELAY_NAME			"outbox-relay"
-#define RELAY_VERSION		"0.1.0"
+/* RELAY_VERSION comes from outbox.control's default_version (Makefile). */
+#ifndef RELAY_VERSION
+#error "RELAY_VERSION must be defined (make sets it from outbox.control)"
+#endif
 
 /* Exit codes (documented in --help and in the README). */
 #define RELAY_EXIT_OK		0	/* stopped by a signal, or --drain found no work */
