@@ -32,7 +32,7 @@ RELAY = $(if $(RELAY_SRCS),src/outbox-relay)
 all: $(RELAY)
 src/outbox-relay: $(RELAY_SRCS) $(wildcard src/relay/*.h)
 	$(CC) $(CFLAGS) -Wall -Wextra -Werror -O2 -I$(shell $(PG_CONFIG) --includedir) \
-		-o $@ $(RELAY_SRCS) -L$(shell $(PG_CONFIG) --libdir) -lpq -lcurl
+		-pthread -o $@ $(RELAY_SRCS) -L$(shell $(PG_CONFIG) --libdir) -lpq -lcurl
 install: install-relay
 install-relay: $(RELAY)
 	$(if $(RELAY),$(INSTALL_PROGRAM) $(RELAY) '$(DESTDIR)$(bindir)/outbox-relay')
