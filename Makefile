@@ -49,4 +49,13 @@ clean: clean-relay
 clean-relay:
 	rm -f src/outbox-relay src/outbox-receiver
 
-.PHONY: install-relay clean-relay
+# The monitoring files (docs/monitoring.md): queries of
+# prometheus-postgres-exporter, Prometheus configuration, alert rules and
+# their tests, a Grafana dashboard.
+MONITORING_FILES = $(wildcard monitoring/*.yaml monitoring/*.yml monitoring/*.json)
+install: install-monitoring
+install-monitoring:
+	$(MKDIR_P) '$(DESTDIR)$(datadir)/extension/outbox/monitoring'
+	$(if $(MONITORING_FILES),$(INSTALL_DATA) $(MONITORING_FILES) '$(DESTDIR)$(datadir)/extension/outbox/monitoring/')
+
+.PHONY: install-relay clean-relay install-monitoring
