@@ -27,6 +27,9 @@ OUTBOX_PACKAGES=(
 	libpq-dev
 	libcurl4-openssl-dev
 	curl
+	prometheus
+	prometheus-postgres-exporter
+	gnuplot-nox
 )
 
 # Install missing packages (as root), then build and install.
