@@ -3,9 +3,10 @@
 # dashboard's JSON and metric names), then a live chain runs on loopback:
 # a cluster with traffic (acked commands, a dead letter, an expired lease,
 # a stale ack, a delayed and an unclaimed command, a published command
-# without its receipt), outbox-relay --metrics, prometheus-postgres-exporter
-# with the shipped queries.yaml as a role that is only a member of
-# pg_monitor, and prometheus scraping both with a copy of the shipped
+# without its receipt), outbox-relay --metrics, two
+# prometheus-postgres-exporters (the shipped queries.yaml and
+# queries-checks.yaml) as a role that is only a member of pg_monitor, and
+# prometheus scraping them with a copy of the shipped
 # prometheus.yml (test ports, a 1 s scrape and evaluation interval) and of
 # alerts.yml (every "for:" 0s, the age thresholds 1 s, so that alerts fire
 # within seconds).  The series and the alerts are read back through
@@ -104,7 +105,7 @@ sub spew
 my %db_metrics;
 {
 	my ($key, $col);
-	for my $line (split /\n/, slurp("$mon/queries.yaml"))
+	for my $line (split /\n/, slurp("$mon/queries.yaml") . "\n" . slurp("$mon/queries-checks.yaml"))
 	{
 		if ($line =~ /^([a-z_]+):\s*$/) { $key = $1; next; }
 		if ($line =~ /^    - ([a-z_]+):\s*$/) { $col = $1; next; }
@@ -115,7 +116,7 @@ my %db_metrics;
 		}
 	}
 }
-ok(scalar(keys %db_metrics) >= 20, 'queries.yaml defines the database metrics')
+ok(scalar(keys %db_metrics) >= 20, 'queries.yaml and queries-checks.yaml define the database metrics')
   or diag(join(' ', sort keys %db_metrics));
 
 # ---------------------------------------------------------------------------
@@ -178,6 +179,7 @@ $node->poll_query_until('postgres', q{
 # The exporter (shipped queries.yaml, a pg_monitor-only role) and prometheus
 # ---------------------------------------------------------------------------
 my $exporter_port = PostgreSQL::Test::Cluster::get_free_port();
+my $checks_port = PostgreSQL::Test::Cluster::get_free_port();
 {
 	local $ENV{DATA_SOURCE_NAME} = sprintf('host=%s port=%d user=scraper dbname=postgres sslmode=disable',
 		$node->host, $node->port);
@@ -185,16 +187,21 @@ my $exporter_port = PostgreSQL::Test::Cluster::get_free_port();
 		'prometheus-postgres-exporter', "--extend.query-path=$mon/queries.yaml",
 		"--web.listen-address=127.0.0.1:$exporter_port",
 		'--disable-default-metrics', '--disable-settings-metrics');
+	$procs{exporter_checks} = spawn("$tmp/exporter-checks.out", "$tmp/exporter-checks.err",
+		'prometheus-postgres-exporter', "--extend.query-path=$mon/queries-checks.yaml",
+		"--web.listen-address=127.0.0.1:$checks_port",
+		'--disable-default-metrics', '--disable-settings-metrics');
 }
 
 # Copies of the shipped configuration with the test's ports and intervals.
 my $prom_port = PostgreSQL::Test::Cluster::get_free_port();
 {
 	my $conf = slurp("$mon/prometheus.yml");
-	my $n = ($conf =~ s/127\.0\.0\.1:9187/127.0.0.1:$exporter_port/g);
-	$n += ($conf =~ s/127\.0\.0\.1:9400/127.0.0.1:$relay_port/g);
-	$conf =~ s/(scrape_interval|evaluation_interval): 15s/$1: 1s/g;
-	is($n, 2, 'the shipped prometheus.yml names the exporter and the relay targets');
+	my $n = ($conf =~ s/\["127\.0\.0\.1:9187"\]/["127.0.0.1:$exporter_port"]/g);
+	$n += ($conf =~ s/\["127\.0\.0\.1:9188"\]/["127.0.0.1:$checks_port"]/g);
+	$n += ($conf =~ s/\["127\.0\.0\.1:9400"\]/["127.0.0.1:$relay_port"]/g);
+	$conf =~ s/(scrape_interval|evaluation_interval|scrape_timeout): \S+/$1: 1s/g;
+	is($n, 3, 'the shipped prometheus.yml names the two exporters and the relay');
 	spew("$tmp/prometheus.yml", $conf);
 
 	my $rules = slurp("$mon/alerts.yml");
@@ -270,6 +277,7 @@ sub wait_alert
 }
 
 is(wait_value('up{job="outbox-postgres"}', 1), 1, 'prometheus scrapes the exporter');
+is(wait_value('up{job="outbox-postgres-checks"}', 1), 1, 'prometheus scrapes the exporter of the checks');
 is(wait_value('up{job="outbox-relay"}', 1), 1, 'prometheus scrapes the relay');
 is(wait_value('outbox_worker_up', 1), 1, 'outbox_worker_up is 1 (read as a pg_monitor-only role)');
 # The stale ack comes once Prometheus scrapes, so that its counter
@@ -292,8 +300,11 @@ my %stats;
 cmp_ok($stats{acked}, '>=', $n_mail, 'outbox.stats counted the acks');
 cmp_ok($stats{stale_refused}, '>=', 1, 'outbox.stats counted the stale ack');
 
-ok(!grep({ /error/ && !/level=info/ } split /\n/, slurp("$tmp/exporter.err")),
-	'the exporter logs no query error') or diag(slurp("$tmp/exporter.err"));
+for my $e ('exporter', 'exporter-checks')
+{
+	ok(!grep({ /error/ && !/level=info/ } split /\n/, slurp("$tmp/$e.err")),
+		"the $e logs no query error") or diag(slurp("$tmp/$e.err"));
+}
 
 # --- the database's series ---------------------------------------------
 is(wait_value('outbox_backlog_commands{kind="doomed",status="dead",state="held"}', 1), 1,
