@@ -19,14 +19,15 @@
 -- outbox.commands; it returns counts and ages only, never a command's id,
 -- payload or error, and is granted to pg_monitor.
 
--- Commands that need a human, by kind and status (the key holds both, so
+-- Commands that need a human, by kind and status (the key holds both, in
+-- the "C" collation like every text key of the extension, so
 -- metrics_backlog counts them with an index-only scan).  Only dead and
--- uncertain rows have
--- an entry, so claims and acks never write to this index: a command enters
--- it when it goes dead or uncertain and leaves it when it is requeued or
--- resolved.  (status is already part of commands_lease_idx's predicate, so
--- this index makes no update that was HOT non-HOT.)
-CREATE INDEX commands_held_idx ON @extschema@.commands (kind, status)
+-- uncertain rows have an entry, so claims and acks never write to this
+-- index: a command enters it when it goes dead or uncertain and leaves it
+-- when it is requeued or resolved.  (status is already part of
+-- commands_lease_idx's predicate, so this index makes no update that was
+-- HOT non-HOT.)
+CREATE INDEX commands_held_idx ON @extschema@.commands (kind, status COLLATE pg_catalog."C")
 	WHERE status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[]);
 COMMENT ON INDEX @extschema@.commands_held_idx
 	IS 'dead and uncertain commands by kind and status (read by outbox.metrics_backlog)';
