@@ -147,6 +147,26 @@ sq(join("\n", map {
 $node->poll_query_until('postgres', qq{
 	SELECT count(*) = $n_mail FROM outbox.commands WHERE kind = 'mail' AND status = 'published'})
   or die 'the relay did not publish the mail commands';
+# The relay's endpoint itself: the exposition format, a 404 elsewhere, and
+# the errors of --metrics.
+{
+	my $r = $http->get("http://$relay_metrics/metrics");
+	is($r->{status}, 200, 'the relay serves /metrics');
+	like($r->{headers}{'content-type'}, qr{^text/plain; version=0\.0\.4}, 'in the text exposition format');
+	like($r->{content}, qr/^# TYPE outbox_relay_acked_total counter\noutbox_relay_acked_total $n_mail\n/m,
+		'with typed counters');
+	is($http->get("http://$relay_metrics/other")->{status}, 404, 'and nothing else');
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'outbox-relay', '--sink', 'stdout', '--metrics', '9400' ],
+		'<', \undef, '>', \$out, '2>', \$err);
+	is($? >> 8, 2, '--metrics without a host: exit 2');
+	like($err, qr/HOST:PORT is expected/, '--metrics without a host: says so');
+	IPC::Run::run([ 'outbox-relay', '--dsn', $dsn, '--sink', 'stdout', '--metrics', $relay_metrics ],
+		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(60));
+	is($? >> 8, 1, '--metrics on a port in use: exit 1');
+	like($err, qr/could not listen on --metrics address/, '--metrics on a port in use: says so');
+}
+
 # every published command gets its receipt but one: that one becomes
 # overdue after outbox.receipt_overdue (1 s)
 sq(join("\n", map { "SELECT outbox.complete('mail-$_');" } 2 .. $n_mail));
