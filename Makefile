@@ -87,7 +87,7 @@ RELAY_LIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq
 all: src/outbox-relay
 src/outbox-relay: $(RELAY_SRCS) $(wildcard src/relay/*.h) outbox.control
 	$(CC) $(RELAY_CFLAGS) -DRELAY_VERSION='"$(EXTVERSION)"' -o $@ $(RELAY_SRCS) \
-		$(LDFLAGS) $(RELAY_LIBS) -lcurl
+		$(LDFLAGS) -pthread $(RELAY_LIBS) -lcurl
 # make install RELAY_INSTALL=no installs the extension only (the Debian
 # packaging puts the relay in a package of its own).
 ifneq ($(RELAY_INSTALL),no)
@@ -111,4 +111,13 @@ clean: clean-relay
 clean-relay:
 	rm -f src/outbox-relay src/outbox-receiver
 
-.PHONY: install-relay uninstall-relay clean-relay
+# The monitoring files (docs/monitoring.md): queries of
+# prometheus-postgres-exporter, Prometheus configuration, alert rules and
+# their tests, a Grafana dashboard.
+MONITORING_FILES = $(wildcard monitoring/*.yaml monitoring/*.yml monitoring/*.json)
+install: install-monitoring
+install-monitoring:
+	$(MKDIR_P) '$(DESTDIR)$(datadir)/extension/outbox/monitoring'
+	$(if $(MONITORING_FILES),$(INSTALL_DATA) $(MONITORING_FILES) '$(DESTDIR)$(datadir)/extension/outbox/monitoring/')
+
+.PHONY: install-relay uninstall-relay clean-relay install-monitoring

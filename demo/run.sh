@@ -106,6 +106,8 @@ HTTP_PORT=$(outbox_free_port)
 RECEIVER_PID=$!
 outbox_wait_port "$HTTP_PORT"
 echo "   consumer listening on http://127.0.0.1:$HTTP_PORT/"
+. "$ROOT/demo/plot.sh"	# sampled every 0.1 s for the picture of step 10
+demo_sampler_start "$DSN" "$WORK/samples.dat"
 
 # Producers: 4 sessions run 2,000 transactions deciding one command each
 # while the relays run; about one in ten rolls back.
@@ -134,6 +136,7 @@ PRODUCERS=$!
 sleep 1.5
 echo "   kill -9 relay-A in the middle of a batch:"
 as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d demo -c \"SELECT '   relay-A holds ' || count(*) || ' leases' FROM outbox.commands WHERE owner = 'relay-A' AND status = 'sending'\""
+demo_event "relay-A killed"
 kill -9 "$RELAY_A"
 wait "$RELAY_A" 2>/dev/null
 wait "$PRODUCERS"
@@ -143,6 +146,8 @@ for _ in $(seq 120); do
 	[ "$left" = 0 ] && break
 	sleep 0.5
 done
+sleep 0.5
+demo_sampler_stop
 kill -TERM "$RELAY_B"
 wait "$RELAY_B" 2>/dev/null
 echo "   relay-B's summary: $(grep 'summary:' "$WORK/relay-B.log" | tail -1)"
@@ -158,6 +163,18 @@ SELECT (SELECT count(*) FROM outbox.commands WHERE kind = 'ship_order') AS commi
        (SELECT count(*) FROM shipments WHERE command_id LIKE 'rolled-back-%') AS rolled_back_but_applied;
 SELECT enqueued, claimed, taken_over, acked, stale_refused, failed, dead_lettered, wakeups FROM outbox.stats;
 SELECT check_name, severity, violations FROM outbox.conservation;"
+
+echo
+echo "== 10. The picture of step 9 (outbox.stats and outbox.metrics_backlog() sampled every 0.1 s)"
+OUT=${OUTBOX_DEMO_OUT:-/tmp/outbox-demo}
+mkdir -p "$OUT"
+cp "$WORK/samples.dat" "$OUT/samples.dat"
+cp "$WORK/samples.dat.events" "$OUT/events.dat"
+if demo_plot "$WORK/samples.dat" "$OUT/outbox-demo.png"; then
+	echo "   drawn with gnuplot: $OUT/outbox-demo.png (samples: $OUT/samples.dat)"
+else
+	echo "   gnuplot could not draw the picture" >&2
+fi
 
 echo
 echo "== done; the cluster is removed"

@@ -45,6 +45,9 @@ OUTBOX_PACKAGES=(
 	libpq-dev
 	libcurl4-openssl-dev
 	curl
+	prometheus
+	prometheus-postgres-exporter
+	gnuplot-nox
 )
 
 # More Debian packages the tests need (test/run.sh installs them too).

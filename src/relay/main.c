@@ -72,6 +72,7 @@ usage(void)
 		   "                            a time, in claim order)\n"
 		   "  -H, --header='NAME: VALUE'  extra HTTP header (repeatable)\n"
 		   "      --drain               exit 0 as soon as a claim finds nothing\n"
+		   "      --metrics=HOST:PORT   serve Prometheus metrics at http://HOST:PORT/metrics\n"
 		   "  -v, --verbose             log every batch\n"
 		   "  -V, --version             print the version and exit\n"
 		   "  -h, --help                print this help and exit\n\n");
@@ -170,6 +171,7 @@ parse_options(int argc, char **argv)
 		{"concurrency", required_argument, NULL, 'c'},
 		{"header", required_argument, NULL, 'H'},
 		{"drain", no_argument, NULL, 3},
+		{"metrics", required_argument, NULL, 4},
 		{"verbose", no_argument, NULL, 'v'},
 		{"version", no_argument, NULL, 'V'},
 		{"help", no_argument, NULL, 'h'},
@@ -238,6 +240,18 @@ parse_options(int argc, char **argv)
 				break;
 			case 3:
 				relay_opts.drain = true;
+				break;
+			case 4:
+				{
+					char	   *h;
+					char	   *p;
+
+					if (!metrics_parse(optarg, &h, &p))
+						usage_error("invalid value \"%s\" for --metrics: HOST:PORT is expected", optarg);
+					free(h);
+					free(p);
+					relay_opts.metrics = optarg;
+				}
 				break;
 			case 'v':
 				relay_opts.verbose++;
@@ -543,12 +557,21 @@ main(int argc, char **argv)
 	}
 	relay_log("starting: worker \"%s\", sink %s, batch %d", relay_opts.worker,
 			  sink_describe(sink), relay_opts.batch);
+	if (relay_opts.metrics != NULL && !metrics_start(relay_opts.metrics, &err))
+	{
+		relay_log("%s", err);
+		sink_close(sink);
+		return RELAY_EXIT_RUNTIME;
+	}
 
 	for (;;)
 	{
 		RelayBatch	batch;
 		DbResult	r;
+		double		claimed_at;
+		bool		unavailable;
 
+		metrics_publish();
 		if (relay_stop)
 		{
 			if (!stop_logged)
@@ -599,7 +622,11 @@ main(int argc, char **argv)
 		}
 
 		relay_debug("claimed %d", batch.n);
-		if (process_batch(&batch))
+		claimed_at = relay_now();
+		metrics_claimed(batch.n);
+		unavailable = process_batch(&batch);
+		metrics_batch_done(relay_now() - claimed_at);
+		if (unavailable)
 		{
 			unavailable_backoff = unavailable_backoff <= 0 ? 0.5 : unavailable_backoff * 2;
 			if (unavailable_backoff > 30)
@@ -619,6 +646,7 @@ main(int argc, char **argv)
 		}
 	}
 
+	metrics_stop();
 	db_disconnect();
 	sink_close(sink);
 	curl_global_cleanup();

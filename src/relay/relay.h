@@ -60,6 +60,7 @@ typedef struct RelayOptions
 	const char **headers;		/* extra HTTP headers */
 	int			nheaders;
 	bool		drain;			/* exit when a claim finds nothing */
+	const char *metrics;		/* HOST:PORT of the /metrics endpoint, or NULL */
 	int			verbose;
 } RelayOptions;
 
@@ -176,5 +177,13 @@ extern bool sink_flush(Sink *sink, char **errmsg);
 extern bool sink_reopen(Sink *sink, char **errmsg);
 extern void sink_close(Sink *sink);
 extern const char *sink_describe(Sink *sink);
+
+/* metrics.c */
+extern bool metrics_parse(const char *spec, char **host, char **port);
+extern bool metrics_start(const char *spec, char **errmsg);
+extern void metrics_publish(void);
+extern void metrics_claimed(int n);
+extern void metrics_batch_done(double seconds);
+extern void metrics_stop(void);
 
 #endif							/* OUTBOX_RELAY_H */

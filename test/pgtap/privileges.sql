@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(114);
+SELECT plan(116);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -85,6 +85,9 @@ INSERT INTO expected VALUES
 	('outbox.verify(boolean)',
 	 'function', '{outbox_admin,pg_monitor}', false,
 	 $$SELECT outbox.verify()$$),
+	('outbox.metrics_backlog()',
+	 'function', '{outbox_admin,pg_monitor}', true,
+	 $$SELECT count(*) FROM outbox.metrics_backlog()$$),
 	('outbox.preloaded()',
 	 'function', '{outbox_producer,outbox_publisher,outbox_consumer,outbox_admin,pg_monitor}', false,
 	 $$SELECT outbox.preloaded()$$),
@@ -266,7 +269,7 @@ SELECT is(ARRAY(SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::reg
 		  '{outbox_admin:USAGE,outbox_consumer:USAGE,outbox_producer:USAGE,outbox_publisher:USAGE,pg_monitor:USAGE}'::text[],
 		  'schema outbox: USAGE for the group roles and pg_monitor, nothing for PUBLIC');
 
--- 6-55: each object's privileges, for the group roles, pg_monitor and PUBLIC.
+-- 6-56: each object's privileges, for the group roles, pg_monitor and PUBLIC.
 SELECT is(CASE WHEN a.oid IS NULL THEN NULL ELSE
 			  ARRAY(SELECT g.r FROM grantee_roles g
 					 WHERE has_function_privilege(g.r, a.oid, 'EXECUTE')
@@ -305,7 +308,7 @@ SELECT is(CASE WHEN a.oid IS NULL THEN NULL ELSE
  WHERE e.kind = 'type'
  ORDER BY e.object;
 
--- 56: no ACL entry (table or column) lets anyone but the owner write.
+-- 57: no ACL entry (table or column) lets anyone but the owner write.
 SELECT is(ARRAY(SELECT c.relname || ':' || a.grantee::regrole::text || ':' || a.privilege_type
 				  FROM pg_class c, aclexplode(c.relacl) a
 				 WHERE c.relnamespace = 'outbox'::regnamespace
@@ -319,7 +322,7 @@ SELECT is(ARRAY(SELECT c.relname || ':' || a.grantee::regrole::text || ':' || a.
 				 ORDER BY 1),
 		  '{}'::text[], 'nobody but the owner may write a table (no table or column grant)');
 
--- 57: PUBLIC appears in no ACL, and no ACL is left at its default (which
+-- 58: PUBLIC appears in no ACL, and no ACL is left at its default (which
 -- would let PUBLIC execute a function or use a type).
 SELECT is(ARRAY(SELECT a.object FROM actual_objects a
 				 WHERE CASE a.kind
@@ -335,13 +338,13 @@ SELECT is(ARRAY(SELECT a.object FROM actual_objects a
 				 ORDER BY 1),
 		  '{}'::text[], 'PUBLIC has no privilege on any object, explicitly');
 
--- 58: the SECURITY DEFINER functions are exactly the listed ones.
+-- 59: the SECURITY DEFINER functions are exactly the listed ones.
 SELECT is(ARRAY(SELECT a.object FROM actual_objects a JOIN pg_proc p ON p.oid = a.oid
 				 WHERE p.prosecdef ORDER BY 1),
 		  ARRAY(SELECT e.object FROM expected e WHERE e.secdef ORDER BY 1),
 		  'SECURITY DEFINER: the producer, publisher, consumer and administrator API');
 
--- 59: each of them pins search_path to pg_catalog, pg_temp.
+-- 60: each of them pins search_path to pg_catalog, pg_temp.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' ' || coalesce(p.proconfig::text, 'no settings')
 				  FROM pg_proc p
 				 WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
@@ -349,7 +352,7 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' ' || coalesce(p.proconfig:
 				 ORDER BY 1),
 		  '{}'::text[], 'every SECURITY DEFINER function has search_path = pg_catalog, pg_temp and nothing else');
 
--- 60: so does every function written in SQL or PL/pgSQL.
+-- 61: so does every function written in SQL or PL/pgSQL.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text
 				  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
 				 WHERE p.pronamespace = 'outbox'::regnamespace AND l.lanname <> 'c'
@@ -357,7 +360,7 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text
 				 ORDER BY 1),
 		  '{}'::text[], 'every SQL and PL/pgSQL function pins search_path');
 
--- 61: the SECURITY DEFINER functions run as the extension's owner, a superuser.
+-- 62: the SECURITY DEFINER functions run as the extension's owner, a superuser.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' owned by ' || p.proowner::regrole::text
 				  FROM pg_proc p
 				 WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
@@ -366,7 +369,7 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' owned by ' || p.proowner::
 				 ORDER BY 1),
 		  '{}'::text[], 'SECURITY DEFINER functions are owned by the extension owner');
 
--- 62: internal helpers are granted to none of the four roles, except the
+-- 63: internal helpers are granted to none of the four roles, except the
 -- two the views call with the reader's rights.
 SELECT is(ARRAY(SELECT a.object || ':' || g.r
 				  FROM actual_objects a, grantee_roles g
@@ -377,7 +380,7 @@ SELECT is(ARRAY(SELECT a.object || ':' || g.r
 		  '{outbox._stats():outbox_admin,outbox._workers():outbox_admin}'::text[],
 		  'internal helpers: only _stats and _workers, for outbox_admin (the views need them)');
 
--- 63: the group roles cannot log in and hold no special attribute.
+-- 64: the group roles cannot log in and hold no special attribute.
 SELECT is(ARRAY(SELECT r.rolname::text FROM pg_roles r
 				 WHERE r.rolname IN ('outbox_producer', 'outbox_publisher', 'outbox_consumer', 'outbox_admin')
 				   AND NOT (r.rolcanlogin OR r.rolsuper OR r.rolcreaterole OR r.rolcreatedb
@@ -386,7 +389,7 @@ SELECT is(ARRAY(SELECT r.rolname::text FROM pg_roles r
 		  '{outbox_admin,outbox_consumer,outbox_producer,outbox_publisher}'::text[],
 		  'the four group roles exist, NOLOGIN, with no special attribute');
 
--- 64: every listed call succeeds as the owner (so a 42501 below is a
+-- 65: every listed call succeeds as the owner (so a 42501 below is a
 -- privilege refusal, not a broken statement).
 SELECT is(ARRAY(SELECT e.object || ' ' || pg_temp.try_as(NULL, e.call)
 				  FROM expected e
@@ -394,7 +397,7 @@ SELECT is(ARRAY(SELECT e.object || ' ' || pg_temp.try_as(NULL, e.call)
 				 ORDER BY 1),
 		  '{}'::text[], 'every listed call succeeds as the owner');
 
--- 65-114: each login role's call: 00000 when its group role is listed, else 42501.
+-- 66-116: each login role's call: 00000 when its group role is listed, else 42501.
 SELECT is(ARRAY(SELECT l.login || ':' || pg_temp.try_as(l.login, e.call)
 				  FROM login_roles l ORDER BY l.login),
 		  ARRAY(SELECT l.login || ':' || CASE WHEN l.grp = ANY (e.grantees) THEN '00000' ELSE '42501' END

@@ -1,6 +1,6 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(52);
+SELECT plan(53);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged']);
@@ -29,13 +29,15 @@ SELECT col_not_null('outbox', 'commands', 'payload', 'col_not_null outbox, comma
 SELECT col_has_default('outbox', 'commands', 'status', 'col_has_default outbox, commands, status');
 SELECT col_default_is('outbox', 'commands', 'status', 'pending'::text, 'new commands are pending');
 SELECT col_type_is('outbox', 'commands', 'status', 'outbox', 'command_status', 'status is of the domain command_status');
-SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx']);
+SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx', 'commands_held_idx']);
 SELECT is_indexed('outbox', 'commands', ARRAY['priority', 'due_at', 'created_at'], 'claim index by priority and availability');
 SELECT is_indexed('outbox', 'commands', 'lease_until', 'lease index for takeovers');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_claim_idx'::regclass),
 	'(due_at IS NOT NULL)', 'claim index holds claimable rows only');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_lease_idx'::regclass),
 	'((status)::text = ''sending''::text)', 'lease index holds sending rows only');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_held_idx'::regclass),
+	'((status)::text = ANY (ARRAY[''dead''::text, ''uncertain''::text]))', 'held index holds dead and uncertain rows only');
 SELECT ok((SELECT reloptions @> ARRAY['fillfactor=80'] FROM pg_class WHERE oid = 'outbox.commands'::regclass),
 	'commands leaves room for new row versions');
 
