@@ -94,7 +94,10 @@ ifneq ($(RELAY_INSTALL),no)
 install: install-relay
 uninstall: uninstall-relay
 endif
+# 0.1.0 installed the relay into the server's bindir, where it would shadow
+# this one for anything that puts that directory first on PATH: remove it.
 install-relay: src/outbox-relay
+	$(if $(filter-out $(abspath $(bindir)),$(abspath $(RELAY_BINDIR))),rm -f '$(DESTDIR)$(bindir)/outbox-relay')
 	$(MKDIR_P) '$(DESTDIR)$(RELAY_BINDIR)' '$(DESTDIR)$(RELAY_MANDIR)/man1'
 	$(INSTALL_PROGRAM) src/outbox-relay '$(DESTDIR)$(RELAY_BINDIR)/outbox-relay'
 	$(INSTALL_DATA) src/relay/outbox-relay.1 '$(DESTDIR)$(RELAY_MANDIR)/man1/outbox-relay.1'
