@@ -4,7 +4,7 @@ EXTENSION = outbox
 EXTVERSION = 0.1.0
 
 MODULE_big = outbox
-OBJS = src/outbox.o src/producer.o src/lease.o src/consumer.o src/worker.o src/upkeep.o
+OBJS = src/outbox.o src/args.o src/plans.o src/producer.o src/lease.o src/consumer.o src/shared.o src/bgw.o src/launcher.o src/worker.o src/duties.o src/upkeep.o
 
 # The install script is assembled from the parts in src/sql/, in name order.
 DATA_built = outbox--$(EXTVERSION).sql
@@ -23,8 +23,15 @@ override with_llvm = no
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql))
-	cat $^ > $@
+# The rules defined once in src/outbox.h (see there) are copied into it.
+OUTBOX_RULE = $(shell sed -n 's/^\#define $(1)[[:space:]][[:space:]]*//p' src/outbox.h)
+OUTBOX_STEERING = $(shell sed -n '/^\#define OUTBOX_PLANNER_STEERING/{s/[^"]*\("[a-z_]*"\)[^"]*/\1, /g;s/, $$//;p;}' src/outbox.h)
+outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql)) src/outbox.h
+	cat $(filter %.sql,$^) | sed \
+		-e "s/@OUTBOX_MAX_ID_LEN@/$(call OUTBOX_RULE,OUTBOX_MAX_ID_LEN)/g" \
+		-e "s/@OUTBOX_STATUSES@/$(subst ",',$(call OUTBOX_RULE,OUTBOX_STATUSES))/g" \
+		-e "s/@OUTBOX_PLANNER_STEERING@/$(subst ",',$(OUTBOX_STEERING))/g" > $@
+	! grep -n '@OUTBOX_[A-Z_]*@' $@
 
 # The reference publisher.
 RELAY_SRCS = $(wildcard src/relay/*.c)
