@@ -155,33 +155,48 @@ du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg)
 	return isnull ? 0 : DatumGetInt32(d);
 }
 
-typedef struct DuBatch
+/* One statement of a step, with its int4 argument and result. */
+typedef struct DuStatement
 {
-	int32		batch;			/* in: batch size */
-	int32		done;			/* out: rows settled or purged */
-} DuBatch;
+	SPIPlanPtr *plan;			/* where its saved plan is kept */
+	const char *sql;			/* SELECT of one int4 from one int4 $1 */
+	bool		write;			/* it writes (takes the write locks) */
+	int32		arg;
+	int32		result;
+} DuStatement;
 
-/* Transaction: one sweep batch, expired leases to dead or uncertain. */
+/* Transaction: take the tables' locks, run the statement. */
 static bool
-du_sweep_txn(void *arg)
+du_statement_txn(void *arg)
 {
-	DuBatch    *b = (DuBatch *) arg;
+	DuStatement *st = (DuStatement *) arg;
 
-	if (!du_lock_tables(true))
+	if (!du_lock_tables(st->write))
 		return false;
-	b->done = du_exec_int(&du_plan_sweep, "SELECT outbox.sweep($1)", b->batch);
+	st->result = du_exec_int(st->plan, st->sql, st->arg);
 	return true;
 }
 
-/* Transaction: one purge batch, by the retention rule of outbox.purge(). */
+/*
+ * Run a saved statement (one int4 argument, one int4 result) in a
+ * transaction of its own, its table locks taken without waiting.  False if
+ * it failed (logged, and kept in outbox.workers) or skipped its turn.
+ */
 static bool
-du_purge_txn(void *arg)
+du_run(const char *what, SPIPlanPtr *plan, const char *sql, bool write,
+	   int32 arg, int32 *result)
 {
-	DuBatch    *b = (DuBatch *) arg;
+	DuStatement st;
 
-	if (!du_lock_tables(true))
+	st.plan = plan;
+	st.sql = sql;
+	st.write = write;
+	st.arg = arg;
+	st.result = 0;
+	*result = 0;
+	if (!OutboxRunTransaction(what, du_statement_txn, &st))
 		return false;
-	b->done = du_exec_int(&du_plan_purge, "SELECT outbox.purge($1)", b->batch);
+	*result = st.result;
 	return true;
 }
 
@@ -440,13 +455,12 @@ du_upkeep_running(pid_t *pid)
 static bool
 du_sweep(OutboxTurn *turn)
 {
-	DuBatch		b;
+	int32		batch = Min(outbox_purge_batch, outbox_max_batch);
+	int32		done;
 
-	b.batch = Min(outbox_purge_batch, outbox_max_batch);
-	b.done = 0;
-	if (!OutboxRunTransaction("outbox: settling expired leases", du_sweep_txn, &b))
-		return false;
-	return b.done >= b.batch;
+	return du_run("outbox: settling expired leases", &du_plan_sweep,
+				  "SELECT outbox.sweep($1)", true, batch, &done) &&
+		done >= batch;
 }
 
 /*
@@ -458,22 +472,21 @@ du_sweep(OutboxTurn *turn)
 static bool
 du_purge(OutboxTurn *turn)
 {
-	DuBatch		b;
+	int32		done;
 	bool		ok;
 
 	if (turn->steps == 0)
 		du_purged = 0;
-	b.batch = outbox_purge_batch;
-	b.done = 0;
-	ok = OutboxRunTransaction("outbox: purging", du_purge_txn, &b);
-	du_purged += b.done;
+	ok = du_run("outbox: purging", &du_plan_purge, "SELECT outbox.purge($1)",
+				true, outbox_purge_batch, &done);
+	du_purged += done;
 	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
 	MyOutboxSlot->last_purged = du_purged;
 	LWLockRelease(OutboxShared->lock);
 	if (du_purged == 0)
 		turn->next = TimestampTzPlusMilliseconds(turn->now,
 												 WK_PURGE_IDLE_ROUNDS * outbox_naptime_ms);
-	return ok && b.done >= b.batch;
+	return ok && done >= outbox_purge_batch;
 }
 
 /* due: one look at what became claimable, and when the next will. */
