@@ -44,7 +44,9 @@
  * and when the next one will.  lo is the later of its last look and the
  * last notification (a notification covers everything claimable when it
  * was sent), lowered to the slot's due_floor: the earliest start of a
- * transaction that committed work since the last look (shared.c).  A
+ * transaction that committed work since the last look and began before it
+ * (shared.c; the worker publishes that bound, look_mark, before each look
+ * and notification).  A
  * transaction's due_at and lease_until values are never older than its
  * start, so a long transaction, or a prepared one committed later, that the
  * previous look could not see is seen by this one.  Prepared transactions
@@ -104,6 +106,8 @@ static bool du_upkeep_stopped = false;	/* we asked it to stop */
 static bool du_listed_prepared = false; /* unknown prepared xacts listed */
 static List *du_unknown_prepared = NIL; /* their xids, as an OID list (no
 										 * xid lists in 15) */
+
+static void du_set_mark(TimestampTz t);
 
 /* ----------------------------------------------------------------
  * Helpers of the steps
@@ -356,6 +360,7 @@ du_due_check(void)
 		floor = DT_NOBEGIN;
 	d.now = GetCurrentTimestamp();
 	d.lo = Min(Max(du_last_due_check, du_last_notify), floor);
+	du_set_mark(d.now);			/* before the look's snapshot */
 	if (!OutboxRunTransaction("outbox: looking for due commands", du_due_txn, &d))
 	{
 		/* Look back as far next time. */
@@ -376,12 +381,32 @@ du_due_check(void)
 	return d.next;
 }
 
-/* Send one notification on outbox.notify_channel. */
+/*
+ * Publish where the next look would begin (t: a look's now, or a
+ * notification's), before that look or notification reads the table: a
+ * transaction that began before it and commits after it then lowers the
+ * floor (shared.c).
+ */
+static void
+du_set_mark(TimestampTz t)
+{
+	if (t > (TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->look_mark))
+		pg_atomic_write_u64(&MyOutboxSlot->look_mark, (uint64) t);
+	pg_memory_barrier();
+}
+
+/*
+ * Send one notification on outbox.notify_channel.  Its time is taken
+ * before its transaction: a listener's claim after it sees every command
+ * committed before then.
+ */
 static void
 du_notify(void)
 {
 	MemoryContext cxt = CurrentMemoryContext;
+	TimestampTz at = GetCurrentTimestamp();
 
+	du_set_mark(at);
 	PG_TRY();
 	{
 		StartTransactionCommand();
@@ -395,7 +420,7 @@ du_notify(void)
 	}
 	PG_END_TRY();
 	MemoryContextSwitchTo(cxt);
-	du_last_notify = GetCurrentTimestamp();
+	du_last_notify = at;
 }
 
 /*

@@ -115,9 +115,9 @@ typedef enum OutboxWorkerExit
 /*
  * One slot per database served by a worker.  The launcher owns dboid,
  * generation and state transitions out of OBW_FREE; the worker fills in the
- * rest.  All fields are protected by OutboxShared->lock, except
- * wake_pending and due_floor, which committing backends set without taking
- * the lock.
+ * rest.  All fields are protected by OutboxShared->lock, except the
+ * atomics wake_pending, due_floor and look_mark, which committing backends
+ * and the worker read and set without taking the lock.
  */
 typedef struct OutboxWorkerSlot
 {
@@ -130,7 +130,11 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint32 wake_pending;	/* a producer committed since last look */
 	pg_atomic_uint64 due_floor; /* earliest start of a transaction that
 								 * committed work since the due check's last
-								 * look (OUTBOX_NO_FLOOR: none) */
+								 * look and began before look_mark
+								 * (OUTBOX_NO_FLOOR: none) */
+	pg_atomic_uint64 look_mark; /* where the due check's next look would
+								 * begin without the floor: its last look or
+								 * notification (0 before the first) */
 	int			naptime_ms;		/* the worker's current outbox.naptime */
 	TimestampTz started_at;
 	TimestampTz last_run;

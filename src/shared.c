@@ -23,10 +23,11 @@
  * when it aborts, so rolled-back work is never counted.  If the committed
  * transaction enqueued commands, the callback also sets wake_pending in the
  * database's worker slot and sets the worker's latch; if it counted
- * anything, it lowers the slot's due_floor to the transaction's start, so
- * that the worker's due check looks back far enough to see what this
- * transaction made due (its due_at and lease_until values are never older
- * than its start).  That is all a producer pays: no lock, no NOTIFY on its
+ * anything and began before the slot's look_mark (where the worker's next
+ * look at what is due would begin), it lowers the slot's due_floor to the
+ * transaction's start, so that the look goes back far enough to see what
+ * this transaction made due (its due_at and lease_until values are never
+ * older than its start).  That is all a producer pays: no lock, no NOTIFY on its
  * commit path.
  *
  * Two-phase commit.  At PREPARE TRANSACTION the pending counts, the
@@ -176,6 +177,7 @@ ob_shmem_startup(void)
 			pg_atomic_init_u32(&OutboxShared->slots[i].wake_pending, 0);
 			pg_atomic_init_u64(&OutboxShared->slots[i].due_floor,
 							   (uint64) OUTBOX_NO_FLOOR);
+			pg_atomic_init_u64(&OutboxShared->slots[i].look_mark, 0);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -311,13 +313,22 @@ ob_publish(const int64 *counts, bool request_worker, Oid dboid,
 	slot = any ? OutboxFindSlot(dboid) : NULL;
 	if (slot != NULL)
 	{
-		uint64		floor = pg_atomic_read_u64(&slot->due_floor);
+		/*
+		 * Only a transaction that began before where the next look begins
+		 * can have written what that look would miss; the worker sets the
+		 * mark before it takes its snapshot, and we read it after our
+		 * commit.  Floors mostly grow, so this is mostly reads.
+		 */
+		pg_memory_barrier();
+		if (start <= (int64) pg_atomic_read_u64(&slot->look_mark))
+		{
+			uint64		floor = pg_atomic_read_u64(&slot->due_floor);
 
-		/* Starts mostly grow, so this is mostly one read and no write. */
-		while ((int64) floor > start &&
-			   !pg_atomic_compare_exchange_u64(&slot->due_floor, &floor,
-											   (uint64) start))
-			;
+			while ((int64) floor > start &&
+				   !pg_atomic_compare_exchange_u64(&slot->due_floor, &floor,
+												   (uint64) start))
+				;
+		}
 
 		/*
 		 * Only the commit that raises the flag sets the latch: while the
