@@ -17,7 +17,7 @@ $(error no default_version in outbox.control)
 endif
 
 MODULE_big = outbox
-OBJS = src/outbox.o src/producer.o src/lease.o src/consumer.o src/worker.o src/upkeep.o
+OBJS = src/outbox.o src/args.o src/plans.o src/producer.o src/lease.o src/consumer.o src/shared.o src/bgw.o src/launcher.o src/worker.o src/duties.o src/upkeep.o
 
 # The install script is assembled from the parts in src/sql/, in name order.
 DATA_built = outbox--$(EXTVERSION).sql
@@ -53,8 +53,15 @@ override with_llvm = no
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql))
-	cat $^ > $@
+# The rules defined once in src/outbox.h (see there) are copied into it.
+OUTBOX_RULE = $(shell sed -n 's/^\#define $(1)[[:space:]][[:space:]]*//p' src/outbox.h)
+OUTBOX_STEERING = $(shell sed -n '/^\#define OUTBOX_PLANNER_STEERING/{s/[^"]*\("[a-z_]*"\)[^"]*/\1, /g;s/, $$//;p;}' src/outbox.h)
+outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql)) src/outbox.h
+	cat $(filter %.sql,$^) | sed \
+		-e "s/@OUTBOX_MAX_ID_LEN@/$(call OUTBOX_RULE,OUTBOX_MAX_ID_LEN)/g" \
+		-e "s/@OUTBOX_STATUSES@/$(subst ",',$(call OUTBOX_RULE,OUTBOX_STATUSES))/g" \
+		-e "s/@OUTBOX_PLANNER_STEERING@/$(subst ",',$(OUTBOX_STEERING))/g" > $@
+	! grep -n '@OUTBOX_[A-Z_]*@' $@
 
 .PHONY: prove_installcheck installcheck-pgtap installcheck-server
 # Refuse a server whose background worker would serve the test databases.

@@ -3,10 +3,21 @@
  * outbox.h
  *		Declarations shared by the files of the outbox extension.
  *
- * The extension has three parts: the SQL-callable API (producer.c,
- * lease.c, consumer.c), the shared state (outbox.c: GUCs, shared-memory
- * counters, the worker slots, the commit-time wake-up) and the background
- * workers (worker.c: launcher and per-database workers).
+ * The files of src/, in layers that only call down (docs/worker.md):
+ *
+ *	 outbox.c	 module load and the GUCs
+ *	 args.c		 argument checks of the SQL-callable functions
+ *	 plans.c	 saved plans and the planner steering of their execution
+ *	 producer.c, lease.c, consumer.c	the SQL-callable API
+ *	 shared.c	 shared memory: counters, the commit, subtransaction and
+ *				 two-phase callbacks, the worker slots and request queue,
+ *				 outbox.stats and outbox.workers
+ *	 bgw.c		 background-worker plumbing: registration, the
+ *				 transaction-with-recovery runner, the database lock probe
+ *	 launcher.c	 the launcher
+ *	 worker.c	 the per-database worker's loop
+ *	 duties.c	 the worker's duties, in one table
+ *	 upkeep.c	 index upkeep and its short-lived worker
  *
  *-------------------------------------------------------------------------
  */
@@ -23,8 +34,24 @@
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
+/*
+ * The rules both languages enforce.  Each is defined here, once: the
+ * Makefile copies them into the install script (sed on the lines below,
+ * which must stay one line each), where @OUTBOX_MAX_ID_LEN@,
+ * @OUTBOX_STATUSES@ and @OUTBOX_PLANNER_STEERING@ stand for them, and
+ * test/t/024_rules.pl fails if the installed extension or a status literal
+ * of src/ disagrees with them.
+ */
 /* Longest identifier (run id, command id, kind, worker, consumer), bytes. */
 #define OUTBOX_MAX_ID_LEN		200
+/* The statuses of a command (the domain outbox.command_status). */
+#define OUTBOX_STATUSES			"pending", "sending", "published", "dead", "uncertain"
+/*
+ * The planner settings the API's statements run with turned off (see
+ * OutboxExecute; outbox.purge() does the same in PL/pgSQL): X(variable, name).
+ */
+#define OUTBOX_PLANNER_STEERING(X)	X(enable_seqscan, "enable_seqscan") X(enable_bitmapscan, "enable_bitmapscan") X(enable_sort, "enable_sort") X(jit_enabled, "jit")
+
 /* Deepest nesting accepted in a payload. */
 #define OUTBOX_MAX_PAYLOAD_DEPTH 64
 /* Longest error text kept in last_error, bytes (longer ones are cut). */
@@ -88,8 +115,9 @@ typedef enum OutboxWorkerExit
 /*
  * One slot per database served by a worker.  The launcher owns dboid,
  * generation and state transitions out of OBW_FREE; the worker fills in the
- * rest.  All fields are protected by OutboxShared->lock, except
- * wake_pending, which producers set at commit without taking the lock.
+ * rest.  All fields are protected by OutboxShared->lock, except the
+ * atomics wake_pending, due_floor and look_mark, which committing backends
+ * and the worker read and set without taking the lock.
  */
 typedef struct OutboxWorkerSlot
 {
@@ -100,6 +128,13 @@ typedef struct OutboxWorkerSlot
 	OutboxWorkerExit exit_reason;
 	Latch	   *latch;			/* worker's process latch, NULL if not running */
 	pg_atomic_uint32 wake_pending;	/* a producer committed since last look */
+	pg_atomic_uint64 due_floor; /* earliest start of a transaction that
+								 * committed work since the due check's last
+								 * look and began before look_mark
+								 * (OUTBOX_NO_FLOOR: none) */
+	pg_atomic_uint64 look_mark; /* where the due check's next look would
+								 * begin without the floor: its last look or
+								 * notification (0 before the first) */
 	int			naptime_ms;		/* the worker's current outbox.naptime */
 	TimestampTz started_at;
 	TimestampTz last_run;
@@ -108,6 +143,22 @@ typedef struct OutboxWorkerSlot
 	TimestampTz last_error_at;
 	char		last_error[256];
 } OutboxWorkerSlot;
+
+/* due_floor when no commit lowered it. */
+#define OUTBOX_NO_FLOOR			PG_INT64_MAX
+
+/*
+ * What a prepared transaction will publish if it commits (shared.c): kept
+ * from PREPARE TRANSACTION until some process sees it finished.
+ */
+typedef struct OutboxPrepared
+{
+	TransactionId xid;			/* InvalidTransactionId: entry unused */
+	Oid			dboid;
+	TimestampTz xact_start;
+	bool		request_worker;
+	int64		counts[OBC_NUM_COUNTERS];
+} OutboxPrepared;
 
 typedef struct OutboxSharedState
 {
@@ -119,24 +170,17 @@ typedef struct OutboxSharedState
 	int			nrequests;		/* entries used in requests */
 	bool		requests_overflow;	/* a request did not fit: probe all */
 	Oid			requests[OUTBOX_MAX_REQUESTS];
+	pg_atomic_uint32 nprepared; /* entries of prepared in use */
+	int			maxprepared;
+	OutboxPrepared *prepared;	/* max_prepared_transactions entries */
 	int			nslots;
 	OutboxWorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
 } OutboxSharedState;
 
 /* NULL when the library was not preloaded. */
-extern OutboxSharedState *OutboxShared;
+extern PGDLLIMPORT OutboxSharedState *OutboxShared;
 
-/* outbox.c */
-extern void OutboxCountAtCommit(OutboxCounter c, int64 n);
-extern void OutboxCountNow(OutboxCounter c, int64 n);
-extern void OutboxRequestWorkerAtCommit(void);
-extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
-extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,
-								int nargs, const Oid *argtypes);
-extern int	OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
-						  bool read_only, long count);
-extern int	OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,
-								  bool read_only, long count);
+/* args.c */
 extern text *OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what);
 extern Jsonb *OutboxArgPayload(FunctionCallInfo fcinfo, int argno,
 							   const char *what, bool nullable);
@@ -146,20 +190,91 @@ extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *wha
 extern int64 OutboxIntervalUsec(Interval *iv);
 extern Interval *OutboxArgLease(FunctionCallInfo fcinfo, int argno);
 
-/* worker.c */
+/* plans.c */
+extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,
+								int nargs, const Oid *argtypes);
+extern int	OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
+						  bool read_only, long count);
+extern int	OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,
+								  bool read_only, long count);
+
+/* shared.c */
+extern void OutboxSharedInit(void);
+extern void OutboxCountAtCommit(OutboxCounter c, int64 n);
+extern void OutboxCountNow(OutboxCounter c, int64 n);
+extern void OutboxRequestWorkerAtCommit(void);
+extern void OutboxRequestWorker(Oid dboid);
+extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
+extern void OutboxResolvePrepared(void);
+extern bool OutboxPreparedKnown(TransactionId xid);
+
+/* bgw.c */
 struct BackgroundWorkerHandle;
+typedef bool (*OutboxTxnBody) (void *arg);
+typedef bool (*OutboxRunner) (const char *what, OutboxTxnBody body, void *arg);
+extern OutboxWorkerSlot *MyOutboxSlot;
+extern char *MyOutboxDbName;
 extern void OutboxRegisterLauncher(void);
 extern bool OutboxRegisterWorker(const char *function, const char *type,
 								 const char *name, Datum main_arg,
 								 const void *extra, Size extralen,
 								 struct BackgroundWorkerHandle **handle);
-extern void OutboxRequestWorker(Oid dboid);
+extern bool OutboxRunTransaction(const char *what, OutboxTxnBody body, void *arg);
+extern void OutboxRecover(MemoryContext cxt);
+extern bool OutboxDatabaseFree(Oid dboid);
+extern long OutboxMsUntil(TimestampTz now, TimestampTz t);
+
+/* launcher.c */
 PGDLLEXPORT void OutboxLauncherMain(Datum main_arg);
+
+/* worker.c */
 PGDLLEXPORT void OutboxWorkerMain(Datum main_arg);
 
+/* duties.c: the per-database worker's duties (see docs/worker.md) */
+
+/* A duty's turn: what the loop gives a step and what the step answers. */
+typedef struct OutboxTurn
+{
+	TimestampTz now;			/* in: when the turn (and the round) began */
+	int			steps;			/* in: steps already done in this turn */
+	void		(*between) (void);	/* in: answer signals, DDL and wake-ups
+									 * (for a step that runs several
+									 * transactions) */
+	TimestampTz next;			/* in/out: the duty's next turn, preset to
+								 * now + its interval */
+	TimestampTz due;			/* out (the due check): when a command or a
+								 * lease next reaches its time, 0 if none */
+} OutboxTurn;
+
+/* One bounded step of a duty; true when it has more to do in this turn. */
+typedef bool (*OutboxDutyStep) (OutboxTurn *turn);
+
+/* A duty's budget: at most this many steps per turn, or OUTBOX_BUDGET_NAP. */
+#define OUTBOX_BUDGET_NAP		0	/* steps while the round is younger than
+									 * outbox.naptime */
+
+typedef struct OutboxDuty
+{
+	const char *name;			/* shown in pg_stat_activity while it runs */
+	int		   *interval_ms;	/* its setting: ms between turns; NULL: a
+								 * turn at every wake-up of the loop */
+	int			cap_ms;			/* never longer than this between turns (0:
+								 * no cap) */
+	OutboxDutyStep step;		/* runs one bounded step */
+	int			budget;			/* steps per turn, or OUTBOX_BUDGET_NAP */
+	bool		round;			/* a turn counts in outbox.workers.rounds */
+	bool		at_due;			/* also takes a turn when a command or a
+								 * lease reaches its time */
+	void		(*watch) (void);	/* optional: at each of the loop's checks,
+									 * inside a transaction */
+	void		(*stop) (void); /* optional: when the worker exits */
+} OutboxDuty;
+
+extern const OutboxDuty OutboxDuties[];
+extern const int OutboxNumDuties;
+extern void OutboxServeWakeups(TimestampTz *hold_until);
+
 /* upkeep.c */
-typedef bool (*OutboxDuty) (void *arg);
-typedef bool (*OutboxRunner) (const char *what, OutboxDuty duty, void *arg);
 extern List *OutboxUpkeepFind(OutboxRunner run, void (*between) (void),
 							  bool first_only);
 extern bool OutboxStartUpkeep(struct BackgroundWorkerHandle **handle);

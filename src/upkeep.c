@@ -33,13 +33,23 @@
  * <index>_ccnew or <index>_ccold, when no rebuild holds its table), then
  * rebuilds what needs it, then exits.
  *
- * It gives way like the per-database worker does: that worker, every half
- * second while the upkeep runs, looks in the lock table for any other
- * session waiting for a lock on the tables or their indexes (VACUUM,
- * ANALYZE, DROP EXTENSION, ALTER TABLE ... wait for the rebuild's lock), and
- * checks the database lock of new connections; if either is taken it stops
- * the upkeep worker, whose REINDEX is then rolled back (the next upkeep
- * drops its leftover).  It also stops it when it exits itself.
+ * It gives way like the per-database worker does: that worker's index duty
+ * (duties.c), at each of the loop's checks (every half second) while the
+ * upkeep runs, looks in the lock table for any other session waiting for a
+ * lock on the tables or their indexes (VACUUM, ANALYZE, DROP EXTENSION,
+ * ALTER TABLE ... wait for the rebuild's lock), and the loop checks the
+ * database lock of new connections; if either is taken the upkeep worker
+ * is stopped, and its REINDEX is rolled back (the next upkeep drops its
+ * leftover).  It is also stopped when the per-database worker exits.
+ *
+ * Calls bgw.c (registration); the transaction runner it measures with is
+ * passed in by its caller.
+ *
+ * Locking.  AccessShareLock on the tables looked after and their indexes,
+ * conditionally (what cannot be locked is skipped); ShareUpdateExclusiveLock
+ * on a table, conditionally and released at once, to tell a leftover from
+ * a rebuild in progress; the locks of REINDEX / DROP INDEX CONCURRENTLY in
+ * the upkeep worker.  GetLockStatusData reads the lock table.
  *
  *-------------------------------------------------------------------------
  */
@@ -409,7 +419,7 @@ up_size_kb(const char *name)
 
 /* Run one duty in a transaction of the upkeep worker (an error ends it). */
 static bool
-up_transaction(const char *what, OutboxDuty duty, void *arg)
+up_transaction(const char *what, OutboxTxnBody duty, void *arg)
 {
 	bool		ok;
 
@@ -485,8 +495,8 @@ OutboxStartUpkeep(BackgroundWorkerHandle **handle)
 /*
  * True while no session but the upkeep worker (pid) waits for a lock on
  * one of the tables looked after or one of their indexes.  Never waits.
- * Call inside a transaction.  (The worker checks the database lock of new
- * connections itself, in wk_check.)
+ * Call inside a transaction.  (The worker's loop checks the database lock
+ * of new connections itself, in wk_check.)
  */
 bool
 OutboxUpkeepUnopposed(int pid)

@@ -42,6 +42,8 @@ OUTBOX_PACKAGES=(
 	postgresql-server-dev-15
 	postgresql-15-pgtap
 	libipc-run-perl
+	cscope
+	universal-ctags
 	libpq-dev
 	libcurl4-openssl-dev
 	curl

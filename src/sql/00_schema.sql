@@ -34,10 +34,11 @@ CREATE UNIQUE INDEX events_command_id_key ON @extschema@.events (command_id)
 -- of commands took about 4% of the backend's time at a batch of 10), and a
 -- domain's check once per session.  Operators, parameters and casts treat
 -- them as their base types; the views (part 40) show the columns cast to
--- those, since no role is granted USAGE on the domains.
+-- those, since no role is granted USAGE on the domains.  The statuses come
+-- from OUTBOX_STATUSES in src/outbox.h (the Makefile fills them in).
 CREATE DOMAIN @extschema@.command_status AS pg_catalog.text
 	CONSTRAINT command_status_check CHECK (VALUE OPERATOR(pg_catalog.=) ANY
-		(ARRAY['pending', 'sending', 'published', 'dead', 'uncertain']::pg_catalog.text[]));
+		(ARRAY[@OUTBOX_STATUSES@]::pg_catalog.text[]));
 CREATE DOMAIN @extschema@.command_version AS pg_catalog.int8
 	CONSTRAINT command_version_check CHECK (VALUE OPERATOR(pg_catalog.>=) 1);
 CREATE DOMAIN @extschema@.command_deliveries AS pg_catalog.int4

@@ -15,7 +15,8 @@ BEGIN
 END;
 $$;
 
--- Check an identifier argument: not NULL, not empty, at most 200 bytes.
+-- Check an identifier argument: not NULL, not empty, at most
+-- OUTBOX_MAX_ID_LEN bytes (src/outbox.h; the Makefile fills it in).
 CREATE FUNCTION @extschema@._require_id(value pg_catalog.text, name pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
@@ -26,9 +27,9 @@ BEGIN
 		RAISE EXCEPTION '% must not be null', name USING ERRCODE = 'null_value_not_allowed';
 	ELSIF value OPERATOR(pg_catalog.=) '' THEN
 		RAISE EXCEPTION '% must not be empty', name USING ERRCODE = 'invalid_parameter_value';
-	ELSIF pg_catalog.octet_length(value) OPERATOR(pg_catalog.>) 200 THEN
+	ELSIF pg_catalog.octet_length(value) OPERATOR(pg_catalog.>) @OUTBOX_MAX_ID_LEN@ THEN
 		RAISE EXCEPTION '% is too long', name USING ERRCODE = 'invalid_parameter_value',
-			DETAIL = pg_catalog.format('The value is %s bytes long; the limit is 200 bytes.',
+			DETAIL = pg_catalog.format('The value is %s bytes long; the limit is @OUTBOX_MAX_ID_LEN@ bytes.',
 									   pg_catalog.octet_length(value));
 	END IF;
 END;
@@ -229,8 +230,9 @@ DECLARE
 	dflt pg_catalog.interval := COALESCE(older_than,
 		pg_catalog.current_setting('outbox.retention')::pg_catalog.interval);
 	cutoff_ret pg_catalog.interval;
-	-- The planner settings the victims query runs under (see below).
-	steer CONSTANT pg_catalog.text[] := ARRAY['enable_seqscan', 'enable_bitmapscan', 'enable_sort', 'jit'];
+	-- The planner settings the victims query runs under (see below): the
+	-- C functions' list, OUTBOX_PLANNER_STEERING of src/outbox.h.
+	steer CONSTANT pg_catalog.text[] := ARRAY[@OUTBOX_PLANNER_STEERING@];
 	saved pg_catalog.text[];
 BEGIN
 	IF lim OPERATOR(pg_catalog.<) 1 THEN

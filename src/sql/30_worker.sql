@@ -1,7 +1,8 @@
 -- outbox install script, part 30: statistics and the background workers.
 --
--- The counters and the worker slots live in shared memory (src/outbox.c,
--- src/worker.c); these views read them.  Without shared_preload_libraries
+-- The counters and the worker slots live in shared memory (src/shared.c,
+-- which also holds the functions below; docs/worker.md); these views read
+-- them.  Without shared_preload_libraries
 -- there are none: outbox.stats then shows one row of NULLs (unknown, not
 -- zero) and outbox.workers one row with state 'not preloaded' that says
 -- what to do, so that monitoring queries keep working.
@@ -30,7 +31,7 @@ CREATE VIEW @extschema@.stats AS
 	  FROM @extschema@._stats() s;
 COMMENT ON VIEW @extschema@.stats
 	IS 'cumulative counters since the last reset, cluster-wide (all NULL when outbox is not in shared_preload_libraries)';
-COMMENT ON COLUMN @extschema@.stats.enqueued IS 'commands committed by producers';
+COMMENT ON COLUMN @extschema@.stats.enqueued IS 'commands committed by producers (a prepared transaction''s at COMMIT PREPARED)';
 COMMENT ON COLUMN @extschema@.stats.claimed IS 'leases granted by claim (takeovers included)';
 COMMENT ON COLUMN @extschema@.stats.taken_over IS 'leases granted on a command whose previous lease had expired';
 COMMENT ON COLUMN @extschema@.stats.acked IS 'commands acknowledged as published';
@@ -94,8 +95,9 @@ COMMENT ON COLUMN @extschema@.workers.last_error IS 'the last error of the worke
 COMMENT ON COLUMN @extschema@.workers.last_error_at IS 'when last_error happened';
 
 -- Ask the launcher to serve this database when the installation commits
--- (without this, a new installation would wait for the launcher's next
--- look at the database, which only probes databases it has not seen).
+-- (inside a prepared transaction: when it is committed).  Without this, a
+-- new installation would wait for the launcher's next look at the
+-- database, which only probes databases it has not seen.
 CREATE FUNCTION @extschema@._request_worker()
 RETURNS void
 LANGUAGE c VOLATILE

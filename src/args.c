@@ -1,0 +1,169 @@
+/*-------------------------------------------------------------------------
+ *
+ * args.c
+ *		Argument checks shared by the SQL-callable functions.
+ *
+ * Identifiers (at most OUTBOX_MAX_ID_LEN bytes, the limit the PL/pgSQL
+ * functions get from the same definition through the install script),
+ * payloads (outbox.max_payload_bytes, OUTBOX_MAX_PAYLOAD_DEPTH levels),
+ * leases (positive, at most outbox.max_lease) and NULLs, each with its
+ * SQLSTATE.  A bottom layer: it calls no other file of the extension.
+ *
+ * Locking: none.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+
+/* Raise 22004 if argument argno is NULL. */
+void
+OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", what)));
+}
+
+/* Check that an identifier is non-empty and not too long. */
+void
+OutboxCheckId(text *t, const char *what)
+{
+	int			len = VARSIZE_ANY_EXHDR(t);
+
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", what)));
+	if (len > OUTBOX_MAX_ID_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is too long", what),
+				 errdetail("The value is %d bytes long; the limit is %d bytes.",
+						   len, OUTBOX_MAX_ID_LEN)));
+}
+
+/* Fetch and check an identifier argument. */
+text *
+OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what)
+{
+	text	   *t;
+
+	OutboxArgNotNull(fcinfo, argno, what);
+	t = PG_GETARG_TEXT_PP(argno);
+	OutboxCheckId(t, what);
+	return t;
+}
+
+/* Check a payload's size and nesting depth. */
+void
+OutboxCheckPayload(Jsonb *j, const char *what)
+{
+	Size		size = VARSIZE(j);
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			depth = 0;
+
+	if (size > (Size) outbox_max_payload_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s is too large", what),
+				 errdetail("The payload is %zu bytes; outbox.max_payload_bytes is %d.",
+						   size, outbox_max_payload_bytes)));
+
+	/* A scalar or a flat container cannot be too deep: skip the walk. */
+	if (JB_ROOT_IS_SCALAR(j) || JB_ROOT_COUNT(j) == 0)
+		return;
+	it = JsonbIteratorInit(&j->root);
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		if (tok == WJB_BEGIN_ARRAY || tok == WJB_BEGIN_OBJECT)
+		{
+			if (++depth > OUTBOX_MAX_PAYLOAD_DEPTH)
+				ereport(ERROR,
+						(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+						 errmsg("%s is nested too deeply", what),
+						 errdetail("The limit is %d levels.",
+								   OUTBOX_MAX_PAYLOAD_DEPTH)));
+		}
+		else if (tok == WJB_END_ARRAY || tok == WJB_END_OBJECT)
+			depth--;
+	}
+}
+
+/* Fetch and check a payload argument; NULL allowed only if nullable. */
+Jsonb *
+OutboxArgPayload(FunctionCallInfo fcinfo, int argno, const char *what,
+				 bool nullable)
+{
+	Jsonb	   *j;
+
+	if (PG_ARGISNULL(argno))
+	{
+		if (nullable)
+			return NULL;
+		OutboxArgNotNull(fcinfo, argno, what);
+	}
+	j = PG_GETARG_JSONB_P(argno);
+	OutboxCheckPayload(j, what);
+	return j;
+}
+
+/*
+ * An interval in microseconds, counting a month as 30 days and a day as
+ * 24 hours (as EXTRACT(epoch) does); saturates instead of overflowing.
+ */
+int64
+OutboxIntervalUsec(Interval *iv)
+{
+	double		usec;
+
+	usec = (double) iv->time +
+		((double) iv->month * DAYS_PER_MONTH + (double) iv->day) *
+		(double) USECS_PER_DAY;
+	if (usec >= (double) PG_INT64_MAX)
+		return PG_INT64_MAX;
+	if (usec <= (double) PG_INT64_MIN)
+		return PG_INT64_MIN;
+	return (int64) usec;
+}
+
+/*
+ * Fetch and check an optional lease argument: NULL means "the default"
+ * and is returned as NULL; otherwise it must be positive and at most
+ * outbox.max_lease.
+ */
+Interval *
+OutboxArgLease(FunctionCallInfo fcinfo, int argno)
+{
+	Interval   *iv;
+	int64		usec;
+
+	if (PG_ARGISNULL(argno))
+		return NULL;
+	iv = PG_GETARG_INTERVAL_P(argno);
+	usec = OutboxIntervalUsec(iv);
+	if (usec <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errdetail("The requested lease was %s.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))))));
+	if (usec > (int64) outbox_max_lease_s * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease is longer than outbox.max_lease"),
+				 errdetail("The requested lease was %s; the limit is %d seconds.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))),
+						   outbox_max_lease_s)));
+	return iv;
+}

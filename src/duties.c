@@ -1,0 +1,601 @@
+/*-------------------------------------------------------------------------
+ *
+ * duties.c
+ *		The per-database worker's duties, in one table.
+ *
+ * Each duty is one entry of OutboxDuties (outbox.h, OutboxDuty): a name, the
+ * setting that spaces its turns, the function that runs one bounded step,
+ * and its budget of steps per turn.  The loop (worker.c) gives a duty a
+ * turn when its next time has come, runs steps while the step asks for
+ * more and the budget allows, answering signals, DDL and wake-ups between
+ * two steps, and sleeps until the earliest next time in the table.  Adding
+ * a duty is one entry and one function (docs/worker.md has an example).
+ * Every step runs fixed SQL text, never SQL read from a table, each in its
+ * own short transaction with a saved plan (OutboxRunTransaction: an error
+ * is logged and shown in outbox.workers, and the worker carries on).
+ *
+ * sweep		Settle expired leases (outbox.sweep: dead when the deliveries
+ *				are used up, uncertain for a manual kind), a batch of
+ *				outbox.purge_batch per step while batches come back full.
+ * purge		Purge by the retention rule (outbox.purge), likewise; after a
+ *				purge that found nothing the next waits WK_PURGE_IDLE_ROUNDS
+ *				naps (or a reload).  Sweep and purge share the round's time
+ *				budget of one nap.
+ * due			Look at what became claimable with no commit to announce it
+ *				(a not_before or retry backoff reaching its time, a lease
+ *				expiring) and when the next will, and raise the wake-up flag
+ *				if anything did.  Every nap, at most every DU_CHECK_MS, and
+ *				when something reaches its time (then after a sweep).
+ * index		Every outbox.index_check_interval, measure the indexes of the
+ *				tables rows leave and start an upkeep worker when one is
+ *				mostly empty (upkeep.c); while it runs, stop it when anyone
+ *				waits for a lock it holds.
+ * notify		Send the pending wake-up: one NOTIFY on outbox.notify_channel
+ *				from the worker's own transaction, at most one per
+ *				outbox.notify_interval (a commit arriving sooner leaves the
+ *				flag up, and the notification goes out when the interval
+ *				ends, covering every commit in between).
+ *
+ * The due check.  Commands also become claimable with no commit to announce
+ * them.  The check looks for them cheaply in the two claim indexes (per
+ * priority, walking the distinct priorities of commands_claim_idx by index
+ * probes, the earliest due_at after two bounds; and the same for
+ * lease_until in commands_lease_idx): whether any became due in (lo, now],
+ * and when the next one will.  lo is the later of its last look and the
+ * last notification (a notification covers everything claimable when it
+ * was sent), lowered to the slot's due_floor: the earliest start of a
+ * transaction that committed work since the last look and began before it
+ * (shared.c; the worker publishes that bound, look_mark, before each look
+ * and notification).  A
+ * transaction's due_at and lease_until values are never older than its
+ * start, so a long transaction, or a prepared one committed later, that the
+ * previous look could not see is seen by this one.  Prepared transactions
+ * the worker has no entry for (those prepared before a restart) are listed
+ * when the worker starts; when one of them commits, the next look goes
+ * back over everything once.  The worker notifies for every kind: a paused
+ * kind's command or a lease that the sweep will settle may cause a
+ * notification that finds nothing to claim, which costs a listener one
+ * empty claim.
+ *
+ * Never in the way of DDL: each step first takes its table locks
+ * conditionally and skips its turn if that fails, so a DROP EXTENSION (or
+ * any other lock holder) never waits for the worker.
+ *
+ * Calls bgw.c (the transaction runner), plans.c (saved plans), shared.c
+ * (counters, prepared transactions) and upkeep.c.
+ *
+ * Locking.  RowExclusiveLock on commands, receipts and purged and
+ * AccessShareLock on policies (sweep, purge), AccessShareLock on commands
+ * (due), all conditional; OutboxShared->lock, briefly, to write the slot's
+ * last_purged.  wake_pending and due_floor are atomics of the slot.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <signal.h>
+
+#include "access/transam.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "commands/async.h"
+#include "miscadmin.h"
+#include "postmaster/bgworker.h"
+#include "storage/lmgr.h"
+#include "storage/procarray.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+
+#define DU_CHECK_MS			500		/* longest time between two due checks */
+#define WK_PURGE_IDLE_ROUNDS 10		/* naps between purges that find nothing */
+
+static SPIPlanPtr du_plan_sweep = NULL;
+static SPIPlanPtr du_plan_purge = NULL;
+static SPIPlanPtr du_plan_due = NULL;
+static SPIPlanPtr du_plan_prepared = NULL;
+
+static TimestampTz du_last_notify = 0;
+static TimestampTz du_last_due_check = 0;
+static int64 du_purged = 0;		/* purged in the current turn */
+static BackgroundWorkerHandle *du_upkeep = NULL;	/* our upkeep worker */
+static bool du_upkeep_stopped = false;	/* we asked it to stop */
+static bool du_listed_prepared = false; /* unknown prepared xacts listed */
+static List *du_unknown_prepared = NIL; /* their xids, as an OID list (no
+										 * xid lists in 15) */
+
+static void du_set_mark(TimestampTz t);
+
+/* ----------------------------------------------------------------
+ * Helpers of the steps
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * Take the locks a step needs, without waiting: all four tables for the
+ * duties that write (sweep, purge), commands alone for the look at what is
+ * due.  False if the extension's tables are gone or anyone holds (or
+ * waits for) a conflicting lock: the duty then skips its turn.
+ */
+static bool
+du_lock_tables(bool write)
+{
+	static const char *const names[] = {"commands", "policies", "receipts", "purged"};
+	Oid			nsp;
+	int			i;
+
+	nsp = get_namespace_oid("outbox", true);
+	if (!OidIsValid(nsp))
+		return false;
+	for (i = 0; i < (write ? 4 : 1); i++)
+	{
+		LOCKMODE	mode = (write && i != 1) ? RowExclusiveLock : AccessShareLock;
+		Oid			relid = get_relname_relid(names[i], nsp);
+
+		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, mode))
+			return false;
+	}
+	return true;
+}
+
+/* Run a saved one-int4-argument, one-int4-result statement. */
+static int32
+du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg)
+{
+	static const Oid argtypes[1] = {INT4OID};
+	Datum		args[1];
+	bool		isnull;
+	Datum		d;
+
+	args[0] = Int32GetDatum(arg);
+	if (SPI_execute_plan(OutboxPrepare(cache, sql, 1, argtypes),
+						 args, NULL, false, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "outbox: \"%s\" failed", sql);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return isnull ? 0 : DatumGetInt32(d);
+}
+
+/* One statement of a step, with its int4 argument and result. */
+typedef struct DuStatement
+{
+	SPIPlanPtr *plan;			/* where its saved plan is kept */
+	const char *sql;			/* SELECT of one int4 from one int4 $1 */
+	bool		write;			/* it writes (takes the write locks) */
+	int32		arg;
+	int32		result;
+} DuStatement;
+
+/* Transaction: take the tables' locks, run the statement. */
+static bool
+du_statement_txn(void *arg)
+{
+	DuStatement *st = (DuStatement *) arg;
+
+	if (!du_lock_tables(st->write))
+		return false;
+	st->result = du_exec_int(st->plan, st->sql, st->arg);
+	return true;
+}
+
+/*
+ * Run a saved statement (one int4 argument, one int4 result) in a
+ * transaction of its own, its table locks taken without waiting.  False if
+ * it failed (logged, and kept in outbox.workers) or skipped its turn.
+ */
+static bool
+du_run(const char *what, SPIPlanPtr *plan, const char *sql, bool write,
+	   int32 arg, int32 *result)
+{
+	DuStatement st;
+
+	st.plan = plan;
+	st.sql = sql;
+	st.write = write;
+	st.arg = arg;
+	st.result = 0;
+	*result = 0;
+	if (!OutboxRunTransaction(what, du_statement_txn, &st))
+		return false;
+	*result = st.result;
+	return true;
+}
+
+/*
+ * What became claimable in (lo, now], and when the next command will: the
+ * earliest due_at after each bound, per priority (a loose index scan of
+ * commands_claim_idx: one probe to find each distinct priority, two to
+ * find its heads; at most 256 priorities are looked at), and the earliest
+ * lease_until after each bound (commands_lease_idx).  Every probe reads
+ * one index entry, whatever the backlog.
+ */
+static const char du_due_sql[] =
+"WITH RECURSIVE pr(p) AS ("
+"    SELECT (SELECT c.priority FROM outbox.commands c"
+"             WHERE c.due_at IS NOT NULL"
+"             ORDER BY c.priority DESC LIMIT 1)"
+"  UNION ALL"
+"    SELECT (SELECT c.priority FROM outbox.commands c"
+"             WHERE c.due_at IS NOT NULL AND c.priority OPERATOR(pg_catalog.<) pr.p"
+"             ORDER BY c.priority DESC LIMIT 1)"
+"      FROM pr WHERE pr.p IS NOT NULL),"
+" ps AS (SELECT pr.p FROM pr WHERE pr.p IS NOT NULL LIMIT 256),"
+" heads(after_lo, after_now) AS ("
+"    SELECT (SELECT c.due_at FROM outbox.commands c"
+"             WHERE c.due_at IS NOT NULL AND c.priority OPERATOR(pg_catalog.=) ps.p"
+"               AND c.due_at OPERATOR(pg_catalog.>) $1"
+"             ORDER BY c.priority DESC, c.due_at LIMIT 1),"
+"           (SELECT c.due_at FROM outbox.commands c"
+"             WHERE c.due_at IS NOT NULL AND c.priority OPERATOR(pg_catalog.=) ps.p"
+"               AND c.due_at OPERATOR(pg_catalog.>) $2"
+"             ORDER BY c.priority DESC, c.due_at LIMIT 1)"
+"      FROM ps"
+"  UNION ALL"
+"    SELECT (SELECT c.lease_until FROM outbox.commands c"
+"             WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
+"               AND c.lease_until OPERATOR(pg_catalog.>) $1"
+"             ORDER BY c.lease_until LIMIT 1),"
+"           (SELECT c.lease_until FROM outbox.commands c"
+"             WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
+"               AND c.lease_until OPERATOR(pg_catalog.>) $2"
+"             ORDER BY c.lease_until LIMIT 1))"
+" SELECT COALESCE(pg_catalog.bool_or(h.after_lo OPERATOR(pg_catalog.<=) $2), false),"
+"        pg_catalog.min(h.after_now)"
+"   FROM heads h";
+
+typedef struct DuDue
+{
+	TimestampTz lo;				/* in */
+	TimestampTz now;			/* in */
+	bool		became;			/* out: something became claimable */
+	TimestampTz next;			/* out: next moment, 0 if none */
+} DuDue;
+
+/* Transaction: the look at what is due. */
+static bool
+du_due_txn(void *arg)
+{
+	static const Oid argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
+	DuDue	   *d = (DuDue *) arg;
+	Datum		args[2];
+	bool		isnull;
+	Datum		v;
+
+	if (!du_lock_tables(false))
+		return false;
+	args[0] = TimestampTzGetDatum(d->lo);
+	args[1] = TimestampTzGetDatum(d->now);
+	if (SPI_execute_plan(OutboxPrepare(&du_plan_due, du_due_sql, 2, argtypes),
+						 args, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "outbox: due look-up failed");
+	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	d->became = !isnull && DatumGetBool(v);
+	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	d->next = isnull ? 0 : DatumGetTimestampTz(v);
+	return true;
+}
+
+/*
+ * Transaction: list the prepared transactions of this database whose
+ * counts shared.c does not keep (prepared before a restart).
+ */
+static bool
+du_prepared_txn(void *arg)
+{
+	MemoryContext oldcxt;
+	uint64		i;
+
+	if (SPI_execute_plan(OutboxPrepare(&du_plan_prepared,
+									   "SELECT p.transaction FROM pg_catalog.pg_prepared_xacts p"
+									   " WHERE p.database OPERATOR(pg_catalog.=) pg_catalog.current_database()",
+									   0, NULL),
+						 NULL, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: prepared transactions look-up failed");
+	oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		Datum		v = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+									  1, &isnull);
+		TransactionId xid = isnull ? InvalidTransactionId : DatumGetTransactionId(v);
+
+		if (TransactionIdIsValid(xid) && !OutboxPreparedKnown(xid))
+			du_unknown_prepared = lappend_oid(du_unknown_prepared, (Oid) xid);
+	}
+	MemoryContextSwitchTo(oldcxt);
+	return true;
+}
+
+/*
+ * True if one of the unknown prepared transactions committed since the
+ * last call (those finished are forgotten).
+ */
+static bool
+du_unknown_committed(void)
+{
+	bool		committed = false;
+	ListCell   *lc;
+
+	foreach(lc, du_unknown_prepared)
+	{
+		TransactionId xid = (TransactionId) lfirst_oid(lc);
+
+		if (TransactionIdIsInProgress(xid))
+			continue;
+		if (TransactionIdDidCommit(xid))
+			committed = true;
+		du_unknown_prepared = foreach_delete_current(du_unknown_prepared, lc);
+	}
+	return committed;
+}
+
+/*
+ * Look at what became claimable since the last look, the last notification
+ * or the earliest start of a transaction that committed work since (see
+ * the file header), and remember when the next command will.  Something
+ * new raises the wake-up flag, so that the notification obeys
+ * outbox.notify_interval like any other.  Returns the next moment, 0 if
+ * none is known.
+ */
+static TimestampTz
+du_due_check(void)
+{
+	DuDue		d;
+	TimestampTz floor;
+
+	if (!du_listed_prepared)
+	{
+		du_listed_prepared = OutboxRunTransaction("outbox: listing prepared transactions",
+												  du_prepared_txn, NULL);
+		if (du_last_due_check == 0)
+			du_last_due_check = GetCurrentTimestamp();
+	}
+	floor = (TimestampTz) pg_atomic_exchange_u64(&MyOutboxSlot->due_floor,
+												 (uint64) OUTBOX_NO_FLOOR);
+	if (du_unknown_prepared != NIL && du_unknown_committed())
+		floor = DT_NOBEGIN;
+	d.now = GetCurrentTimestamp();
+	d.lo = Min(Max(du_last_due_check, du_last_notify), floor);
+	du_set_mark(d.now);			/* before the look's snapshot */
+	if (!OutboxRunTransaction("outbox: looking for due commands", du_due_txn, &d))
+	{
+		/* Look back as far next time. */
+		if (floor != OUTBOX_NO_FLOOR)
+		{
+			uint64		cur = pg_atomic_read_u64(&MyOutboxSlot->due_floor);
+
+			while ((int64) cur > floor &&
+				   !pg_atomic_compare_exchange_u64(&MyOutboxSlot->due_floor,
+												   &cur, (uint64) floor))
+				;
+		}
+		return 0;
+	}
+	du_last_due_check = d.now;
+	if (d.became)
+		pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 1);
+	return d.next;
+}
+
+/*
+ * Publish where the next look would begin (t: a look's now, or a
+ * notification's), before that look or notification reads the table: a
+ * transaction that began before it and commits after it then lowers the
+ * floor (shared.c).
+ */
+static void
+du_set_mark(TimestampTz t)
+{
+	if (t > (TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->look_mark))
+		pg_atomic_write_u64(&MyOutboxSlot->look_mark, (uint64) t);
+	pg_memory_barrier();
+}
+
+/*
+ * Send one notification on outbox.notify_channel.  Its time is taken
+ * before its transaction: a listener's claim after it sees every command
+ * committed before then.
+ */
+static void
+du_notify(void)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	TimestampTz at = GetCurrentTimestamp();
+
+	du_set_mark(at);
+	PG_TRY();
+	{
+		StartTransactionCommand();
+		Async_Notify(outbox_notify_channel, "");
+		CommitTransactionCommand();
+		OutboxCountNow(OBC_WAKEUPS, 1);
+	}
+	PG_CATCH();
+	{
+		OutboxRecover(cxt);
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(cxt);
+	du_last_notify = at;
+}
+
+/*
+ * Send the pending wake-up, unless the previous notification is less than
+ * outbox.notify_interval old: then keep it pending (producers will not
+ * signal again) and set *hold_until to when the interval ends (else 0).
+ * The loop also calls this between two steps of a long duty.
+ */
+void
+OutboxServeWakeups(TimestampTz *hold_until)
+{
+	TimestampTz now;
+	TimestampTz until;
+
+	*hold_until = 0;
+	if (pg_atomic_read_u32(&MyOutboxSlot->wake_pending) == 0)
+		return;
+	now = GetCurrentTimestamp();
+	until = TimestampTzPlusMilliseconds(du_last_notify, outbox_notify_interval_ms);
+	if (du_last_notify != 0 && now < until)
+	{
+		*hold_until = until;
+		return;
+	}
+	pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 0);
+	du_notify();
+}
+
+/*
+ * True while our upkeep worker is starting or running; *pid is its process
+ * (0 while it starts).
+ */
+static bool
+du_upkeep_running(pid_t *pid)
+{
+	*pid = 0;
+	if (du_upkeep == NULL)
+		return false;
+	switch (GetBackgroundWorkerPid(du_upkeep, pid))
+	{
+		case BGWH_STARTED:
+		case BGWH_NOT_YET_STARTED:
+			return true;
+		default:
+			pfree(du_upkeep);
+			du_upkeep = NULL;
+			return false;
+	}
+}
+
+/* ----------------------------------------------------------------
+ * The steps
+ * ----------------------------------------------------------------
+ */
+
+/* sweep: one batch of expired leases; more while batches come back full. */
+static bool
+du_sweep(OutboxTurn *turn)
+{
+	int32		batch = Min(outbox_purge_batch, outbox_max_batch);
+	int32		done;
+
+	return du_run("outbox: settling expired leases", &du_plan_sweep,
+				  "SELECT outbox.sweep($1)", true, batch, &done) &&
+		done >= batch;
+}
+
+/*
+ * purge: one batch by the retention rule; more while batches come back
+ * full.  The look for old enough commands costs about the same whether it
+ * finds any or not, so after a turn that found nothing the next one waits
+ * WK_PURGE_IDLE_ROUNDS naps (or a reload).
+ */
+static bool
+du_purge(OutboxTurn *turn)
+{
+	int32		done;
+	bool		ok;
+
+	if (turn->steps == 0)
+		du_purged = 0;
+	ok = du_run("outbox: purging", &du_plan_purge, "SELECT outbox.purge($1)",
+				true, outbox_purge_batch, &done);
+	du_purged += done;
+	LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);
+	MyOutboxSlot->last_purged = du_purged;
+	LWLockRelease(OutboxShared->lock);
+	if (du_purged == 0)
+		turn->next = TimestampTzPlusMilliseconds(turn->now,
+												 WK_PURGE_IDLE_ROUNDS * outbox_naptime_ms);
+	return ok && done >= outbox_purge_batch;
+}
+
+/* due: one look at what became claimable, and when the next will. */
+static bool
+du_due(OutboxTurn *turn)
+{
+	turn->due = du_due_check();
+	return false;
+}
+
+/* notify: send the pending wake-up, or come back when the interval ends. */
+static bool
+du_wakeups(OutboxTurn *turn)
+{
+	TimestampTz hold;
+
+	OutboxServeWakeups(&hold);
+	if (hold != 0)
+		turn->next = hold;
+	return false;
+}
+
+/*
+ * index: measure the indexes of the extension's tables (several short
+ * transactions, with turn->between in between), and start an upkeep worker
+ * if one needs a rebuild (or a rebuild left something behind).
+ */
+static bool
+du_index(OutboxTurn *turn)
+{
+	pid_t		pid;
+
+	if (outbox_index_bloat <= 0 || du_upkeep_running(&pid))
+		return false;
+	if (OutboxUpkeepFind(OutboxRunTransaction, turn->between, true) == NIL)
+		return false;
+	du_upkeep_stopped = false;
+	if (!OutboxStartUpkeep(&du_upkeep))
+		ereport(LOG,
+				(errmsg("outbox worker for database \"%s\" could not start its index upkeep: no background worker slot is free",
+						MyOutboxDbName)));
+	return false;
+}
+
+/*
+ * index, at each check: while an upkeep worker runs, stop it when anyone
+ * waits for a lock on the extension's tables (see upkeep.c).
+ */
+static void
+du_index_watch(void)
+{
+	pid_t		pid;
+
+	if (du_upkeep_stopped || !du_upkeep_running(&pid) ||
+		OutboxUpkeepUnopposed(pid))
+		return;
+	TerminateBackgroundWorker(du_upkeep);
+	du_upkeep_stopped = true;
+	ereport(LOG,
+			(errmsg("outbox worker for database \"%s\" stopped its index upkeep: another session is waiting for a lock on the extension's tables",
+					MyOutboxDbName)));
+}
+
+/* index, when the worker exits: its upkeep worker goes too. */
+static void
+du_index_stop(void)
+{
+	if (du_upkeep != NULL)
+		TerminateBackgroundWorker(du_upkeep);
+}
+
+/* ----------------------------------------------------------------
+ * The table
+ * ----------------------------------------------------------------
+ */
+
+const OutboxDuty OutboxDuties[] = {
+	/* name, interval, cap_ms, step, budget, round, at_due, watch, stop */
+	{"sweep", &outbox_naptime_ms, 0, du_sweep, OUTBOX_BUDGET_NAP, true, true},
+	{"purge", &outbox_naptime_ms, 0, du_purge, OUTBOX_BUDGET_NAP, true, false},
+	{"due", &outbox_naptime_ms, DU_CHECK_MS, du_due, 1, false, true},
+	{"index", &outbox_index_check_interval_ms, 0, du_index, 1, false, false,
+	du_index_watch, du_index_stop},
+	{"notify", NULL, 0, du_wakeups, 1, false, false},
+};
+
+const int	OutboxNumDuties = lengthof(OutboxDuties);

@@ -1,0 +1,127 @@
+/*-------------------------------------------------------------------------
+ *
+ * plans.c
+ *		Saved plans, and their execution with the planner steered to index
+ *		plans.
+ *
+ * Every statement the API and the worker run is prepared once per backend
+ * (OutboxPrepare) and run through OutboxExecute, which turns off the plan
+ * shapes listed in OUTBOX_PLANNER_STEERING while a plan may be made.  A
+ * bottom layer: it calls no other file of the extension.
+ *
+ * Locking: none.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "executor/spi.h"
+#include "jit/jit.h"
+#include "optimizer/cost.h"
+
+#include "outbox.h"
+
+/*
+ * Prepare and keep a plan once per backend.  The plan cache re-plans it
+ * after DDL on the tables it reads (for example DROP and CREATE EXTENSION).
+ *
+ * The plan is generic: planned once, not for each call's parameter values.
+ * Left to choose, the plan cache kept making a custom plan on every call
+ * (planning was an eighth of a one-command claim + ack), because OutboxExecute
+ * prices the paths it rules out so high that a generic plan never looks
+ * cheaper; every statement here has one index plan, whatever its values.
+ */
+SPIPlanPtr
+OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
+			  const Oid *argtypes)
+{
+	SPIPlanPtr	plan;
+
+	if (*cache != NULL)
+		return *cache;
+	plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes,
+							  CURSOR_OPT_GENERIC_PLAN);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 sql, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	*cache = plan;
+	return plan;
+}
+
+/*
+ * SPI_execute_plan with the planner steered to index plans.
+ *
+ * Every statement of the API has an index that serves it, but its saved
+ * plan may be (re)made while a table is empty or after an ANALYZE of a
+ * small table, and claim's LIMIT is not a constant, so the planner could
+ * settle on a sequential scan, a bitmap scan or a sort and keep it while the
+ * table grows to millions of rows.  Turning those off while the plan may be
+ * made leaves the index plan as the only choice; JIT is off because these
+ * short statements never repay it (and the cost penalty of a disabled node
+ * would trigger it).  The settings are plain planner variables, saved and
+ * restored around the call, so this costs nothing per call.  The list is
+ * OUTBOX_PLANNER_STEERING (outbox.h); outbox.purge() (src/sql/20_admin.sql)
+ * turns the same settings off for its victims query, from the same list.
+ */
+static int
+ob_execute(SPIPlanPtr plan, Datum *args, const char *nulls, bool read_only,
+		   long count, bool hash_joins)
+{
+#define PL_SAVE(var, name) bool save_##var = var;
+	OUTBOX_PLANNER_STEERING(PL_SAVE)
+#undef PL_SAVE
+	bool		save_nestloop = enable_nestloop;
+	bool		save_mergejoin = enable_mergejoin;
+	int			ret;
+
+#define PL_OFF(var, name) var = false;
+	OUTBOX_PLANNER_STEERING(PL_OFF)
+#undef PL_OFF
+	if (hash_joins)
+	{
+		enable_nestloop = false;
+		enable_mergejoin = false;
+	}
+	PG_TRY();
+	{
+		ret = SPI_execute_plan(plan, args, nulls, read_only, count);
+	}
+	PG_FINALLY();
+	{
+#define PL_RESTORE(var, name) var = save_##var;
+		OUTBOX_PLANNER_STEERING(PL_RESTORE)
+#undef PL_RESTORE
+		enable_nestloop = save_nestloop;
+		enable_mergejoin = save_mergejoin;
+	}
+	PG_END_TRY();
+	return ret;
+}
+
+int
+OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
+			  bool read_only, long count)
+{
+	return ob_execute(plan, args, nulls, read_only, count, false);
+}
+
+/*
+ * OutboxExecute for a statement that joins the elements of an array
+ * argument to outbox.commands.  Left free, the planner may take the table
+ * as the outer side of a nested loop whenever its statistics make it look
+ * tiny (an ANALYZE of a drained table, a selective-looking filter): the
+ * saved plan then reads the whole table once for each element, or the
+ * elements once for each row (seconds for a batch of thousands on a table
+ * of tens of thousands, for the rest of the session).  Such a statement
+ * also restricts the table to the array's keys (command_id = ANY (...)), and
+ * runs with nested loops and merge joins off, which leaves a hash join of
+ * the two sides: each read once, whatever the estimates.
+ */
+int
+OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,
+					  bool read_only, long count)
+{
+	return ob_execute(plan, args, nulls, read_only, count, true);
+}
