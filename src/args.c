@@ -31,6 +31,22 @@ OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what)
 				 errmsg("%s must not be null", what)));
 }
 
+/*
+ * Compare two identifiers as their "C"-collated keys do: byte by byte, a
+ * prefix first (for sorting and searching ids in C without a collation).
+ */
+int
+OutboxCompareIds(const text *a, const text *b)
+{
+	int			la = VARSIZE_ANY_EXHDR(a);
+	int			lb = VARSIZE_ANY_EXHDR(b);
+	int			c = memcmp(VARDATA_ANY(a), VARDATA_ANY(b), Min(la, lb));
+
+	if (c != 0)
+		return c;
+	return (la > lb) - (la < lb);
+}
+
 /* Check that an identifier is non-empty and not too long. */
 void
 OutboxCheckId(text *t, const char *what)

@@ -553,14 +553,10 @@ le_cmp_taken(const void *a, const void *b)
 {
 	const LeTaken *x = (const LeTaken *) a;
 	const LeTaken *y = (const LeTaken *) b;
-	int			lx = VARSIZE_ANY_EXHDR(x->id);
-	int			ly = VARSIZE_ANY_EXHDR(y->id);
-	int			c = memcmp(VARDATA_ANY(x->id), VARDATA_ANY(y->id), Min(lx, ly));
+	int			c = OutboxCompareIds(x->id, y->id);
 
 	if (c != 0)
 		return c;
-	if (lx != ly)
-		return (lx > ly) - (lx < ly);
 	return (x->version > y->version) - (x->version < y->version);
 }
 

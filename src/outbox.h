@@ -185,6 +185,7 @@ extern text *OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what);
 extern Jsonb *OutboxArgPayload(FunctionCallInfo fcinfo, int argno,
 							   const char *what, bool nullable);
 extern void OutboxCheckId(text *t, const char *what);
+extern int	OutboxCompareIds(const text *a, const text *b);
 extern void OutboxCheckPayload(Jsonb *j, const char *what);
 extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what);
 extern int64 OutboxIntervalUsec(Interval *iv);

@@ -348,14 +348,10 @@ pr_cmp_key(const void *a, const void *b)
 {
 	const PrKey *x = (const PrKey *) a;
 	const PrKey *y = (const PrKey *) b;
-	int			lx = VARSIZE_ANY_EXHDR(x->id);
-	int			ly = VARSIZE_ANY_EXHDR(y->id);
-	int			c = memcmp(VARDATA_ANY(x->id), VARDATA_ANY(y->id), Min(lx, ly));
+	int			c = OutboxCompareIds(x->id, y->id);
 
 	if (c != 0)
 		return c;
-	if (lx != ly)
-		return lx < ly ? -1 : 1;
 	if (x->seq != y->seq)
 		return x->seq < y->seq ? -1 : 1;
 	return x->elem - y->elem;
