@@ -71,7 +71,8 @@ OUTBOX_TEST_PACKAGES=(
 # dependency, not as a recommendation).  PostgreSQL's own programs are
 # looked up in PG_CONFIG's bindir, the rest on PATH.
 OUTBOX_TOOLS=(bash gcc make perl prove pg_prove runuser tar curl man
-	dpkg-buildpackage dpkg-deb dh pg_buildext fakeroot lintian apt-cache)
+	dpkg-buildpackage dpkg-deb dh pg_buildext fakeroot lintian apt-cache
+	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot)
 OUTBOX_PG_TOOLS=(pg_config postgres initdb pg_ctl psql createdb dropdb pgbench)
 OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
 

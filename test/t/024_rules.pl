@@ -13,7 +13,7 @@ use FindBin;
 use lib "$FindBin::RealBin/../perl";
 use OutboxTest;
 
-my $src = ($ENV{OUTBOX_SRC} // die 'OUTBOX_SRC is not set') . '/src';
+my $src = ($ENV{OUTBOX_SRC} // "$FindBin::RealBin/../..") . '/src';
 
 sub slurp
 {

@@ -10,8 +10,9 @@ use strict;
 use warnings;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
 
-my $src = ($ENV{OUTBOX_SRC} // die 'OUTBOX_SRC is not set') . '/src';
+my $src = ($ENV{OUTBOX_SRC} // "$FindBin::RealBin/../..") . '/src';
 my $dir = PostgreSQL::Test::Utils::tempdir;
 opendir(my $dh, $src) or die "cannot read $src: $!";
 my @files = sort grep { /\.c$/ } readdir($dh);
