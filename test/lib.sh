@@ -63,6 +63,7 @@ OUTBOX_TEST_PACKAGES=(
 	fakeroot
 	lintian
 	postgresql-server-dev-all
+	postgresql-common
 )
 
 # The programs the scripts, the Makefile and the tests run, and the files
