@@ -15,17 +15,8 @@ use OutboxTest;
 
 my $src = ($ENV{OUTBOX_SRC} // "$FindBin::RealBin/../..") . '/src';
 
-sub slurp
-{
-	my ($path) = @_;
-	open(my $fh, '<', $path) or die "cannot read $path: $!";
-	local $/;
-	my $text = <$fh>;
-	close($fh);
-	return $text;
-}
 
-my $h = slurp("$src/outbox.h");
+my $h = slurp_file("$src/outbox.h");
 my ($max_id) = $h =~ /^#define OUTBOX_MAX_ID_LEN\s+(\d+)\s*$/m;
 my ($statuses) = $h =~ /^#define OUTBOX_STATUSES\s+(.*?)\s*$/m;
 my ($steering) = $h =~ /^#define OUTBOX_PLANNER_STEERING\(X\)\s+(.*?)\s*$/m;
@@ -79,7 +70,7 @@ my @s = map { "$src/sql/$_" } grep { /\.sql$/ } readdir($dh);
 closedir($dh);
 foreach my $file (@c, @s)
 {
-	foreach my $line (split /\n/, slurp($file))
+	foreach my $line (split /\n/, slurp_file($file))
 	{
 		my @lit;
 		push @lit, $line =~ /status\s*(?:=|OPERATOR\(pg_catalog\.(?:=|<>)\))\s*'([a-z_]+)'/g;

@@ -63,15 +63,6 @@ END
 	}
 }
 
-sub slurp
-{
-	my ($path) = @_;
-	open(my $fh, '<', $path) or die "$path: $!";
-	local $/;
-	my $s = <$fh>;
-	close($fh);
-	return $s;
-}
 
 sub spew
 {
@@ -105,7 +96,7 @@ sub spew
 my %db_metrics;
 {
 	my ($key, $col);
-	for my $line (split /\n/, slurp("$mon/queries.yaml") . "\n" . slurp("$mon/queries-checks.yaml"))
+	for my $line (split /\n/, slurp_file("$mon/queries.yaml") . "\n" . slurp_file("$mon/queries-checks.yaml"))
 	{
 		if ($line =~ /^([a-z_]+):\s*$/) { $key = $1; next; }
 		if ($line =~ /^    - ([a-z_]+):\s*$/) { $col = $1; next; }
@@ -216,7 +207,7 @@ my $checks_port = PostgreSQL::Test::Cluster::get_free_port();
 # Copies of the shipped configuration with the test's ports and intervals.
 my $prom_port = PostgreSQL::Test::Cluster::get_free_port();
 {
-	my $conf = slurp("$mon/prometheus.yml");
+	my $conf = slurp_file("$mon/prometheus.yml");
 	my $n = ($conf =~ s/\["127\.0\.0\.1:9187"\]/["127.0.0.1:$exporter_port"]/g);
 	$n += ($conf =~ s/\["127\.0\.0\.1:9188"\]/["127.0.0.1:$checks_port"]/g);
 	$n += ($conf =~ s/\["127\.0\.0\.1:9400"\]/["127.0.0.1:$relay_port"]/g);
@@ -224,7 +215,7 @@ my $prom_port = PostgreSQL::Test::Cluster::get_free_port();
 	is($n, 3, 'the shipped prometheus.yml names the two exporters and the relay');
 	spew("$tmp/prometheus.yml", $conf);
 
-	my $rules = slurp("$mon/alerts.yml");
+	my $rules = slurp_file("$mon/alerts.yml");
 	$rules =~ s/^(\s+)for: \S+$/${1}for: 0s/mg;
 	for my $t (qw(oldest_ready_seconds expired_lease_seconds))
 	{
@@ -322,8 +313,8 @@ cmp_ok($stats{stale_refused}, '>=', 1, 'outbox.stats counted the stale ack');
 
 for my $e ('exporter', 'exporter-checks')
 {
-	ok(!grep({ /error/ && !/level=info/ } split /\n/, slurp("$tmp/$e.err")),
-		"the $e logs no query error") or diag(slurp("$tmp/$e.err"));
+	ok(!grep({ /error/ && !/level=info/ } split /\n/, slurp_file("$tmp/$e.err")),
+		"the $e logs no query error") or diag(slurp_file("$tmp/$e.err"));
 }
 
 # --- the database's series ---------------------------------------------
@@ -380,7 +371,7 @@ my %exported;
 }
 my @missing = grep { !$exported{$_} } sort keys %db_metrics;
 is_deeply(\@missing, [], 'every metric of queries.yaml is exported');
-my $doc = -f "$src/docs/monitoring.md" ? slurp("$src/docs/monitoring.md") : '';
+my $doc = -f "$src/docs/monitoring.md" ? slurp_file("$src/docs/monitoring.md") : '';
 my @undocumented = grep {
 	my $base = $_;
 	$base =~ s/_(bucket|sum|count)$// if $base =~ /^outbox_relay_batch_duration/;
@@ -390,7 +381,7 @@ is_deeply(\@undocumented, [], 'every exported metric is documented in docs/monit
 
 # --- the Grafana dashboard -------------------------------------------------
 {
-	my $dash = eval { $json->decode(slurp("$mon/grafana-dashboard.json")) };
+	my $dash = eval { $json->decode(slurp_file("$mon/grafana-dashboard.json")) };
 	ok($dash, 'monitoring/grafana-dashboard.json is valid JSON') or diag($@);
 	my @exprs;
 	my @todo = @{ $dash->{panels} // [] };
