@@ -588,7 +588,9 @@ log_is_empty('hijack', 'ALTER EXTENSION UPDATE from every version, DROP and CREA
 
 # And the reinstalled extension still works for mallory.
 as_mallory('hijack', api_script('r'));
-is(states('r'), "r-3:pending,r-4:pending,r-5:sending\nr-1,r-2", 'the API works after reinstalling');
+# As above, r-5's lease of 1 ms may already have been swept to uncertain.
+like(states('r'), qr/^r-3:pending,r-4:pending,r-5:(?:sending|uncertain)\nr-1,r-2$/,
+	'the API works after reinstalling');
 log_is_empty('hijack', 'the API after reinstalling');
 
 # ---------------------------------------------------------------------------
