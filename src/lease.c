@@ -680,11 +680,11 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 	return (Datum) 0;
 }
 
-/* outbox.claim: the body, told who called. */
+/* outbox.claim: the body, as the owner, told who called. */
 Datum
 outbox_claim(PG_FUNCTION_ARGS)
 {
-	return le_claim(fcinfo, GetUserId());
+	return OutboxCallAsOwner(fcinfo, le_claim);
 }
 
 /* outbox.ack(worker, token): mark one leased command published. */
@@ -731,11 +731,11 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 	PG_RETURN_VOID();
 }
 
-/* outbox.ack: the body, told who called. */
+/* outbox.ack: the body, as the owner, told who called. */
 Datum
 outbox_ack(PG_FUNCTION_ARGS)
 {
-	return le_ack(fcinfo, GetUserId());
+	return OutboxCallAsOwner(fcinfo, le_ack);
 }
 
 /* A secret the batch ack's UPDATE took (used: matched to a token already). */
@@ -925,11 +925,11 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 	return (Datum) 0;
 }
 
-/* outbox.ack_many: the body, told who called. */
+/* outbox.ack_many: the body, as the owner, told who called. */
 Datum
 outbox_ack_many(PG_FUNCTION_ARGS)
 {
-	return le_ack_many(fcinfo, GetUserId());
+	return OutboxCallAsOwner(fcinfo, le_ack_many);
 }
 
 /*
@@ -1111,11 +1111,11 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 	PG_RETURN_TEXT_P(cstring_to_text(dead ? "dead" : "pending"));
 }
 
-/* outbox.fail: the body, told who called. */
+/* outbox.fail: the body, as the owner, told who called. */
 Datum
 outbox_fail(PG_FUNCTION_ARGS)
 {
-	return le_fail(fcinfo, GetUserId());
+	return OutboxCallAsOwner(fcinfo, le_fail);
 }
 
 /*
@@ -1184,11 +1184,11 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 	PG_RETURN_TIMESTAMPTZ(until);
 }
 
-/* outbox.renew: the body, told who called. */
+/* outbox.renew: the body, as the owner, told who called. */
 Datum
 outbox_renew(PG_FUNCTION_ARGS)
 {
-	return le_renew(fcinfo, GetUserId());
+	return OutboxCallAsOwner(fcinfo, le_renew);
 }
 
 /*
@@ -1203,8 +1203,8 @@ outbox_renew(PG_FUNCTION_ARGS)
  * version but not settled; the count is short, and the next sweep settles
  * it.
  */
-Datum
-outbox_sweep(PG_FUNCTION_ARGS)
+static Datum
+le_sweep(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[3] = {INT4OID, TIMESTAMPTZOID, INT4OID};
 	int32		batch;
@@ -1255,4 +1255,11 @@ outbox_sweep(PG_FUNCTION_ARGS)
 
 	OutboxCountAtCommit(OBC_DEAD_LETTERED, dead);
 	PG_RETURN_INT32((int32) n);
+}
+
+/* outbox.sweep: the body, as the owner, told who called. */
+Datum
+outbox_sweep(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_sweep);
 }

@@ -1,6 +1,9 @@
 -- outbox install script, part 10: the producer, publisher and consumer API
--- (C functions).  All are SECURITY DEFINER with a pinned search_path: the
--- callers hold only EXECUTE (see part 90), never a table privilege.
+-- (C functions).  All are SECURITY INVOKER with a pinned search_path, so
+-- current_user at the call site is the role a call is made by; their C
+-- body switches to the function's owner (OutboxCallAsOwner, src/args.c) and
+-- is told the calling role.  The callers hold only EXECUTE (see part 90),
+-- never a table privilege.
 --
 -- Their statements run as saved plans through OutboxExecute (src/outbox.c),
 -- which keeps the planner on the index plans whenever a plan is (re)made.
@@ -18,7 +21,7 @@ CREATE FUNCTION @extschema@.commit_decision(
 	not_before pg_catalog.timestamptz DEFAULT NULL,
 	priority pg_catalog.int4 DEFAULT 0)
 RETURNS void
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_commit_decision';
 COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4)
@@ -35,7 +38,7 @@ CREATE FUNCTION @extschema@.commit_decisions(
 	not_before pg_catalog.timestamptz[] DEFAULT NULL,
 	priorities pg_catalog.int4[] DEFAULT NULL)
 RETURNS pg_catalog.int4
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_commit_decisions';
 COMMENT ON FUNCTION @extschema@.commit_decisions(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.jsonb[], pg_catalog.jsonb[], pg_catalog.timestamptz[], pg_catalog.int4[])
@@ -47,7 +50,7 @@ CREATE FUNCTION @extschema@.record_event(
 	kind pg_catalog.text,
 	payload pg_catalog.jsonb DEFAULT NULL)
 RETURNS void
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_record_event';
 COMMENT ON FUNCTION @extschema@.record_event(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.jsonb)
@@ -74,7 +77,7 @@ CREATE FUNCTION @extschema@.claim(
 	lease pg_catalog.interval DEFAULT NULL,
 	kinds pg_catalog.text[] DEFAULT NULL)
 RETURNS SETOF @extschema@.lease
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 ROWS 100
 AS 'MODULE_PATHNAME', 'outbox_claim';
@@ -93,7 +96,7 @@ CREATE FUNCTION @extschema@.ack(
 	worker pg_catalog.text,
 	token pg_catalog.text)
 RETURNS void
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_ack';
 COMMENT ON FUNCTION @extschema@.ack(pg_catalog.text, pg_catalog.text)
@@ -111,7 +114,7 @@ CREATE FUNCTION @extschema@.ack_many(
 	worker pg_catalog.text,
 	tokens pg_catalog.text[])
 RETURNS SETOF @extschema@.ack_result
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 ROWS 100
 AS 'MODULE_PATHNAME', 'outbox_ack_many';
@@ -124,7 +127,7 @@ CREATE FUNCTION @extschema@.fail(
 	error pg_catalog.text,
 	fatal pg_catalog.bool DEFAULT false)
 RETURNS pg_catalog.text
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_fail';
 COMMENT ON FUNCTION @extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.bool)
@@ -135,7 +138,7 @@ CREATE FUNCTION @extschema@.renew(
 	token pg_catalog.text,
 	lease pg_catalog.interval DEFAULT NULL)
 RETURNS pg_catalog.timestamptz
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_renew';
 COMMENT ON FUNCTION @extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
@@ -148,7 +151,7 @@ CREATE FUNCTION @extschema@.complete(
 	outcome pg_catalog.text DEFAULT 'done',
 	detail pg_catalog.jsonb DEFAULT NULL)
 RETURNS pg_catalog.bool
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_complete';
 COMMENT ON FUNCTION @extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb)
@@ -158,7 +161,7 @@ CREATE FUNCTION @extschema@.inbox_accept(
 	consumer pg_catalog.text,
 	command_id pg_catalog.text)
 RETURNS pg_catalog.bool
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_inbox_accept';
 COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
@@ -168,7 +171,7 @@ COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
 -- every round; an administrator may call it when the worker is not running).
 CREATE FUNCTION @extschema@.sweep(batch_size pg_catalog.int4 DEFAULT 1000)
 RETURNS pg_catalog.int4
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_sweep';
 COMMENT ON FUNCTION @extschema@.sweep(pg_catalog.int4)
