@@ -334,7 +334,9 @@ le_any_expired(TimestampTz now)
 
 /*
  * The two claim statements share their pending part: pd locks up to limit
- * due pending commands of the asked, unpaused kinds, in claim order; the
+ * due pending commands of the asked, unpaused kinds the caller ($8) may
+ * claim (outbox.policies.claimers, read like the paused kinds), in claim
+ * order; the
  * UPDATE leases the rows whose ctids are tids to $1 and returns the
  * LE_CLAIM_COLS columns, takeover saying whether the row was taken over.
  */
@@ -344,7 +346,8 @@ le_any_expired(TimestampTz now)
 	"   WHERE c.due_at OPERATOR(pg_catalog.<=) $5" \
 	"     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))" \
 	"     AND c.kind OPERATOR(pg_catalog.<>) ALL ((SELECT COALESCE(pg_catalog.array_agg(p.kind)," \
-	"            '{}') FROM outbox.policies p WHERE p.paused)::pg_catalog.text[])" \
+	"            '{}') FROM outbox.policies p WHERE p.paused" \
+	"             OR (p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8)))::pg_catalog.text[])" \
 	"   ORDER BY c.priority DESC, c.due_at, c.created_at" \
 	"   LIMIT " limit \
 	"   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)"
@@ -386,15 +389,15 @@ le_any_expired(TimestampTz now)
 static Datum
 le_claim(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[7] = {TEXTOID, INT4OID, INTERVALOID, TEXTARRAYOID,
-	TIMESTAMPTZOID, INTERVALOID, INT4OID};
+	static const Oid argtypes[8] = {TEXTOID, INT4OID, INTERVALOID, TEXTARRAYOID,
+	TIMESTAMPTZOID, INTERVALOID, INT4OID, OIDOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
 	int32		batch;
 	Interval   *lease;
 	Interval	default_lease;
-	Datum		args[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	int			ret;
 	uint64		i;
 	int64		takeovers = 0;
@@ -429,8 +432,13 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 	args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 	args[5] = le_default_lease(&default_lease);
 	args[6] = Int32GetDatum(outbox_max_deliveries);
+	args[7] = ObjectIdGetDatum(caller);
 
 	SPI_connect();
+
+	/* Naming a kind the caller may not claim is refused (42501). */
+	if (!PG_ARGISNULL(3))
+		OutboxCheckClaimable(DatumGetArrayTypeP(args[3]), caller);
 
 	/*
 	 * Is any lease expired?  Usually not, and then the claim runs the plan
@@ -450,20 +458,21 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 										  "     AND c.deliveries OPERATOR(pg_catalog.<) " LE_MAX_DELIVERIES("c.", "$7")
 										  "     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
 										  "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
-										  "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'))"
+										  "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'"
+										  "                             OR (p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8))))"
 										  "   ORDER BY c.lease_until"
 										  "   LIMIT $2"
 										  "   FOR NO KEY UPDATE OF c SKIP LOCKED) l),"
 										  LE_CLAIM_PENDING("($2 OPERATOR(pg_catalog.-) pg_catalog.cardinality((SELECT ids FROM tk)))")
 										  LE_CLAIM_UPDATE("(SELECT tids FROM tk) OPERATOR(pg_catalog.||) (SELECT tids FROM pd)",
 														  "t.command_id OPERATOR(pg_catalog.=) ANY ((SELECT ids FROM tk)::pg_catalog.text[])"),
-										  7, argtypes),
+										  8, argtypes),
 							args, nulls, false, 0);
 	else
 		ret = OutboxExecute(OutboxPrepare(&plan_claim_pending,
 										  "WITH" LE_CLAIM_PENDING("$2")
 										  LE_CLAIM_UPDATE("(SELECT tids FROM pd)::pg_catalog.tid[]", "false"),
-										  7, argtypes),
+										  8, argtypes),
 							args, nulls, false, 0);
 	if (ret != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox: claim failed: %s", SPI_result_code_string(ret));
