@@ -22,8 +22,10 @@ BEGIN
 	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-live}');
 	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-pub}');
 	PERFORM outbox.ack('w1', (SELECT token FROM tok WHERE command_id = 'h-pub'));
-	PERFORM outbox.complete('h-pub');
-	PERFORM outbox.inbox_accept('c1', 'h-pub');
+	PERFORM outbox.complete('h-run', 'h-pub');
+	PERFORM outbox.register_consumer('c1', current_user::text::regrole);
+	PERFORM outbox.register_consumer((SELECT U&'cmd-\+01F680-\202E-e\0301-\200D-\FEFF-\+10FFFF'), current_user::text::regrole);
+	PERFORM outbox.inbox_accept('c1', 'h-run', 'h-pub');
 	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-dead}');
 	PERFORM outbox.fail('w1', (SELECT token FROM tok WHERE command_id = 'h-dead'), 'rejected', true);
 	PERFORM outbox.claim('w1', 1, '1 hour', '{k-unc}');
@@ -44,6 +46,7 @@ UNION ALL SELECT 'receipts', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::
 UNION ALL SELECT 'inbox', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.inbox t
 UNION ALL SELECT 'policies', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.policies t
 UNION ALL SELECT 'purged', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.purged t
+UNION ALL SELECT 'consumers', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.consumers t
 UNION ALL SELECT 'postmaster', pg_postmaster_start_time()::text, 0;
 
 -- Run one statement in a subtransaction that is always rolled back; return
@@ -123,37 +126,42 @@ INSERT INTO cases (name, expected, stmt) VALUES
 ('cd: priority extremes', '00000', $$SELECT outbox.commit_decision('r', 1, 'e', 'n1', 'k', '{}', NULL, NULL, -2147483648), outbox.commit_decision('r', 2, 'e', 'n2', 'k', '{}', NULL, NULL, 2147483647)$$),
 ('cd: existing command_id', '23505', $$SELECT outbox.commit_decision('r', 1, 'e', 'h-live', 'k', '{}')$$),
 ('cd: existing (run_id, seq)', '23505', $$SELECT outbox.commit_decision('h-run', 1, 'e', 'n1', 'k', '{}')$$),
--- commit_decisions(run_ids, seqs, event_kinds, command_ids, command_kinds, payloads, event_payloads, not_before, priorities)
-('cds: null run_ids', '22004', $$SELECT outbox.commit_decisions(NULL, '{1}', '{e}', '{n1}', '{k}', '{"{}"}')$$),
-('cds: null seqs', '22004', $$SELECT outbox.commit_decisions('{r}', NULL, '{e}', '{n1}', '{k}', '{"{}"}')$$),
-('cds: null event_kinds', '22004', $$SELECT outbox.commit_decisions('{r}', '{1}', NULL, '{n1}', '{k}', '{"{}"}')$$),
-('cds: null command_ids', '22004', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', NULL, '{k}', '{"{}"}')$$),
-('cds: null command_kinds', '22004', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', NULL, '{"{}"}')$$),
-('cds: null payloads', '22004', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', NULL)$$),
-('cds: null optional arrays', '00000', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', '{"{}"}', NULL, NULL, NULL)$$),
-('cds: NULL in run_ids', '22004', $$SELECT outbox.commit_decisions('{r,NULL}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
-('cds: NULL in seqs', '22004', $$SELECT outbox.commit_decisions('{r,r}', '{1,NULL}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
-('cds: NULL in command_ids', '22004', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,NULL}', '{k,k}', '{"{}","{}"}')$$),
-('cds: NULL in payloads', '22004', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}",NULL}')$$),
-('cds: NULL in priorities', '22004', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}', NULL, NULL, '{1,NULL}')$$),
-('cds: NULLs in event_payloads and not_before', '00000', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}', '{NULL,"{}"}', '{NULL,2000-01-01}', '{1,2}')$$),
-('cds: seqs shorter', '2202E', $$SELECT outbox.commit_decisions('{r,r}', '{1}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
-('cds: payloads longer', '2202E', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}","{}"}')$$),
-('cds: not_before shorter', '2202E', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}', NULL, '{2000-01-01}')$$),
-('cds: priorities longer', '2202E', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', '{"{}"}', NULL, NULL, '{1,2}')$$),
-('cds: 2-D run_ids', '2202E', $$SELECT outbox.commit_decisions('{{r},{r}}', '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
-('cds: 2-D everything', '2202E', $$SELECT outbox.commit_decisions('{{r,r}}', '{{1,2}}', '{{e,e}}', '{{n1,n2}}', '{{k,k}}', '{{"{}","{}"}}')$$),
-('cds: empty arrays', '00000', $$SELECT outbox.commit_decisions('{}', '{}', '{}', '{}', '{}', '{}')$$),
-('cds: arrays starting at index 0', '00000', $$SELECT outbox.commit_decisions('[0:1]={r,r}', '[0:1]={1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
-('cds: 10001 decisions (outbox.max_batch)', '54000', $$SELECT outbox.commit_decisions(array_fill('r'::text, '{10001}'), (SELECT array_agg(i) FROM generate_series(1::bigint, 10001) i), array_fill('e'::text, '{10001}'), (SELECT array_agg('n' || i) FROM generate_series(1, 10001) i), array_fill('k'::text, '{10001}'), array_fill('{}'::jsonb, '{10001}'))$$),
-('cds: empty id element', '22023', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,""}', '{k,k}', '{"{}","{}"}')$$),
-('cds: id element of 201 bytes', '22023', $$SELECT outbox.commit_decisions(ARRAY['r', (SELECT long_id FROM v)], '{1,2}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
-('cds: seq element -1', '22023', $$SELECT outbox.commit_decisions('{r,r}', '{1,-1}', '{e,e}', '{n1,n2}', '{k,k}', '{"{}","{}"}')$$),
-('cds: 3 MB payload element', '54000', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', ARRAY[(SELECT big_payload FROM v)])$$),
-('cds: deep event_payload element', '54000', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', '{"{}"}', ARRAY[(SELECT deep_payload FROM v)])$$),
-('cds: not_before element -infinity', '22023', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{n1}', '{k}', '{"{}"}', NULL, '{-infinity}')$$),
-('cds: command_id repeated in the batch', '23505', $$SELECT outbox.commit_decisions('{r,r}', '{1,2}', '{e,e}', '{n1,n1}', '{k,k}', '{"{}","{}"}')$$),
-('cds: existing command_id', '23505', $$SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{h-live}', '{k}', '{"{}"}')$$),
+-- commit_decisions(decisions jsonb): a JSON array of objects
+('cds: null decisions', '22004', $$SELECT outbox.commit_decisions(NULL)$$),
+('cds: an object, not an array', '22023', $$SELECT outbox.commit_decisions('{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}')$$),
+('cds: a scalar', '22023', $$SELECT outbox.commit_decisions('1')$$),
+('cds: an element that is not an object', '22023', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}, 1]')$$),
+('cds: an element that is an array', '22023', $$SELECT outbox.commit_decisions('[[]]')$$),
+('cds: missing run_id', '22004', $$SELECT outbox.commit_decisions('[{"seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: null seq', '22004', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": null, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: missing event_kind', '22004', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: missing command_id', '22004', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_kind": "k", "payload": {}}]')$$),
+('cds: missing command_kind', '22004', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "payload": {}}]')$$),
+('cds: missing payload', '22004', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k"}]')$$),
+('cds: an unknown key', '22023', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "version": 1}]')$$),
+('cds: run_id a number', '22023', $$SELECT outbox.commit_decisions('[{"run_id": 5, "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: seq a string', '00000', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": "9223372036854775807", "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: seq not a number', '22P02', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": "x", "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: seq a fraction', '22023', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1.5, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: seq a boolean', '22023', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": true, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: seq over 2^63', '22003', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": "9223372036854775808", "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: seq -1', '22023', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": -1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: optional keys null', '00000', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "event_payload": null, "not_before": null, "priority": null}]')$$),
+('cds: every key', '00000', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "event_payload": {"a": 1}, "not_before": "2000-01-01 00:00:00+00", "priority": -2147483648}]')$$),
+('cds: priority a string', '22023', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "priority": "1"}]')$$),
+('cds: priority over 2^31', '22003', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "priority": 2147483648}]')$$),
+('cds: not_before a number', '22023', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "not_before": 1}]')$$),
+('cds: not_before not a time', '22007', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "not_before": "soon"}]')$$),
+('cds: not_before -infinity', '22023', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "not_before": "-infinity"}]')$$),
+('cds: empty array', '00000', $$SELECT outbox.commit_decisions('[]')$$),
+('cds: 10001 decisions (outbox.max_batch)', '54000', $$SELECT outbox.commit_decisions((SELECT jsonb_agg(jsonb_build_object('run_id', 'r', 'seq', i, 'event_kind', 'e', 'command_id', 'n' || i, 'command_kind', 'k', 'payload', '{}'::jsonb)) FROM generate_series(1, 10001) i))$$),
+('cds: empty id element', '22023', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "", "command_kind": "k", "payload": {}}]')$$),
+('cds: id element of 201 bytes', '22023', $$SELECT outbox.commit_decisions(jsonb_build_array(jsonb_build_object('run_id', (SELECT long_id FROM v), 'seq', 1, 'event_kind', 'e', 'command_id', 'n1', 'command_kind', 'k', 'payload', '{}'::jsonb)))$$),
+('cds: 3 MB payload element', '54000', $$SELECT outbox.commit_decisions(jsonb_build_array(jsonb_build_object('run_id', 'r', 'seq', 1, 'event_kind', 'e', 'command_id', 'n1', 'command_kind', 'k', 'payload', (SELECT big_payload FROM v))))$$),
+('cds: deep event_payload element', '54000', $$SELECT outbox.commit_decisions(jsonb_build_array(jsonb_build_object('run_id', 'r', 'seq', 1, 'event_kind', 'e', 'command_id', 'n1', 'command_kind', 'k', 'payload', '{}'::jsonb, 'event_payload', (SELECT deep_payload FROM v))))$$),
+('cds: command_id repeated in the batch', '23505', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}, {"run_id": "r", "seq": 2, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}]')$$),
+('cds: (run_id, seq) repeated in the batch', '23505', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}}, {"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "n2", "command_kind": "k", "payload": {}}]')$$),
+('cds: existing command_id', '23505', $$SELECT outbox.commit_decisions('[{"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "h-live", "command_kind": "k", "payload": {}}]')$$),
 -- record_event(run_id, seq, kind, payload)
 ('re: null run_id', '22004', $$SELECT outbox.record_event(NULL, 1, 'note')$$),
 ('re: null seq', '22004', $$SELECT outbox.record_event('r', NULL, 'note')$$),
@@ -244,24 +252,41 @@ $x$$c$),
 ('renew: lease 1000 months -29999 days (437 days)', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '1000 mons -29999 days')$$),
 ('renew: lease 1000000 years', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '1000000 years')$$),
 ('renew: a published command', 'OB001', $$SELECT outbox.renew('w1', (SELECT spent FROM v))$$),
--- complete(command_id, outcome, detail)
-('complete: null command_id', '22004', $$SELECT outbox.complete(NULL)$$),
-('complete: null outcome', '22004', $$SELECT outbox.complete('h-live', NULL)$$),
-('complete: null detail (optional)', '00000', $$SELECT outbox.complete('h-live', 'done', NULL)$$),
-('complete: empty command_id', '22023', $$SELECT outbox.complete('')$$),
-('complete: empty outcome', '22023', $$SELECT outbox.complete('h-live', '')$$),
-('complete: outcome of 201 bytes', '22023', $$SELECT outbox.complete('h-live', (SELECT long_id FROM v))$$),
-('complete: 3 MB detail', '54000', $$SELECT outbox.complete('h-live', 'done', (SELECT big_payload FROM v))$$),
-('complete: detail nested 65 deep', '54000', $$SELECT outbox.complete('h-live', 'done', (SELECT deep_payload FROM v))$$),
-('complete: unknown command', '23503', $$SELECT outbox.complete('nope')$$),
-('complete: another outcome than the receipt''s', '23505', $$SELECT outbox.complete('h-pub', 'failed')$$),
--- inbox_accept(consumer, command_id)
-('inbox: null consumer', '22004', $$SELECT outbox.inbox_accept(NULL, 'h-pub')$$),
-('inbox: null command_id', '22004', $$SELECT outbox.inbox_accept('c1', NULL)$$),
-('inbox: empty consumer', '22023', $$SELECT outbox.inbox_accept('', 'h-pub')$$),
-('inbox: command_id of 201 bytes', '22023', $$SELECT outbox.inbox_accept('c1', (SELECT long_id FROM v))$$),
-('inbox: consumer of 1 MB', '22023', $$SELECT outbox.inbox_accept((SELECT huge_id FROM v), 'h-pub')$$),
-('inbox: odd Unicode', '00000', $$SELECT outbox.inbox_accept((SELECT odd_id FROM v), (SELECT odd_id FROM v))$$),
+-- complete(run_id, command_id, outcome, detail)
+('complete: null run_id', '22004', $$SELECT outbox.complete(NULL, 'h-live')$$),
+('complete: null command_id', '22004', $$SELECT outbox.complete('h-run', NULL)$$),
+('complete: null outcome', '22004', $$SELECT outbox.complete('h-run', 'h-live', NULL)$$),
+('complete: null detail (optional)', '00000', $$SELECT outbox.complete('h-run', 'h-live', 'done', NULL)$$),
+('complete: empty run_id', '22023', $$SELECT outbox.complete('', 'h-live')$$),
+('complete: empty command_id', '22023', $$SELECT outbox.complete('h-run', '')$$),
+('complete: empty outcome', '22023', $$SELECT outbox.complete('h-run', 'h-live', '')$$),
+('complete: outcome of 201 bytes', '22023', $$SELECT outbox.complete('h-run', 'h-live', (SELECT long_id FROM v))$$),
+('complete: 3 MB detail', '54000', $$SELECT outbox.complete('h-run', 'h-live', 'done', (SELECT big_payload FROM v))$$),
+('complete: detail nested 65 deep', '54000', $$SELECT outbox.complete('h-run', 'h-live', 'done', (SELECT deep_payload FROM v))$$),
+('complete: unknown command', 'OB002', $$SELECT outbox.complete('h-run', 'nope')$$),
+('complete: another run''s command', 'OB002', $$SELECT outbox.complete('h-other', 'h-live')$$),
+('complete: another outcome than the receipt''s', '23505', $$SELECT outbox.complete('h-run', 'h-pub', 'failed')$$),
+-- inbox_accept(consumer, run_id, command_id)
+('inbox: null consumer', '22004', $$SELECT outbox.inbox_accept(NULL, 'h-run', 'h-pub')$$),
+('inbox: null run_id', '22004', $$SELECT outbox.inbox_accept('c1', NULL, 'h-pub')$$),
+('inbox: null command_id', '22004', $$SELECT outbox.inbox_accept('c1', 'h-run', NULL)$$),
+('inbox: empty consumer', '22023', $$SELECT outbox.inbox_accept('', 'h-run', 'h-pub')$$),
+('inbox: command_id of 201 bytes', '22023', $$SELECT outbox.inbox_accept('c1', 'h-run', (SELECT long_id FROM v))$$),
+('inbox: consumer of 1 MB', '22023', $$SELECT outbox.inbox_accept((SELECT huge_id FROM v), 'h-run', 'h-pub')$$),
+('inbox: odd Unicode consumer', '00000', $$SELECT outbox.inbox_accept((SELECT odd_id FROM v), 'h-run', 'h-live')$$),
+('inbox: unknown command', 'OB002', $$SELECT outbox.inbox_accept('c1', 'h-run', (SELECT odd_id FROM v))$$),
+('inbox: another run''s command', 'OB002', $$SELECT outbox.inbox_accept('c1', 'h-other', 'h-pub')$$),
+('inbox: unregistered consumer', 'OB003', $$SELECT outbox.inbox_accept('c2', 'h-run', 'h-pub')$$),
+('inbox: a repeat', '00000', $$SELECT outbox.inbox_accept('c1', 'h-run', 'h-pub')$$),
+-- register_consumer(consumer, role), unregister_consumer(consumer)
+('register: null consumer', '22004', $$SELECT outbox.register_consumer(NULL, current_user::text::regrole)$$),
+('register: null role', '22004', $$SELECT outbox.register_consumer('c2', NULL)$$),
+('register: empty consumer', '22023', $$SELECT outbox.register_consumer('', current_user::text::regrole)$$),
+('register: consumer of 201 bytes', '22023', $$SELECT outbox.register_consumer((SELECT long_id FROM v), current_user::text::regrole)$$),
+('register: to another role', '23505', $$SELECT outbox.register_consumer('c1', 'pg_monitor')$$),
+('register: unknown role', '42704', $$SELECT outbox.register_consumer('c2', 'no_such_role')$$),
+('unregister: null', '22004', $$SELECT outbox.unregister_consumer(NULL)$$),
+('unregister: unknown', '00000', $$SELECT outbox.unregister_consumer('c2')$$),
 -- sweep(batch_size)
 ('sweep: null batch_size', '22004', $$SELECT outbox.sweep(NULL)$$),
 ('sweep: batch_size 0', '22023', $$SELECT outbox.sweep(0)$$),
@@ -276,22 +301,26 @@ $x$$c$),
 ('purge: older_than -1 second', '22023', $$SELECT outbox.purge(NULL, '-1 second')$$),
 ('purge: older_than 1000000 years', '22023', $$SELECT outbox.purge(NULL, '1000000 years')$$),
 ('purge: older_than 0', '00000', $$SELECT outbox.purge(NULL, '0')$$),
--- requeue(command_id)
-('requeue: null', '22004', $$SELECT outbox.requeue(NULL)$$),
-('requeue: empty', '22023', $$SELECT outbox.requeue('')$$),
-('requeue: 201 bytes', '22023', $$SELECT outbox.requeue((SELECT long_id FROM v))$$),
-('requeue: unknown command', '42704', $$SELECT outbox.requeue('nope')$$),
-('requeue: a pending command', '55000', $$SELECT outbox.requeue('h-pending')$$),
-('requeue: a dead command', '00000', $$SELECT outbox.requeue('h-dead')$$),
--- resolve(command_id, resolution)
-('resolve: null command_id', '22004', $$SELECT outbox.resolve(NULL, 'retry')$$),
-('resolve: null resolution', '22004', $$SELECT outbox.resolve('h-unc', NULL)$$),
-('resolve: empty command_id', '22023', $$SELECT outbox.resolve('', 'retry')$$),
-('resolve: unknown resolution', '22023', $$SELECT outbox.resolve('h-unc', 'maybe')$$),
-('resolve: resolution of 1 MB', '22023', $$SELECT outbox.resolve('h-unc', (SELECT huge_id FROM v))$$),
-('resolve: unknown command', '42704', $$SELECT outbox.resolve('nope', 'retry')$$),
-('resolve: a dead command', '55000', $$SELECT outbox.resolve('h-dead', 'retry')$$),
-('resolve: an uncertain command', '00000', $$SELECT outbox.resolve('h-unc', 'published')$$),
+-- requeue(run_id, command_id)
+('requeue: null run_id', '22004', $$SELECT outbox.requeue(NULL, 'h-dead')$$),
+('requeue: null command_id', '22004', $$SELECT outbox.requeue('h-run', NULL)$$),
+('requeue: empty', '22023', $$SELECT outbox.requeue('h-run', '')$$),
+('requeue: 201 bytes', '22023', $$SELECT outbox.requeue('h-run', (SELECT long_id FROM v))$$),
+('requeue: unknown command', 'OB002', $$SELECT outbox.requeue('h-run', 'nope')$$),
+('requeue: another run''s command', 'OB002', $$SELECT outbox.requeue('h-other', 'h-dead')$$),
+('requeue: a pending command', '55000', $$SELECT outbox.requeue('h-run', 'h-pending')$$),
+('requeue: a dead command', '00000', $$SELECT outbox.requeue('h-run', 'h-dead')$$),
+-- resolve(run_id, command_id, resolution)
+('resolve: null run_id', '22004', $$SELECT outbox.resolve(NULL, 'h-unc', 'retry')$$),
+('resolve: null command_id', '22004', $$SELECT outbox.resolve('h-run', NULL, 'retry')$$),
+('resolve: null resolution', '22004', $$SELECT outbox.resolve('h-run', 'h-unc', NULL)$$),
+('resolve: empty command_id', '22023', $$SELECT outbox.resolve('h-run', '', 'retry')$$),
+('resolve: unknown resolution', '22023', $$SELECT outbox.resolve('h-run', 'h-unc', 'maybe')$$),
+('resolve: resolution of 1 MB', '22023', $$SELECT outbox.resolve('h-run', 'h-unc', (SELECT huge_id FROM v))$$),
+('resolve: unknown command', 'OB002', $$SELECT outbox.resolve('h-run', 'nope', 'retry')$$),
+('resolve: another run''s command', 'OB002', $$SELECT outbox.resolve('h-other', 'h-unc', 'retry')$$),
+('resolve: a dead command', '55000', $$SELECT outbox.resolve('h-run', 'h-dead', 'retry')$$),
+('resolve: an uncertain command', '00000', $$SELECT outbox.resolve('h-run', 'h-unc', 'published')$$),
 -- set_policy(kind, max_deliveries, backoff_base, backoff_max, lease, takeover, retention)
 ('policy: null kind', '22004', $$SELECT outbox.set_policy(NULL)$$),
 ('policy: empty kind', '22023', $$SELECT outbox.set_policy('')$$),
@@ -309,7 +338,12 @@ $x$$c$),
 ('policy: retention -1 second', '22023', $$SELECT outbox.set_policy('k', retention => '-1 second')$$),
 ('policy: retention 1000000 years', '22023', $$SELECT outbox.set_policy('k', retention => '1000000 years')$$),
 ('policy: retention 100 years', '00000', $$SELECT outbox.set_policy('k', retention => '100 years')$$),
-('policy: all NULL but kind', '00000', $$SELECT outbox.set_policy('k', NULL, NULL, NULL, NULL, NULL, NULL)$$),
+('policy: all NULL but kind', '00000', $$SELECT outbox.set_policy('k', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)$$),
+('policy: NULL in deciders', '22004', $$SELECT outbox.set_policy('k', deciders => ARRAY[NULL]::regrole[])$$),
+('policy: 2-D claimers', '2202E', $$SELECT outbox.set_policy('k', claimers => '{{pg_monitor}}')$$),
+('policy: unknown role in completers', '42704', $$SELECT outbox.set_policy('k', completers => '{no_such_role}')$$),
+('policy: empty lists (admins only)', '00000', $$SELECT outbox.set_policy('k', deciders => '{}', claimers => '{}', completers => '{}')$$),
+('policy: a list of roles', '00000', $$SELECT outbox.set_policy('k', deciders => '{pg_monitor,pg_read_all_data}')$$),
 -- pause(kind), resume(kind)
 ('pause: null', '22004', $$SELECT outbox.pause(NULL)$$),
 ('pause: empty', '22023', $$SELECT outbox.pause('')$$),
@@ -342,6 +376,7 @@ SELECT b.tbl, b.n,
 		   WHEN 'inbox' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.inbox t)
 		   WHEN 'policies' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.policies t)
 		   WHEN 'purged' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.purged t)
+		   WHEN 'consumers' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.consumers t)
 		   WHEN 'postmaster' THEN pg_postmaster_start_time()::text END AS unchanged
   FROM hostile_before b
  ORDER BY b.tbl;

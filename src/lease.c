@@ -48,7 +48,6 @@
 #include "catalog/pg_index.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_type.h"
-#include "commands/dbcommands.h"
 #include "common/pg_prng.h"
 #include "executor/tuptable.h"
 #include "funcapi.h"
@@ -57,7 +56,6 @@
 #include "nodes/primnodes.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/acl.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/relcache.h"
@@ -318,28 +316,6 @@ outbox_lease_secret(PG_FUNCTION_ARGS)
 }
 
 /*
- * Whether caller may use the leases of other roles: a member of this
- * database's outbox admin role (<database>_outbox_admin).
- */
-static bool
-le_caller_is_admin(Oid caller)
-{
-	static char *name = NULL;
-	Oid			admin;
-
-	if (name == NULL)
-	{
-		char	   *db = get_database_name(MyDatabaseId);
-
-		if (db == NULL)
-			return false;
-		name = MemoryContextStrdup(TopMemoryContext, psprintf("%s_outbox_admin", db));
-	}
-	admin = get_role_oid(name, true);
-	return OidIsValid(admin) && has_privs_of_role(caller, admin);
-}
-
-/*
  * Raise OB001 (lease_not_owned) for worker's call with a token naming
  * command_id (NULL: a malformed token).  The error says nothing of the
  * row: not who holds it, at what version, nor the token.  Counts the
@@ -507,7 +483,9 @@ le_any_expired(TimestampTz now)
 
 /*
  * The two claim statements share their pending part: pd locks up to limit
- * due pending commands of the asked, unpaused kinds, in claim order; the
+ * due pending commands of the asked, unpaused kinds the caller ($8) may
+ * claim (outbox.policies.claimers, read like the paused kinds), in claim
+ * order; the
  * UPDATE leases the rows whose ctids are tids to $1 and returns the
  * LE_CLAIM_COLS columns, takeover saying whether the row was taken over.
  */
@@ -517,7 +495,8 @@ le_any_expired(TimestampTz now)
 	"   WHERE c.due_at OPERATOR(pg_catalog.<=) $5" \
 	"     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))" \
 	"     AND c.kind OPERATOR(pg_catalog.<>) ALL ((SELECT COALESCE(pg_catalog.array_agg(p.kind)," \
-	"            '{}') FROM outbox.policies p WHERE p.paused)::pg_catalog.text[])" \
+	"            '{}') FROM outbox.policies p WHERE p.paused" \
+	"             OR (p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8)))::pg_catalog.text[])" \
 	"   ORDER BY c.priority DESC, c.due_at, c.created_at" \
 	"   LIMIT " limit \
 	"   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)"
@@ -609,6 +588,10 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 
 	SPI_connect();
 
+	/* Naming a kind the caller may not claim is refused (42501). */
+	if (!PG_ARGISNULL(3))
+		OutboxCheckClaimable(DatumGetArrayTypeP(args[3]), caller);
+
 	/*
 	 * Is any lease expired?  Usually not, and then the claim runs the plan
 	 * without the takeover part (leaving its start-up and run out gave 5-7%
@@ -627,7 +610,8 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 										  "     AND c.deliveries OPERATOR(pg_catalog.<) " LE_MAX_DELIVERIES("c.", "$7")
 										  "     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
 										  "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
-										  "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'))"
+										  "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'"
+										  "                             OR (p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8))))"
 										  "   ORDER BY c.lease_until"
 										  "   LIMIT $2"
 										  "   FOR NO KEY UPDATE OF c SKIP LOCKED) l),"
@@ -706,7 +690,7 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 	args[3] = PointerGetDatum(worker);
 	args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 	args[5] = ObjectIdGetDatum(caller);
-	args[6] = BoolGetDatum(le_caller_is_admin(caller));
+	args[6] = BoolGetDatum(OutboxIsAdmin(caller));
 
 	SPI_connect();
 	ret = OutboxExecute(OutboxPrepare(&plan_ack,
@@ -845,7 +829,7 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 		args[3] = PointerGetDatum(construct_array(runs, nvalid, TEXTOID, -1, false, TYPALIGN_INT));
 		args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 		args[5] = ObjectIdGetDatum(caller);
-		args[6] = BoolGetDatum(le_caller_is_admin(caller));
+		args[6] = BoolGetDatum(OutboxIsAdmin(caller));
 		ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_many,
 										  "UPDATE outbox.commands t"
 										  "   SET status = 'published', published_at = $5, lease_until = NULL,"
@@ -1044,7 +1028,7 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
 	args[3] = PointerGetDatum(worker);
 	args[4] = ObjectIdGetDatum(caller);
-	args[5] = BoolGetDatum(le_caller_is_admin(caller));
+	args[5] = BoolGetDatum(OutboxIsAdmin(caller));
 
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_fail_lock,
@@ -1155,7 +1139,7 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
 	args[3] = PointerGetDatum(worker);
 	args[4] = ObjectIdGetDatum(caller);
-	args[5] = BoolGetDatum(le_caller_is_admin(caller));
+	args[5] = BoolGetDatum(OutboxIsAdmin(caller));
 	args[6] = TimestampTzGetDatum(now);
 	args[7] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
 	if (lease == NULL)

@@ -6,7 +6,9 @@
  * The files of src/, in layers that only call down (docs/worker.md):
  *
  *	 outbox.c	 module load and the GUCs
- *	 args.c		 argument checks of the SQL-callable functions
+ *	 args.c		 argument checks of the SQL-callable functions, the caller
+ *				 identity (OutboxCallAsOwner)
+ *	 authz.c	 this database's group roles, per-kind rights
  *	 plans.c	 saved plans and the planner steering of their execution
  *	 producer.c, lease.c, consumer.c	the SQL-callable API
  *	 shared.c	 shared memory: counters, the commit, subtransaction and
@@ -31,6 +33,7 @@
 #include "port/atomics.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
+#include "utils/array.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
@@ -51,6 +54,14 @@
  * OutboxExecute; outbox.purge() does the same in PL/pgSQL): X(variable, name).
  */
 #define OUTBOX_PLANNER_STEERING(X)	X(enable_seqscan, "enable_seqscan") X(enable_bitmapscan, "enable_bitmapscan") X(enable_sort, "enable_sort") X(jit_enabled, "jit")
+
+/*
+ * The extension's own SQLSTATEs of class OB for consumers and addressing
+ * (docs/reference.md has the table of all codes).
+ */
+#define ERRCODE_OUTBOX_UNKNOWN_COMMAND		MAKE_SQLSTATE('O','B','0','0','2')
+#define ERRCODE_OUTBOX_UNKNOWN_CONSUMER		MAKE_SQLSTATE('O','B','0','0','3')
+#define ERRCODE_OUTBOX_CONSUMER_NOT_OWNED	MAKE_SQLSTATE('O','B','0','0','4')
 
 /* Deepest nesting accepted in a payload. */
 #define OUTBOX_MAX_PAYLOAD_DEPTH 64
@@ -215,6 +226,12 @@ extern void OutboxCheckId(text *t, const char *what);
 extern int	OutboxCompareIds(const text *a, const text *b);
 extern void OutboxCheckPayload(Jsonb *j, const char *what);
 extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what);
+
+/* authz.c */
+extern Oid	OutboxDatabaseRole(const char *capability);
+extern bool OutboxIsAdmin(Oid caller);
+extern bool OutboxMay(ArrayType *roles, Oid caller);
+extern void OutboxCheckClaimable(ArrayType *kinds, Oid caller);
 
 /* plans.c */
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,

@@ -439,7 +439,7 @@ $node->safe_psql('hijack', "$temp_traps\nCREATE EXTENSION outbox;");
 log_is_empty('hijack', 'CREATE EXTENSION');
 
 # Mallory joins every group role; a superuser grants it.
-sql('hijack', 'GRANT outbox_producer, outbox_publisher, outbox_consumer, outbox_admin, pg_monitor TO mallory');
+sql('hijack', 'GRANT hijack_outbox_producer, hijack_outbox_publisher, hijack_outbox_consumer, hijack_outbox_admin, pg_monitor TO mallory');
 
 # Every API function and view, with fresh command ids and kinds of prefix
 # $p.  The statements use literals only, so that the caller's own SQL runs
@@ -452,8 +452,10 @@ sub api_script
 $temp_traps
 SELECT outbox.commit_decision('$p-run', 1, 'decided', '$p-1', '$p-k', '{"amount": 1}');
 SELECT outbox.commit_decision('$p-run', 2, 'decided', '$p-2', '$p-k', '{}', '{"why": 2}', '2000-01-01', 5);
-SELECT outbox.commit_decisions('{$p-run,$p-run}', '{3,4}', '{decided,decided}', '{$p-3,$p-4}',
-	'{$p-k,$p-k}', '{"{}","{}"}', '{"{}",NULL}', '{NULL,2000-01-01}', '{1,2}');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "$p-run", "seq": 3, "event_kind": "decided", "command_id": "$p-3",
+	"command_kind": "$p-k", "payload": {}, "event_payload": {}, "priority": 1},
+	{"run_id": "$p-run", "seq": "4", "event_kind": "decided", "command_id": "$p-4", "command_kind": "$p-k",
+	"payload": {}, "not_before": "2000-01-01", "priority": 2}]');
 SELECT outbox.record_event('$p-run', 5, 'note', '{"n": 5}');
 SELECT outbox.set_policy('$p-manual', takeover => 'manual', lease => '1 minute', max_deliveries => 3,
 	backoff_base => '1 second', backoff_max => '1 minute', retention => '1 day');
@@ -469,20 +471,22 @@ SELECT outbox.fail('$p-w', :'t3', 'timeout');
 SELECT outbox.renew('$p-w', :'t4', '1 minute');
 SELECT outbox.renew('$p-w', :'t4');
 SELECT outbox.fail('$p-w', :'t4', 'rejected', true);
-SELECT outbox.requeue('$p-4');
+SELECT outbox.requeue('$p-run', '$p-4');
 SELECT token AS t5 FROM outbox.claim('$p-w', 1, kinds => '{$p-manual}') \\gset
 SELECT outbox.pause('$p-manual');
 SELECT outbox.resume('$p-manual');
-SELECT outbox.complete('$p-1');
-SELECT outbox.complete('$p-1');
-SELECT outbox.complete('$p-2', 'failed', '{"code": 7}');
-SELECT outbox.inbox_accept('$p-consumer', '$p-1');
-SELECT outbox.inbox_accept('$p-consumer', '$p-1');
+SELECT outbox.complete('$p-run', '$p-1');
+SELECT outbox.complete('$p-run', '$p-1');
+SELECT outbox.complete('$p-run', '$p-2', 'failed', '{"code": 7}');
+SELECT outbox.register_consumer('$p-consumer', 'mallory');
+SELECT outbox.inbox_accept('$p-consumer', '$p-run', '$p-1');
+SELECT outbox.inbox_accept('$p-consumer', '$p-run', '$p-1');
+SELECT outbox.unregister_consumer('$p-other');
 SELECT outbox.sweep();
 SELECT outbox.sweep(10);
 SELECT outbox.purge();
 SELECT outbox.purge(10, '0 seconds');
-SELECT outbox.complete('$p-1');
+SELECT outbox.complete('$p-run', '$p-1');
 SELECT outbox.preloaded();
 SELECT * FROM outbox.stats;
 SELECT * FROM outbox.workers;
@@ -509,7 +513,7 @@ sub resolve_script
 	my ($p) = @_;
 	return qq{
 $temp_traps
-SELECT outbox.resolve('$p-5', 'retry');
+SELECT outbox.resolve('$p-run', '$p-5', 'retry');
 SELECT * FROM outbox.dead_letters;
 };
 }
@@ -561,7 +565,7 @@ SELECT outbox.commit_decision('w-run', 1, 'decided', 'w-1', 'w-manual', '{}');
 SELECT outbox.commit_decision('w-run', 2, 'decided', 'w-2', 'w-short', '{}');
 SELECT count(*) FROM outbox.claim('w-w', 1, '1 millisecond', '{w-manual}');
 SELECT outbox.ack('w-w', token) FROM outbox.claim('w-w', 1, '1 minute', '{w-short}');
-SELECT outbox.complete('w-2');
+SELECT outbox.complete('w-run', 'w-2');
 });
 $node->poll_query_until('hijack', q{
 SELECT (SELECT c.status OPERATOR(pg_catalog.=) 'uncertain' FROM outbox.commands c

@@ -26,8 +26,10 @@ sub calls
 	my ($p) = @_;
 	return qq{
 SELECT outbox.commit_decision('run-$p', 1, 'e', '$p-1', 'k-$p', '{}', NULL, NULL, 1);
-SELECT outbox.commit_decisions(ARRAY['run-$p', 'run-$p'], ARRAY[2, 3]::int8[], ARRAY['e', 'e'],
-	ARRAY['$p-2', '$p-3'], ARRAY['k-$p', 'k-$p'], ARRAY['{}', '{}']::jsonb[], NULL, NULL, ARRAY[1, 1]);
+SELECT * FROM outbox.commit_decisions('[{"run_id": "run-$p", "seq": 2, "event_kind": "e", "command_id": "$p-2",
+	"command_kind": "k-$p", "payload": {}, "priority": 1},
+	{"run_id": "run-$p", "seq": 3, "event_kind": "e", "command_id": "$p-3", "command_kind": "k-$p",
+	"payload": {}, "priority": 1}]');
 SELECT outbox.record_event('run-$p', 4, 'e');
 CREATE TEMP TABLE l AS SELECT * FROM outbox.claim('w-$p', 10, NULL, ARRAY['k-$p']);
 SELECT count(*) = 3 AS claimed_three FROM l;
@@ -41,9 +43,10 @@ SELECT count(*) FROM outbox.ack_many('w-$p', ARRAY[(SELECT token FROM l WHERE co
 	(SELECT token FROM l WHERE command_id = '$p-1'), 'not a token']);
 DO \$\$ BEGIN PERFORM outbox.ack('w-$p', (SELECT token FROM l WHERE command_id = '$p-1')); EXCEPTION WHEN SQLSTATE 'OB001' THEN NULL; END \$\$;
 SELECT outbox.fail('w-$p', (SELECT token FROM l WHERE command_id = '$p-3'), 'boom', true);
-SELECT outbox.requeue('$p-3');
-SELECT outbox.complete('$p-1');
-SELECT outbox.inbox_accept('consumer', '$p-1');
+SELECT outbox.requeue('run-$p', '$p-3');
+SELECT outbox.complete('run-$p', '$p-1');
+SELECT outbox.register_consumer('consumer', current_user::text::regrole);
+SELECT outbox.inbox_accept('consumer', 'run-$p', '$p-1');
 SELECT outbox.sweep();
 SELECT outbox.purge(10, interval '0');
 DROP TABLE l;
