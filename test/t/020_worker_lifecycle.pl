@@ -176,7 +176,7 @@ is($node->safe_psql('app', q{
 	SELECT count(*) FROM outbox.claim('w', 10, NULL, ARRAY['k']);
 	SELECT outbox.ack('np-1', 'w', 2);
 	SELECT status || ' ' || outbox.preloaded() FROM outbox.commands WHERE command_id = 'np-1'}),
-	"\n1\n\npublished false", 'without preloading the API works');
+	"t\n1\n\npublished false", 'without preloading the API works');
 is($node->safe_psql('app', q{
 	SELECT database || ' | ' || state || ' | ' || last_error || ' | ' || (pid IS NULL)
 	  FROM outbox.workers}),
