@@ -1,0 +1,135 @@
+-- outbox update script from 0.1.0 to 1.0.0, hand-written part.
+--
+-- The update script outbox--0.1.0--1.0.0.sql is this file followed by the
+-- parts of src/sql/ after 00 (see the Makefile): this part drops what those
+-- parts create and brings the tables to 1.0.0's shape; they then create the
+-- functions, types and views and make the grants exactly as a fresh
+-- install does.  test/t/072_upgrade.pl checks that the result equals a
+-- fresh install of 1.0.0, catalog and privileges, and that the data stays.
+-- Every object is qualified, as in the install script.
+
+\echo Use "ALTER EXTENSION outbox UPDATE TO '1.0.0'" to load this file. \quit
+
+-- 1. Drop the extension's views, functions and standalone composite types;
+-- the tables, their indexes and the domains their columns use stay.  The
+-- parts that follow create every one of them again (also those whose
+-- definition did not change), so that an object removed or renamed in
+-- 1.0.0 is gone and the privileges are the ones a fresh install grants.
+--
+-- Grants a DBA made on these objects beyond the extension's own (initial)
+-- privileges go with them: a WARNING lists each one as the GRANT statement
+-- to run again after the update.  An object of the DBA's that depends on
+-- one of them (a view over outbox.backlog) stops the update with 2BP01,
+-- changing nothing.  The tables keep their rows and grants.
+DO $$
+DECLARE
+	ext pg_catalog.oid := (SELECT e.oid FROM pg_catalog.pg_extension e
+							WHERE e.extname OPERATOR(pg_catalog.=) 'outbox');
+	views pg_catalog.text;
+	funcs pg_catalog.text;
+	types pg_catalog.text;
+	regrants pg_catalog.text;
+	msg pg_catalog.text;
+	det pg_catalog.text;
+BEGIN
+	WITH m AS (
+	SELECT o.kind, o.name, o.acl, i.initprivs
+	  FROM (SELECT 'VIEW' AS kind,
+				   pg_catalog.format('%I.%I', n.nspname, c.relname) AS name,
+				   c.relacl AS acl, d.classid, d.objid
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.objid
+			  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+			   AND c.relkind OPERATOR(pg_catalog.=) 'v'
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) ext
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e'
+			UNION ALL
+			-- each argument type written with its schema: nothing is
+			-- looked up through search_path
+			SELECT 'FUNCTION',
+				   pg_catalog.format('%I.%I(%s)', n.nspname, p.proname,
+					   (SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', tn.nspname, t.typname), ', '
+													 ORDER BY a.ord)
+						  FROM pg_catalog.unnest(p.proargtypes::pg_catalog.oid[]) WITH ORDINALITY AS a(typ, ord)
+						  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.typ
+						  JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace)),
+				   p.proacl, d.classid, d.objid
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) d.objid
+			  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) ext
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e'
+			UNION ALL
+			SELECT 'TYPE', pg_catalog.format('%I.%I', n.nspname, t.typname),
+				   t.typacl, d.classid, d.objid
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) d.objid
+			  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.typrelid
+			  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.typnamespace
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+			   AND c.relkind OPERATOR(pg_catalog.=) 'c'
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) ext
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e') o
+	  LEFT JOIN pg_catalog.pg_init_privs i
+		ON i.classoid OPERATOR(pg_catalog.=) o.classid AND i.objoid OPERATOR(pg_catalog.=) o.objid
+	   AND i.objsubid OPERATOR(pg_catalog.=) 0)
+	SELECT
+	-- the grants beyond the initial privileges (PUBLIC is grantee 0)
+	(SELECT pg_catalog.string_agg(pg_catalog.format('GRANT %s ON %s %s TO %s%s;',
+				g.privilege_type,
+				CASE WHEN m.kind OPERATOR(pg_catalog.=) 'VIEW' THEN 'TABLE' ELSE m.kind END,
+				m.name,
+				CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+					 ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END,
+				CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END),
+			' ' ORDER BY m.name, g.grantee, g.privilege_type)
+	   FROM m
+	  CROSS JOIN LATERAL pg_catalog.aclexplode(m.acl) g
+	  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.aclexplode(m.initprivs) ip
+						 WHERE ip.grantee OPERATOR(pg_catalog.=) g.grantee
+						   AND ip.privilege_type OPERATOR(pg_catalog.=) g.privilege_type
+						   AND ip.is_grantable OPERATOR(pg_catalog.=) g.is_grantable)),
+	(SELECT pg_catalog.string_agg(m.name, ', ') FROM m WHERE m.kind OPERATOR(pg_catalog.=) 'VIEW'),
+	(SELECT pg_catalog.string_agg(m.name, ', ') FROM m WHERE m.kind OPERATOR(pg_catalog.=) 'FUNCTION'),
+	(SELECT pg_catalog.string_agg(m.name, ', ') FROM m WHERE m.kind OPERATOR(pg_catalog.=) 'TYPE')
+	  INTO regrants, views, funcs, types;
+
+	IF regrants IS NOT NULL THEN
+		-- (a WARNING: ALTER EXTENSION does not show NOTICEs)
+		RAISE WARNING 'the update recreates the views and functions of the extension, without these grants made after its installation'
+			USING DETAIL = regrants,
+				  HINT = 'Run them again after the update.';
+	END IF;
+
+	BEGIN
+		-- views use functions, functions return types: in that order, each
+		-- kind in one statement (dependencies among them do not matter)
+		IF views IS NOT NULL THEN
+			EXECUTE pg_catalog.format('DROP VIEW %s', views);
+		END IF;
+		IF funcs IS NOT NULL THEN
+			EXECUTE pg_catalog.format('DROP FUNCTION %s', funcs);
+		END IF;
+		IF types IS NOT NULL THEN
+			EXECUTE pg_catalog.format('DROP TYPE %s', types);
+		END IF;
+	EXCEPTION WHEN dependent_objects_still_exist THEN
+		GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL;
+		RAISE EXCEPTION '%', msg
+			USING ERRCODE = 'dependent_objects_still_exist', DETAIL = det,
+				  HINT = 'The update recreates the views and functions of the extension: drop the objects that depend on them, update, and create them again.';
+	END;
+END;
+$$;
+
+-- 2. The tables: columns added at the end of each table, new tables
+-- registered for pg_dump, their comments.  (1.0.0 keeps 0.1.0's tables
+-- so far.)
+
+-- 3. The parts of src/sql/ after 00 follow: roles, functions, types,
+-- views, comments and privileges, as in a fresh install.
