@@ -23,7 +23,7 @@ OBJS = src/outbox.o src/args.o src/plans.o src/producer.o src/lease.o src/consum
 # The update script from each released version FROM is assembled from the
 # hand-written src/update/FROM--$(EXTVERSION).sql (tables, dropped objects)
 # followed by the parts of src/sql/ after 00 (functions, types, views,
-# grants), see docs/internals.md.  The released versions' install scripts
+# grants) and src/update/FROM--$(EXTVERSION).after.sql, see docs/internals.md.  The released versions' install scripts
 # (outbox--0.1.0.sql) and frozen update scripts are committed as shipped.
 UPDATE_PARTS = $(filter-out src/sql/00_%,$(sort $(wildcard src/sql/*.sql)))
 DATA_built = outbox--$(EXTVERSION).sql \
@@ -70,8 +70,8 @@ OUTBOX_FILL = sed \
 outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql)) src/outbox.h
 	cat $(filter %.sql,$^) | $(OUTBOX_FILL) > $@
 	! grep -n '@OUTBOX_[A-Z_]*@' $@
-outbox--%--$(EXTVERSION).sql: src/update/%--$(EXTVERSION).sql $(UPDATE_PARTS) src/outbox.h
-	cat $< $(UPDATE_PARTS) | $(OUTBOX_FILL) > $@
+outbox--%--$(EXTVERSION).sql: src/update/%--$(EXTVERSION).sql $(UPDATE_PARTS) $(wildcard src/update/*.after.sql) src/outbox.h
+	cat $< $(UPDATE_PARTS) $(wildcard src/update/$*--$(EXTVERSION).after.sql) | $(OUTBOX_FILL) > $@
 	! grep -n '@OUTBOX_[A-Z_]*@' $@
 
 .PHONY: prove_installcheck installcheck-pgtap installcheck-server

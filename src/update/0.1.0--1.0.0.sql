@@ -10,6 +10,44 @@
 
 \echo Use "ALTER EXTENSION outbox UPDATE TO '1.0.0'" to load this file. \quit
 
+-- 0. The privileges of what stays: the tables, the domains and the schema.
+-- A GRANT or REVOKE in an extension script records the object's whole ACL
+-- as its initial privileges (pg_init_privs), and part 90 revokes from
+-- PUBLIC on every table, domain and the schema: grants a DBA made since the
+-- installation would become initial ones, which pg_dump leaves out.  The
+-- ACLs and initial privileges are saved here (for this transaction) and
+-- put right by the part that ends the script (0.1.0--1.0.0.after.sql).
+SELECT pg_catalog.set_config('outbox_update.privileges', COALESCE((
+	SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+			'class', o.classid, 'oid', o.objid, 'acl', o.acl::pg_catalog.text,
+			'init', i.initprivs::pg_catalog.text))
+	  FROM (SELECT d.classid, d.objid, c.relacl AS acl
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.objid
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+			   AND c.relkind OPERATOR(pg_catalog.=) 'r'
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) e.oid
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e'
+			UNION ALL
+			SELECT d.classid, d.objid, t.typacl
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) d.objid
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+			   AND t.typtype OPERATOR(pg_catalog.=) 'd'
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) e.oid
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e'
+			UNION ALL
+			SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid, n.nspacl
+			  FROM pg_catalog.pg_namespace n
+			 WHERE n.oid OPERATOR(pg_catalog.=) e.extnamespace) o
+	  JOIN pg_catalog.pg_init_privs i
+		ON i.classoid OPERATOR(pg_catalog.=) o.classid AND i.objoid OPERATOR(pg_catalog.=) o.objid
+	   AND i.objsubid OPERATOR(pg_catalog.=) 0)::pg_catalog.text, '[]'), true)
+  FROM pg_catalog.pg_extension e
+ WHERE e.extname OPERATOR(pg_catalog.=) 'outbox';
+
 -- 1. Drop the extension's views, functions and standalone composite types;
 -- the tables, their indexes and the domains their columns use stay.  The
 -- parts that follow create every one of them again (also those whose
@@ -119,7 +157,8 @@ BEGIN
 			EXECUTE pg_catalog.format('DROP TYPE %s', types);
 		END IF;
 	EXCEPTION WHEN dependent_objects_still_exist THEN
-		GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT, det = PG_EXCEPTION_DETAIL;
+		GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT;
+		GET STACKED DIAGNOSTICS det = PG_EXCEPTION_DETAIL;
 		RAISE EXCEPTION '%', msg
 			USING ERRCODE = 'dependent_objects_still_exist', DETAIL = det,
 				  HINT = 'The update recreates the views and functions of the extension: drop the objects that depend on them, update, and create them again.';

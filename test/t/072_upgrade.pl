@@ -1,17 +1,31 @@
-# The upgrade path, and installing into more than one database.
+# A real upgrade, and installing into more than one database.
 #
-# For every version of outbox the server offers (pg_available_extension_
-# versions), a database installs that version, gets some data, and runs
-# ALTER EXTENSION outbox UPDATE, which must reach the default version
-# through the update scripts.  Its schema must then equal a fresh
-# install's: the catalog description below covers the extension's members,
-# every relation of the schema with its columns, defaults, constraints,
-# indexes, triggers and policies, views, functions (definition, SECURITY
-# DEFINER, settings, owner), types, comments, privileges and initial
-# privileges, the schema itself and the tables registered for pg_dump.
-# The comparison is checked to notice a changed grant, setting, default,
-# index or comment.  With a single version the update is a no-op, and the
-# test keeps working unchanged when update scripts are added.
+# The server first runs the released 0.1.0 (its outbox.so and install
+# script, built from the commit it was released from: OutboxTest's
+# outbox_release_install).  A database installs it and gets commands in
+# every state through 0.1.0's API: pending (due, later, of a paused kind,
+# back after a failed delivery), sending under live leases (one that
+# outlasts the test, one that expires after the update), published with and
+# without a receipt, dead, uncertain, purged (a tombstone), inbox rows,
+# policies, a DBA's grants on a table and on a view.  Then the server is
+# restarted with this build, as a package upgrade does, and ALTER EXTENSION
+# outbox UPDATE runs.  Checked after it:
+# - every row of every table is there with the same values in 0.1.0's
+#   columns (so every command keeps its state);
+# - the schema equals a fresh install's: a catalog description of every
+#   member and relation of the schema (below), a normalized
+#   pg_dump --schema-only --binary-upgrade (which writes out each member of
+#   the extension with its ACL and initial privileges), and pg_extension's
+#   dump registrations (extconfig, extcondition); the description is
+#   checked to notice a changed grant, setting, default, index or comment;
+# - the DBA's grant on the table stays, the one on the view is named in a
+#   WARNING to be run again; a view of the DBA's over one of the
+#   extension's stops the update (2BP01) before it changes anything;
+# - live leases behave as docs/reference.md ("Upgrading from 0.1.0") says:
+#   not handed out again while they last, taken over by claim once expired
+#   (the delivery counted), and the API goes on; the checks are clean.
+# Every version the server offers is updated the same way (with only the
+# frozen 0.1.0 and the current version, that is 0.1.0).
 #
 # Installing into a second database of the cluster works with the group
 # roles already there, gives the same schema, and dropping the extension in
@@ -27,10 +41,16 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/../perl";
 use OutboxTest;
+use IPC::Run;
+
+my $srcdir = "$FindBin::RealBin/../..";
+my ($release, $release_src) = outbox_release_install('0.1.0');
+is(slurp_file("$srcdir/outbox--0.1.0.sql"), slurp_file("$release_src/outbox--0.1.0.sql"),
+	'outbox--0.1.0.sql is the install script of the released 0.1.0');
 
 my $node = outbox_node('upgrade', qq{
 outbox.naptime = '200ms'
-});
+}, install_path => $release);
 
 sub sql { my ($db, $q) = @_; return $node->safe_psql($db, $q); }
 
@@ -143,26 +163,182 @@ sub difference
 		(map { "+ $_" } grep { !$a{$_} } sort keys %b));
 }
 
+
+# The description of a database, with this database's name in role names
+# (roles per database) written DB.
+sub describe
+{
+	my ($db) = @_;
+	my $d = sql($db, $describe);
+	$d =~ s/\b\Q$db\E_outbox_/DB_outbox_/g;
+	return $d;
+}
+
+# pg_dump --schema-only --binary-upgrade writes every member of the
+# extension, its ACL and its initial privileges; the object ids, frozen
+# xids and the dump registrations' oids (compared through pg_extension)
+# differ from one database to another.
+sub schema_dump
+{
+	my ($db) = @_;
+	my ($out, $err);
+	IPC::Run::run([ 'pg_dump', '--schema-only', '--binary-upgrade', '-d', $node->connstr($db) ],
+		'>', \$out, '2>', \$err)
+	  or die "pg_dump $db: $err";
+	my @lines = grep { !/binary_upgrade_set_next_|^\\(?:un)?restrict / } split /\n/, $out;
+	foreach (@lines)
+	{
+		s/relfrozenxid = '\d+', relminmxid = '\d+'/relfrozenxid = 'X', relminmxid = 'X'/;
+		s/^WHERE oid = '\d+';$/WHERE oid = 'toast';/;
+		s/^(SELECT pg_catalog\.binary_upgrade_create_empty_extension\(.*)'\{[0-9,]*\}'/$1'{oids}'/;
+		s/\b\Q$db\E_outbox_/DB_outbox_/g;
+	}
+	return join("\n", @lines);
+}
+
+# A test that two texts are equal, showing a unified diff when not.
+sub is_text
+{
+	my ($got, $expected, $name) = @_;
+	return pass($name) if $got eq $expected;
+	my $dir = PostgreSQL::Test::Utils::tempdir();
+	PostgreSQL::Test::Utils::append_to_file("$dir/expected", "$expected\n");
+	PostgreSQL::Test::Utils::append_to_file("$dir/got", "$got\n");
+	fail($name);
+	diag(scalar qx{diff -u '$dir/expected' '$dir/got'});
+	return 0;
+}
+
+my $registrations = q{
+SELECT coalesce(string_agg(c::regclass::text || ':' || w, ',' ORDER BY c::regclass::text), '')
+  FROM pg_extension e, unnest(e.extconfig, e.extcondition) u(c, w) WHERE e.extname = 'outbox'};
+
+# ---------------------------------------------------------------------------
+# 1. 0.1.0, running its own binaries, filled through its own API.
+
+is(sql('postgres', q{SELECT string_agg(version, ',') FROM pg_available_extension_versions WHERE name = 'outbox'}),
+	'0.1.0', 'the server runs the released 0.1.0');
+sql('postgres', 'CREATE ROLE auditor; CREATE DATABASE old');
+sql('old', q{
+CREATE EXTENSION outbox;
+-- a DBA's grants: on a table (kept) and on a view (recreated by the update)
+GRANT SELECT ON outbox.receipts TO auditor;
+GRANT SELECT ON outbox.dead_letters TO auditor;
+
+-- policies, one of them paused
+SELECT outbox.set_policy('k-manual', takeover => 'manual', max_deliveries => 5,
+	backoff_base => '2 seconds', backoff_max => '1 minute', lease => '10 minutes',
+	retention => '30 days');
+SELECT outbox.set_policy('k-retry', backoff_base => '1 hour', backoff_max => '2 hours');
+SELECT outbox.pause('k-paused');
+
+-- a tombstone: published, receipt, purged (first: the purge takes every
+-- published command with a receipt)
+SELECT outbox.commit_decision('run-a', 1, 'decided', 'd-purged', 'k-purge', '{"n": 1}');
+SELECT count(*) FROM outbox.claim('w1', 1, kinds => '{k-purge}');
+SELECT outbox.ack('d-purged', 'w1', 2);
+SELECT outbox.complete('d-purged', 'done', '{"ref": "x-1"}');
+SELECT outbox.inbox_accept('consumer-1', 'd-purged');
+});
+sql('old', q{SELECT outbox.purge(10, '0 seconds')});
+sql('old', q{
+-- pending now, pending later (with an event payload and a priority), paused
+SELECT outbox.commit_decision('run-a', 2, 'decided', 'd-pending', 'k-pending', '{"n": 2}');
+SELECT outbox.commit_decision('run-a', 3, 'decided', 'd-later', 'k-later', '{"n": 3}',
+	'{"why": "later"}', now() + interval '1 day', 7);
+SELECT outbox.commit_decision('run-a', 4, 'decided', 'd-paused', 'k-paused', '{"n": 4}');
+-- sending: a lease that outlasts the test, one that ends soon after the update
+SELECT outbox.commit_decision('run-b', 1, 'decided', 'd-sending', 'k-send', '{"n": 5}');
+SELECT count(*) FROM outbox.claim('w1', 1, '1 hour', '{k-send}');
+SELECT outbox.commit_decision('run-b', 6, 'decided', 'd-expiring', 'k-expire', '{"n": 11}');
+SELECT count(*) FROM outbox.claim('w1', 1, '5 seconds', '{k-expire}');
+-- published without and with a receipt; inbox rows
+SELECT outbox.commit_decision('run-b', 2, 'decided', 'd-pub', 'k-pub', '{"n": 6}');
+SELECT outbox.commit_decision('run-b', 3, 'decided', 'd-pub-r', 'k-pub', '{"n": 7}');
+SELECT count(*) FROM outbox.claim('w2', 2, kinds => '{k-pub}');
+SELECT count(*) FROM outbox.ack('w2', '{d-pub,d-pub-r}'::text[], '{2,2}'::bigint[]);
+SELECT outbox.complete('d-pub-r', 'failed', '{"code": 42}');
+SELECT outbox.inbox_accept('consumer-1', 'd-pub-r');
+SELECT outbox.inbox_accept('consumer-2', 'd-pub-r');
+-- dead
+SELECT outbox.commit_decision('run-b', 4, 'decided', 'd-dead', 'k-dead', '{"n": 8}');
+SELECT count(*) FROM outbox.claim('w1', 1, kinds => '{k-dead}');
+SELECT outbox.fail('d-dead', 'w1', 2, 'gone', true);
+-- back to pending after a failed delivery (an hour of backoff)
+SELECT outbox.commit_decision('run-b', 5, 'decided', 'd-retry', 'k-retry', '{"n": 9}');
+SELECT count(*) FROM outbox.claim('w1', 1, kinds => '{k-retry}');
+SELECT outbox.fail('d-retry', 'w1', 2, 'timeout');
+-- a lease of a manual kind that runs out: uncertain
+SELECT outbox.commit_decision('run-c', 1, 'decided', 'd-unc', 'k-manual', '{"n": 10}');
+SELECT count(*) FROM outbox.claim('w3', 1, '1 millisecond', '{k-manual}');
+-- an event that decides nothing
+SELECT outbox.record_event('run-c', 2, 'note', '{"text": "nothing decided"}');
+});
+$node->poll_query_until('old', q{
+SELECT outbox.sweep() >= 0
+   AND (SELECT status = 'uncertain' FROM outbox.commands WHERE command_id = 'd-unc')})
+  or die 'd-unc never became uncertain';
+is( sql('old', q{SELECT string_agg(command_id || ':' || status, ',' ORDER BY command_id) FROM outbox.commands}),
+	'd-dead:dead,d-expiring:sending,d-later:pending,d-paused:pending,d-pending:pending,'
+	  . 'd-pub:published,d-pub-r:published,d-retry:pending,d-sending:sending,d-unc:uncertain',
+	'0.1.0 holds commands in every state');
+is(sql('old', 'SELECT count(*) FROM outbox.purged'), '1', '... and a tombstone');
+
+# Every table as text, ordered by its key, in 0.1.0's columns.
+my %keys = (
+	events   => 'run_id, seq',
+	commands => 'command_id',
+	receipts => 'command_id',
+	inbox    => 'consumer, command_id',
+	policies => 'kind',
+	purged   => 'command_id');
+my %rows_query;
+foreach my $t (sort keys %keys)
+{
+	my $cols = sql('old', qq{SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) FROM pg_attribute
+		WHERE attrelid = 'outbox.$t'::regclass AND attnum > 0 AND NOT attisdropped});
+	$rows_query{$t} = "SELECT count(*) || E'\\n' || coalesce(string_agg(row($cols)::text, E'\\n'"
+	  . " ORDER BY $keys{$t}), '') FROM outbox.$t";
+}
+my %before = map { $_ => sql('old', $rows_query{$_}) } sort keys %keys;
+my $acl_before = sql('old', q{SELECT relacl FROM pg_class WHERE oid = 'outbox.receipts'::regclass});
+
+# ---------------------------------------------------------------------------
+# 2. The package upgrade: the same server restarted with this build.
+
+$node->stop;
+outbox_use_install($node, undef);
+$node->start;
 my @versions = split /\n/, sql('postgres', q{
 SELECT version FROM pg_available_extension_versions WHERE name = 'outbox'
  ORDER BY string_to_array(version, '.')::int[]});
 my $newest = sql('postgres', q{SELECT default_version FROM pg_available_extensions WHERE name = 'outbox'});
-ok(scalar(@versions) >= 1, 'versions offered: ' . join(', ', @versions) . "; default $newest");
+ok(scalar(@versions) >= 2 && $versions[0] eq '0.1.0' && $versions[-1] eq $newest,
+	'this build offers ' . join(', ', @versions) . "; default $newest");
 
-# A fresh install of the default version is the reference.
+# A fresh install of the default version is the reference; for the
+# updated database, a fresh install with the DBA's grant on a table.
 sql('postgres', 'CREATE DATABASE fresh');
 sql('fresh', 'CREATE EXTENSION outbox');
-my $reference = sql('fresh', $describe);
+my $reference = describe('fresh');
+my $reference_dump = schema_dump('fresh');
+my $reference_registrations = sql('fresh', $registrations);
+sql('postgres', 'CREATE DATABASE fresh_dba');
+sql('fresh_dba', 'CREATE EXTENSION outbox; GRANT SELECT ON outbox.receipts TO auditor');
+(my $reference_dba = describe('fresh_dba')) =~ s/\bfresh_dba_outbox_/DB_outbox_/g;
+(my $reference_dba_dump = schema_dump('fresh_dba')) =~ s/\bfresh_dba_outbox_/DB_outbox_/g;
 like($reference, qr/^function-flags outbox\.claim\(.*secdef=true config=\{"search_path=pg_catalog, pg_temp"\}/m,
 	'the description covers function settings');
 like($reference, qr/^initprivs function outbox\.claim\(.*outbox_publisher=X/m,
 	'the description covers initial privileges');
+like($reference_dump, qr/binary_upgrade_set_record_init_privs\(true\);\n(?:[^\n]*\n)*?GRANT ALL ON FUNCTION outbox\.claim\([^\n]*TO outbox_publisher;\n/,
+	'the dump covers initial privileges');
 
 # The comparison notices a change of each kind.
 my @mutations = (
 	[ 'a grant', 'GRANT EXECUTE ON FUNCTION outbox.sweep(int) TO PUBLIC' ],
 	[ 'a setting', 'ALTER FUNCTION outbox.claim(text, int, interval, text[]) RESET search_path' ],
-	[ 'SECURITY DEFINER', 'ALTER FUNCTION outbox.ack(text, text, bigint) SECURITY INVOKER' ],
+	[ 'SECURITY DEFINER', 'ALTER FUNCTION outbox.claim(text, int, interval, text[]) SECURITY INVOKER' ],
 	[ 'a default', 'ALTER TABLE outbox.commands ALTER COLUMN priority SET DEFAULT 1' ],
 	[ 'an index', 'CREATE INDEX commands_kind_idx ON outbox.commands (kind)' ],
 	[ 'a comment', q{COMMENT ON TABLE outbox.inbox IS 'changed'} ],
@@ -176,37 +352,75 @@ foreach my $m (@mutations)
 	isnt(difference($reference, $changed), '', "the comparison notices $what");
 }
 
-# Every version, updated to the default one.
-foreach my $v (@versions)
-{
-	my $db = "from_" . ($v =~ s/\W/_/gr);
-	sql('postgres', "CREATE DATABASE $db");
-	sql($db, "CREATE EXTENSION outbox VERSION '$v'");
-	sql($db, q{
-SELECT outbox.commit_decision('run', 1, 'decided', 'c-1', 'k', '{"n": 1}');
-SELECT outbox.commit_decision('run', 2, 'decided', 'c-2', 'k', '{"n": 2}');
-SELECT count(*) FROM outbox.claim('w', 1);
-SELECT outbox.set_policy('k', max_deliveries => 3);});
-	my $data = sql($db, q{
-SELECT (SELECT string_agg(c::text, E'\n' ORDER BY command_id) FROM outbox.commands c)
-	|| E'\n' || (SELECT string_agg(e::text, E'\n' ORDER BY seq) FROM outbox.events e)
-	|| E'\n' || (SELECT string_agg(p::text, E'\n' ORDER BY kind) FROM outbox.policies p)});
+# ---------------------------------------------------------------------------
+# 3. ALTER EXTENSION outbox UPDATE.
 
-	sql($db, 'ALTER EXTENSION outbox UPDATE');
-	is(sql($db, q{SELECT extversion FROM pg_extension WHERE extname = 'outbox'}), $newest,
-		"from $v: ALTER EXTENSION UPDATE reaches $newest");
-	is(difference($reference, sql($db, $describe)), '',
-		"from $v: the updated schema equals a fresh install's");
-	is(sql($db, q{
-SELECT (SELECT string_agg(c::text, E'\n' ORDER BY command_id) FROM outbox.commands c)
-	|| E'\n' || (SELECT string_agg(e::text, E'\n' ORDER BY seq) FROM outbox.events e)
-	|| E'\n' || (SELECT string_agg(p::text, E'\n' ORDER BY kind) FROM outbox.policies p)}),
-		$data, "from $v: the data is untouched");
-	is(sql($db, q{
-SELECT string_agg(command_id || ' v' || version, ',') FROM outbox.claim('w2', 10);
-SELECT 'acked' FROM outbox.ack('c-2', 'w2', 2) a;
-SELECT coalesce(string_agg(check_name, ','), 'clean') FROM outbox.conservation WHERE violations > 0;}),
-		"c-2 v2\nacked\nclean", "from $v: the API works after the update");
+is(sql('old', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox'}), '0.1.0',
+	'before the update the database has 0.1.0');
+# An object of the DBA's over a view of the extension stops the update,
+# which changes nothing.
+sql('old', 'CREATE VIEW public.my_backlog AS SELECT * FROM outbox.backlog');
+my ($rc, $out, $err) = $node->psql('old', 'ALTER EXTENSION outbox UPDATE');
+like($err, qr/ERROR:  cannot drop desired object\(s\) because other objects depend on them\nDETAIL:  view public\.my_backlog depends on view backlog\nHINT:  The update recreates the views and functions of the extension: drop the objects that depend on them/,
+	'a view of the DBA over outbox.backlog stops the update, saying what to do');
+is(sql('old', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox'}), '0.1.0', '... which changed nothing');
+sql('old', 'DROP VIEW public.my_backlog');
+
+($rc, $out, $err) = $node->psql('old', 'ALTER EXTENSION outbox UPDATE');
+is($rc, 0, 'ALTER EXTENSION outbox UPDATE') or diag $err;
+like($err, qr/WARNING:  the update recreates the views and functions of the extension, without these grants.*\nDETAIL:  GRANT SELECT ON TABLE outbox\.dead_letters TO auditor;\n/,
+	"... naming the DBA's grant on a view to run again");
+is(sql('old', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox'}), $newest,
+	"... which reaches $newest");
+is(difference($reference_dba, describe('old')), '',
+	"the updated catalog equals a fresh install's (with the DBA's grant on a table)");
+is_text(schema_dump('old'), $reference_dba_dump, "pg_dump of the schema equals a fresh install's");
+is(sql('old', $registrations), $reference_registrations,
+	'the tables registered for pg_dump are a fresh install\'s: ' . $reference_registrations);
+
+foreach my $t (sort keys %keys)
+{
+	is(sql('old', $rows_query{$t}), $before{$t}, "outbox.$t: every row kept, 0.1.0's columns unchanged");
+}
+is(sql('old', q{SELECT relacl FROM pg_class WHERE oid = 'outbox.receipts'::regclass}), $acl_before,
+	"the DBA's grant on a table stays");
+is(sql('old', q{SELECT has_table_privilege('auditor', 'outbox.dead_letters', 'SELECT')}), 'f',
+	"the one on a view is gone (the WARNING said so)");
+is( sql('old', q{SELECT coalesce(string_agg(check_name, ','), 'clean') FROM outbox.conservation WHERE violations > 0}),
+	'clean', 'the conservation checks are clean after the update');
+is(sql('old', 'SELECT outbox.verify(true)'), '', 'verify() passes');
+
+# ---------------------------------------------------------------------------
+# 4. Live leases and the API after the update.
+
+is( sql('old', q{SELECT coalesce(string_agg(command_id, ','), 'none') FROM outbox.claim('w-new', 100,
+		kinds => '{k-send}')}),
+	'none', "a live lease of 0.1.0 is not handed out again while it lasts");
+$node->poll_query_until('old', q{SELECT lease_until < now() FROM outbox.commands WHERE command_id = 'd-expiring'})
+  or die 'the lease of d-expiring never ended';
+is( sql('old', q{SELECT command_id || ' v' || version || ' deliveries=' || deliveries
+		FROM outbox.claim('w-new', 10, kinds => '{k-expire}')}),
+	'd-expiring v3 deliveries=2', 'once expired it is taken over by claim, its delivery counted');
+is( sql('old', q{
+SELECT 'acked' FROM outbox.ack('d-expiring', 'w-new', 3) a;
+SELECT command_id || ' v' || version FROM outbox.claim('w9', 10, kinds => '{k-pending,k-paused}');
+SELECT 'acked' FROM outbox.ack('d-pending', 'w9', 2) a;
+SELECT outbox.complete('d-pub');
+SELECT outbox.complete('d-purged');
+SELECT outbox.inbox_accept('consumer-1', 'd-pub-r');
+SELECT 'decided' FROM outbox.commit_decision('run-d', 1, 'decided', 'd-new', 'k-pending', '{"n": 12}') d;
+SELECT string_agg(command_id || ':' || status, ',' ORDER BY command_id) FROM outbox.commands
+ WHERE command_id IN ('d-expiring', 'd-pending', 'd-paused', 'd-new');}),
+	"acked\nd-pending v2\nacked\nt\nf\nf\ndecided\nd-expiring:published,d-new:pending,d-paused:pending,d-pending:published",
+	'the API goes on after the update (paused kinds stay paused, the tombstone and the inbox still answer)');
+is( sql('old', q{SELECT coalesce(string_agg(check_name, ','), 'clean') FROM outbox.conservation WHERE violations > 0}),
+	'clean', 'the checks are still clean');
+
+# Every other version the server offers, updated the same way: installed
+# by its own release's binaries, updated by this build's.
+foreach my $v (grep { $_ ne '0.1.0' && $_ ne $newest } @versions)
+{
+	fail("no release install of $v to update from (add it to OutboxTest's \%RELEASES)");
 }
 
 # A second database of the same cluster: the roles exist already.
@@ -217,7 +431,7 @@ sql('second', 'CREATE EXTENSION outbox');
 is(sql('postgres', q{SELECT string_agg(rolname || '=' || oid, ',' ORDER BY rolname)
 	FROM pg_roles WHERE rolname LIKE 'outbox\_%'}),
 	$roles, 'a second install reuses the group roles');
-is(difference($reference, sql('second', $describe)), '', 'the second database gets the same schema');
+is(difference($reference, describe('second')), '', 'the second database gets the same schema');
 
 # Dropping the extension in one database leaves the roles and the other.
 sql('fresh', 'DROP EXTENSION outbox');
@@ -230,7 +444,7 @@ SELECT string_agg(command_id, ',') FROM outbox.claim('w', 10);},
 		extra_params => [ '-U', 'app' ]),
 	"decided\nc-1", 'the other database still works for a member of the group roles');
 sql('fresh', 'CREATE EXTENSION outbox');
-is(difference($reference, sql('fresh', $describe)), '', 'installing again gives the same schema');
+is(difference($reference, describe('fresh')), '', 'installing again gives the same schema');
 
 # Default privileges of the installing role would add grants to the new
 # objects: those to other roles are taken back, those to a role of the
@@ -244,11 +458,11 @@ ALTER DEFAULT PRIVILEGES GRANT EXECUTE ON FUNCTIONS TO reader;
 ALTER DEFAULT PRIVILEGES GRANT USAGE ON TYPES TO reader;
 ALTER DEFAULT PRIVILEGES GRANT ALL ON SCHEMAS TO reader;
 ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC;});
-my ($rc, $out, $err) = $node->psql('defaults', 'CREATE EXTENSION outbox');
+($rc, $out, $err) = $node->psql('defaults', 'CREATE EXTENSION outbox');
 is($rc, 0, 'CREATE EXTENSION works under default privileges for another role');
 like($err, qr/WARNING:  revoked what the default privileges of role "\w+" granted role "reader"/,
 	'... saying that it took them back');
-is(difference($reference, sql('defaults', $describe)), '', '... and the privileges are exactly the usual ones');
+is(difference($reference, describe('defaults')), '', '... and the privileges are exactly the usual ones');
 is(sql('defaults', q{SELECT has_table_privilege('reader', 'outbox.commands', 'SELECT')
 	OR has_function_privilege('reader', 'outbox._require_id(text, text)', 'EXECUTE')}), 'f',
 	'... reader can neither read a table nor call a helper');
@@ -259,7 +473,7 @@ isnt($rc, 0, 'CREATE EXTENSION fails when default privileges grant to a role of 
 like($err, qr/the default privileges of role "\w+" grant privileges to role "pg_monitor"/, '... naming it');
 sql('defaults', 'ALTER DEFAULT PRIVILEGES REVOKE SELECT ON TABLES FROM pg_monitor');
 sql('defaults', 'CREATE EXTENSION outbox');
-is(difference($reference, sql('defaults', $describe)), '',
+is(difference($reference, describe('defaults')), '',
 	"without that it installs as usual, reader's grants taken back again");
 
 $node->stop;
