@@ -7,7 +7,10 @@
  * functions get from the same definition through the install script),
  * payloads (outbox.max_payload_bytes, OUTBOX_MAX_PAYLOAD_DEPTH levels),
  * leases (positive, at most outbox.max_lease) and NULLs, each with its
- * SQLSTATE.  A bottom layer: it calls no other file of the extension.
+ * SQLSTATE; and the caller identity of the API functions (OutboxCallAsOwner):
+ * they are SECURITY INVOKER, so current_user at the call site is the role
+ * a call is made by, and their body runs as the extension objects' owner.
+ * A bottom layer: it calls no other file of the extension.
  *
  * Locking: none.
  *
@@ -15,11 +18,56 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_proc.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
+
+/*
+ * Run body, the implementation of a SQL-callable API function, as the
+ * function's owner (its proowner, the extension's owner), giving it the
+ * calling role: current_user when the call was made, so a SECURITY DEFINER
+ * function of the application that calls the API acts as its own owner.
+ *
+ * This is what SECURITY DEFINER would do, done in C so that the body also
+ * knows who called: fmgr has already applied the function's SET
+ * search_path.  The security context gets SECURITY_LOCAL_USERID_CHANGE (no
+ * SET ROLE or SET SESSION AUTHORIZATION inside), and PG_FINALLY restores the
+ * caller's identity on every exit, an error included.
+ */
+Datum
+OutboxCallAsOwner(FunctionCallInfo fcinfo, OutboxApiBody body)
+{
+	Oid			caller;
+	Oid			owner;
+	int			sec_context;
+	HeapTuple	tup;
+	volatile Datum result = (Datum) 0;
+
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for function %u",
+			 fcinfo->flinfo->fn_oid);
+	owner = ((Form_pg_proc) GETSTRUCT(tup))->proowner;
+	ReleaseSysCache(tup);
+
+	GetUserIdAndSecContext(&caller, &sec_context);
+	SetUserIdAndSecContext(owner, sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		result = body(fcinfo, caller);
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(caller, sec_context);
+	}
+	PG_END_TRY();
+	return result;
+}
 
 /* Raise 22004 if argument argno is NULL. */
 void

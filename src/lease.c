@@ -383,8 +383,8 @@ le_any_expired(TimestampTz now)
  * (fail, requeue, resolve) between the snapshot and the lock: rare, and never
  * a loss or a second lease.
  */
-Datum
-outbox_claim(PG_FUNCTION_ARGS)
+static Datum
+le_claim(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[7] = {TEXTOID, INT4OID, INTERVALOID, TEXTARRAYOID,
 	TIMESTAMPTZOID, INTERVALOID, INT4OID};
@@ -499,9 +499,16 @@ outbox_claim(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
-/* outbox.ack(command_id, worker, version): mark one leased command published. */
+/* outbox.claim: the body, as the owner, told who called. */
 Datum
-outbox_ack(PG_FUNCTION_ARGS)
+outbox_claim(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_claim);
+}
+
+/* outbox.ack(command_id, worker, version): mark one leased command published. */
+static Datum
+le_ack(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[4] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID};
 	text	   *command_id = OutboxArgId(fcinfo, 0, "command_id");
@@ -534,6 +541,13 @@ outbox_ack(PG_FUNCTION_ARGS)
 
 	OutboxCountAtCommit(OBC_ACKED, 1);
 	PG_RETURN_VOID();
+}
+
+/* outbox.ack: the body, as the owner, told who called. */
+Datum
+outbox_ack(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_ack);
 }
 
 /*
@@ -706,8 +720,8 @@ outbox_ack_token(PG_FUNCTION_ARGS)
  * commands_lease_idx, and the planner could read the rows from a scan of
  * that whole index.
  */
-Datum
-outbox_ack_batch(PG_FUNCTION_ARGS)
+static Datum
+le_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[4] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID};
 	static const Oid why_types[1] = {TEXTARRAYOID};
@@ -888,6 +902,13 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
+/* outbox.ack (batch form): the body, as the owner, told who called. */
+Datum
+outbox_ack_batch(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_ack_batch);
+}
+
 /*
  * Backoff before retry number `deliveries`: base * 2^(deliveries - 1),
  * capped at max, then "equal jitter" (a random point in the upper half), so
@@ -932,8 +953,8 @@ le_backoff_policy_usec(double seconds)
  * fatal or the deliveries are used up, otherwise pending again after a
  * backoff.  Returns the new status.
  */
-Datum
-outbox_fail(PG_FUNCTION_ARGS)
+static Datum
+le_fail(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid lock_types[3] = {TEXTOID, TEXTOID, INT8OID};
 	static const Oid set_types[4] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID};
@@ -1031,13 +1052,20 @@ outbox_fail(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(dead ? "dead" : "pending"));
 }
 
+/* outbox.fail: the body, as the owner, told who called. */
+Datum
+outbox_fail(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_fail);
+}
+
 /*
  * outbox.renew(command_id, worker, version, lease): extend the lease held
  * with this token to now + lease.  Accepted while the token is current,
  * even if the lease has run out and nobody took the command over yet.
  */
-Datum
-outbox_renew(PG_FUNCTION_ARGS)
+static Datum
+le_renew(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[6] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID,
 	INTERVALOID, INTERVALOID};
@@ -1082,6 +1110,13 @@ outbox_renew(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(until);
 }
 
+/* outbox.renew: the body, as the owner, told who called. */
+Datum
+outbox_renew(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_renew);
+}
+
 /*
  * outbox.sweep(batch_size): settle up to batch_size expired leases that
  * claim will not take over: to dead when the deliveries are used up, to
@@ -1094,8 +1129,8 @@ outbox_renew(PG_FUNCTION_ARGS)
  * version but not settled; the count is short, and the next sweep settles
  * it.
  */
-Datum
-outbox_sweep(PG_FUNCTION_ARGS)
+static Datum
+le_sweep(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[3] = {INT4OID, TIMESTAMPTZOID, INT4OID};
 	int32		batch;
@@ -1146,4 +1181,11 @@ outbox_sweep(PG_FUNCTION_ARGS)
 
 	OutboxCountAtCommit(OBC_DEAD_LETTERED, dead);
 	PG_RETURN_INT32((int32) n);
+}
+
+/* outbox.sweep: the body, as the owner, told who called. */
+Datum
+outbox_sweep(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_sweep);
 }

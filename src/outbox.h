@@ -6,7 +6,9 @@
  * The files of src/, in layers that only call down (docs/worker.md):
  *
  *	 outbox.c	 module load and the GUCs
- *	 args.c		 argument checks of the SQL-callable functions
+ *	 args.c		 argument checks of the SQL-callable functions, the caller
+ *				 identity (OutboxCallAsOwner)
+ *	 authz.c	 this database's group roles, per-kind rights
  *	 plans.c	 saved plans and the planner steering of their execution
  *	 producer.c, lease.c, consumer.c	the SQL-callable API
  *	 shared.c	 shared memory: counters, the commit, subtransaction and
@@ -31,6 +33,7 @@
 #include "port/atomics.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
+#include "utils/array.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
@@ -181,6 +184,27 @@ typedef struct OutboxSharedState
 extern PGDLLIMPORT OutboxSharedState *OutboxShared;
 
 /* args.c */
+
+/*
+ * The caller identity of the SQL-callable API (docs/design-decisions.md).
+ * Each API function is SECURITY INVOKER with a pinned search_path; its
+ * entry point hands its body to OutboxCallAsOwner:
+ *
+ *	Datum
+ *	outbox_claim(PG_FUNCTION_ARGS)
+ *	{
+ *		return OutboxCallAsOwner(fcinfo, le_claim);
+ *	}
+ *
+ * The body runs as the function's owner (so SPI and table access have the
+ * owner's rights) and gets caller, the role the call was made by
+ * (current_user at the call site), for authorization: test membership with
+ * has_privs_of_role(caller, role), never GetUserId(), which is the owner
+ * inside the body.  The caller's identity is restored on every exit.
+ */
+typedef Datum (*OutboxApiBody) (FunctionCallInfo fcinfo, Oid caller);
+extern Datum OutboxCallAsOwner(FunctionCallInfo fcinfo, OutboxApiBody body);
+
 extern text *OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what);
 extern Jsonb *OutboxArgPayload(FunctionCallInfo fcinfo, int argno,
 							   const char *what, bool nullable);
@@ -190,6 +214,11 @@ extern void OutboxCheckPayload(Jsonb *j, const char *what);
 extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what);
 extern int64 OutboxIntervalUsec(Interval *iv);
 extern Interval *OutboxArgLease(FunctionCallInfo fcinfo, int argno);
+
+/* authz.c */
+extern Oid	OutboxDatabaseRole(const char *capability);
+extern bool OutboxIsAdmin(Oid caller);
+extern bool OutboxMay(ArrayType *roles, Oid caller);
 
 /* plans.c */
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,

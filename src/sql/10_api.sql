@@ -1,6 +1,9 @@
 -- outbox install script, part 10: the producer, publisher and consumer API
--- (C functions).  All are SECURITY DEFINER with a pinned search_path: the
--- callers hold only EXECUTE (see part 90), never a table privilege.
+-- (C functions).  All are SECURITY INVOKER with a pinned search_path, so
+-- current_user at the call site is the role a call is made by; their C
+-- body switches to the function's owner (OutboxCallAsOwner, src/args.c) and
+-- is told the calling role.  The callers hold only EXECUTE (see part 90),
+-- never a table privilege.
 --
 -- Their statements run as saved plans through OutboxExecute (src/outbox.c),
 -- which keeps the planner on the index plans whenever a plan is (re)made.
@@ -17,29 +20,36 @@ CREATE FUNCTION @extschema@.commit_decision(
 	event_payload pg_catalog.jsonb DEFAULT NULL,
 	not_before pg_catalog.timestamptz DEFAULT NULL,
 	priority pg_catalog.int4 DEFAULT 0)
-RETURNS void
-LANGUAGE c VOLATILE SECURITY DEFINER
+RETURNS pg_catalog.bool
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_commit_decision';
 COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4)
-	IS 'record an event and the command it decides, atomically, in the caller''s transaction';
+	IS 'record an event and the command it decides, atomically, in the caller''s transaction; false when the same role recorded the same decision before';
 
-CREATE FUNCTION @extschema@.commit_decisions(
-	run_ids pg_catalog.text[],
-	seqs pg_catalog.int8[],
-	event_kinds pg_catalog.text[],
-	command_ids pg_catalog.text[],
-	command_kinds pg_catalog.text[],
-	payloads pg_catalog.jsonb[],
-	event_payloads pg_catalog.jsonb[] DEFAULT NULL,
-	not_before pg_catalog.timestamptz[] DEFAULT NULL,
-	priorities pg_catalog.int4[] DEFAULT NULL)
-RETURNS pg_catalog.int4
-LANGUAGE c VOLATILE SECURITY DEFINER
+CREATE TYPE @extschema@.decision_result AS (
+	ord			pg_catalog.int4,
+	command_id	pg_catalog.text,
+	recorded	pg_catalog.bool
+);
+COMMENT ON TYPE @extschema@.decision_result IS 'outcome of one decision of commit_decisions: recorded, or false for a retry of the caller''s own decision';
+
+CREATE FUNCTION @extschema@.commit_decisions(decisions pg_catalog.jsonb)
+RETURNS SETOF @extschema@.decision_result
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
+ROWS 100
 AS 'MODULE_PATHNAME', 'outbox_commit_decisions';
-COMMENT ON FUNCTION @extschema@.commit_decisions(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.jsonb[], pg_catalog.jsonb[], pg_catalog.timestamptz[], pg_catalog.int4[])
-	IS 'record many decisions (parallel arrays) in one call; all or none';
+COMMENT ON FUNCTION @extschema@.commit_decisions(pg_catalog.jsonb)
+	IS 'record many decisions (a JSON array of objects) in one call; all or none; a row per decision';
+
+-- Internal: whether a role may act on a kind whose policy lists roles.
+CREATE FUNCTION @extschema@._may(roles pg_catalog.regrole[], caller pg_catalog.oid)
+RETURNS pg_catalog.bool
+LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_may';
+COMMENT ON FUNCTION @extschema@._may(pg_catalog.regrole[], pg_catalog.oid)
+	IS 'internal: whether caller is a member of one of roles (NULL: anyone) or an outbox admin of this database';
 
 CREATE FUNCTION @extschema@.record_event(
 	run_id pg_catalog.text,
@@ -47,7 +57,7 @@ CREATE FUNCTION @extschema@.record_event(
 	kind pg_catalog.text,
 	payload pg_catalog.jsonb DEFAULT NULL)
 RETURNS void
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_record_event';
 COMMENT ON FUNCTION @extschema@.record_event(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.jsonb)
@@ -72,7 +82,7 @@ CREATE FUNCTION @extschema@.claim(
 	lease pg_catalog.interval DEFAULT NULL,
 	kinds pg_catalog.text[] DEFAULT NULL)
 RETURNS SETOF @extschema@.lease
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 ROWS 100
 AS 'MODULE_PATHNAME', 'outbox_claim';
@@ -84,7 +94,7 @@ CREATE FUNCTION @extschema@.ack(
 	worker pg_catalog.text,
 	version pg_catalog.int8)
 RETURNS void
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_ack';
 COMMENT ON FUNCTION @extschema@.ack(pg_catalog.text, pg_catalog.text, pg_catalog.int8)
@@ -102,7 +112,7 @@ CREATE FUNCTION @extschema@.ack(
 	command_ids pg_catalog.text[],
 	versions pg_catalog.int8[])
 RETURNS SETOF @extschema@.ack_result
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 ROWS 100
 AS 'MODULE_PATHNAME', 'outbox_ack_batch';
@@ -128,7 +138,7 @@ CREATE FUNCTION @extschema@.fail(
 	error pg_catalog.text,
 	fatal pg_catalog.bool DEFAULT false)
 RETURNS pg_catalog.text
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_fail';
 COMMENT ON FUNCTION @extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bool)
@@ -140,7 +150,7 @@ CREATE FUNCTION @extschema@.renew(
 	version pg_catalog.int8,
 	lease pg_catalog.interval DEFAULT NULL)
 RETURNS pg_catalog.timestamptz
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_renew';
 COMMENT ON FUNCTION @extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.interval)
@@ -153,7 +163,7 @@ CREATE FUNCTION @extschema@.complete(
 	outcome pg_catalog.text DEFAULT 'done',
 	detail pg_catalog.jsonb DEFAULT NULL)
 RETURNS pg_catalog.bool
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_complete';
 COMMENT ON FUNCTION @extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb)
@@ -163,7 +173,7 @@ CREATE FUNCTION @extschema@.inbox_accept(
 	consumer pg_catalog.text,
 	command_id pg_catalog.text)
 RETURNS pg_catalog.bool
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_inbox_accept';
 COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
@@ -173,7 +183,7 @@ COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
 -- every round; an administrator may call it when the worker is not running).
 CREATE FUNCTION @extschema@.sweep(batch_size pg_catalog.int4 DEFAULT 1000)
 RETURNS pg_catalog.int4
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_sweep';
 COMMENT ON FUNCTION @extschema@.sweep(pg_catalog.int4)

@@ -48,6 +48,30 @@ SELECT pg_catalog.set_config('outbox_update.privileges', COALESCE((
   FROM pg_catalog.pg_extension e
  WHERE e.extname OPERATOR(pg_catalog.=) 'outbox';
 
+-- What 0.1.0 itself granted on the schema is revoked, for part 90 to grant
+-- again in the order of a fresh install (an ACL's order shows in the
+-- catalog and in pg_dump's output).
+DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN
+		SELECT DISTINCT a.grantee
+		  FROM pg_catalog.pg_extension e
+		  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+		  JOIN pg_catalog.pg_init_privs i
+			ON i.classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
+		   AND i.objoid OPERATOR(pg_catalog.=) n.oid
+		 CROSS JOIN LATERAL pg_catalog.aclexplode(i.initprivs) a
+		 WHERE e.extname OPERATOR(pg_catalog.=) 'outbox'
+		   AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner
+		   AND a.grantee OPERATOR(pg_catalog.<>) 0
+	LOOP
+		EXECUTE pg_catalog.format('REVOKE ALL ON SCHEMA @extschema@ FROM %I', pg_catalog.pg_get_userbyid(g.grantee));
+	END LOOP;
+END;
+$$;
+
 -- 1. Drop the extension's views, functions and standalone composite types;
 -- the tables, their indexes and the domains their columns use stay.  The
 -- parts that follow create every one of them again (also those whose
@@ -166,9 +190,35 @@ BEGIN
 END;
 $$;
 
--- 2. The tables: columns added at the end of each table, new tables
--- registered for pg_dump, their comments.  (1.0.0 keeps 0.1.0's tables
--- so far.)
+-- 2. The tables, as part 00 of 1.0.0 makes them: columns added at the end
+-- of each table, new tables registered for pg_dump, their comments.
+
+-- The role that decided a command.  NULL for the decisions recorded by
+-- 0.1.0, which kept no role: a repeat of one of them is a conflict (23505),
+-- never an idempotent retry, since nobody can tell whose it was.
+ALTER TABLE @extschema@.commands ADD COLUMN decided_by pg_catalog.oid;
+COMMENT ON COLUMN @extschema@.commands.decided_by IS 'the role that decided the command (current_user of the commit_decision call)';
+
+-- Per-kind authorization: NULL (every member of the database's group
+-- role) for the kinds of 0.1.0, which is what 0.1.0 allowed.
+ALTER TABLE @extschema@.policies
+	ADD COLUMN deciders pg_catalog.regrole[],
+	ADD COLUMN claimers pg_catalog.regrole[],
+	ADD COLUMN completers pg_catalog.regrole[];
+COMMENT ON COLUMN @extschema@.policies.deciders IS 'roles whose members may decide commands of the kind (NULL: every producer; empty: admins only)';
+COMMENT ON COLUMN @extschema@.policies.claimers IS 'roles whose members may claim commands of the kind (NULL: every publisher; empty: admins only)';
+COMMENT ON COLUMN @extschema@.policies.completers IS 'roles whose members may complete commands of the kind (NULL: every consumer; empty: admins only)';
+
+-- Consumer names (the names 0.1.0's inbox holds are registered by the last
+-- part, once this database's consumer role exists).
+CREATE TABLE @extschema@.consumers (
+	consumer	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	role		pg_catalog.regrole NOT NULL,
+	registered_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT consumers_pkey PRIMARY KEY (consumer)
+);
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumers', '');
+COMMENT ON TABLE @extschema@.consumers IS 'consumer names, each registered to the role whose members may accept commands under it';
 
 -- 3. The parts of src/sql/ after 00 follow: roles, functions, types,
 -- views, comments and privileges, as in a fresh install.

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(116);
+SELECT plan(126);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -25,36 +25,36 @@ CREATE TEMP TABLE expected (
 INSERT INTO expected VALUES
 	-- producer
 	('outbox.commit_decision(text,bigint,text,text,text,jsonb,jsonb,timestamp with time zone,integer)',
-	 'function', '{outbox_producer}', true,
+	 'function', '{outbox_producer}', false,
 	 $$SELECT outbox.commit_decision('pt-run', 10, 'e', 'pt-new', 'k', '{}')$$),
-	('outbox.commit_decisions(text[],bigint[],text[],text[],text[],jsonb[],jsonb[],timestamp with time zone[],integer[])',
-	 'function', '{outbox_producer}', true,
-	 $$SELECT outbox.commit_decisions('{pt-run}', '{11}', '{e}', '{pt-new-2}', '{k}', '{"{}"}')$$),
+	('outbox.commit_decisions(jsonb)',
+	 'function', '{outbox_producer}', false,
+	 $$SELECT count(*) FROM outbox.commit_decisions('[{"run_id": "pt-run", "seq": 11, "event_kind": "e", "command_id": "pt-new-2", "command_kind": "k", "payload": {}}]')$$),
 	('outbox.record_event(text,bigint,text,jsonb)',
-	 'function', '{outbox_producer}', true,
+	 'function', '{outbox_producer}', false,
 	 $$SELECT outbox.record_event('pt-run', 12, 'note')$$),
 	-- publisher
 	('outbox.claim(text,integer,interval,text[])',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT count(*) FROM outbox.claim('pt-w2', 1, kinds => '{pt-none}')$$),
 	('outbox.ack(text,text,bigint)',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT outbox.ack('pt-live', 'pt-w', 2)$$),
 	('outbox.ack(text,text[],bigint[])',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT count(*) FROM outbox.ack('pt-w', '{pt-live}'::text[], '{2}'::bigint[])$$),
 	('outbox.fail(text,text,bigint,text,boolean)',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT outbox.fail('pt-live', 'pt-w', 2, 'boom')$$),
 	('outbox.renew(text,text,bigint,interval)',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT outbox.renew('pt-live', 'pt-w', 2)$$),
 	-- consumer
 	('outbox.complete(text,text,jsonb)',
-	 'function', '{outbox_consumer}', true,
+	 'function', '{outbox_consumer}', false,
 	 $$SELECT outbox.complete('pt-live')$$),
 	('outbox.inbox_accept(text,text)',
-	 'function', '{outbox_consumer}', true,
+	 'function', '{outbox_consumer}', false,
 	 $$SELECT outbox.inbox_accept('pt-consumer', 'pt-live')$$),
 	-- administrator
 	('outbox.requeue(text)',
@@ -76,7 +76,7 @@ INSERT INTO expected VALUES
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.purge()$$),
 	('outbox.sweep(integer)',
-	 'function', '{outbox_admin}', true,
+	 'function', '{outbox_admin}', false,
 	 $$SELECT outbox.sweep()$$),
 	('outbox.stats_reset()',
 	 'function', '{outbox_admin}', false,
@@ -88,6 +88,9 @@ INSERT INTO expected VALUES
 	('outbox.metrics_backlog()',
 	 'function', '{outbox_admin,pg_monitor}', true,
 	 $$SELECT count(*) FROM outbox.metrics_backlog()$$),
+	('outbox.role(text)',
+	 'function', '{outbox_producer,outbox_publisher,outbox_consumer,outbox_admin,pg_monitor}', false,
+	 $$SELECT outbox.role('admin')$$),
 	('outbox.preloaded()',
 	 'function', '{outbox_producer,outbox_publisher,outbox_consumer,outbox_admin,pg_monitor}', false,
 	 $$SELECT outbox.preloaded()$$),
@@ -102,6 +105,9 @@ INSERT INTO expected VALUES
 	('outbox._ack_token(text[],bigint[],text,bigint)',
 	 'function', '{}', false,
 	 $$SELECT outbox._ack_token('{a}', '{1}', 'a', 1)$$),
+	('outbox._may(regrole[],oid)',
+	 'function', '{}', false,
+	 $$SELECT outbox._may('{}', 0)$$),
 	('outbox._require(anyelement,text)',
 	 'function', '{}', false,
 	 $$SELECT outbox._require(1, 'x')$$),
@@ -125,6 +131,8 @@ INSERT INTO expected VALUES
 	 $$WITH d AS (DELETE FROM outbox.inbox RETURNING 1) SELECT count(*) FROM d$$),
 	('outbox.policies', 'relation', '{}', NULL,
 	 $$WITH d AS (DELETE FROM outbox.policies RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.consumers', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.consumers RETURNING 1) SELECT count(*) FROM d$$),
 	('outbox.purged', 'relation', '{}', NULL,
 	 $$WITH d AS (DELETE FROM outbox.purged RETURNING 1) SELECT count(*) FROM d$$),
 	-- views: monitoring roles read them
@@ -157,12 +165,20 @@ INSERT INTO expected VALUES
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.lease) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.ack_result', 'type', '{outbox_publisher}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.ack_result) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
+	('outbox.decision_result', 'type', '{outbox_producer}', NULL,
+	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.decision_result) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.command_status', 'type', '{}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.command_status) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.command_version', 'type', '{}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.command_version) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.command_deliveries', 'type', '{}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.command_deliveries) RETURNS int LANGUAGE sql AS 'SELECT 1'$$);
+
+-- The table names the group roles by capability (outbox_producer stands
+-- for outbox.role('producer'), this database's <db>_outbox_producer).
+UPDATE expected
+   SET grantees = ARRAY(SELECT CASE WHEN g LIKE 'outbox\_%' THEN outbox.role(substr(g, 8))::text ELSE g END
+						  FROM unnest(grantees) WITH ORDINALITY AS u(g, i) ORDER BY i);
 
 -- The catalog's objects, named the way the table names them.
 CREATE TEMP VIEW actual_objects AS
@@ -185,20 +201,19 @@ SELECT t.oid::regtype::text, 'type', t.oid
 -- The roles that get privileges, and PUBLIC.
 CREATE TEMP TABLE grantee_roles (r text);
 INSERT INTO grantee_roles VALUES
-	('outbox_producer'), ('outbox_publisher'), ('outbox_consumer'), ('outbox_admin'),
+	(outbox.role('producer')), (outbox.role('publisher')), (outbox.role('consumer')), (outbox.role('admin')),
 	('pg_monitor'), ('public');
 
 -- Login roles, one per group role, one with none (rolled back at the end).
-CREATE ROLE pt_producer LOGIN IN ROLE outbox_producer;
-CREATE ROLE pt_publisher LOGIN IN ROLE outbox_publisher;
-CREATE ROLE pt_consumer LOGIN IN ROLE outbox_consumer;
-CREATE ROLE pt_admin LOGIN IN ROLE outbox_admin;
+SELECT format('CREATE ROLE pt_%s LOGIN IN ROLE %I', c, outbox.role(c))
+  FROM unnest(ARRAY['producer', 'publisher', 'consumer', 'admin']) c
+\gexec
 CREATE ROLE pt_monitor LOGIN IN ROLE pg_monitor;
 CREATE ROLE pt_nobody LOGIN;
 CREATE TEMP TABLE login_roles (login text, grp text);
 INSERT INTO login_roles VALUES
-	('pt_producer', 'outbox_producer'), ('pt_publisher', 'outbox_publisher'),
-	('pt_consumer', 'outbox_consumer'), ('pt_admin', 'outbox_admin'),
+	('pt_producer', outbox.role('producer')), ('pt_publisher', outbox.role('publisher')),
+	('pt_consumer', outbox.role('consumer')), ('pt_admin', outbox.role('admin')),
 	('pt_monitor', 'pg_monitor'), ('pt_nobody', NULL);
 
 -- Run stmt as role who (NULL: as the current user) in a subtransaction that
@@ -266,7 +281,7 @@ SELECT is(ARRAY(SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::reg
 				  FROM pg_namespace n, aclexplode(n.nspacl) a
 				 WHERE n.nspname = 'outbox' AND a.grantee <> n.nspowner
 				 ORDER BY 1),
-		  '{outbox_admin:USAGE,outbox_consumer:USAGE,outbox_producer:USAGE,outbox_publisher:USAGE,pg_monitor:USAGE}'::text[],
+		  ARRAY(SELECT r || ':USAGE' FROM grantee_roles WHERE r <> 'public' ORDER BY 1),
 		  'schema outbox: USAGE for the group roles and pg_monitor, nothing for PUBLIC');
 
 -- 6-56: each object's privileges, for the group roles, pg_monitor and PUBLIC.
@@ -344,13 +359,30 @@ SELECT is(ARRAY(SELECT a.object FROM actual_objects a JOIN pg_proc p ON p.oid = 
 		  ARRAY(SELECT e.object FROM expected e WHERE e.secdef ORDER BY 1),
 		  'SECURITY DEFINER: the producer, publisher, consumer and administrator API');
 
--- 60: each of them pins search_path to pg_catalog, pg_temp.
+-- 60: each of them, and each C function of the API (SECURITY INVOKER, its
+-- body run as the owner by OutboxCallAsOwner), pins search_path to
+-- pg_catalog, pg_temp.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' ' || coalesce(p.proconfig::text, 'no settings')
-				  FROM pg_proc p
-				 WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
+				  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+				 WHERE p.pronamespace = 'outbox'::regnamespace
+				   AND (p.prosecdef OR (l.lanname = 'c' AND p.proconfig IS NOT NULL))
 				   AND p.proconfig IS DISTINCT FROM '{"search_path=pg_catalog, pg_temp"}'::text[]
 				 ORDER BY 1),
-		  '{}'::text[], 'every SECURITY DEFINER function has search_path = pg_catalog, pg_temp and nothing else');
+		  '{}'::text[], 'every SECURITY DEFINER function and C API function has search_path = pg_catalog, pg_temp and nothing else');
+
+-- 60a: the C API is SECURITY INVOKER (current_user at the call site is the
+-- caller) and these are its functions.
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text || CASE WHEN p.prosecdef THEN ' SECURITY DEFINER' ELSE '' END
+				  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+				 WHERE p.pronamespace = 'outbox'::regnamespace AND l.lanname = 'c'
+				   AND p.proconfig IS NOT NULL
+				 ORDER BY 1),
+		  ARRAY(SELECT e.object FROM expected e JOIN pg_proc p ON p.oid = e.object::regprocedure
+						JOIN pg_language l ON l.oid = p.prolang
+				 WHERE e.kind = 'function' AND l.lanname = 'c' AND e.object NOT LIKE 'outbox.\_%'
+				   AND e.object NOT IN ('outbox.preloaded()', 'outbox.stats_reset()')
+				 ORDER BY 1),
+		  'the C API functions are SECURITY INVOKER with a pinned search_path');
 
 -- 61: so does every function written in SQL or PL/pgSQL.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text
@@ -360,34 +392,58 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text
 				 ORDER BY 1),
 		  '{}'::text[], 'every SQL and PL/pgSQL function pins search_path');
 
--- 62: the SECURITY DEFINER functions run as the extension's owner, a superuser.
+-- 62: the SECURITY DEFINER functions and the C API run as the extension's
+-- owner, a superuser.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' owned by ' || p.proowner::regrole::text
 				  FROM pg_proc p
-				 WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
+				  JOIN pg_language l ON l.oid = p.prolang
+				 WHERE p.pronamespace = 'outbox'::regnamespace
+				   AND (p.prosecdef OR (l.lanname = 'c' AND p.proconfig IS NOT NULL))
 				   AND (p.proowner <> (SELECT extowner FROM pg_extension WHERE extname = 'outbox')
 						OR NOT (SELECT rolsuper FROM pg_roles WHERE oid = p.proowner))
 				 ORDER BY 1),
-		  '{}'::text[], 'SECURITY DEFINER functions are owned by the extension owner');
+		  '{}'::text[], 'SECURITY DEFINER and C API functions are owned by the extension owner');
 
 -- 63: internal helpers are granted to none of the four roles, except the
 -- two the views call with the reader's rights.
 SELECT is(ARRAY(SELECT a.object || ':' || g.r
 				  FROM actual_objects a, grantee_roles g
 				 WHERE a.kind = 'function' AND a.object LIKE 'outbox.\_%'
-				   AND g.r LIKE 'outbox\_%'
+				   AND g.r NOT IN ('pg_monitor', 'public')
 				   AND has_function_privilege(g.r, a.oid, 'EXECUTE')
 				 ORDER BY 1),
-		  '{outbox._stats():outbox_admin,outbox._workers():outbox_admin}'::text[],
-		  'internal helpers: only _stats and _workers, for outbox_admin (the views need them)');
+		  ARRAY['outbox._stats():' || outbox.role('admin'), 'outbox._workers():' || outbox.role('admin')],
+		  'internal helpers: only _stats and _workers, for the admin role (the views need them)');
 
 -- 64: the group roles cannot log in and hold no special attribute.
 SELECT is(ARRAY(SELECT r.rolname::text FROM pg_roles r
-				 WHERE r.rolname IN ('outbox_producer', 'outbox_publisher', 'outbox_consumer', 'outbox_admin')
+				 WHERE r.rolname IN (SELECT g.r FROM grantee_roles g WHERE g.r LIKE '%\_outbox\_%')
 				   AND NOT (r.rolcanlogin OR r.rolsuper OR r.rolcreaterole OR r.rolcreatedb
 							OR r.rolreplication OR r.rolbypassrls)
 				 ORDER BY 1),
-		  '{outbox_admin,outbox_consumer,outbox_producer,outbox_publisher}'::text[],
-		  'the four group roles exist, NOLOGIN, with no special attribute');
+		  ARRAY(SELECT current_database() || '_outbox_' || c
+				  FROM unnest(ARRAY['admin', 'consumer', 'producer', 'publisher']) c ORDER BY 1),
+		  'the four group roles of this database exist, NOLOGIN, with no special attribute');
+
+-- 64a: every privilege on an object of the schema goes to the owner, this
+-- database's group roles or pg_monitor: none to a role of another database
+-- or to the cluster-wide roles of 0.1.0.
+SELECT is(ARRAY(SELECT DISTINCT a.grantee::regrole::text
+				  FROM (SELECT p.proacl AS acl, p.proowner AS owner FROM pg_proc p
+						 WHERE p.pronamespace = 'outbox'::regnamespace
+						UNION ALL
+						SELECT c.relacl, c.relowner FROM pg_class c
+						 WHERE c.relnamespace = 'outbox'::regnamespace
+						UNION ALL
+						SELECT t.typacl, t.typowner FROM pg_type t
+						 WHERE t.typnamespace = 'outbox'::regnamespace
+						UNION ALL
+						SELECT n.nspacl, n.nspowner FROM pg_namespace n
+						 WHERE n.nspname = 'outbox') o, aclexplode(o.acl) a
+				 WHERE a.grantee <> o.owner
+				   AND a.grantee::regrole::text NOT IN (SELECT g.r FROM grantee_roles g)
+				 ORDER BY 1),
+		  '{}'::text[], 'no privilege goes to a role of another database');
 
 -- 65: every listed call succeeds as the owner (so a 42501 below is a
 -- privilege refusal, not a broken statement).

@@ -27,9 +27,10 @@
 # Every version the server offers is updated the same way (with only the
 # frozen 0.1.0 and the current version, that is 0.1.0).
 #
-# Installing into a second database of the cluster works with the group
-# roles already there, gives the same schema, and dropping the extension in
-# one database leaves the roles and the other database alone.  Default
+# Installing into a second database of the cluster creates that database's
+# group roles, gives the same schema (the databases' role names aside), and
+# dropping the extension in one database leaves the roles and the other
+# database alone; installing again reuses the roles.  Default
 # privileges of the installing role for other roles are taken back (the
 # schema again equals a fresh install's); for a role of the privilege
 # matrix they make the installation fail.
@@ -147,8 +148,12 @@ WITH ext AS (SELECT e.oid, e.extconfig, e.extcondition, e.extrelocatable, e.extn
 	UNION ALL
 	SELECT 'role ' || r.rolname || ' login=' || r.rolcanlogin || ' super=' || r.rolsuper
 	  FROM pg_roles r
-	 WHERE r.rolname IN ('outbox_producer', 'outbox_publisher', 'outbox_consumer', 'outbox_admin'))
-SELECT string_agg(replace(f, E'\n', '\n'), E'\n' ORDER BY replace(f, E'\n', '\n') COLLATE "C") FROM facts;
+	 WHERE r.rolname IN (SELECT current_database() || '_outbox_' || c
+						   FROM unnest(ARRAY['producer', 'publisher', 'consumer', 'admin']) c)),
+-- this database's group roles under one name, to compare databases
+named AS (SELECT replace(replace(f, current_database() || '_outbox_', '<db>_outbox_'), E'\n', '\n') AS f
+			FROM facts)
+SELECT string_agg(f, E'\n' ORDER BY f COLLATE "C") FROM named;
 };
 
 # The lines of $a missing from $b, prefixed "-", and those of $b missing
@@ -164,15 +169,7 @@ sub difference
 }
 
 
-# The description of a database, with this database's name in role names
-# (roles per database) written DB.
-sub describe
-{
-	my ($db) = @_;
-	my $d = sql($db, $describe);
-	$d =~ s/\b\Q$db\E_outbox_/DB_outbox_/g;
-	return $d;
-}
+sub describe { my ($db) = @_; return sql($db, $describe); }
 
 # pg_dump --schema-only --binary-upgrade writes every member of the
 # extension, its ACL and its initial privileges; the object ids, frozen
@@ -191,7 +188,7 @@ sub schema_dump
 		s/relfrozenxid = '\d+', relminmxid = '\d+'/relfrozenxid = 'X', relminmxid = 'X'/;
 		s/^WHERE oid = '\d+';$/WHERE oid = 'toast';/;
 		s/^(SELECT pg_catalog\.binary_upgrade_create_empty_extension\(.*)'\{[0-9,]*\}'/$1'{oids}'/;
-		s/\b\Q$db\E_outbox_/DB_outbox_/g;
+		s/\b\Q$db\E_outbox_/<db>_outbox_/g;
 	}
 	return join("\n", @lines);
 }
@@ -219,11 +216,15 @@ SELECT coalesce(string_agg(c::regclass::text || ':' || w, ',' ORDER BY c::regcla
 is(sql('postgres', q{SELECT string_agg(version, ',') FROM pg_available_extension_versions WHERE name = 'outbox'}),
 	'0.1.0', 'the server runs the released 0.1.0');
 sql('postgres', 'CREATE ROLE auditor; CREATE DATABASE old');
+# 0.1.0's group roles are cluster-wide (created by CREATE EXTENSION below)
 sql('old', q{
 CREATE EXTENSION outbox;
 -- a DBA's grants: on a table (kept) and on a view (recreated by the update)
 GRANT SELECT ON outbox.receipts TO auditor;
 GRANT SELECT ON outbox.dead_letters TO auditor;
+
+-- a publisher's login role, a member of 0.1.0's cluster-wide group role
+CREATE ROLE relay_a LOGIN IN ROLE outbox_publisher;
 
 -- policies, one of them paused
 SELECT outbox.set_policy('k-manual', takeover => 'manual', max_deliveries => 5,
@@ -325,20 +326,20 @@ my $reference_dump = schema_dump('fresh');
 my $reference_registrations = sql('fresh', $registrations);
 sql('postgres', 'CREATE DATABASE fresh_dba');
 sql('fresh_dba', 'CREATE EXTENSION outbox; GRANT SELECT ON outbox.receipts TO auditor');
-(my $reference_dba = describe('fresh_dba')) =~ s/\bfresh_dba_outbox_/DB_outbox_/g;
-(my $reference_dba_dump = schema_dump('fresh_dba')) =~ s/\bfresh_dba_outbox_/DB_outbox_/g;
-like($reference, qr/^function-flags outbox\.claim\(.*secdef=true config=\{"search_path=pg_catalog, pg_temp"\}/m,
+my $reference_dba = describe('fresh_dba');
+my $reference_dba_dump = schema_dump('fresh_dba');
+like($reference, qr/^function-flags outbox\.claim\(.*secdef=false config=\{"search_path=pg_catalog, pg_temp"\}/m,
 	'the description covers function settings');
-like($reference, qr/^initprivs function outbox\.claim\(.*outbox_publisher=X/m,
+like($reference, qr/^initprivs function outbox\.claim\(.*<db>_outbox_publisher=X/m,
 	'the description covers initial privileges');
-like($reference_dump, qr/binary_upgrade_set_record_init_privs\(true\);\n(?:[^\n]*\n)*?GRANT ALL ON FUNCTION outbox\.claim\([^\n]*TO outbox_publisher;\n/,
+like($reference_dump, qr/binary_upgrade_set_record_init_privs\(true\);\n(?:[^\n]*\n)*?GRANT ALL ON FUNCTION outbox\.claim\([^\n]*TO <db>_outbox_publisher;\n/,
 	'the dump covers initial privileges');
 
 # The comparison notices a change of each kind.
 my @mutations = (
 	[ 'a grant', 'GRANT EXECUTE ON FUNCTION outbox.sweep(int) TO PUBLIC' ],
 	[ 'a setting', 'ALTER FUNCTION outbox.claim(text, int, interval, text[]) RESET search_path' ],
-	[ 'SECURITY DEFINER', 'ALTER FUNCTION outbox.claim(text, int, interval, text[]) SECURITY INVOKER' ],
+	[ 'SECURITY DEFINER', 'ALTER FUNCTION outbox.record_event(text, bigint, text, jsonb) SECURITY DEFINER' ],
 	[ 'a default', 'ALTER TABLE outbox.commands ALTER COLUMN priority SET DEFAULT 1' ],
 	[ 'an index', 'CREATE INDEX commands_kind_idx ON outbox.commands (kind)' ],
 	[ 'a comment', q{COMMENT ON TABLE outbox.inbox IS 'changed'} ],
@@ -370,8 +371,17 @@ sql('old', 'DROP VIEW public.my_backlog');
 is($rc, 0, 'ALTER EXTENSION outbox UPDATE') or diag $err;
 like($err, qr/WARNING:  the update recreates the views and functions of the extension, without these grants.*\nDETAIL:  GRANT SELECT ON TABLE outbox\.dead_letters TO auditor;\n/,
 	"... naming the DBA's grant on a view to run again");
+like($err, qr/WARNING:  the roles outbox_producer, outbox_publisher, outbox_consumer and outbox_admin of 0\.1\.0 have no rights in this database any more\nDETAIL:  GRANT old_outbox_publisher TO relay_a;\n/,
+	"... and the GRANT of this database's role for the members of 0.1.0's roles");
 is(sql('old', q{SELECT extversion FROM pg_extension WHERE extname = 'outbox'}), $newest,
 	"... which reaches $newest");
+is( sql('old', q{SELECT count(*) FROM pg_roles r WHERE r.rolname LIKE 'outbox\_%'
+		AND (has_schema_privilege(r.oid, 'outbox', 'USAGE') OR EXISTS (SELECT FROM pg_proc p
+			WHERE p.pronamespace = 'outbox'::regnamespace AND has_function_privilege(r.oid, p.oid, 'EXECUTE')))}),
+	'0', "0.1.0's cluster-wide roles have no rights left in the updated database");
+is(sql('old', q{SELECT string_agg(consumer || ' ' || role::text, ',' ORDER BY consumer) FROM outbox.consumers}),
+	'consumer-1 old_outbox_consumer,consumer-2 old_outbox_consumer',
+	"the inbox's consumer names are registered to the database's consumer role");
 is(difference($reference_dba, describe('old')), '',
 	"the updated catalog equals a fresh install's (with the DBA's grant on a table)");
 is_text(schema_dump('old'), $reference_dba_dump, "pg_dump of the schema equals a fresh install's");
@@ -423,21 +433,23 @@ foreach my $v (grep { $_ ne '0.1.0' && $_ ne $newest } @versions)
 	fail("no release install of $v to update from (add it to OutboxTest's \%RELEASES)");
 }
 
-# A second database of the same cluster: the roles exist already.
+# A second database of the same cluster gets group roles of its own.
 my $roles = sql('postgres', q{SELECT string_agg(rolname || '=' || oid, ',' ORDER BY rolname)
-	FROM pg_roles WHERE rolname LIKE 'outbox\_%'});
+	FROM pg_roles WHERE rolname LIKE 'fresh\_outbox\_%'});
 sql('postgres', 'CREATE DATABASE second');
 sql('second', 'CREATE EXTENSION outbox');
-is(sql('postgres', q{SELECT string_agg(rolname || '=' || oid, ',' ORDER BY rolname)
-	FROM pg_roles WHERE rolname LIKE 'outbox\_%'}),
-	$roles, 'a second install reuses the group roles');
+is(sql('postgres', q{SELECT string_agg(rolname, ',' ORDER BY rolname)
+	FROM pg_roles WHERE rolname LIKE 'second\_outbox\_%'}),
+	'second_outbox_admin,second_outbox_consumer,second_outbox_producer,second_outbox_publisher',
+	'a second install creates the group roles of its database');
 is(difference($reference, describe('second')), '', 'the second database gets the same schema');
 
 # Dropping the extension in one database leaves the roles and the other.
 sql('fresh', 'DROP EXTENSION outbox');
-is(sql('postgres', q{SELECT count(*) FROM pg_roles WHERE rolname LIKE 'outbox\_%'}), '4',
-	'DROP EXTENSION leaves the group roles');
-sql('postgres', 'CREATE ROLE app LOGIN IN ROLE outbox_producer, outbox_publisher');
+is(sql('postgres', q{SELECT string_agg(rolname || '=' || oid, ',' ORDER BY rolname)
+	FROM pg_roles WHERE rolname LIKE 'fresh\_outbox\_%'}),
+	$roles, 'DROP EXTENSION leaves the group roles');
+sql('postgres', 'CREATE ROLE app LOGIN IN ROLE second_outbox_producer, second_outbox_publisher');
 is($node->safe_psql('second', q{
 SELECT 'decided' FROM outbox.commit_decision('run', 1, 'decided', 'c-1', 'k', '{}') d;
 SELECT string_agg(command_id, ',') FROM outbox.claim('w', 10);},
@@ -445,6 +457,9 @@ SELECT string_agg(command_id, ',') FROM outbox.claim('w', 10);},
 	"decided\nc-1", 'the other database still works for a member of the group roles');
 sql('fresh', 'CREATE EXTENSION outbox');
 is(difference($reference, describe('fresh')), '', 'installing again gives the same schema');
+is(sql('postgres', q{SELECT string_agg(rolname || '=' || oid, ',' ORDER BY rolname)
+	FROM pg_roles WHERE rolname LIKE 'fresh\_outbox\_%'}),
+	$roles, 'installing again reuses the group roles of its database');
 
 # Default privileges of the installing role would add grants to the new
 # objects: those to other roles are taken back, those to a role of the
