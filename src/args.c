@@ -6,7 +6,7 @@
  * Identifiers (at most OUTBOX_MAX_ID_LEN bytes, the limit the PL/pgSQL
  * functions get from the same definition through the install script),
  * payloads (outbox.max_payload_bytes, OUTBOX_MAX_PAYLOAD_DEPTH levels),
- * leases (positive, at most outbox.max_lease) and NULLs, each with its
+ * and NULLs, each with its
  * SQLSTATE; and the caller identity of the API functions (OutboxCallAsOwner):
  * they are SECURITY INVOKER, so current_user at the call site is the role
  * a call is made by, and their body runs as the extension objects' owner.
@@ -178,56 +178,4 @@ OutboxArgPayload(FunctionCallInfo fcinfo, int argno, const char *what,
 	j = PG_GETARG_JSONB_P(argno);
 	OutboxCheckPayload(j, what);
 	return j;
-}
-
-/*
- * An interval in microseconds, counting a month as 30 days and a day as
- * 24 hours (as EXTRACT(epoch) does); saturates instead of overflowing.
- */
-int64
-OutboxIntervalUsec(Interval *iv)
-{
-	double		usec;
-
-	usec = (double) iv->time +
-		((double) iv->month * DAYS_PER_MONTH + (double) iv->day) *
-		(double) USECS_PER_DAY;
-	if (usec >= (double) PG_INT64_MAX)
-		return PG_INT64_MAX;
-	if (usec <= (double) PG_INT64_MIN)
-		return PG_INT64_MIN;
-	return (int64) usec;
-}
-
-/*
- * Fetch and check an optional lease argument: NULL means "the default"
- * and is returned as NULL; otherwise it must be positive and at most
- * outbox.max_lease.
- */
-Interval *
-OutboxArgLease(FunctionCallInfo fcinfo, int argno)
-{
-	Interval   *iv;
-	int64		usec;
-
-	if (PG_ARGISNULL(argno))
-		return NULL;
-	iv = PG_GETARG_INTERVAL_P(argno);
-	usec = OutboxIntervalUsec(iv);
-	if (usec <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be positive"),
-				 errdetail("The requested lease was %s.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(iv))))));
-	if (usec > (int64) outbox_max_lease_s * USECS_PER_SEC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease is longer than outbox.max_lease"),
-				 errdetail("The requested lease was %s; the limit is %d seconds.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(iv))),
-						   outbox_max_lease_s)));
-	return iv;
 }

@@ -60,6 +60,12 @@
 /* Longest error text kept in last_error, bytes (longer ones are cut). */
 #define OUTBOX_MAX_ERROR_LEN	4096
 
+/*
+ * The extension's own SQLSTATEs, class OB (the table in docs/reference.md).
+ */
+/* OB001 lease_not_owned: ack, fail or renew with a token the caller does not hold */
+#define ERRCODE_OUTBOX_LEASE_NOT_OWNED	MAKE_SQLSTATE('O','B','0','0','1')
+
 /* GUC variables (outbox.c) */
 extern int	outbox_naptime_ms;
 extern int	outbox_default_lease_ms;
@@ -212,8 +218,6 @@ extern void OutboxCheckId(text *t, const char *what);
 extern int	OutboxCompareIds(const text *a, const text *b);
 extern void OutboxCheckPayload(Jsonb *j, const char *what);
 extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what);
-extern int64 OutboxIntervalUsec(Interval *iv);
-extern Interval *OutboxArgLease(FunctionCallInfo fcinfo, int argno);
 
 /* authz.c */
 extern Oid	OutboxDatabaseRole(const char *capability);

@@ -199,6 +199,18 @@ $$;
 ALTER TABLE @extschema@.commands ADD COLUMN decided_by pg_catalog.oid;
 COMMENT ON COLUMN @extschema@.commands.decided_by IS 'the role that decided the command (current_user of the commit_decision call)';
 
+-- Lease tokens: the secret of the lease's token and the role that claimed
+-- it.  A lease live at the update has neither: no token exists for it, so
+-- nobody can ack, fail or renew it; it runs to its end and is then taken
+-- over by claim (or swept, as any expired lease), its delivery counted
+-- (docs/reference.md, "Upgrading from 0.1.0").
+ALTER TABLE @extschema@.commands
+	ADD COLUMN lease_secret pg_catalog.uuid,
+	ADD COLUMN leased_by pg_catalog.oid;
+COMMENT ON COLUMN @extschema@.commands.lease_secret IS 'the random 128-bit secret of the lease''s token (set by each claim; no view shows it)';
+COMMENT ON COLUMN @extschema@.commands.leased_by IS 'the role that claimed the lease (only that role, or an outbox admin, may use its token)';
+COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version: bumped by every change of its lease, for ordering and diagnostics (at least 1)';
+
 -- Per-kind authorization: NULL (every member of the database's group
 -- role) for the kinds of 0.1.0, which is what 0.1.0 allowed.
 ALTER TABLE @extschema@.policies

@@ -406,23 +406,43 @@ is(sql('old', 'SELECT outbox.verify(true)'), '', 'verify() passes');
 is( sql('old', q{SELECT coalesce(string_agg(command_id, ','), 'none') FROM outbox.claim('w-new', 100,
 		kinds => '{k-send}')}),
 	'none', "a live lease of 0.1.0 is not handed out again while it lasts");
+is(sql('old', q{SELECT count(*) FROM outbox.commands WHERE lease_secret IS NOT NULL OR leased_by IS NOT NULL}),
+	'0', '... and has no token: no secret, no claiming role');
+($rc, $out, $err) = $node->psql('old', q{SELECT outbox.ack('d-sending', 'w1', 2)});
+like($err, qr/ERROR:  function outbox\.ack\(unknown, unknown, integer\) does not exist/,
+	"its holder's 0.1.0 call is gone");
+($rc, $out, $err) = $node->psql('old',
+	q{SELECT outbox.ack('w1', repeat('0', 32) || ':5:run-b:d-sending')});
+like($err, qr/ERROR:  lease_not_owned: worker "w1" does not hold command "d-sending"/,
+	'... and no token of the new API acks it (OB001)');
+is(sql('old', q{SELECT status || ' ' || owner || ' v' || version FROM outbox.commands WHERE command_id = 'd-sending'}),
+	'sending w1 v2', '... which changed nothing');
+
 $node->poll_query_until('old', q{SELECT lease_until < now() FROM outbox.commands WHERE command_id = 'd-expiring'})
   or die 'the lease of d-expiring never ended';
-is( sql('old', q{SELECT command_id || ' v' || version || ' deliveries=' || deliveries
-		FROM outbox.claim('w-new', 10, kinds => '{k-expire}')}),
-	'd-expiring v3 deliveries=2', 'once expired it is taken over by claim, its delivery counted');
+my ($lease, $token) = split /\|/, sql('old', q{SELECT command_id || ' v' || version || ' deliveries=' || deliveries,
+		token FROM outbox.claim('w-new', 10, kinds => '{k-expire}')});
+is($lease, 'd-expiring v3 deliveries=2',
+	'once expired, a lease of 0.1.0 is taken over by claim, its delivery counted');
+is(sql('old', qq{SELECT 'acked' FROM outbox.ack('w-new', '$token') a}), 'acked',
+	'... and acked with the token claim gave');
+my ($pending, $token2) = split /\|/, sql('old', q{SELECT command_id || ' v' || version, token
+	FROM outbox.claim('w9', 10, kinds => '{k-pending,k-paused}')});
+is($pending, 'd-pending v2', 'a pending command of 0.1.0 is claimed (paused kinds stay paused)');
+is( sql('old', qq{SELECT string_agg(command_id || ':' || acked || ':' || coalesce(reason, ''), ',' ORDER BY command_id)
+		FROM outbox.ack_many('w9', ARRAY['$token2', repeat('0', 32) || ':5:run-b:d-sending'])}),
+	'd-pending:true:,d-sending:false:lease_not_owned',
+	"the batch ack takes its token and refuses one made up for 0.1.0's live lease");
 is( sql('old', q{
-SELECT 'acked' FROM outbox.ack('d-expiring', 'w-new', 3) a;
-SELECT command_id || ' v' || version FROM outbox.claim('w9', 10, kinds => '{k-pending,k-paused}');
-SELECT 'acked' FROM outbox.ack('d-pending', 'w9', 2) a;
 SELECT outbox.complete('d-pub');
 SELECT outbox.complete('d-purged');
 SELECT outbox.inbox_accept('consumer-1', 'd-pub-r');
-SELECT 'decided' FROM outbox.commit_decision('run-d', 1, 'decided', 'd-new', 'k-pending', '{"n": 12}') d;
+SELECT outbox.commit_decision('run-d', 1, 'decided', 'd-new', 'k-pending', '{"n": 12}');
+SELECT outbox.commit_decision('run-d', 1, 'decided', 'd-new', 'k-pending', '{"n": 12}');
 SELECT string_agg(command_id || ':' || status, ',' ORDER BY command_id) FROM outbox.commands
- WHERE command_id IN ('d-expiring', 'd-pending', 'd-paused', 'd-new');}),
-	"acked\nd-pending v2\nacked\nt\nf\nf\ndecided\nd-expiring:published,d-new:pending,d-paused:pending,d-pending:published",
-	'the API goes on after the update (paused kinds stay paused, the tombstone and the inbox still answer)');
+ WHERE command_id IN ('d-expiring', 'd-pending', 'd-paused', 'd-new', 'd-sending');}),
+	"t\nf\nf\nt\nf\nd-expiring:published,d-new:pending,d-paused:pending,d-pending:published,d-sending:sending",
+	'the API goes on after the update (receipts, the tombstone and the inbox answer; a new decision and its retry)');
 is( sql('old', q{SELECT coalesce(string_agg(check_name, ','), 'clean') FROM outbox.conservation WHERE violations > 0}),
 	'clean', 'the checks are still clean');
 
