@@ -37,7 +37,7 @@ EOF
 cat >"$WORK/relay.sql" <<'EOF'
 SELECT COALESCE(array_agg(command_id), '{}') AS ids, COALESCE(array_agg(version), '{}') AS vers, count(*) AS n FROM outbox.claim('relay-' || :client_id, 100, interval '30 seconds') \gset
 SELECT count(*) FROM outbox.ack('relay-' || :client_id, :ids::text[], :vers::bigint[]) WHERE acked;
-SELECT count(outbox.complete(c)) FROM pg_catalog.unnest(:ids::text[]) c;
+SELECT count(outbox.complete('soak', c)) FROM pg_catalog.unnest(:ids::text[]) c;
 \if :n = 0
 \sleep 20 ms
 \endif

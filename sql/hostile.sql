@@ -22,8 +22,10 @@ BEGIN
 	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-live}');
 	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-pub}');
 	PERFORM outbox.ack('w1', (SELECT token FROM tok WHERE command_id = 'h-pub'));
-	PERFORM outbox.complete('h-pub');
-	PERFORM outbox.inbox_accept('c1', 'h-pub');
+	PERFORM outbox.complete('h-run', 'h-pub');
+	PERFORM outbox.register_consumer('c1', current_user::text::regrole);
+	PERFORM outbox.register_consumer((SELECT U&'cmd-\+01F680-\202E-e\0301-\200D-\FEFF-\+10FFFF'), current_user::text::regrole);
+	PERFORM outbox.inbox_accept('c1', 'h-run', 'h-pub');
 	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-dead}');
 	PERFORM outbox.fail('w1', (SELECT token FROM tok WHERE command_id = 'h-dead'), 'rejected', true);
 	PERFORM outbox.claim('w1', 1, '1 hour', '{k-unc}');
@@ -44,6 +46,7 @@ UNION ALL SELECT 'receipts', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::
 UNION ALL SELECT 'inbox', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.inbox t
 UNION ALL SELECT 'policies', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.policies t
 UNION ALL SELECT 'purged', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.purged t
+UNION ALL SELECT 'consumers', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.consumers t
 UNION ALL SELECT 'postmaster', pg_postmaster_start_time()::text, 0;
 
 -- Run one statement in a subtransaction that is always rolled back; return
@@ -249,24 +252,41 @@ $x$$c$),
 ('renew: lease 1000 months -29999 days (437 days)', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '1000 mons -29999 days')$$),
 ('renew: lease 1000000 years', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '1000000 years')$$),
 ('renew: a published command', 'OB001', $$SELECT outbox.renew('w1', (SELECT spent FROM v))$$),
--- complete(command_id, outcome, detail)
-('complete: null command_id', '22004', $$SELECT outbox.complete(NULL)$$),
-('complete: null outcome', '22004', $$SELECT outbox.complete('h-live', NULL)$$),
-('complete: null detail (optional)', '00000', $$SELECT outbox.complete('h-live', 'done', NULL)$$),
-('complete: empty command_id', '22023', $$SELECT outbox.complete('')$$),
-('complete: empty outcome', '22023', $$SELECT outbox.complete('h-live', '')$$),
-('complete: outcome of 201 bytes', '22023', $$SELECT outbox.complete('h-live', (SELECT long_id FROM v))$$),
-('complete: 3 MB detail', '54000', $$SELECT outbox.complete('h-live', 'done', (SELECT big_payload FROM v))$$),
-('complete: detail nested 65 deep', '54000', $$SELECT outbox.complete('h-live', 'done', (SELECT deep_payload FROM v))$$),
-('complete: unknown command', '23503', $$SELECT outbox.complete('nope')$$),
-('complete: another outcome than the receipt''s', '23505', $$SELECT outbox.complete('h-pub', 'failed')$$),
--- inbox_accept(consumer, command_id)
-('inbox: null consumer', '22004', $$SELECT outbox.inbox_accept(NULL, 'h-pub')$$),
-('inbox: null command_id', '22004', $$SELECT outbox.inbox_accept('c1', NULL)$$),
-('inbox: empty consumer', '22023', $$SELECT outbox.inbox_accept('', 'h-pub')$$),
-('inbox: command_id of 201 bytes', '22023', $$SELECT outbox.inbox_accept('c1', (SELECT long_id FROM v))$$),
-('inbox: consumer of 1 MB', '22023', $$SELECT outbox.inbox_accept((SELECT huge_id FROM v), 'h-pub')$$),
-('inbox: odd Unicode', '00000', $$SELECT outbox.inbox_accept((SELECT odd_id FROM v), (SELECT odd_id FROM v))$$),
+-- complete(run_id, command_id, outcome, detail)
+('complete: null run_id', '22004', $$SELECT outbox.complete(NULL, 'h-live')$$),
+('complete: null command_id', '22004', $$SELECT outbox.complete('h-run', NULL)$$),
+('complete: null outcome', '22004', $$SELECT outbox.complete('h-run', 'h-live', NULL)$$),
+('complete: null detail (optional)', '00000', $$SELECT outbox.complete('h-run', 'h-live', 'done', NULL)$$),
+('complete: empty run_id', '22023', $$SELECT outbox.complete('', 'h-live')$$),
+('complete: empty command_id', '22023', $$SELECT outbox.complete('h-run', '')$$),
+('complete: empty outcome', '22023', $$SELECT outbox.complete('h-run', 'h-live', '')$$),
+('complete: outcome of 201 bytes', '22023', $$SELECT outbox.complete('h-run', 'h-live', (SELECT long_id FROM v))$$),
+('complete: 3 MB detail', '54000', $$SELECT outbox.complete('h-run', 'h-live', 'done', (SELECT big_payload FROM v))$$),
+('complete: detail nested 65 deep', '54000', $$SELECT outbox.complete('h-run', 'h-live', 'done', (SELECT deep_payload FROM v))$$),
+('complete: unknown command', 'OB002', $$SELECT outbox.complete('h-run', 'nope')$$),
+('complete: another run''s command', 'OB002', $$SELECT outbox.complete('h-other', 'h-live')$$),
+('complete: another outcome than the receipt''s', '23505', $$SELECT outbox.complete('h-run', 'h-pub', 'failed')$$),
+-- inbox_accept(consumer, run_id, command_id)
+('inbox: null consumer', '22004', $$SELECT outbox.inbox_accept(NULL, 'h-run', 'h-pub')$$),
+('inbox: null run_id', '22004', $$SELECT outbox.inbox_accept('c1', NULL, 'h-pub')$$),
+('inbox: null command_id', '22004', $$SELECT outbox.inbox_accept('c1', 'h-run', NULL)$$),
+('inbox: empty consumer', '22023', $$SELECT outbox.inbox_accept('', 'h-run', 'h-pub')$$),
+('inbox: command_id of 201 bytes', '22023', $$SELECT outbox.inbox_accept('c1', 'h-run', (SELECT long_id FROM v))$$),
+('inbox: consumer of 1 MB', '22023', $$SELECT outbox.inbox_accept((SELECT huge_id FROM v), 'h-run', 'h-pub')$$),
+('inbox: odd Unicode consumer', '00000', $$SELECT outbox.inbox_accept((SELECT odd_id FROM v), 'h-run', 'h-live')$$),
+('inbox: unknown command', 'OB002', $$SELECT outbox.inbox_accept('c1', 'h-run', (SELECT odd_id FROM v))$$),
+('inbox: another run''s command', 'OB002', $$SELECT outbox.inbox_accept('c1', 'h-other', 'h-pub')$$),
+('inbox: unregistered consumer', 'OB003', $$SELECT outbox.inbox_accept('c2', 'h-run', 'h-pub')$$),
+('inbox: a repeat', '00000', $$SELECT outbox.inbox_accept('c1', 'h-run', 'h-pub')$$),
+-- register_consumer(consumer, role), unregister_consumer(consumer)
+('register: null consumer', '22004', $$SELECT outbox.register_consumer(NULL, current_user::text::regrole)$$),
+('register: null role', '22004', $$SELECT outbox.register_consumer('c2', NULL)$$),
+('register: empty consumer', '22023', $$SELECT outbox.register_consumer('', current_user::text::regrole)$$),
+('register: consumer of 201 bytes', '22023', $$SELECT outbox.register_consumer((SELECT long_id FROM v), current_user::text::regrole)$$),
+('register: to another role', '23505', $$SELECT outbox.register_consumer('c1', 'pg_monitor')$$),
+('register: unknown role', '42704', $$SELECT outbox.register_consumer('c2', 'no_such_role')$$),
+('unregister: null', '22004', $$SELECT outbox.unregister_consumer(NULL)$$),
+('unregister: unknown', '00000', $$SELECT outbox.unregister_consumer('c2')$$),
 -- sweep(batch_size)
 ('sweep: null batch_size', '22004', $$SELECT outbox.sweep(NULL)$$),
 ('sweep: batch_size 0', '22023', $$SELECT outbox.sweep(0)$$),
@@ -281,22 +301,26 @@ $x$$c$),
 ('purge: older_than -1 second', '22023', $$SELECT outbox.purge(NULL, '-1 second')$$),
 ('purge: older_than 1000000 years', '22023', $$SELECT outbox.purge(NULL, '1000000 years')$$),
 ('purge: older_than 0', '00000', $$SELECT outbox.purge(NULL, '0')$$),
--- requeue(command_id)
-('requeue: null', '22004', $$SELECT outbox.requeue(NULL)$$),
-('requeue: empty', '22023', $$SELECT outbox.requeue('')$$),
-('requeue: 201 bytes', '22023', $$SELECT outbox.requeue((SELECT long_id FROM v))$$),
-('requeue: unknown command', '42704', $$SELECT outbox.requeue('nope')$$),
-('requeue: a pending command', '55000', $$SELECT outbox.requeue('h-pending')$$),
-('requeue: a dead command', '00000', $$SELECT outbox.requeue('h-dead')$$),
--- resolve(command_id, resolution)
-('resolve: null command_id', '22004', $$SELECT outbox.resolve(NULL, 'retry')$$),
-('resolve: null resolution', '22004', $$SELECT outbox.resolve('h-unc', NULL)$$),
-('resolve: empty command_id', '22023', $$SELECT outbox.resolve('', 'retry')$$),
-('resolve: unknown resolution', '22023', $$SELECT outbox.resolve('h-unc', 'maybe')$$),
-('resolve: resolution of 1 MB', '22023', $$SELECT outbox.resolve('h-unc', (SELECT huge_id FROM v))$$),
-('resolve: unknown command', '42704', $$SELECT outbox.resolve('nope', 'retry')$$),
-('resolve: a dead command', '55000', $$SELECT outbox.resolve('h-dead', 'retry')$$),
-('resolve: an uncertain command', '00000', $$SELECT outbox.resolve('h-unc', 'published')$$),
+-- requeue(run_id, command_id)
+('requeue: null run_id', '22004', $$SELECT outbox.requeue(NULL, 'h-dead')$$),
+('requeue: null command_id', '22004', $$SELECT outbox.requeue('h-run', NULL)$$),
+('requeue: empty', '22023', $$SELECT outbox.requeue('h-run', '')$$),
+('requeue: 201 bytes', '22023', $$SELECT outbox.requeue('h-run', (SELECT long_id FROM v))$$),
+('requeue: unknown command', 'OB002', $$SELECT outbox.requeue('h-run', 'nope')$$),
+('requeue: another run''s command', 'OB002', $$SELECT outbox.requeue('h-other', 'h-dead')$$),
+('requeue: a pending command', '55000', $$SELECT outbox.requeue('h-run', 'h-pending')$$),
+('requeue: a dead command', '00000', $$SELECT outbox.requeue('h-run', 'h-dead')$$),
+-- resolve(run_id, command_id, resolution)
+('resolve: null run_id', '22004', $$SELECT outbox.resolve(NULL, 'h-unc', 'retry')$$),
+('resolve: null command_id', '22004', $$SELECT outbox.resolve('h-run', NULL, 'retry')$$),
+('resolve: null resolution', '22004', $$SELECT outbox.resolve('h-run', 'h-unc', NULL)$$),
+('resolve: empty command_id', '22023', $$SELECT outbox.resolve('h-run', '', 'retry')$$),
+('resolve: unknown resolution', '22023', $$SELECT outbox.resolve('h-run', 'h-unc', 'maybe')$$),
+('resolve: resolution of 1 MB', '22023', $$SELECT outbox.resolve('h-run', 'h-unc', (SELECT huge_id FROM v))$$),
+('resolve: unknown command', 'OB002', $$SELECT outbox.resolve('h-run', 'nope', 'retry')$$),
+('resolve: another run''s command', 'OB002', $$SELECT outbox.resolve('h-other', 'h-unc', 'retry')$$),
+('resolve: a dead command', '55000', $$SELECT outbox.resolve('h-run', 'h-dead', 'retry')$$),
+('resolve: an uncertain command', '00000', $$SELECT outbox.resolve('h-run', 'h-unc', 'published')$$),
 -- set_policy(kind, max_deliveries, backoff_base, backoff_max, lease, takeover, retention)
 ('policy: null kind', '22004', $$SELECT outbox.set_policy(NULL)$$),
 ('policy: empty kind', '22023', $$SELECT outbox.set_policy('')$$),
@@ -314,7 +338,12 @@ $x$$c$),
 ('policy: retention -1 second', '22023', $$SELECT outbox.set_policy('k', retention => '-1 second')$$),
 ('policy: retention 1000000 years', '22023', $$SELECT outbox.set_policy('k', retention => '1000000 years')$$),
 ('policy: retention 100 years', '00000', $$SELECT outbox.set_policy('k', retention => '100 years')$$),
-('policy: all NULL but kind', '00000', $$SELECT outbox.set_policy('k', NULL, NULL, NULL, NULL, NULL, NULL)$$),
+('policy: all NULL but kind', '00000', $$SELECT outbox.set_policy('k', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)$$),
+('policy: NULL in deciders', '22004', $$SELECT outbox.set_policy('k', deciders => ARRAY[NULL]::regrole[])$$),
+('policy: 2-D claimers', '2202E', $$SELECT outbox.set_policy('k', claimers => '{{pg_monitor}}')$$),
+('policy: unknown role in completers', '42704', $$SELECT outbox.set_policy('k', completers => '{no_such_role}')$$),
+('policy: empty lists (admins only)', '00000', $$SELECT outbox.set_policy('k', deciders => '{}', claimers => '{}', completers => '{}')$$),
+('policy: a list of roles', '00000', $$SELECT outbox.set_policy('k', deciders => '{pg_monitor,pg_read_all_data}')$$),
 -- pause(kind), resume(kind)
 ('pause: null', '22004', $$SELECT outbox.pause(NULL)$$),
 ('pause: empty', '22023', $$SELECT outbox.pause('')$$),
@@ -347,6 +376,7 @@ SELECT b.tbl, b.n,
 		   WHEN 'inbox' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.inbox t)
 		   WHEN 'policies' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.policies t)
 		   WHEN 'purged' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.purged t)
+		   WHEN 'consumers' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.consumers t)
 		   WHEN 'postmaster' THEN pg_postmaster_start_time()::text END AS unchanged
   FROM hostile_before b
  ORDER BY b.tbl;

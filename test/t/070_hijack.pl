@@ -469,20 +469,22 @@ SELECT outbox.fail('$p-3', '$p-w', 2, 'timeout');
 SELECT outbox.renew('$p-4', '$p-w', 2, '1 minute');
 SELECT outbox.renew('$p-4', '$p-w', 2);
 SELECT outbox.fail('$p-4', '$p-w', 2, 'rejected', true);
-SELECT outbox.requeue('$p-4');
+SELECT outbox.requeue('$p-run', '$p-4');
 SELECT * FROM outbox.claim('$p-w', 1, kinds => '{$p-manual}');
 SELECT outbox.pause('$p-manual');
 SELECT outbox.resume('$p-manual');
-SELECT outbox.complete('$p-1');
-SELECT outbox.complete('$p-1');
-SELECT outbox.complete('$p-2', 'failed', '{"code": 7}');
-SELECT outbox.inbox_accept('$p-consumer', '$p-1');
-SELECT outbox.inbox_accept('$p-consumer', '$p-1');
+SELECT outbox.complete('$p-run', '$p-1');
+SELECT outbox.complete('$p-run', '$p-1');
+SELECT outbox.complete('$p-run', '$p-2', 'failed', '{"code": 7}');
+SELECT outbox.register_consumer('$p-consumer', 'mallory');
+SELECT outbox.inbox_accept('$p-consumer', '$p-run', '$p-1');
+SELECT outbox.inbox_accept('$p-consumer', '$p-run', '$p-1');
+SELECT outbox.unregister_consumer('$p-other');
 SELECT outbox.sweep();
 SELECT outbox.sweep(10);
 SELECT outbox.purge();
 SELECT outbox.purge(10, '0 seconds');
-SELECT outbox.complete('$p-1');
+SELECT outbox.complete('$p-run', '$p-1');
 SELECT outbox.preloaded();
 SELECT * FROM outbox.stats;
 SELECT * FROM outbox.workers;
@@ -509,7 +511,7 @@ sub resolve_script
 	my ($p) = @_;
 	return qq{
 $temp_traps
-SELECT outbox.resolve('$p-5', 'retry');
+SELECT outbox.resolve('$p-run', '$p-5', 'retry');
 SELECT * FROM outbox.dead_letters;
 };
 }
@@ -562,7 +564,7 @@ SELECT outbox.commit_decision('w-run', 2, 'decided', 'w-2', 'w-short', '{}');
 SELECT count(*) FROM outbox.claim('w-w', 1, '1 millisecond', '{w-manual}');
 SELECT count(*) FROM outbox.claim('w-w', 1, '1 minute', '{w-short}');
 SELECT outbox.ack('w-2', 'w-w', 2);
-SELECT outbox.complete('w-2');
+SELECT outbox.complete('w-run', 'w-2');
 });
 $node->poll_query_until('hijack', q{
 SELECT (SELECT c.status OPERATOR(pg_catalog.=) 'uncertain' FROM outbox.commands c

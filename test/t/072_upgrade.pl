@@ -434,9 +434,9 @@ is( sql('old', qq{SELECT string_agg(command_id || ':' || acked || ':' || coalesc
 	'd-pending:true:,d-sending:false:lease_not_owned',
 	"the batch ack takes its token and refuses one made up for 0.1.0's live lease");
 is( sql('old', q{
-SELECT outbox.complete('d-pub');
-SELECT outbox.complete('d-purged');
-SELECT outbox.inbox_accept('consumer-1', 'd-pub-r');
+SELECT outbox.complete('run-b', 'd-pub');
+SELECT outbox.complete('run-a', 'd-purged');
+SELECT outbox.inbox_accept('consumer-1', 'run-b', 'd-pub-r');
 SELECT outbox.commit_decision('run-d', 1, 'decided', 'd-new', 'k-pending', '{"n": 12}');
 SELECT outbox.commit_decision('run-d', 1, 'decided', 'd-new', 'k-pending', '{"n": 12}');
 SELECT string_agg(command_id || ':' || status, ',' ORDER BY command_id) FROM outbox.commands

@@ -42,9 +42,10 @@ SELECT outbox.ack('$p-1', 'w-$p', (SELECT version FROM l WHERE command_id = '$p-
 SELECT count(*) FROM outbox.ack('w-$p', ARRAY['$p-2', '$p-1'], ARRAY[(SELECT version FROM l WHERE command_id = '$p-2'), 1]);
 DO \$\$ BEGIN PERFORM outbox.ack('$p-1', 'w-$p', 1); EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END \$\$;
 SELECT outbox.fail('$p-3', 'w-$p', (SELECT version FROM l WHERE command_id = '$p-3'), 'boom', true);
-SELECT outbox.requeue('$p-3');
-SELECT outbox.complete('$p-1');
-SELECT outbox.inbox_accept('consumer', '$p-1');
+SELECT outbox.requeue('run-$p', '$p-3');
+SELECT outbox.complete('run-$p', '$p-1');
+SELECT outbox.register_consumer('consumer', current_user::text::regrole);
+SELECT outbox.inbox_accept('consumer', 'run-$p', '$p-1');
 SELECT outbox.sweep();
 SELECT outbox.purge(10, interval '0');
 DROP TABLE l;
