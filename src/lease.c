@@ -48,7 +48,6 @@
 #include "catalog/pg_index.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_type.h"
-#include "commands/dbcommands.h"
 #include "common/pg_prng.h"
 #include "executor/tuptable.h"
 #include "funcapi.h"
@@ -57,7 +56,6 @@
 #include "nodes/primnodes.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/acl.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/relcache.h"
@@ -315,28 +313,6 @@ outbox_lease_secret(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INTERNAL_ERROR),
 				 errmsg("could not generate a random lease secret")));
 	PG_RETURN_UUID_P(u);
-}
-
-/*
- * Whether caller may use the leases of other roles: a member of this
- * database's outbox admin role (<database>_outbox_admin).
- */
-static bool
-le_caller_is_admin(Oid caller)
-{
-	static char *name = NULL;
-	Oid			admin;
-
-	if (name == NULL)
-	{
-		char	   *db = get_database_name(MyDatabaseId);
-
-		if (db == NULL)
-			return false;
-		name = MemoryContextStrdup(TopMemoryContext, psprintf("%s_outbox_admin", db));
-	}
-	admin = get_role_oid(name, true);
-	return OidIsValid(admin) && has_privs_of_role(caller, admin);
 }
 
 /*
@@ -714,7 +690,7 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 	args[3] = PointerGetDatum(worker);
 	args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 	args[5] = ObjectIdGetDatum(caller);
-	args[6] = BoolGetDatum(le_caller_is_admin(caller));
+	args[6] = BoolGetDatum(OutboxIsAdmin(caller));
 
 	SPI_connect();
 	ret = OutboxExecute(OutboxPrepare(&plan_ack,
@@ -765,16 +741,18 @@ le_cmp_taken(const void *a, const void *b)
 
 /*
  * outbox.ack_many(worker, tokens): the batch form.  One UPDATE takes the
- * rows named by the tokens that hold one of the tokens' secrets: it reads
- * them by key (commands_pkey, command_id = ANY) and tests the secret, the
- * run_id, the worker and the role on each, as ack does.  A token is acked
- * when its secret is that of a row the UPDATE took: a secret (128 random
- * bits) is the lease's own, so a row is taken only for a caller that holds
- * its secret, and the result row of an acked token shows the command and
- * run of that lease.  A repeated token is acked once; the repeat reports
- * lease_not_owned.  The UPDATE tests the status with LE_SENDING: written
- * plainly, the test would match the predicate of commands_lease_idx, and
- * the planner could read the rows from a scan of that whole index.
+ * rows that hold the tokens' leases: it reads the rows the tokens name by
+ * key (commands_pkey, command_id = ANY) and joins them to the tokens (taken
+ * apart into arrays of command_id, secret and run_id) as a hash join (see
+ * OutboxExecuteHashJoin), testing the secret, the run_id, the worker and the
+ * role of each row, as ack does: each side is read once, so the cost grows
+ * with the number of tokens, not with its square.  A token is acked when
+ * the UPDATE took the row of its lease (its secret, 128 random bits, is the
+ * lease's own); a token repeated in the call is acked once and the repeat
+ * reports lease_not_owned.  The UPDATE tests the status with LE_SENDING:
+ * written plainly, the test would match the predicate of
+ * commands_lease_idx, and the planner could read the rows from a scan of
+ * that whole index.
  */
 static Datum
 le_ack_many(FunctionCallInfo fcinfo, Oid caller)
@@ -851,14 +829,17 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 		args[3] = PointerGetDatum(construct_array(runs, nvalid, TEXTOID, -1, false, TYPALIGN_INT));
 		args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 		args[5] = ObjectIdGetDatum(caller);
-		args[6] = BoolGetDatum(le_caller_is_admin(caller));
-		ret = OutboxExecute(OutboxPrepare(&plan_ack_many,
+		args[6] = BoolGetDatum(OutboxIsAdmin(caller));
+		ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_many,
 										  "UPDATE outbox.commands t"
 										  "   SET status = 'published', published_at = $5, lease_until = NULL,"
 										  "       version = t.version OPERATOR(pg_catalog.+) 1"
+										  "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
+										  "                 pg_catalog.unnest($4)) AS k(command_id, secret, run_id)"
 										  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
-										  "   AND t.lease_secret OPERATOR(pg_catalog.=) ANY ($3)"
-										  "   AND t.run_id OPERATOR(pg_catalog.=) ANY ($4)"
+										  "   AND t.command_id OPERATOR(pg_catalog.=) k.command_id"
+										  "   AND t.lease_secret OPERATOR(pg_catalog.=) k.secret"
+										  "   AND t.run_id OPERATOR(pg_catalog.=) k.run_id"
 										  "   AND t.owner OPERATOR(pg_catalog.=) $1"
 										  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
 										  "   AND " LE_SENDING("t.")
@@ -1047,7 +1028,7 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
 	args[3] = PointerGetDatum(worker);
 	args[4] = ObjectIdGetDatum(caller);
-	args[5] = BoolGetDatum(le_caller_is_admin(caller));
+	args[5] = BoolGetDatum(OutboxIsAdmin(caller));
 
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_fail_lock,
@@ -1158,7 +1139,7 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
 	args[3] = PointerGetDatum(worker);
 	args[4] = ObjectIdGetDatum(caller);
-	args[5] = BoolGetDatum(le_caller_is_admin(caller));
+	args[5] = BoolGetDatum(OutboxIsAdmin(caller));
 	args[6] = TimestampTzGetDatum(now);
 	args[7] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
 	if (lease == NULL)
