@@ -22,8 +22,14 @@
 #   WARNING to be run again; a view of the DBA's over one of the
 #   extension's stops the update (2BP01) before it changes anything;
 # - live leases behave as docs/reference.md ("Upgrading from 0.1.0") says:
-#   not handed out again while they last, taken over by claim once expired
-#   (the delivery counted), and the API goes on; the checks are clean.
+#   no token, not handed out again while they last, not acked by the 0.1.0
+#   call nor by a made-up token, taken over by claim once expired (the
+#   delivery counted) and acked with the new token;
+# - 0.1.0's cluster-wide roles lose every right (the WARNING's GRANT gives
+#   their members them back), the inbox's consumer names are registered to
+#   the database's consumer role, 0.1.0's decisions have no deciding role
+#   (a repeat is a 23505 conflict), its policies restrict nobody;
+# - the API goes on; the checks are clean.
 # Every version the server offers is updated the same way (with only the
 # frozen 0.1.0 and the current version, that is 0.1.0).
 #
@@ -443,6 +449,34 @@ SELECT string_agg(command_id || ':' || status, ',' ORDER BY command_id) FROM out
  WHERE command_id IN ('d-expiring', 'd-pending', 'd-paused', 'd-new', 'd-sending');}),
 	"t\nf\nf\nt\nf\nd-expiring:published,d-new:pending,d-paused:pending,d-pending:published,d-sending:sending",
 	'the API goes on after the update (receipts, the tombstone and the inbox answer; a new decision and its retry)');
+is( sql('old', q{SELECT count(*) FROM outbox.commands WHERE decided_by IS NOT NULL AND command_id LIKE 'd-%' AND command_id <> 'd-new'}),
+	'0', 'the decisions of 0.1.0 have no deciding role');
+($rc, $out, $err) = $node->psql('old', q{\set VERBOSITY verbose
+SELECT outbox.commit_decision('run-a', 2, 'decided', 'd-pending', 'k-pending', '{"n": 2}')});
+like($err, qr/ERROR:  23505: .*\n(?:DETAIL|HINT|CONTEXT|LOCATION|SCHEMA NAME|TABLE NAME|CONSTRAINT NAME)[^\n]*(?:\n.*)*CONSTRAINT NAME:  commands_pkey/,
+	'so repeating one is a conflict (23505 commands_pkey), not an idempotent retry');
+is( sql('old', q{SELECT count(*) FROM outbox.policies
+		WHERE deciders IS NOT NULL OR claimers IS NOT NULL OR completers IS NOT NULL}),
+	'0', "0.1.0's policies restrict nobody");
+
+# The roles: the WARNING's GRANT gives a member of 0.1.0's publisher role
+# the rights back; a consumer of the database's role uses a name of the
+# inbox; an unregistered name is refused (OB003).
+($rc, $out, $err) = $node->psql('old', q{SELECT count(*) FROM outbox.claim('relay-a', 10, kinds => '{k-retry}')},
+	extra_params => [ '-U', 'relay_a' ]);
+like($err, qr/ERROR:  permission denied for schema outbox/,
+	"a member of 0.1.0's publisher role has no rights in the updated database");
+sql('old', 'GRANT old_outbox_publisher TO relay_a; CREATE ROLE mailer LOGIN IN ROLE old_outbox_consumer');
+is( $node->safe_psql('old', q{SELECT count(*) FROM outbox.claim('relay-a', 10, kinds => '{k-retry}')},
+		extra_params => [ '-U', 'relay_a' ]),
+	'0', "after the WARNING's GRANT, 0.1.0's publisher may claim again");
+is( $node->safe_psql('old', q{SELECT outbox.inbox_accept('consumer-2', 'run-b', 'd-pub')},
+		extra_params => [ '-U', 'mailer' ]),
+	't', "a consumer of the database's role uses a consumer name of 0.1.0's inbox");
+($rc, $out, $err) = $node->psql('old', q{\set VERBOSITY verbose
+SELECT outbox.inbox_accept('consumer-3', 'run-b', 'd-pub')}, extra_params => [ '-U', 'mailer' ]);
+like($err, qr/ERROR:  OB003/, '... and a name 0.1.0 never used needs register_consumer (OB003)');
+
 is( sql('old', q{SELECT coalesce(string_agg(check_name, ','), 'clean') FROM outbox.conservation WHERE violations > 0}),
 	'clean', 'the checks are still clean');
 
