@@ -1,10 +1,12 @@
 -- outbox update script from 0.1.0 to 1.0.0, hand-written part.
 --
 -- The update script outbox--0.1.0--1.0.0.sql is this file followed by the
--- parts of src/sql/ after 00 (see the Makefile): this part drops what those
--- parts create and brings the tables to 1.0.0's shape; they then create the
--- functions, types and views and make the grants exactly as a fresh
--- install does.  test/t/072_upgrade.pl checks that the result equals a
+-- parts of src/sql/ after 00 and by 0.1.0--1.0.0.after.sql (see the
+-- Makefile): this part saves the privileges of what stays, drops what
+-- those parts create and brings the tables to 1.0.0's shape; they then
+-- create the functions, types and views and make the grants exactly as a
+-- fresh install does; the last part adds the data 1.0.0 needs and puts the
+-- initial privileges right.  test/t/072_upgrade.pl checks that the result equals a
 -- fresh install of 1.0.0, catalog and privileges, and that the data stays.
 -- Every object is qualified, as in the install script.
 
@@ -233,4 +235,5 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumers', '');
 COMMENT ON TABLE @extschema@.consumers IS 'consumer names, each registered to the role whose members may accept commands under it';
 
 -- 3. The parts of src/sql/ after 00 follow: roles, functions, types,
--- views, comments and privileges, as in a fresh install.
+-- views, comments and privileges, as in a fresh install; then
+-- 0.1.0--1.0.0.after.sql.
