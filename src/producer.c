@@ -189,20 +189,18 @@ pr_insert(SPIPlanPtr plan, Datum *args, const char *nulls, const PrWhat *w,
 	return inserted;
 }
 
-/* Raise 42501 for a decision of a kind the caller may not decide. */
+/*
+ * Raise 42501 for a decision of a kind the caller may not decide; elem is
+ * the 1-based position in a batch, or 0.
+ */
 static void
 pr_raise_forbidden(const char *kind, int elem)
 {
-	if (elem > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to decide commands of kind \"%s\"", kind),
-				 errdetail("Decision %d of the batch has this kind; nothing of this call was recorded.",
-						   elem),
-				 errhint("The kind's deciders (outbox.set_policy) do not include a role of yours.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("permission denied to decide commands of kind \"%s\"", kind),
+			 elem > 0 ? errdetail("Decision %d of the batch has this kind; nothing of this call was recorded.",
+								  elem) : 0,
 			 errhint("The kind's deciders (outbox.set_policy) do not include a role of yours.")));
 }
 
@@ -214,18 +212,12 @@ pr_raise_forbidden(const char *kind, int elem)
 static void
 pr_raise_conflict(const char *command_id, int elem)
 {
-	if (elem > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNIQUE_VIOLATION),
-				 errmsg("command \"%s\" already exists", command_id),
-				 errdetail("Decision %d of the batch is not a retry of the decision that holds this command id; nothing of this call was recorded.",
-						   elem),
-				 err_generic_string(PG_DIAG_SCHEMA_NAME, "outbox"),
-				 err_generic_string(PG_DIAG_TABLE_NAME, "commands"),
-				 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "commands_pkey")));
 	ereport(ERROR,
 			(errcode(ERRCODE_UNIQUE_VIOLATION),
 			 errmsg("command \"%s\" already exists", command_id),
+			 elem > 0 ?
+			 errdetail("Decision %d of the batch is not a retry of the decision that holds this command id; nothing of this call was recorded.",
+					   elem) :
 			 errdetail("This is not a retry of the decision that holds this command id; nothing of this decision was recorded."),
 			 err_generic_string(PG_DIAG_SCHEMA_NAME, "outbox"),
 			 err_generic_string(PG_DIAG_TABLE_NAME, "commands"),
