@@ -480,6 +480,21 @@ like($err, qr/ERROR:  OB003/, '... and a name 0.1.0 never used needs register_co
 is( sql('old', q{SELECT coalesce(string_agg(check_name, ','), 'clean') FROM outbox.conservation WHERE violations > 0}),
 	'clean', 'the checks are still clean');
 
+# A dump of the updated database restores with the DBA's grant on a table
+# (kept out of the initial privileges, which pg_dump leaves out) and every
+# row.
+my $dumpfile = $node->basedir . '/old.dump';
+$node->command_ok([ 'pg_dump', '-Fc', '-f', $dumpfile, '-d', $node->connstr('old') ], 'pg_dump of the updated database');
+sql('postgres', 'CREATE DATABASE old_restored');
+$node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr('old_restored'), $dumpfile ],
+	'... restores into a fresh database');
+is( sql('old_restored', q{SELECT has_table_privilege('auditor', 'outbox.receipts', 'SELECT')}), 't',
+	"... with the DBA's grant on a table");
+foreach my $t (sort keys %keys)
+{
+	is(sql('old_restored', $rows_query{$t}), sql('old', $rows_query{$t}), "... and every row of outbox.$t");
+}
+
 # Every other version the server offers, updated the same way: installed
 # by its own release's binaries, updated by this build's.
 foreach my $v (grep { $_ ne '0.1.0' && $_ ne $newest } @versions)
