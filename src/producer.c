@@ -764,9 +764,12 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	/*
 	 * Before inserting: the first decision of a kind the caller may not
 	 * decide, and every decision whose command id is stored, with whether
-	 * it is the caller's own retry (in batch order).
+	 * it is the caller's own retry (in batch order).  Each table is read by
+	 * the batch's keys and hash-joined to the elements (as the batch ack's
+	 * diagnosis, OutboxExecuteHashJoin), whatever its statistics said when
+	 * the plan was made.
 	 */
-	if (OutboxExecute(OutboxPrepare(&plan_batch_why,
+	if (OutboxExecuteHashJoin(OutboxPrepare(&plan_batch_why,
 									"WITH u AS ("
 									"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
 									"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
@@ -775,8 +778,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 									"                         payload, ord))"
 									"SELECT * FROM ("
 									" SELECT u.ord, true AS forbidden, false AS same FROM u"
-									"  WHERE EXISTS (SELECT 1 FROM outbox.policies p"
-									"                 WHERE p.kind OPERATOR(pg_catalog.=) u.command_kind"
+									"  WHERE u.command_kind IN (SELECT p.kind FROM outbox.policies p"
+									"                 WHERE p.kind OPERATOR(pg_catalog.=) ANY ($5)"
 									"                   AND p.deciders IS NOT NULL"
 									"                   AND NOT outbox._may(p.deciders, $10))"
 									"  ORDER BY u.ord LIMIT 1) f "
@@ -786,6 +789,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 									PR_SAME_DECISION("u.run_id", "u.seq", "u.event_kind", "u.command_kind", "u.payload", "$10")
 									"   FROM u JOIN outbox.commands c"
 									"     ON c.command_id OPERATOR(pg_catalog.=) u.command_id"
+									"    AND c.command_id OPERATOR(pg_catalog.=) ANY ($4)"
 									"  ORDER BY u.ord) s",
 									10, argtypes),
 					  args, nulls, true, 0) != SPI_OK_SELECT)
