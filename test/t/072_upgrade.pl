@@ -18,6 +18,8 @@
 #   the extension with its ACL and initial privileges), and pg_extension's
 #   dump registrations (extconfig, extcondition); the description is
 #   checked to notice a changed grant, setting, default, index or comment;
+#   it shows each ACL as the sorted set of its entries (their order means
+#   nothing; a DBA's grant on the schema comes first in the updated ACL);
 # - the DBA's grant on the table stays, the one on the view is named in a
 #   WARNING to be run again; a view of the DBA's over one of the
 #   extension's stops the update (2BP01) before it changes anything;
@@ -78,13 +80,13 @@ WITH ext AS (SELECT e.oid, e.extconfig, e.extcondition, e.extrelocatable, e.extn
 										FROM unnest(e.extconfig, e.extcondition) u(c, w)), '')
 	  FROM ext e
 	UNION ALL
-	SELECT 'schema owner=' || n.nspowner::regrole || ' acl=' || coalesce(n.nspacl::text, '')
+	SELECT 'schema owner=' || n.nspowner::regrole || ' acl=' || coalesce((SELECT array_agg(replace(x::text, current_database() || '_outbox_', '<db>_outbox_') ORDER BY replace(x::text, current_database() || '_outbox_', '<db>_outbox_')) FROM unnest(n.nspacl) x)::text, '')
 		   || ' comment=' || coalesce(obj_description(n.oid, 'pg_namespace'), '')
 	  FROM pg_namespace n WHERE n.nspname = 'outbox'
 	UNION ALL
 	SELECT 'relation ' || c.oid::regclass || ' kind=' || c.relkind::text || ' persistence=' || c.relpersistence::text
 		   || ' owner=' || c.relowner::regrole || ' options=' || coalesce(c.reloptions::text, '')
-		   || ' acl=' || coalesce(c.relacl::text, '') || ' rls=' || c.relrowsecurity || c.relforcerowsecurity
+		   || ' acl=' || coalesce((SELECT array_agg(replace(x::text, current_database() || '_outbox_', '<db>_outbox_') ORDER BY replace(x::text, current_database() || '_outbox_', '<db>_outbox_')) FROM unnest(c.relacl) x)::text, '') || ' rls=' || c.relrowsecurity || c.relforcerowsecurity
 		   || ' replident=' || c.relreplident::text
 		   || ' comment=' || coalesce(obj_description(c.oid, 'pg_class'), '')
 	  FROM rels c
@@ -94,7 +96,7 @@ WITH ext AS (SELECT e.oid, e.extconfig, e.extcondition, e.extrelocatable, e.extn
 		   || ' default=' || coalesce(pg_get_expr(ad.adbin, ad.adrelid), '')
 		   || ' identity=' || a.attidentity::text || ' generated=' || a.attgenerated::text
 		   || ' collation=' || coalesce(a.attcollation::regcollation::text, '')
-		   || ' storage=' || a.attstorage::text || ' acl=' || coalesce(a.attacl::text, '')
+		   || ' storage=' || a.attstorage::text || ' acl=' || coalesce((SELECT array_agg(replace(x::text, current_database() || '_outbox_', '<db>_outbox_') ORDER BY replace(x::text, current_database() || '_outbox_', '<db>_outbox_')) FROM unnest(a.attacl) x)::text, '')
 		   || ' comment=' || coalesce(col_description(c.oid, a.attnum), '')
 	  FROM rels c JOIN pg_attribute a ON a.attrelid = c.oid
 	  LEFT JOIN pg_attrdef ad ON ad.adrelid = c.oid AND ad.adnum = a.attnum
@@ -126,7 +128,7 @@ WITH ext AS (SELECT e.oid, e.extconfig, e.extcondition, e.extrelocatable, e.extn
 	  FROM rels c JOIN pg_sequence s ON s.seqrelid = c.oid
 	UNION ALL
 	SELECT 'function ' || p.oid::regprocedure || ' owner=' || p.proowner::regrole
-		   || ' acl=' || coalesce(p.proacl::text, '')
+		   || ' acl=' || coalesce((SELECT array_agg(replace(x::text, current_database() || '_outbox_', '<db>_outbox_') ORDER BY replace(x::text, current_database() || '_outbox_', '<db>_outbox_')) FROM unnest(p.proacl) x)::text, '')
 		   || ' comment=' || coalesce(obj_description(p.oid, 'pg_proc'), '') || ' '
 		   || CASE WHEN p.prokind IN ('f', 'p') THEN pg_get_functiondef(p.oid)
 				   ELSE p.prokind::text || ' ' || p.prosrc END
@@ -141,14 +143,15 @@ WITH ext AS (SELECT e.oid, e.extconfig, e.extcondition, e.extrelocatable, e.extn
 	 WHERE p.pronamespace = 'outbox'::regnamespace
 	UNION ALL
 	SELECT 'type ' || t.oid::regtype || ' ' || t.typtype::text || ' owner=' || t.typowner::regrole
-		   || ' acl=' || coalesce(t.typacl::text, '')
+		   || ' acl=' || coalesce((SELECT array_agg(replace(x::text, current_database() || '_outbox_', '<db>_outbox_') ORDER BY replace(x::text, current_database() || '_outbox_', '<db>_outbox_')) FROM unnest(t.typacl) x)::text, '')
 		   || ' comment=' || coalesce(obj_description(t.oid, 'pg_type'), '')
 	  FROM pg_type t WHERE t.typnamespace = 'outbox'::regnamespace
 	UNION ALL
 	SELECT 'operator ' || o.oid::regoperator || ' ' || o.oprcode::regprocedure
 	  FROM pg_operator o WHERE o.oprnamespace = 'outbox'::regnamespace
 	UNION ALL
-	SELECT 'initprivs ' || o.type || ' ' || o.identity || ' ' || i.privtype::text || ' ' || i.initprivs::text
+	SELECT 'initprivs ' || o.type || ' ' || o.identity || ' ' || i.privtype::text || ' '
+		   || (SELECT array_agg(replace(x::text, current_database() || '_outbox_', '<db>_outbox_') ORDER BY replace(x::text, current_database() || '_outbox_', '<db>_outbox_')) FROM unnest(i.initprivs) x)::text
 	  FROM pg_init_privs i, members m, pg_identify_object(i.classoid, i.objoid, i.objsubid) o
 	 WHERE i.classoid = m.classid AND i.objoid = m.objid AND i.objsubid = m.objsubid
 	UNION ALL
@@ -225,7 +228,9 @@ sql('postgres', 'CREATE ROLE auditor; CREATE DATABASE old');
 # 0.1.0's group roles are cluster-wide (created by CREATE EXTENSION below)
 sql('old', q{
 CREATE EXTENSION outbox;
--- a DBA's grants: on a table (kept) and on a view (recreated by the update)
+-- a DBA's grants: on the schema and a table (kept) and on a view
+-- (recreated by the update)
+GRANT USAGE ON SCHEMA outbox TO auditor;
 GRANT SELECT ON outbox.receipts TO auditor;
 GRANT SELECT ON outbox.dead_letters TO auditor;
 
@@ -331,7 +336,7 @@ my $reference = describe('fresh');
 my $reference_dump = schema_dump('fresh');
 my $reference_registrations = sql('fresh', $registrations);
 sql('postgres', 'CREATE DATABASE fresh_dba');
-sql('fresh_dba', 'CREATE EXTENSION outbox; GRANT SELECT ON outbox.receipts TO auditor');
+sql('fresh_dba', 'CREATE EXTENSION outbox; GRANT USAGE ON SCHEMA outbox TO auditor; GRANT SELECT ON outbox.receipts TO auditor');
 my $reference_dba = describe('fresh_dba');
 my $reference_dba_dump = schema_dump('fresh_dba');
 like($reference, qr/^function-flags outbox\.claim\(.*secdef=false config=\{"search_path=pg_catalog, pg_temp"\}/m,
@@ -488,8 +493,9 @@ $node->command_ok([ 'pg_dump', '-Fc', '-f', $dumpfile, '-d', $node->connstr('old
 sql('postgres', 'CREATE DATABASE old_restored');
 $node->command_ok([ 'pg_restore', '--exit-on-error', '-d', $node->connstr('old_restored'), $dumpfile ],
 	'... restores into a fresh database');
-is( sql('old_restored', q{SELECT has_table_privilege('auditor', 'outbox.receipts', 'SELECT')}), 't',
-	"... with the DBA's grant on a table");
+is( sql('old_restored', q{SELECT has_table_privilege('auditor', 'outbox.receipts', 'SELECT')
+		AND has_schema_privilege('auditor', 'outbox', 'USAGE')}), 't',
+	"... with the DBA's grants on the schema and a table");
 foreach my $t (sort keys %keys)
 {
 	is(sql('old_restored', $rows_query{$t}), sql('old', $rows_query{$t}), "... and every row of outbox.$t");
