@@ -77,6 +77,7 @@ static SPIPlanPtr plan_claim = NULL;
 static SPIPlanPtr plan_claim_pending = NULL;
 static SPIPlanPtr plan_ack = NULL;
 static SPIPlanPtr plan_ack_many = NULL;
+static SPIPlanPtr plan_ack_many_small = NULL;
 static SPIPlanPtr plan_fail_lock = NULL;
 static SPIPlanPtr plan_fail_set = NULL;
 static SPIPlanPtr plan_renew = NULL;
@@ -743,19 +744,31 @@ le_cmp_taken(const void *a, const void *b)
 
 /*
  * outbox.ack_many(worker, tokens): the batch form.  One UPDATE takes the
- * rows that hold the tokens' leases: it reads the rows the tokens name by
- * key (commands_pkey, command_id = ANY) and joins them to the tokens (taken
- * apart into arrays of command_id, secret and run_id) as a hash join (see
- * OutboxExecuteHashJoin), testing the secret, the run_id, the worker and the
- * role of each row, as ack does: each side is read once, so the cost grows
- * with the number of tokens, not with its square.  A token is acked when
- * the UPDATE took the row of its lease (its secret, 128 random bits, is the
- * lease's own); a token repeated in the call is acked once and the repeat
- * reports lease_not_owned.  The UPDATE tests the status with LE_SENDING:
- * written plainly, the test would match the predicate of
+ * rows that hold the tokens' leases, testing the secret, the run_id, the
+ * worker and the role of each row, as ack does.  It reads the rows the
+ * tokens name by key (commands_pkey, command_id = ANY), and tests them
+ * against the tokens (taken apart into arrays of command_id, secret and
+ * run_id) in one of two ways, so that the cost grows with the number of
+ * tokens and not with its square:
+ *
+ * - up to LE_ACK_MANY_SMALL tokens, each row's secret and run_id are looked
+ *   up in the arrays (= ANY: at most that many comparisons a row, cheaper
+ *   than setting up a join; a row whose secret is in the call is the
+ *   caller's, and its run_id must be one of the call's);
+ * - more than that, the rows are joined to the tokens on all three as a
+ *   hash join (see OutboxExecuteHashJoin): each side read once.
+ *
+ * A token is acked when the UPDATE took the row of its lease: the secret
+ * (128 random bits) is the lease's own, so a row is taken only for a caller
+ * that holds its secret, and the result row of an acked token shows the
+ * command and run of that row.  A token repeated in the call is acked once;
+ * the repeat reports lease_not_owned.  The UPDATE tests the status with
+ * LE_SENDING: written plainly, the test would match the predicate of
  * commands_lease_idx, and the planner could read the rows from a scan of
  * that whole index.
  */
+#define LE_ACK_MANY_SMALL	16
+
 static Datum
 le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 {
@@ -832,22 +845,37 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 		args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 		args[5] = ObjectIdGetDatum(caller);
 		args[6] = BoolGetDatum(OutboxIsAdmin(caller));
-		ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_many,
-										  "UPDATE outbox.commands t"
-										  "   SET status = 'published', published_at = $5, lease_until = NULL,"
-										  "       version = t.version OPERATOR(pg_catalog.+) 1"
-										  "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
-										  "                 pg_catalog.unnest($4)) AS k(command_id, secret, run_id)"
-										  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
-										  "   AND t.command_id OPERATOR(pg_catalog.=) k.command_id"
-										  "   AND t.lease_secret OPERATOR(pg_catalog.=) k.secret"
-										  "   AND t.run_id OPERATOR(pg_catalog.=) k.run_id"
-										  "   AND t.owner OPERATOR(pg_catalog.=) $1"
-										  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
-										  "   AND " LE_SENDING("t.")
-										  " RETURNING t.lease_secret, t.command_id, t.run_id",
-										  7, argtypes),
-							args, NULL, false, 0);
+		if (nvalid <= LE_ACK_MANY_SMALL)
+			ret = OutboxExecute(OutboxPrepare(&plan_ack_many_small,
+											  "UPDATE outbox.commands t"
+											  "   SET status = 'published', published_at = $5, lease_until = NULL,"
+											  "       version = t.version OPERATOR(pg_catalog.+) 1"
+											  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
+											  "   AND t.lease_secret OPERATOR(pg_catalog.=) ANY ($3)"
+											  "   AND t.run_id OPERATOR(pg_catalog.=) ANY ($4)"
+											  "   AND t.owner OPERATOR(pg_catalog.=) $1"
+											  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
+											  "   AND " LE_SENDING("t.")
+											  " RETURNING t.lease_secret, t.command_id, t.run_id",
+											  7, argtypes),
+								args, NULL, false, 0);
+		else
+			ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_many,
+													  "UPDATE outbox.commands t"
+													  "   SET status = 'published', published_at = $5, lease_until = NULL,"
+													  "       version = t.version OPERATOR(pg_catalog.+) 1"
+													  "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
+													  "                 pg_catalog.unnest($4)) AS k(command_id, secret, run_id)"
+													  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
+													  "   AND t.command_id OPERATOR(pg_catalog.=) k.command_id"
+													  "   AND t.lease_secret OPERATOR(pg_catalog.=) k.secret"
+													  "   AND t.run_id OPERATOR(pg_catalog.=) k.run_id"
+													  "   AND t.owner OPERATOR(pg_catalog.=) $1"
+													  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
+													  "   AND " LE_SENDING("t.")
+													  " RETURNING t.lease_secret, t.command_id, t.run_id",
+													  7, argtypes),
+									  args, NULL, false, 0);
 		if (ret != SPI_OK_UPDATE_RETURNING)
 			elog(ERROR, "outbox: ack_many failed: %s", SPI_result_code_string(ret));
 		nacked = SPI_processed;
