@@ -20,8 +20,15 @@ MODULE_big = outbox
 OBJS = src/outbox.o src/args.o src/authz.o src/plans.o src/producer.o src/lease.o src/consumer.o src/shared.o src/bgw.o src/launcher.o src/worker.o src/duties.o src/upkeep.o
 
 # The install script is assembled from the parts in src/sql/, in name order.
-DATA_built = outbox--$(EXTVERSION).sql
-DATA = $(filter-out $(DATA_built),$(wildcard outbox--*--*.sql))
+# The update script from each released version FROM is assembled from the
+# hand-written src/update/FROM--$(EXTVERSION).sql (tables, dropped objects)
+# followed by the parts of src/sql/ after 00 (functions, types, views,
+# grants) and src/update/FROM--$(EXTVERSION).after.sql, see docs/internals.md.  The released versions' install scripts
+# (outbox--0.1.0.sql) and frozen update scripts are committed as shipped.
+UPDATE_PARTS = $(filter-out src/sql/00_%,$(sort $(wildcard src/sql/*.sql)))
+DATA_built = outbox--$(EXTVERSION).sql \
+	$(patsubst src/update/%.sql,outbox--%.sql,$(wildcard src/update/*--$(EXTVERSION).sql))
+DATA = $(filter-out $(DATA_built),$(wildcard outbox--*.sql))
 
 PG_CONFIG ?= pg_config
 PG_CPPFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
@@ -56,11 +63,15 @@ include $(PGXS)
 # The rules defined once in src/outbox.h (see there) are copied into it.
 OUTBOX_RULE = $(shell sed -n 's/^\#define $(1)[[:space:]][[:space:]]*//p' src/outbox.h)
 OUTBOX_STEERING = $(shell sed -n '/^\#define OUTBOX_PLANNER_STEERING/{s/[^"]*\("[a-z_]*"\)[^"]*/\1, /g;s/, $$//;p;}' src/outbox.h)
-outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql)) src/outbox.h
-	cat $(filter %.sql,$^) | sed \
+OUTBOX_FILL = sed \
 		-e "s/@OUTBOX_MAX_ID_LEN@/$(call OUTBOX_RULE,OUTBOX_MAX_ID_LEN)/g" \
 		-e "s/@OUTBOX_STATUSES@/$(subst ",',$(call OUTBOX_RULE,OUTBOX_STATUSES))/g" \
-		-e "s/@OUTBOX_PLANNER_STEERING@/$(subst ",',$(OUTBOX_STEERING))/g" > $@
+		-e "s/@OUTBOX_PLANNER_STEERING@/$(subst ",',$(OUTBOX_STEERING))/g"
+outbox--$(EXTVERSION).sql: $(sort $(wildcard src/sql/*.sql)) src/outbox.h
+	cat $(filter %.sql,$^) | $(OUTBOX_FILL) > $@
+	! grep -n '@OUTBOX_[A-Z_]*@' $@
+outbox--%--$(EXTVERSION).sql: src/update/%--$(EXTVERSION).sql $(UPDATE_PARTS) $(wildcard src/update/*.after.sql) src/outbox.h
+	cat $< $(UPDATE_PARTS) $(wildcard src/update/$*--$(EXTVERSION).after.sql) | $(OUTBOX_FILL) > $@
 	! grep -n '@OUTBOX_[A-Z_]*@' $@
 
 .PHONY: prove_installcheck installcheck-pgtap installcheck-server

@@ -64,6 +64,7 @@ OUTBOX_TEST_PACKAGES=(
 	lintian
 	postgresql-server-dev-all
 	postgresql-common
+	git
 )
 
 # The programs the scripts, the Makefile and the tests run, and the files
@@ -73,8 +74,8 @@ OUTBOX_TEST_PACKAGES=(
 # looked up in PG_CONFIG's bindir, the rest on PATH.
 OUTBOX_TOOLS=(bash gcc make perl prove pg_prove runuser tar curl man
 	dpkg-buildpackage dpkg-deb dh pg_buildext fakeroot lintian apt-cache
-	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot)
-OUTBOX_PG_TOOLS=(pg_config postgres initdb pg_ctl psql createdb dropdb pgbench)
+	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot git)
+OUTBOX_PG_TOOLS=(pg_config postgres initdb pg_ctl psql createdb dropdb pgbench pg_dump pg_restore)
 OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
 
 # Install the missing packages of OUTBOX_PACKAGES and of the arguments (as

@@ -55,8 +55,9 @@ tar -C "$ROOT" --exclude=.git -cf - . | tar -C "$WORK/src" -xf -
 outbox_give_to_pg_user "$WORK"
 trap 'outbox_cleanup_work "$WORK"' EXIT
 
-# Environment of every make call: this server, outbox-relay on PATH.
-MAKE_ENV="PG_CONFIG='$PG_CONFIG' PATH='$OUTBOX_RELAY_BINDIR':\$PATH"
+# Environment of every make call: this server, outbox-relay on PATH, the
+# git repository (the upgrade tests build the released versions from it).
+MAKE_ENV="PG_CONFIG='$PG_CONFIG' PATH='$OUTBOX_RELAY_BINDIR':\$PATH OUTBOX_GIT_DIR='$ROOT'"
 
 PASSED=0
 FAILED=0

@@ -83,6 +83,19 @@ CREATE INDEX commands_claim_idx ON @extschema@.commands
 CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until)
 	WHERE status OPERATOR(pg_catalog.=) 'sending';
 
+-- Commands that need a human, by kind and status (the key holds both, in
+-- the "C" collation like every text key of the extension, so
+-- outbox.metrics_backlog() of part 45 counts them with an index-only
+-- scan).  Only dead and uncertain rows have an entry, so claims and acks never write to this
+-- index: a command enters it when it goes dead or uncertain and leaves it
+-- when it is requeued or resolved.  (status is already part of
+-- commands_lease_idx's predicate, so this index makes no update that was
+-- HOT non-HOT.)
+CREATE INDEX commands_held_idx ON @extschema@.commands (kind, status COLLATE pg_catalog."C")
+	WHERE status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[]);
+COMMENT ON INDEX @extschema@.commands_held_idx
+	IS 'dead and uncertain commands by kind and status (read by outbox.metrics_backlog)';
+
 -- One completion receipt per command.
 CREATE TABLE @extschema@.receipts (
 	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,

@@ -10,7 +10,7 @@
 --
 --   pending rows       commands_claim_idx  (due_at IS NOT NULL)
 --   sending rows       commands_lease_idx  (status = 'sending')
---   dead and uncertain commands_held_idx   (below)
+--   dead and uncertain commands_held_idx   (part 00)
 --
 -- Published commands are not counted by kind: that count would read every
 -- row that is kept for retention.  monitoring/queries.yaml (the queries of
@@ -19,18 +19,9 @@
 -- outbox.commands; it returns counts and ages only, never a command's id,
 -- payload or error, and is granted to pg_monitor.
 
--- Commands that need a human, by kind and status (the key holds both, in
--- the "C" collation like every text key of the extension, so
--- metrics_backlog counts them with an index-only scan).  Only dead and
--- uncertain rows have an entry, so claims and acks never write to this
--- index: a command enters it when it goes dead or uncertain and leaves it
--- when it is requeued or resolved.  (status is already part of
--- commands_lease_idx's predicate, so this index makes no update that was
--- HOT non-HOT.)
-CREATE INDEX commands_held_idx ON @extschema@.commands (kind, status COLLATE pg_catalog."C")
-	WHERE status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[]);
-COMMENT ON INDEX @extschema@.commands_held_idx
-	IS 'dead and uncertain commands by kind and status (read by outbox.metrics_backlog)';
+-- commands_held_idx, the index of dead and uncertain commands that
+-- metrics_backlog reads, is in part 00 with the other indexes (an update
+-- script runs the parts after 00 again, and keeps the tables' indexes).
 
 -- Per kind, status and state, the commands that are not published, and the
 -- age of the oldest one where an age means something.  Each status is read

@@ -14,8 +14,10 @@
 #    every trap fires for a careless query; then CREATE EXTENSION, every API
 #    function (called by that role, a member of the four group roles, and by
 #    a superuser), every view, the background worker's sweep and purge,
-#    ALTER EXTENSION UPDATE from every older version, and DROP + CREATE
-#    EXTENSION run under those settings, and the log stays empty.
+#    ALTER EXTENSION UPDATE from every older version (installed by that
+#    release's own binaries, OutboxTest's outbox_release_install), and
+#    DROP + CREATE EXTENSION run under those settings, and the log stays
+#    empty.
 # 3. CREATE EXTENSION refuses a schema named outbox that an untrusted role
 #    owns or may create objects in, or that holds objects of its own.
 use strict;
@@ -583,10 +585,28 @@ my $newest = sql('hijack', q{SELECT default_version FROM pg_available_extensions
 $node->safe_psql('hijack', "$temp_traps\nALTER EXTENSION outbox UPDATE;");
 foreach my $v (@versions)
 {
-	$node->safe_psql('hijack', qq{$temp_traps
+	if ($v eq $newest)
+	{
+		$node->safe_psql('hijack', qq{$temp_traps
 DROP EXTENSION outbox;
 CREATE EXTENSION outbox VERSION '$v';
 ALTER EXTENSION outbox UPDATE;});
+	}
+	else
+	{
+		# an older version is installed by its own release's binaries,
+		# then updated by this build's, as a package upgrade does
+		my ($release) = outbox_release_install($v);
+		$node->safe_psql('hijack', "$temp_traps\nDROP EXTENSION outbox;");
+		$node->stop;
+		outbox_use_install($node, $release);
+		$node->start;
+		$node->safe_psql('hijack', "$temp_traps\nCREATE EXTENSION outbox VERSION '$v';");
+		$node->stop;
+		outbox_use_install($node, undef);
+		$node->start;
+		$node->safe_psql('hijack', "$temp_traps\nALTER EXTENSION outbox UPDATE;");
+	}
 	is(sql('hijack', q{SELECT extversion FROM pg_extension WHERE extname OPERATOR(pg_catalog.=) 'outbox'}),
 		$newest, "from $v: updated to $newest");
 }

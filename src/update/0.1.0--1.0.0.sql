@@ -1,0 +1,241 @@
+-- outbox update script from 0.1.0 to 1.0.0, hand-written part.
+--
+-- The update script outbox--0.1.0--1.0.0.sql is this file followed by the
+-- parts of src/sql/ after 00 and by 0.1.0--1.0.0.after.sql (see the
+-- Makefile): this part saves the privileges of what stays, drops what
+-- those parts create and brings the tables to 1.0.0's shape; they then
+-- create the functions, types and views and make the grants exactly as a
+-- fresh install does; the last part adds the data 1.0.0 needs and puts the
+-- initial privileges right.  test/t/072_upgrade.pl checks that the result equals a
+-- fresh install of 1.0.0, catalog and privileges, and that the data stays.
+-- Every object is qualified, as in the install script.
+
+\echo Use "ALTER EXTENSION outbox UPDATE TO '1.0.0'" to load this file. \quit
+
+-- 0. The privileges of what stays: the tables, the domains and the schema.
+-- A GRANT or REVOKE in an extension script records the object's whole ACL
+-- as its initial privileges (pg_init_privs), and part 90 revokes from
+-- PUBLIC on every table, domain and the schema: grants a DBA made since the
+-- installation would become initial ones, which pg_dump leaves out.  The
+-- ACLs and initial privileges are saved here (for this transaction) and
+-- put right by the part that ends the script (0.1.0--1.0.0.after.sql).
+SELECT pg_catalog.set_config('outbox_update.privileges', COALESCE((
+	SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+			'class', o.classid, 'oid', o.objid, 'acl', o.acl::pg_catalog.text,
+			'init', i.initprivs::pg_catalog.text))
+	  FROM (SELECT d.classid, d.objid, c.relacl AS acl
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.objid
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+			   AND c.relkind OPERATOR(pg_catalog.=) 'r'
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) e.oid
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e'
+			UNION ALL
+			SELECT d.classid, d.objid, t.typacl
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) d.objid
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+			   AND t.typtype OPERATOR(pg_catalog.=) 'd'
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) e.oid
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e'
+			UNION ALL
+			SELECT 'pg_catalog.pg_namespace'::pg_catalog.regclass, n.oid, n.nspacl
+			  FROM pg_catalog.pg_namespace n
+			 WHERE n.oid OPERATOR(pg_catalog.=) e.extnamespace) o
+	  JOIN pg_catalog.pg_init_privs i
+		ON i.classoid OPERATOR(pg_catalog.=) o.classid AND i.objoid OPERATOR(pg_catalog.=) o.objid
+	   AND i.objsubid OPERATOR(pg_catalog.=) 0)::pg_catalog.text, '[]'), true)
+  FROM pg_catalog.pg_extension e
+ WHERE e.extname OPERATOR(pg_catalog.=) 'outbox';
+
+-- What 0.1.0 itself granted on the schema is revoked, for part 90 to grant
+-- again in the order of a fresh install (an ACL's order shows in the
+-- catalog and in pg_dump's output).
+DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN
+		SELECT DISTINCT a.grantee
+		  FROM pg_catalog.pg_extension e
+		  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+		  JOIN pg_catalog.pg_init_privs i
+			ON i.classoid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass
+		   AND i.objoid OPERATOR(pg_catalog.=) n.oid
+		 CROSS JOIN LATERAL pg_catalog.aclexplode(i.initprivs) a
+		 WHERE e.extname OPERATOR(pg_catalog.=) 'outbox'
+		   AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner
+		   AND a.grantee OPERATOR(pg_catalog.<>) 0
+	LOOP
+		EXECUTE pg_catalog.format('REVOKE ALL ON SCHEMA @extschema@ FROM %I', pg_catalog.pg_get_userbyid(g.grantee));
+	END LOOP;
+END;
+$$;
+
+-- 1. Drop the extension's views, functions and standalone composite types;
+-- the tables, their indexes and the domains their columns use stay.  The
+-- parts that follow create every one of them again (also those whose
+-- definition did not change), so that an object removed or renamed in
+-- 1.0.0 is gone and the privileges are the ones a fresh install grants.
+--
+-- Grants a DBA made on these objects beyond the extension's own (initial)
+-- privileges go with them: a WARNING lists each one as the GRANT statement
+-- to run again after the update.  An object of the DBA's that depends on
+-- one of them (a view over outbox.backlog) stops the update with 2BP01,
+-- changing nothing.  The tables keep their rows and grants.
+DO $$
+DECLARE
+	ext pg_catalog.oid := (SELECT e.oid FROM pg_catalog.pg_extension e
+							WHERE e.extname OPERATOR(pg_catalog.=) 'outbox');
+	views pg_catalog.text;
+	funcs pg_catalog.text;
+	types pg_catalog.text;
+	regrants pg_catalog.text;
+	msg pg_catalog.text;
+	det pg_catalog.text;
+BEGIN
+	WITH m AS (
+	SELECT o.kind, o.name, o.acl, i.initprivs
+	  FROM (SELECT 'VIEW' AS kind,
+				   pg_catalog.format('%I.%I', n.nspname, c.relname) AS name,
+				   c.relacl AS acl, d.classid, d.objid
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.objid
+			  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+			   AND c.relkind OPERATOR(pg_catalog.=) 'v'
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) ext
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e'
+			UNION ALL
+			-- each argument type written with its schema: nothing is
+			-- looked up through search_path
+			SELECT 'FUNCTION',
+				   pg_catalog.format('%I.%I(%s)', n.nspname, p.proname,
+					   (SELECT pg_catalog.string_agg(pg_catalog.format('%I.%I', tn.nspname, t.typname), ', '
+													 ORDER BY a.ord)
+						  FROM pg_catalog.unnest(p.proargtypes::pg_catalog.oid[]) WITH ORDINALITY AS a(typ, ord)
+						  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) a.typ
+						  JOIN pg_catalog.pg_namespace tn ON tn.oid OPERATOR(pg_catalog.=) t.typnamespace)),
+				   p.proacl, d.classid, d.objid
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) d.objid
+			  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) ext
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e'
+			UNION ALL
+			SELECT 'TYPE', pg_catalog.format('%I.%I', n.nspname, t.typname),
+				   t.typacl, d.classid, d.objid
+			  FROM pg_catalog.pg_depend d
+			  JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) d.objid
+			  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.typrelid
+			  JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) t.typnamespace
+			 WHERE d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_type'::pg_catalog.regclass
+			   AND c.relkind OPERATOR(pg_catalog.=) 'c'
+			   AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+			   AND d.refobjid OPERATOR(pg_catalog.=) ext
+			   AND d.deptype OPERATOR(pg_catalog.=) 'e') o
+	  LEFT JOIN pg_catalog.pg_init_privs i
+		ON i.classoid OPERATOR(pg_catalog.=) o.classid AND i.objoid OPERATOR(pg_catalog.=) o.objid
+	   AND i.objsubid OPERATOR(pg_catalog.=) 0)
+	SELECT
+	-- the grants beyond the initial privileges (PUBLIC is grantee 0)
+	(SELECT pg_catalog.string_agg(pg_catalog.format('GRANT %s ON %s %s TO %s%s;',
+				g.privilege_type,
+				CASE WHEN m.kind OPERATOR(pg_catalog.=) 'VIEW' THEN 'TABLE' ELSE m.kind END,
+				m.name,
+				CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+					 ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END,
+				CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END),
+			' ' ORDER BY m.name, g.grantee, g.privilege_type)
+	   FROM m
+	  CROSS JOIN LATERAL pg_catalog.aclexplode(m.acl) g
+	  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.aclexplode(m.initprivs) ip
+						 WHERE ip.grantee OPERATOR(pg_catalog.=) g.grantee
+						   AND ip.privilege_type OPERATOR(pg_catalog.=) g.privilege_type
+						   AND ip.is_grantable OPERATOR(pg_catalog.=) g.is_grantable)),
+	(SELECT pg_catalog.string_agg(m.name, ', ') FROM m WHERE m.kind OPERATOR(pg_catalog.=) 'VIEW'),
+	(SELECT pg_catalog.string_agg(m.name, ', ') FROM m WHERE m.kind OPERATOR(pg_catalog.=) 'FUNCTION'),
+	(SELECT pg_catalog.string_agg(m.name, ', ') FROM m WHERE m.kind OPERATOR(pg_catalog.=) 'TYPE')
+	  INTO regrants, views, funcs, types;
+
+	IF regrants IS NOT NULL THEN
+		-- (a WARNING: ALTER EXTENSION does not show NOTICEs)
+		RAISE WARNING 'the update recreates the views and functions of the extension, without these grants made after its installation'
+			USING DETAIL = regrants,
+				  HINT = 'Run them again after the update.';
+	END IF;
+
+	BEGIN
+		-- views use functions, functions return types: in that order, each
+		-- kind in one statement (dependencies among them do not matter)
+		IF views IS NOT NULL THEN
+			EXECUTE pg_catalog.format('DROP VIEW %s', views);
+		END IF;
+		IF funcs IS NOT NULL THEN
+			EXECUTE pg_catalog.format('DROP FUNCTION %s', funcs);
+		END IF;
+		IF types IS NOT NULL THEN
+			EXECUTE pg_catalog.format('DROP TYPE %s', types);
+		END IF;
+	EXCEPTION WHEN dependent_objects_still_exist THEN
+		GET STACKED DIAGNOSTICS msg = MESSAGE_TEXT;
+		GET STACKED DIAGNOSTICS det = PG_EXCEPTION_DETAIL;
+		RAISE EXCEPTION '%', msg
+			USING ERRCODE = 'dependent_objects_still_exist', DETAIL = det,
+				  HINT = 'The update recreates the views and functions of the extension: drop the objects that depend on them, update, and create them again.';
+	END;
+END;
+$$;
+
+-- 2. The tables, as part 00 of 1.0.0 makes them: columns added at the end
+-- of each table, new tables registered for pg_dump, their comments.
+
+-- The role that decided a command.  NULL for the decisions recorded by
+-- 0.1.0, which kept no role: a repeat of one of them is a conflict (23505),
+-- never an idempotent retry, since nobody can tell whose it was.
+ALTER TABLE @extschema@.commands ADD COLUMN decided_by pg_catalog.oid;
+COMMENT ON COLUMN @extschema@.commands.decided_by IS 'the role that decided the command (current_user of the commit_decision call)';
+
+-- Lease tokens: the secret of the lease's token and the role that claimed
+-- it.  A lease live at the update has neither: no token exists for it, so
+-- nobody can ack, fail or renew it; it runs to its end and is then taken
+-- over by claim (or swept, as any expired lease), its delivery counted
+-- (docs/reference.md, "Upgrading from 0.1.0").
+ALTER TABLE @extschema@.commands
+	ADD COLUMN lease_secret pg_catalog.uuid,
+	ADD COLUMN leased_by pg_catalog.oid;
+COMMENT ON COLUMN @extschema@.commands.lease_secret IS 'the random 128-bit secret of the lease''s token (set by each claim; no view shows it)';
+COMMENT ON COLUMN @extschema@.commands.leased_by IS 'the role that claimed the lease (only that role, or an outbox admin, may use its token)';
+COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version: bumped by every change of its lease, for ordering and diagnostics (at least 1)';
+
+-- Per-kind authorization: NULL (every member of the database's group
+-- role) for the kinds of 0.1.0, which is what 0.1.0 allowed.
+ALTER TABLE @extschema@.policies
+	ADD COLUMN deciders pg_catalog.regrole[],
+	ADD COLUMN claimers pg_catalog.regrole[],
+	ADD COLUMN completers pg_catalog.regrole[];
+COMMENT ON COLUMN @extschema@.policies.deciders IS 'roles whose members may decide commands of the kind (NULL: every producer; empty: admins only)';
+COMMENT ON COLUMN @extschema@.policies.claimers IS 'roles whose members may claim commands of the kind (NULL: every publisher; empty: admins only)';
+COMMENT ON COLUMN @extschema@.policies.completers IS 'roles whose members may complete commands of the kind (NULL: every consumer; empty: admins only)';
+-- The kinds with claimers, read by every claim (no 0.1.0 policy has any).
+CREATE INDEX policies_claimers_idx ON @extschema@.policies (kind) WHERE claimers IS NOT NULL;
+
+-- Consumer names (the names 0.1.0's inbox holds are registered by the last
+-- part, once this database's consumer role exists).
+CREATE TABLE @extschema@.consumers (
+	consumer	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	role		pg_catalog.regrole NOT NULL,
+	registered_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT consumers_pkey PRIMARY KEY (consumer)
+);
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumers', '');
+COMMENT ON TABLE @extschema@.consumers IS 'consumer names, each registered to the role whose members may accept commands under it';
+
+-- 3. The parts of src/sql/ after 00 follow: roles, functions, types,
+-- views, comments and privileges, as in a fresh install; then
+-- 0.1.0--1.0.0.after.sql.
