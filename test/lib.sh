@@ -64,6 +64,9 @@ OUTBOX_TEST_PACKAGES=(
 	lintian
 	postgresql-server-dev-all
 	postgresql-common
+	python3-psycopg
+	nodejs
+	npm
 )
 
 # The programs the scripts, the Makefile and the tests run, and the files
@@ -73,7 +76,8 @@ OUTBOX_TEST_PACKAGES=(
 # looked up in PG_CONFIG's bindir, the rest on PATH.
 OUTBOX_TOOLS=(bash gcc make perl prove pg_prove runuser tar curl man
 	dpkg-buildpackage dpkg-deb dh pg_buildext fakeroot lintian apt-cache
-	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot)
+	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot
+	node npm)
 OUTBOX_PG_TOOLS=(pg_config postgres initdb pg_ctl psql createdb dropdb pgbench)
 OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
 
@@ -83,7 +87,12 @@ OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
 outbox_setup() {
 	local missing=() p
 	for p in "${OUTBOX_PACKAGES[@]}" "$@"; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && continue
+		# also met by an installed package that provides it (a Node.js
+		# build that bundles npm provides npm and conflicts with it)
+		dpkg-query -W -f='${db:Status-Abbrev}${Provides}\n' 2>/dev/null | sed -n 's/^ii *//p' |
+			tr ',' '\n' | sed 's/^ *//; s/ .*//' | grep -qx "$p" && continue
+		missing+=("$p")
 	done
 	if [ ${#missing[@]} -gt 0 ]; then
 		if [ "$(id -u)" -ne 0 ]; then

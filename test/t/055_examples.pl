@@ -1,0 +1,186 @@
+# The application examples of examples/ (Python with Debian's psycopg 3,
+# Node.js with node-postgres from npm) against a live cluster, each in a
+# database of its own set up by examples/setup.sql:
+#   * the producer places orders; every order has its command;
+#   * publisher A claims a batch under a short lease and holds it unconfirmed
+#     until the lease has run out; publisher B takes the batch over (and
+#     claims the rest), sends and acks it; then A's broker confirms, A's acks
+#     meet stale tokens (OB001), A drops those commands and goes on;
+#   * the consumer gets every message of both publishers (the taken-over ones
+#     twice), and once more as a redelivery: one charge and one receipt per
+#     command, written in the same transaction.
+# Everything is checked from the database.  node-postgres is installed with
+# npm from examples/node/package.json (an exact version) into this test's
+# own directory; the interpreter for Python is OUTBOX_PYTHON, by default
+# Debian's /usr/bin/python3 (python3-psycopg).
+use strict;
+use warnings;
+use File::Copy qw(copy);
+use IPC::Run;
+use JSON::PP;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
+
+my $src = $ENV{OUTBOX_SRC} // "$FindBin::RealBin/../..";
+my $examples = "$src/examples";
+-f "$examples/setup.sql" or BAIL_OUT("no examples/ in $src (set OUTBOX_SRC to the checkout)");
+my $python = $ENV{OUTBOX_PYTHON} // '/usr/bin/python3';
+my $timeout = $PostgreSQL::Test::Utils::timeout_default;
+
+# The commands of one run: more than the publishers' batch of 10, so that B
+# takes over A's whole batch and claims the rest itself.
+my $count = 12;
+my $batch = 10;
+
+# SQLSTATE of a stale lease token.
+my $lease_not_owned = qr/OB001|55000/;    # 55000 until API 1.0
+
+# The worker is kept out of the example databases: no sweep runs behind the
+# staged takeover's back.
+my $node = outbox_node('examples', "outbox.databases = 'postgres'\n");
+
+# node-postgres, at the version examples/node/package.json pins, installed
+# into a copy of examples/node in this test's directory (npm's cache too).
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+my $nodedir = "$tmp/node";
+mkdir $nodedir or die "mkdir $nodedir: $!";
+copy("$examples/node/$_", "$nodedir/$_") or die "copy $_: $!"
+  for qw(package.json producer.js publisher.js consumer.js);
+my $pinned = decode_json(slurp_file("$nodedir/package.json"))->{dependencies}{pg};
+like($pinned, qr/^\d+\.\d+\.\d+$/, "package.json pins pg to one version ($pinned)");
+{
+	local $ENV{HOME} = $tmp;
+	local $ENV{npm_config_cache} = "$tmp/npm-cache";
+	local $ENV{npm_config_update_notifier} = 'false';
+	my ($out, $err);
+	my $ok = IPC::Run::run([ 'npm', 'install', '--no-audit', '--no-fund', '--loglevel=error' ],
+		'<', \undef, '>', \$out, '2>', \$err, init => sub { chdir $nodedir or die "chdir: $!" },
+		IPC::Run::timeout(600));
+	ok($ok, 'npm install of the Node.js example') or diag($err);
+	my $installed = -f "$nodedir/node_modules/pg/package.json"
+	  ? decode_json(slurp_file("$nodedir/node_modules/pg/package.json"))->{version} : 'none';
+	is($installed, $pinned, 'npm installed pg at the pinned version');
+}
+
+# The command line of one part of one language's example.
+sub example
+{
+	my ($lang, $part, @args) = @_;
+	return $lang eq 'python'
+	  ? [ $python, "$examples/python/$part.py", @args ]
+	  : [ 'node', "$nodedir/$part.js", @args ];
+}
+
+# Run one part to its end as login role $role, standard input $in;
+# returns (success, stdout, stderr).
+sub run_part
+{
+	my ($lang, $role, $db, $in, $part, @args) = @_;
+	my ($out, $err) = ('', '');
+	local $ENV{PGHOST} = $node->host;
+	local $ENV{PGPORT} = $node->port;
+	local $ENV{PGDATABASE} = $db;
+	local $ENV{PGUSER} = $role;
+	my $ok = IPC::Run::run(example($lang, $part, @args),
+		'<', \$in, '>', \$out, '2>', \$err, IPC::Run::timeout($timeout));
+	return ($ok, $out, $err);
+}
+
+sub lines { my ($s) = @_; return scalar(() = $s =~ /\n/g); }
+
+foreach my $lang ('python', 'node')
+{
+	my $db = "shop_$lang";
+	my $run = "$lang-run";
+	$node->safe_psql('postgres', "CREATE DATABASE $db");
+	$node->safe_psql($db, 'CREATE EXTENSION outbox');
+	my ($rc, $stdout, $stderr) = $node->psql($db, slurp_file("$examples/setup.sql"),
+		extra_params => [ '-v', 'ON_ERROR_STOP=1' ]);
+	is($rc, 0, "$lang: examples/setup.sql runs") or diag($stderr);
+	# (roles are cluster-wide: the second database's setup drops nothing)
+
+	# Producer: every order has its command, in one transaction each.
+	my ($ok, $out, $err) = run_part($lang, 'shop_producer', $db, '', 'producer', $run, $count);
+	ok($ok, "$lang: the producer succeeds") or diag($err);
+	is( $node->safe_psql(
+			$db, qq{SELECT count(*) FROM shop_orders o
+			 JOIN outbox.commands c ON c.command_id = o.order_id || '/charge'
+			WHERE c.run_id = '$run' AND c.status = 'pending' AND c.kind = 'charge_card'
+			  AND c.payload = jsonb_build_object('order_id', o.order_id, 'amount_cents', o.amount_cents)}),
+		$count, "$lang: $count orders, each with its pending charge_card command");
+
+	# Publisher A claims a batch under a 2-second lease; its broker holds
+	# the confirmations back.
+	my ($a_in, $a_out, $a_err) = ('', '', '');
+	my $a;
+	{
+		local $ENV{PGHOST} = $node->host;
+		local $ENV{PGPORT} = $node->port;
+		local $ENV{PGDATABASE} = $db;
+		local $ENV{PGUSER} = 'shop_publisher';
+		$a = IPC::Run::start(example($lang, 'publisher', 'A', 2),
+			'<', \$a_in, '>', \$a_out, '2>', \$a_err, IPC::Run::timeout($timeout));
+	}
+	$a->pump while lines($a_out) < $batch;
+	is(lines($a_out), $batch, "$lang: publisher A sent a batch of $batch and waits for its broker");
+	is($node->safe_psql($db, q{SELECT count(*) FROM outbox.commands WHERE status = 'sending' AND owner = 'A'}),
+		$batch, "$lang: A holds $batch leases");
+	$node->poll_query_until($db,
+		q{SELECT count(*) = 0 FROM outbox.commands WHERE status = 'sending' AND lease_until >= clock_timestamp()})
+	  or die "A's leases never expired";
+
+	# Publisher B takes A's batch over and claims the rest; its broker
+	# confirms everything at once.
+	my ($b_ok, $b_out, $b_err) = run_part($lang, 'shop_publisher', $db, "ok\n" x $count, 'publisher', 'B', 60);
+	ok($b_ok, "$lang: publisher B succeeds") or diag($b_err);
+	is(lines($b_out), $count, "$lang: B sent all $count commands");
+	my $after_b = $node->safe_psql($db,
+		q{SELECT status || ' ' || owner || ' d' || deliveries || ' ' || count(*)
+			FROM outbox.commands GROUP BY status, owner, deliveries ORDER BY 1});
+	is($after_b, "published B d1 " . ($count - $batch) . "\npublished B d2 $batch",
+		"$lang: B published all, $batch of them taken over from A");
+
+	# A's broker confirms now: every ack of A meets a stale token.
+	$a_in .= "ok\n" x $batch;
+	my $a_ok = eval { $a->finish };
+	ok($a_ok, "$lang: publisher A goes on after its stale acks and ends cleanly") or diag($a_err);
+	is(scalar(() = $a_err =~ /\b(?:$lease_not_owned)\b/g), $batch,
+		"$lang: A saw $lease_not_owned for each of its $batch acks and dropped the command");
+	is($node->safe_psql($db,
+			q{SELECT status || ' ' || owner || ' d' || deliveries || ' ' || count(*)
+				FROM outbox.commands GROUP BY status, owner, deliveries ORDER BY 1}),
+		$after_b, "$lang: A's stale acks changed nothing");
+
+	# Consumer: both publishers' messages (the taken-over ones twice), then
+	# all of them once more: one charge and one receipt per command.
+	my $messages = $a_out . $b_out;
+	is(lines($messages), $count + $batch, "$lang: the consumer gets " . ($count + $batch) . " messages");
+	foreach my $round ('first delivery', 'redelivery')
+	{
+		($ok, $out, $err) = run_part($lang, 'shop_consumer', $db, $messages, 'consumer');
+		ok($ok, "$lang: the consumer succeeds ($round)") or diag($err);
+		is( $node->safe_psql(
+				$db, qq{SELECT (SELECT count(*) FROM shop_charges) || ' charges, '
+				 || (SELECT count(DISTINCT command_id) FROM shop_charges) || ' commands charged, '
+				 || (SELECT count(*) FROM outbox.receipts WHERE outcome = 'done') || ' receipts, '
+				 || (SELECT count(*) FROM outbox.inbox WHERE consumer = 'billing') || ' accepted'}),
+			"$count charges, $count commands charged, $count receipts, $count accepted",
+			"$lang: one charge, one receipt and one inbox entry per command ($round)");
+	}
+	is( $node->safe_psql(
+			$db, q{SELECT count(*) FROM outbox.receipts r
+			 JOIN shop_charges ch ON ch.command_id = r.command_id
+			 JOIN shop_orders o ON o.order_id = ch.order_id AND o.amount_cents = ch.amount_cents
+			WHERE (r.detail->>'charge_id')::bigint = ch.id}),
+		$count, "$lang: each receipt names the charge of its own order (written together)");
+	is($node->safe_psql($db, q{SELECT string_agg(check_name, ', ') FROM outbox.conservation
+			WHERE severity = 'error' AND violations > 0}),
+		'', "$lang: the conservation checks are clean");
+}
+
+$node->stop;
+done_testing();
