@@ -154,3 +154,22 @@ SELECT count(*) AS commands_c FROM outbox.commands WHERE command_id = 'c';
 -- Scalars, arrays and odd Unicode are accepted payloads and identifiers.
 SELECT outbox.commit_decision('rün-✓', 1, 'é', 'cmd-☃', 'k', '"just a string"');
 SELECT command_id, payload FROM outbox.commands WHERE run_id = 'rün-✓';
+-- Caller identity: the API is SECURITY INVOKER and runs its body as the
+-- owner.  A role holding only the group role decides (no table privilege
+-- needed), and it is itself again after the call, after a failed one too.
+CREATE ROLE regress_producer IN ROLE outbox_producer;
+SET ROLE regress_producer;
+SELECT outbox.commit_decision('r-caller', 1, 'e', 'c-caller', 'k', '{}');
+SELECT current_user;
+BEGIN;
+SAVEPOINT s;
+SELECT outbox.commit_decision('r-caller', 1, 'e', 'c-caller', 'k', '{}');
+ROLLBACK TO SAVEPOINT s;
+SELECT current_user;
+COMMIT;
+SELECT outbox.commit_decision('r-caller', 2, 'e', 'c-caller', 'k', '{}');
+SELECT current_user;
+SELECT count(*) FROM outbox.commands;
+RESET ROLE;
+SELECT count(*) AS commands_of_caller FROM outbox.commands WHERE run_id = 'r-caller';
+DROP ROLE regress_producer;

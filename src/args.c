@@ -6,8 +6,11 @@
  * Identifiers (at most OUTBOX_MAX_ID_LEN bytes, the limit the PL/pgSQL
  * functions get from the same definition through the install script),
  * payloads (outbox.max_payload_bytes, OUTBOX_MAX_PAYLOAD_DEPTH levels),
- * leases (positive, at most outbox.max_lease) and NULLs, each with its
- * SQLSTATE.  A bottom layer: it calls no other file of the extension.
+ * and NULLs, each with its
+ * SQLSTATE; and the caller identity of the API functions (OutboxCallAsOwner):
+ * they are SECURITY INVOKER, so current_user at the call site is the role
+ * a call is made by, and their body runs as the extension objects' owner.
+ * A bottom layer: it calls no other file of the extension.
  *
  * Locking: none.
  *
@@ -15,11 +18,56 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_proc.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
+
+/*
+ * Run body, the implementation of a SQL-callable API function, as the
+ * function's owner (its proowner, the extension's owner), giving it the
+ * calling role: current_user when the call was made, so a SECURITY DEFINER
+ * function of the application that calls the API acts as its own owner.
+ *
+ * This is what SECURITY DEFINER would do, done in C so that the body also
+ * knows who called: fmgr has already applied the function's SET
+ * search_path.  The security context gets SECURITY_LOCAL_USERID_CHANGE (no
+ * SET ROLE or SET SESSION AUTHORIZATION inside), and PG_FINALLY restores the
+ * caller's identity on every exit, an error included.
+ */
+Datum
+OutboxCallAsOwner(FunctionCallInfo fcinfo, OutboxApiBody body)
+{
+	Oid			caller;
+	Oid			owner;
+	int			sec_context;
+	HeapTuple	tup;
+	volatile Datum result = (Datum) 0;
+
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid));
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for function %u",
+			 fcinfo->flinfo->fn_oid);
+	owner = ((Form_pg_proc) GETSTRUCT(tup))->proowner;
+	ReleaseSysCache(tup);
+
+	GetUserIdAndSecContext(&caller, &sec_context);
+	SetUserIdAndSecContext(owner, sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	PG_TRY();
+	{
+		result = body(fcinfo, caller);
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(caller, sec_context);
+	}
+	PG_END_TRY();
+	return result;
+}
 
 /* Raise 22004 if argument argno is NULL. */
 void
@@ -130,56 +178,4 @@ OutboxArgPayload(FunctionCallInfo fcinfo, int argno, const char *what,
 	j = PG_GETARG_JSONB_P(argno);
 	OutboxCheckPayload(j, what);
 	return j;
-}
-
-/*
- * An interval in microseconds, counting a month as 30 days and a day as
- * 24 hours (as EXTRACT(epoch) does); saturates instead of overflowing.
- */
-int64
-OutboxIntervalUsec(Interval *iv)
-{
-	double		usec;
-
-	usec = (double) iv->time +
-		((double) iv->month * DAYS_PER_MONTH + (double) iv->day) *
-		(double) USECS_PER_DAY;
-	if (usec >= (double) PG_INT64_MAX)
-		return PG_INT64_MAX;
-	if (usec <= (double) PG_INT64_MIN)
-		return PG_INT64_MIN;
-	return (int64) usec;
-}
-
-/*
- * Fetch and check an optional lease argument: NULL means "the default"
- * and is returned as NULL; otherwise it must be positive and at most
- * outbox.max_lease.
- */
-Interval *
-OutboxArgLease(FunctionCallInfo fcinfo, int argno)
-{
-	Interval   *iv;
-	int64		usec;
-
-	if (PG_ARGISNULL(argno))
-		return NULL;
-	iv = PG_GETARG_INTERVAL_P(argno);
-	usec = OutboxIntervalUsec(iv);
-	if (usec <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be positive"),
-				 errdetail("The requested lease was %s.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(iv))))));
-	if (usec > (int64) outbox_max_lease_s * USECS_PER_SEC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease is longer than outbox.max_lease"),
-				 errdetail("The requested lease was %s; the limit is %d seconds.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(iv))),
-						   outbox_max_lease_s)));
-	return iv;
 }

@@ -33,8 +33,8 @@ static SPIPlanPtr plan_inbox = NULL;
  * command was purged); an error for an unknown command (23503) or a repeat
  * with another outcome (23505).
  */
-Datum
-outbox_complete(PG_FUNCTION_ARGS)
+static Datum
+co_complete(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[3] = {TEXTOID, TEXTOID, JSONBOID};
 	text	   *command_id = OutboxArgId(fcinfo, 0, "command_id");
@@ -109,9 +109,16 @@ outbox_complete(PG_FUNCTION_ARGS)
 	PG_RETURN_BOOL(false);
 }
 
-/* outbox.inbox_accept(consumer, command_id): true the first time only. */
+/* outbox.complete: the body, as the owner, told who called. */
 Datum
-outbox_inbox_accept(PG_FUNCTION_ARGS)
+outbox_complete(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, co_complete);
+}
+
+/* outbox.inbox_accept(consumer, command_id): true the first time only. */
+static Datum
+co_inbox_accept(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[2] = {TEXTOID, TEXTOID};
 	text	   *consumer = OutboxArgId(fcinfo, 0, "consumer");
@@ -132,4 +139,11 @@ outbox_inbox_accept(PG_FUNCTION_ARGS)
 	accepted = (SPI_processed == 1);
 	SPI_finish();
 	PG_RETURN_BOOL(accepted);
+}
+
+/* outbox.inbox_accept: the body, as the owner, told who called. */
+Datum
+outbox_inbox_accept(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, co_inbox_accept);
 }

@@ -4,15 +4,22 @@
  *		The publisher API: claim, ack (single and batch), fail, renew, and
  *		the sweep of expired leases.
  *
- * Lease protocol.  A command's token is (command_id, version).  Every state
- * change is one UPDATE whose WHERE clause holds the whole token: status =
- * 'sending', owner = the caller, version = the caller's version (for the
- * batch ack, the row's (command_id, version) is one of the caller's pairs:
- * outbox._ack_token); it bumps version.  Two holders can therefore never
- * both change a row: whichever UPDATE runs second finds a different version
- * (READ COMMITTED re-checks the WHERE clause on the newest row version) and
- * changes nothing, and the caller is told lease_not_owned.  renew extends lease_until without
- * bumping version: the holder keeps its token.
+ * Lease protocol.  Each claim gives a command a new lease: a random
+ * 128-bit secret (pg_strong_random, lease_secret) and the claiming role
+ * (leased_by), and hands out a token, opaque text that carries the secret,
+ * the run_id and the command_id (le_make_token).  ack, fail and renew take
+ * the worker name and the token; each is one statement that finds the row
+ * by its primary key (the token's command_id) and whose WHERE clause holds
+ * the whole lease: status = 'sending', the token's run_id and secret, owner
+ * = the caller's worker name, and leased_by = the calling role (or the
+ * caller is a member of this database's outbox admin role).  ack and fail
+ * bump version; a claim sets a new secret.  Two holders can therefore never
+ * both change a row: whichever statement runs second finds a different
+ * secret or status (READ COMMITTED re-checks the WHERE clause on the newest
+ * row version) and changes nothing, and the caller is told OB001
+ * (lease_not_owned), with nothing of the row's holder in the error.  renew
+ * extends lease_until and keeps the secret: the holder keeps its token.
+ * version is kept for ordering and diagnostics only: no call accepts it.
  *
  * claim locks its candidates with FOR NO KEY UPDATE SKIP LOCKED, so
  * concurrent claimers never wait for each other and never lock the same
@@ -41,25 +48,29 @@
 #include "catalog/pg_index.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
 #include "common/pg_prng.h"
 #include "executor/tuptable.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
+#include "miscadmin.h"
 #include "nodes/primnodes.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/acl.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/relcache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/uuid.h"
 
 #include "outbox.h"
 
 PG_FUNCTION_INFO_V1(outbox_claim);
 PG_FUNCTION_INFO_V1(outbox_ack);
-PG_FUNCTION_INFO_V1(outbox_ack_batch);
-PG_FUNCTION_INFO_V1(outbox_ack_token);
+PG_FUNCTION_INFO_V1(outbox_ack_many);
+PG_FUNCTION_INFO_V1(outbox_lease_secret);
 PG_FUNCTION_INFO_V1(outbox_fail);
 PG_FUNCTION_INFO_V1(outbox_renew);
 PG_FUNCTION_INFO_V1(outbox_sweep);
@@ -67,9 +78,7 @@ PG_FUNCTION_INFO_V1(outbox_sweep);
 static SPIPlanPtr plan_claim = NULL;
 static SPIPlanPtr plan_claim_pending = NULL;
 static SPIPlanPtr plan_ack = NULL;
-static SPIPlanPtr plan_ack_batch = NULL;
-static SPIPlanPtr plan_ack_why = NULL;
-static SPIPlanPtr plan_state = NULL;
+static SPIPlanPtr plan_ack_many = NULL;
 static SPIPlanPtr plan_fail_lock = NULL;
 static SPIPlanPtr plan_fail_set = NULL;
 static SPIPlanPtr plan_renew = NULL;
@@ -122,79 +131,243 @@ le_arg_batch(FunctionCallInfo fcinfo, int argno)
 	return batch;
 }
 
-/* Fetch and check a version argument (a token is at least 1). */
-static int64
-le_arg_version(FunctionCallInfo fcinfo, int argno)
+/*
+ * Fetch and check an optional lease argument, for a lease that starts at
+ * now: NULL means "the default" and is returned as NULL.  The bounds are
+ * checked on the timestamp the lease would end at (now + lease, as the
+ * statements compute it), not on the interval with its months counted as 30
+ * days: the lease must end after now and at most outbox.max_lease after
+ * it.  Each field of the interval is first kept within 2000 years either
+ * way, so that the sum cannot leave the range of timestamptz.
+ */
+static Interval *
+le_arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 {
-	int64		v;
+	Interval   *iv;
+	TimestampTz end;
+	const int64 years = 2000;
 
-	OutboxArgNotNull(fcinfo, argno, "version");
-	v = PG_GETARG_INT64(argno);
-	if (v < 1)
+	if (PG_ARGISNULL(argno))
+		return NULL;
+	iv = PG_GETARG_INTERVAL_P(argno);
+	if (iv->month > years * MONTHS_PER_YEAR || iv->month < -years * MONTHS_PER_YEAR ||
+		iv->day > years * 366 || iv->day < -years * 366 ||
+		iv->time > years * 366 * USECS_PER_DAY || iv->time < -years * 366 * USECS_PER_DAY)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("version must be positive"),
-				 errdetail("The value was " INT64_FORMAT ".", v)));
-	return v;
+				 errmsg("lease is out of range"),
+				 errdetail("The requested lease was %s; each of its months, days and time must be within %d years.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))),
+						   (int) years)));
+	end = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												  TimestampTzGetDatum(now),
+												  IntervalPGetDatum(iv)));
+	if (end <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errdetail("The requested lease %s would end at or before the time of the call.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))))));
+	if (end - now > (int64) outbox_max_lease_s * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease is longer than outbox.max_lease"),
+				 errdetail("The requested lease %s would end %.0f seconds after the time of the call; the limit is %d seconds.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))),
+						   (double) (end - now) / USECS_PER_SEC, outbox_max_lease_s)));
+	return iv;
+}
+
+/* The latest end of a lease that starts at now: now + outbox.max_lease. */
+static Datum
+le_max_until(TimestampTz now)
+{
+	return TimestampTzGetDatum(now + (int64) outbox_max_lease_s * USECS_PER_SEC);
 }
 
 /*
- * Raise lease_not_owned for (command_id, worker, version), with a detail
- * that says what the row's state is now.  Counts the refusal.
+ * Tokens.  A token is the text
+ *
+ *		<secret: 32 hex digits>:<run_id's length in bytes>:<run_id>:<command_id>
+ *
+ * for example 0f5c...9a3e:5:run-1:cmd-1.  The length makes the split
+ * unambiguous whatever the ids hold.  Clients treat it as opaque.
+ */
+#define LE_SECRET_HEX	(2 * UUID_LEN)
+#define LE_TOKEN_MAX	(LE_SECRET_HEX + 1 + 3 + 1 + OUTBOX_MAX_ID_LEN + 1 + OUTBOX_MAX_ID_LEN)
+
+/* A token taken apart (pointing into the token's text). */
+typedef struct LeToken
+{
+	pg_uuid_t	secret;
+	const char *run_id;
+	int			run_len;
+	const char *command_id;
+	int			cmd_len;
+} LeToken;
+
+/* The token of a lease: its secret, run_id and command_id. */
+static text *
+le_make_token(const pg_uuid_t *secret, text *run_id, text *command_id)
+{
+	static const char hex[] = "0123456789abcdef";
+	int			rl = VARSIZE_ANY_EXHDR(run_id);
+	int			cl = VARSIZE_ANY_EXHDR(command_id);
+	char		head[LE_SECRET_HEX + 16];
+	int			hl;
+	text	   *t;
+	char	   *p;
+	int			i;
+
+	for (i = 0; i < UUID_LEN; i++)
+	{
+		head[2 * i] = hex[secret->data[i] >> 4];
+		head[2 * i + 1] = hex[secret->data[i] & 0xF];
+	}
+	hl = LE_SECRET_HEX + snprintf(head + LE_SECRET_HEX, sizeof(head) - LE_SECRET_HEX,
+								  ":%d:", rl);
+	t = palloc(VARHDRSZ + hl + rl + 1 + cl);
+	SET_VARSIZE(t, VARHDRSZ + hl + rl + 1 + cl);
+	p = VARDATA(t);
+	memcpy(p, head, hl);
+	memcpy(p + hl, VARDATA_ANY(run_id), rl);
+	p[hl + rl] = ':';
+	memcpy(p + hl + rl + 1, VARDATA_ANY(command_id), cl);
+	return t;
+}
+
+static inline int
+le_hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Take a token apart; false when it is not in the form claim makes. */
+static bool
+le_parse_token(text *token, LeToken *tok)
+{
+	const char *s = VARDATA_ANY(token);
+	int			len = VARSIZE_ANY_EXHDR(token);
+	int			pos = LE_SECRET_HEX;
+	int			rl = 0;
+	int			digits = 0;
+	int			i;
+
+	if (len < LE_SECRET_HEX + 6 || len > LE_TOKEN_MAX)
+		return false;
+	for (i = 0; i < UUID_LEN; i++)
+	{
+		int			hi = le_hexval(s[2 * i]);
+		int			lo = le_hexval(s[2 * i + 1]);
+
+		if (hi < 0 || lo < 0)
+			return false;
+		tok->secret.data[i] = (unsigned char) (hi << 4 | lo);
+	}
+	if (s[pos++] != ':')
+		return false;
+	while (pos < len && s[pos] >= '0' && s[pos] <= '9' && digits < 3)
+	{
+		rl = rl * 10 + (s[pos++] - '0');
+		digits++;
+	}
+	if (digits == 0 || rl < 1 || rl > OUTBOX_MAX_ID_LEN || pos >= len || s[pos++] != ':')
+		return false;
+	/* the run_id, its ':', and a command_id of 1 to OUTBOX_MAX_ID_LEN bytes */
+	if (len - pos < rl + 2 || s[pos + rl] != ':' || len - pos - rl - 1 > OUTBOX_MAX_ID_LEN)
+		return false;
+	tok->run_id = s + pos;
+	tok->run_len = rl;
+	tok->command_id = s + pos + rl + 1;
+	tok->cmd_len = len - pos - rl - 1;
+	return pg_verifymbstr(tok->run_id, tok->run_len, true) &&
+		pg_verifymbstr(tok->command_id, tok->cmd_len, true);
+}
+
+/* Fetch a token argument (22004 if NULL); false if it is malformed. */
+static bool
+le_arg_token(FunctionCallInfo fcinfo, int argno, LeToken *tok)
+{
+	OutboxArgNotNull(fcinfo, argno, "token");
+	return le_parse_token(PG_GETARG_TEXT_PP(argno), tok);
+}
+
+/*
+ * outbox._lease_secret(): the secret of a new lease, 128 bits of
+ * pg_strong_random, as a uuid (16 bytes, stored without a length header).
+ */
+Datum
+outbox_lease_secret(PG_FUNCTION_ARGS)
+{
+	pg_uuid_t  *u = palloc(sizeof(pg_uuid_t));
+
+	if (!pg_strong_random(u->data, UUID_LEN))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random lease secret")));
+	PG_RETURN_UUID_P(u);
+}
+
+/*
+ * Whether caller may use the leases of other roles: a member of this
+ * database's outbox admin role (<database>_outbox_admin).
+ */
+static bool
+le_caller_is_admin(Oid caller)
+{
+	static char *name = NULL;
+	Oid			admin;
+
+	if (name == NULL)
+	{
+		char	   *db = get_database_name(MyDatabaseId);
+
+		if (db == NULL)
+			return false;
+		name = MemoryContextStrdup(TopMemoryContext, psprintf("%s_outbox_admin", db));
+	}
+	admin = get_role_oid(name, true);
+	return OidIsValid(admin) && has_privs_of_role(caller, admin);
+}
+
+/*
+ * Raise OB001 (lease_not_owned) for worker's call with a token naming
+ * command_id (NULL: a malformed token).  The error says nothing of the
+ * row: not who holds it, at what version, nor the token.  Counts the
+ * refusal.
  */
 static void
-le_raise_not_owned(text *command_id, text *worker, int64 version)
+le_raise_not_owned(text *worker, const LeToken *tok)
 {
-	static const Oid argtypes[1] = {TEXTOID};
-	Datum		args[1];
-	char	   *cid = text_to_cstring(command_id);
 	char	   *wname = text_to_cstring(worker);
-	char	   *detail;
-
-	args[0] = PointerGetDatum(command_id);
-	if (OutboxExecute(OutboxPrepare(&plan_state,
-									   "SELECT status, owner, version FROM outbox.commands"
-									   " WHERE command_id OPERATOR(pg_catalog.=) $1",
-									   1, argtypes),
-						 args, NULL, false, 1) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: state lookup failed");
-
-	if (SPI_processed == 0)
-		detail = psprintf("No command with id \"%s\" exists.", cid);
-	else
-	{
-		HeapTuple	tup = SPI_tuptable->vals[0];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		char	   *status = SPI_getvalue(tup, desc, 1);
-		char	   *owner = SPI_getvalue(tup, desc, 2);
-		char	   *cur = SPI_getvalue(tup, desc, 3);
-
-		if (strcmp(status, "sending") == 0 && owner != NULL &&
-			strcmp(owner, wname) != 0)
-			detail = psprintf("The command was taken over by worker \"%s\" (version %s).",
-							  owner, cur);
-		else if (strcmp(status, "sending") == 0)
-			detail = psprintf("The command was claimed again (version %s).", cur);
-		else if (strcmp(status, "published") == 0)
-			detail = psprintf("The command is already published (version %s).", cur);
-		else if (strcmp(status, "dead") == 0)
-			detail = psprintf("The command is dead (version %s).", cur);
-		else if (strcmp(status, "uncertain") == 0)
-			detail = psprintf("The command is held as uncertain for an administrator (version %s).", cur);
-		else
-			detail = psprintf("The command is %s (version %s).", status, cur);
-	}
 
 	OutboxCountNow(OBC_STALE_REFUSED, 1);
+	if (tok == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUTBOX_LEASE_NOT_OWNED),
+				 errmsg("lease_not_owned: worker \"%s\" does not hold the command of an invalid token", wname),
+				 errdetail("The token is not in the form outbox.claim returns.")));
 	ereport(ERROR,
-			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("lease_not_owned: worker \"%s\" does not hold command \"%s\" at version " INT64_FORMAT,
-					wname, cid, version),
-			 errdetail_internal("%s", detail)));
+			(errcode(ERRCODE_OUTBOX_LEASE_NOT_OWNED),
+			 errmsg("lease_not_owned: worker \"%s\" does not hold command \"%s\"",
+					wname, pnstrdup(tok->command_id, tok->cmd_len)),
+			 errdetail("The token is not that of a lease this worker and role hold: the lease was taken over or has ended, or the token is wrong.")));
 }
 
 /* A row a claim leased (its RETURNING columns, deformed once), in claim order. */
-#define LE_CLAIM_COLS 11		/* 7 lease columns, takeover, priority, available_at, created_at */
+#define LE_CLAIM_COLS 13		/* 9 lease columns (the secret in the token's
+								 * place), takeover, priority, available_at,
+								 * created_at */
+#define LE_CLAIM_SECRET 5		/* where the secret is, and the token goes */
 typedef struct LeClaimed
 {
 	Datum		values[LE_CLAIM_COLS];
@@ -351,14 +524,15 @@ le_any_expired(TimestampTz now)
 #define LE_CLAIM_UPDATE(tids, takeover) \
 	"UPDATE outbox.commands t" \
 	"   SET status = 'sending', owner = $1, due_at = NULL," \
-	"       lease_until = $5 OPERATOR(pg_catalog.+) COALESCE($3," \
+	"       lease_until = LEAST($5 OPERATOR(pg_catalog.+) COALESCE($3," \
 	"           (SELECT p.lease FROM outbox.policies p" \
-	"             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $6)," \
+	"             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $6), $9)," \
+	"       lease_secret = outbox._lease_secret(), leased_by = $8," \
 	"       version = t.version OPERATOR(pg_catalog.+) 1," \
 	"       deliveries = t.deliveries OPERATOR(pg_catalog.+) 1" \
 	" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (" tids ")" \
-	" RETURNING t.command_id, t.run_id, t.kind, t.payload, t.version," \
-	"           t.deliveries, t.lease_until, " takeover "," \
+	" RETURNING t.command_id, t.run_id, t.seq, t.kind, t.payload, t.lease_secret," \
+	"           t.version, t.deliveries, t.lease_until, " takeover "," \
 	"           t.priority, t.available_at, t.created_at"
 
 /*
@@ -383,25 +557,26 @@ le_any_expired(TimestampTz now)
  * (fail, requeue, resolve) between the snapshot and the lock: rare, and never
  * a loss or a second lease.
  */
-Datum
-outbox_claim(PG_FUNCTION_ARGS)
+static Datum
+le_claim(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[7] = {TEXTOID, INT4OID, INTERVALOID, TEXTARRAYOID,
-	TIMESTAMPTZOID, INTERVALOID, INT4OID};
+	static const Oid argtypes[9] = {TEXTOID, INT4OID, INTERVALOID, TEXTARRAYOID,
+	TIMESTAMPTZOID, INTERVALOID, INT4OID, OIDOID, TIMESTAMPTZOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
 	int32		batch;
 	Interval   *lease;
 	Interval	default_lease;
-	Datum		args[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[9];
+	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	int			ret;
 	uint64		i;
 	int64		takeovers = 0;
 	LeClaimed  *order;
+	TimestampTz now = GetCurrentTimestamp();
 
 	batch = le_arg_batch(fcinfo, 1);
-	lease = OutboxArgLease(fcinfo, 2);
+	lease = le_arg_lease(fcinfo, 2, now);
 	if (!PG_ARGISNULL(3))
 	{
 		ArrayType  *kinds = PG_GETARG_ARRAYTYPE_P(3);
@@ -426,9 +601,11 @@ outbox_claim(PG_FUNCTION_ARGS)
 	args[2] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
 	if (lease == NULL)
 		nulls[2] = 'n';
-	args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
+	args[4] = TimestampTzGetDatum(now);
 	args[5] = le_default_lease(&default_lease);
 	args[6] = Int32GetDatum(outbox_max_deliveries);
+	args[7] = ObjectIdGetDatum(caller);
+	args[8] = le_max_until(now);
 
 	SPI_connect();
 
@@ -457,13 +634,13 @@ outbox_claim(PG_FUNCTION_ARGS)
 										  LE_CLAIM_PENDING("($2 OPERATOR(pg_catalog.-) pg_catalog.cardinality((SELECT ids FROM tk)))")
 										  LE_CLAIM_UPDATE("(SELECT tids FROM tk) OPERATOR(pg_catalog.||) (SELECT tids FROM pd)",
 														  "t.command_id OPERATOR(pg_catalog.=) ANY ((SELECT ids FROM tk)::pg_catalog.text[])"),
-										  7, argtypes),
+										  9, argtypes),
 							args, nulls, false, 0);
 	else
 		ret = OutboxExecute(OutboxPrepare(&plan_claim_pending,
 										  "WITH" LE_CLAIM_PENDING("$2")
 										  LE_CLAIM_UPDATE("(SELECT tids FROM pd)::pg_catalog.tid[]", "false"),
-										  7, argtypes),
+										  9, argtypes),
 							args, nulls, false, 0);
 	if (ret != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox: claim failed: %s", SPI_result_code_string(ret));
@@ -480,15 +657,19 @@ outbox_claim(PG_FUNCTION_ARGS)
 		LeClaimed  *c = &order[i];
 
 		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, c->values, c->isnull);
-		c->takeover = DatumGetBool(c->values[7]);
-		c->priority = DatumGetInt32(c->values[8]);
-		c->available_at = DatumGetTimestampTz(c->values[9]);
-		c->created_at = DatumGetTimestampTz(c->values[10]);
+		c->takeover = DatumGetBool(c->values[9]);
+		c->priority = DatumGetInt32(c->values[10]);
+		c->available_at = DatumGetTimestampTz(c->values[11]);
+		c->created_at = DatumGetTimestampTz(c->values[12]);
+		c->values[LE_CLAIM_SECRET] =
+			PointerGetDatum(le_make_token(DatumGetUUIDP(c->values[LE_CLAIM_SECRET]),
+										  DatumGetTextPP(c->values[1]),
+										  DatumGetTextPP(c->values[0])));
 		if (c->takeover)
 			takeovers++;
 	}
 	qsort(order, SPI_processed, sizeof(LeClaimed), le_cmp_claimed);
-	/* the result type has the first 7 columns */
+	/* the result type has the first 9 columns */
 	for (i = 0; i < SPI_processed; i++)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, order[i].values, order[i].isnull);
 	OutboxCountAtCommit(OBC_CLAIMED, (int64) SPI_processed);
@@ -499,393 +680,256 @@ outbox_claim(PG_FUNCTION_ARGS)
 	return (Datum) 0;
 }
 
-/* outbox.ack(command_id, worker, version): mark one leased command published. */
+/* outbox.claim: the body, as the owner, told who called. */
 Datum
-outbox_ack(PG_FUNCTION_ARGS)
+outbox_claim(PG_FUNCTION_ARGS)
 {
-	static const Oid argtypes[4] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID};
-	text	   *command_id = OutboxArgId(fcinfo, 0, "command_id");
-	text	   *worker = OutboxArgId(fcinfo, 1, "worker");
-	int64		version = le_arg_version(fcinfo, 2);
-	Datum		args[4];
+	return OutboxCallAsOwner(fcinfo, le_claim);
+}
+
+/* outbox.ack(worker, token): mark one leased command published. */
+static Datum
+le_ack(FunctionCallInfo fcinfo, Oid caller)
+{
+	static const Oid argtypes[7] = {TEXTOID, UUIDOID, TEXTOID, TEXTOID,
+	TIMESTAMPTZOID, OIDOID, BOOLOID};
+	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
+	LeToken		tok;
+	Datum		args[7];
 	int			ret;
 
-	args[0] = PointerGetDatum(command_id);
-	args[1] = PointerGetDatum(worker);
-	args[2] = Int64GetDatum(version);
-	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
+	if (!le_arg_token(fcinfo, 1, &tok))
+		le_raise_not_owned(worker, NULL);
+	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.command_id, tok.cmd_len));
+	args[1] = UUIDPGetDatum(&tok.secret);
+	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
+	args[3] = PointerGetDatum(worker);
+	args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
+	args[5] = ObjectIdGetDatum(caller);
+	args[6] = BoolGetDatum(le_caller_is_admin(caller));
 
 	SPI_connect();
 	ret = OutboxExecute(OutboxPrepare(&plan_ack,
-										 "UPDATE outbox.commands"
-										 "   SET status = 'published', published_at = $4, lease_until = NULL,"
-										 "       version = version OPERATOR(pg_catalog.+) 1"
-										 " WHERE command_id OPERATOR(pg_catalog.=) $1"
-										 "   AND owner OPERATOR(pg_catalog.=) $2"
-										 "   AND version OPERATOR(pg_catalog.=) $3"
-										 "   AND " LE_SENDING(""),
-										 4, argtypes),
-						   args, NULL, false, 0);
+									  "UPDATE outbox.commands"
+									  "   SET status = 'published', published_at = $5, lease_until = NULL,"
+									  "       version = version OPERATOR(pg_catalog.+) 1"
+									  " WHERE command_id OPERATOR(pg_catalog.=) $1"
+									  "   AND lease_secret OPERATOR(pg_catalog.=) $2"
+									  "   AND run_id OPERATOR(pg_catalog.=) $3"
+									  "   AND owner OPERATOR(pg_catalog.=) $4"
+									  "   AND (leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
+									  "   AND " LE_SENDING(""),
+									  7, argtypes),
+						args, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: ack failed: %s", SPI_result_code_string(ret));
 	if (SPI_processed != 1)
-		le_raise_not_owned(command_id, worker, version);
+		le_raise_not_owned(worker, &tok);
 	SPI_finish();
 
 	OutboxCountAtCommit(OBC_ACKED, 1);
 	PG_RETURN_VOID();
 }
 
-/*
- * A token (command_id, version): one the batch ack's UPDATE took (used: it
- * was matched to an input already), or one of the pairs _ack_token tests.
- */
+/* outbox.ack: the body, as the owner, told who called. */
+Datum
+outbox_ack(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_ack);
+}
+
+/* A secret the batch ack's UPDATE took (used: matched to a token already). */
 typedef struct LeTaken
 {
-	text	   *id;
-	int64		version;
+	pg_uuid_t	secret;
+	Datum		command_id;
+	Datum		run_id;
 	bool		used;
 } LeTaken;
 
-/* qsort/bsearch comparator of LeTaken by (id, version). */
+/* qsort/bsearch comparator of LeTaken by secret. */
 static int
 le_cmp_taken(const void *a, const void *b)
 {
-	const LeTaken *x = (const LeTaken *) a;
-	const LeTaken *y = (const LeTaken *) b;
-	int			c = OutboxCompareIds(x->id, y->id);
-
-	if (c != 0)
-		return c;
-	return (x->version > y->version) - (x->version < y->version);
+	return memcmp(((const LeTaken *) a)->secret.data,
+				  ((const LeTaken *) b)->secret.data, UUID_LEN);
 }
 
 /*
- * Why a batch ack did not take: the state of the row as it is now, in the
- * words of ack_result.reason.
+ * outbox.ack_many(worker, tokens): the batch form.  One UPDATE takes the
+ * rows named by the tokens that hold one of the tokens' secrets: it reads
+ * them by key (commands_pkey, command_id = ANY) and tests the secret, the
+ * run_id, the worker and the role on each, as ack does.  A token is acked
+ * when its secret is that of a row the UPDATE took: a secret (128 random
+ * bits) is the lease's own, so a row is taken only for a caller that holds
+ * its secret, and the result row of an acked token shows the command and
+ * run of that lease.  A repeated token is acked once; the repeat reports
+ * lease_not_owned.  The UPDATE tests the status with LE_SENDING: written
+ * plainly, the test would match the predicate of commands_lease_idx, and
+ * the planner could read the rows from a scan of that whole index.
  */
-static const char *
-le_reason(HeapTuple tup, TupleDesc desc, const char *worker)
+static Datum
+le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 {
-	char	   *status = SPI_getvalue(tup, desc, 2);	/* NULL: no such row */
-	char	   *owner;
-
-	if (status == NULL)
-		return "unknown_command";
-	if (strcmp(status, "sending") != 0)
-		return status;
-	owner = SPI_getvalue(tup, desc, 3);
-	if (owner == NULL || strcmp(owner, worker) != 0)
-		return "taken_over";
-	return "stale_version";
-}
-
-/*
- * outbox._ack_token(command_ids, versions, command_id, version): whether
- * (command_id, version) is one of the pairs of the two arrays.  The batch
- * ack's UPDATE tests each row with it, so that the statement reads the
- * rows by key alone (an index scan of commands_pkey, the arrays' keys) and
- * joins nothing: no plan of it can read the table once per element or the
- * elements once per row.  The test holds when the row is re-read after a
- * concurrent update (its new version no longer matches).
- *
- * Inside the batch ack's UPDATE (le_ack_batch_call set, its arrays passed
- * as parameters) the pairs are sorted once per call of outbox.ack, kept in
- * fn_extra, and each row costs a binary search.  Anywhere else each call
- * sorts its own arrays: a parameter is not always the same value for the
- * life of an expression (PL/pgSQL keeps a simple expression's state, and so
- * fn_extra, across the assignments of its variables).  Null elements match
- * nothing.
- */
-typedef struct LeTokenSet
-{
-	uint64		call;			/* le_ack_batch_call it was built for */
-	int			n;
-	LeTaken    *pairs;			/* sorted by le_cmp_taken */
-} LeTokenSet;
-
-/* Which call of outbox.ack (batch) is running its UPDATE; 0: none. */
-static uint64 le_ack_batch_call = 0;
-static uint64 le_ack_batch_calls = 0;
-
-/*
- * The elements of a batch ack's two arrays, checked to be one-dimensional
- * and of the same length (2202E otherwise).  Returns their number.
- */
-static int
-le_token_arrays(ArrayType *ids, ArrayType *versions, Datum **id_elems,
-				bool **id_nulls, Datum **v_elems, bool **v_nulls)
-{
-	int			nids;
-	int			nvers;
-
-	if (ARR_NDIM(ids) > 1 || ARR_NDIM(versions) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("command_ids and versions must be one-dimensional arrays")));
-	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT, id_elems, id_nulls, &nids);
-	deconstruct_array(versions, INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-					  v_elems, v_nulls, &nvers);
-	if (nids != nvers)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("command_ids and versions must have the same length"),
-				 errdetail("command_ids has %d elements and versions has %d.", nids, nvers)));
-	return nids;
-}
-
-static LeTokenSet *
-le_token_set(ArrayType *ids, ArrayType *versions)
-{
-	LeTokenSet *set = palloc(sizeof(LeTokenSet));
-	Datum	   *id_elems;
-	bool	   *id_nulls;
-	Datum	   *v_elems;
-	bool	   *v_nulls;
-	int			nids = le_token_arrays(ids, versions, &id_elems, &id_nulls, &v_elems, &v_nulls);
-	int			i;
-
-	set->call = 0;
-	set->pairs = palloc(sizeof(LeTaken) * (nids + 1));
-	set->n = 0;
-	for (i = 0; i < nids; i++)
-	{
-		if (id_nulls[i] || v_nulls[i])
-			continue;
-		set->pairs[set->n].id = DatumGetTextPP(id_elems[i]);
-		set->pairs[set->n].version = DatumGetInt64(v_elems[i]);
-		set->pairs[set->n].used = false;
-		set->n++;
-	}
-	qsort(set->pairs, set->n, sizeof(LeTaken), le_cmp_taken);
-	return set;
-}
-
-Datum
-outbox_ack_token(PG_FUNCTION_ARGS)
-{
-	LeTokenSet *set = (LeTokenSet *) fcinfo->flinfo->fn_extra;
-	LeTaken		key;
-
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2) || PG_ARGISNULL(3))
-		PG_RETURN_BOOL(false);
-	if (le_ack_batch_call == 0 || set == NULL || set->call != le_ack_batch_call)
-	{
-		if (le_ack_batch_call != 0 &&
-			get_fn_expr_arg_stable(fcinfo->flinfo, 0) &&
-			get_fn_expr_arg_stable(fcinfo->flinfo, 1))
-		{
-			MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-
-			if (set != NULL)
-			{
-				pfree(set->pairs);
-				pfree(set);
-			}
-			set = le_token_set(PG_GETARG_ARRAYTYPE_P_COPY(0), PG_GETARG_ARRAYTYPE_P_COPY(1));
-			set->call = le_ack_batch_call;
-			fcinfo->flinfo->fn_extra = set;
-			MemoryContextSwitchTo(old);
-		}
-		else
-			set = le_token_set(PG_GETARG_ARRAYTYPE_P(0), PG_GETARG_ARRAYTYPE_P(1));
-	}
-	key.id = PG_GETARG_TEXT_PP(2);
-	key.version = PG_GETARG_INT64(3);
-	PG_RETURN_BOOL(bsearch(&key, set->pairs, set->n, sizeof(LeTaken), le_cmp_taken) != NULL);
-}
-
-/*
- * outbox.ack(worker, command_ids, versions): the batch form.  One UPDATE
- * takes the rows that hold exactly one of the (id, version) tokens: it
- * reads them by key (commands_pkey, command_id = ANY) and tests each with
- * outbox._ack_token.  A second query, run only when some did not take,
- * says why for those; it joins the ids to their rows as a hash join (see
- * OutboxExecuteHashJoin).  The UPDATE tests the status with LE_SENDING:
- * written plainly, the test would match the predicate of
- * commands_lease_idx, and the planner could read the rows from a scan of
- * that whole index.
- */
-Datum
-outbox_ack_batch(PG_FUNCTION_ARGS)
-{
-	static const Oid argtypes[4] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID};
-	static const Oid why_types[1] = {TEXTARRAYOID};
+	static const Oid argtypes[7] = {TEXTOID, TEXTARRAYOID, UUIDARRAYOID, TEXTARRAYOID,
+	TIMESTAMPTZOID, OIDOID, BOOLOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
-	char	   *wname = NULL;
-	ArrayType  *ids;
-	ArrayType  *versions;
-	Datum	   *id_elems;
-	bool	   *id_nulls;
-	Datum	   *v_elems;
-	bool	   *v_nulls;
-	int			nids;
+	ArrayType  *tokens;
+	Datum	   *elems;
+	bool	   *enulls;
+	int			n;
+	int			nvalid = 0;
 	int			i;
-	Datum		args[4];
+	LeToken    *toks;
+	bool	   *valid;
+	Datum	   *ids;
+	Datum	   *secrets;
+	Datum	   *runs;
+	Datum		args[7];
 	int			ret;
 	uint64		nacked;
 	LeTaken    *taken;
-	bool	   *acked;
 	int64		nok = 0;
-	HeapTuple  *why = NULL;
-	TupleDesc	why_desc = NULL;
 
-	OutboxArgNotNull(fcinfo, 1, "command_ids");
-	OutboxArgNotNull(fcinfo, 2, "versions");
-	ids = PG_GETARG_ARRAYTYPE_P(1);
-	versions = PG_GETARG_ARRAYTYPE_P(2);
-	nids = le_token_arrays(ids, versions, &id_elems, &id_nulls, &v_elems, &v_nulls);
-	if (nids > outbox_max_batch)
+	OutboxArgNotNull(fcinfo, 1, "tokens");
+	tokens = PG_GETARG_ARRAYTYPE_P(1);
+	if (ARR_NDIM(tokens) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("tokens must be a one-dimensional array")));
+	deconstruct_array(tokens, TEXTOID, -1, false, TYPALIGN_INT, &elems, &enulls, &n);
+	if (n > outbox_max_batch)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("too many commands in one ack"),
-				 errdetail("The call has %d commands; outbox.max_batch is %d.",
-						   nids, outbox_max_batch)));
-	for (i = 0; i < nids; i++)
-	{
-		if (id_nulls[i] || v_nulls[i])
+				 errmsg("too many tokens in one ack_many"),
+				 errdetail("The call has %d tokens; outbox.max_batch is %d.",
+						   n, outbox_max_batch)));
+	for (i = 0; i < n; i++)
+		if (enulls[i])
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("command_ids and versions must not contain nulls"),
+					 errmsg("tokens must not contain nulls"),
 					 errdetail("Element %d is null.", i + 1)));
-		OutboxCheckId(DatumGetTextPP(id_elems[i]), "command_id");
-		if (DatumGetInt64(v_elems[i]) < 1)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("version must be positive"),
-					 errdetail("Element %d is " INT64_FORMAT ".", i + 1,
-							   DatumGetInt64(v_elems[i]))));
-	}
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	if (nids == 0)
+	if (n == 0)
 		return (Datum) 0;
 
-	args[0] = PointerGetDatum(worker);
-	args[1] = PointerGetDatum(ids);
-	args[2] = PointerGetDatum(versions);
-	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
-
-	SPI_connect();
-	le_ack_batch_call = ++le_ack_batch_calls;
-	PG_TRY();
+	toks = palloc(sizeof(LeToken) * n);
+	valid = palloc(sizeof(bool) * n);
+	ids = palloc(sizeof(Datum) * n);
+	secrets = palloc(sizeof(Datum) * n);
+	runs = palloc(sizeof(Datum) * n);
+	for (i = 0; i < n; i++)
 	{
-		ret = OutboxExecute(OutboxPrepare(&plan_ack_batch,
+		valid[i] = le_parse_token(DatumGetTextPP(elems[i]), &toks[i]);
+		if (!valid[i])
+			continue;
+		ids[nvalid] = PointerGetDatum(cstring_to_text_with_len(toks[i].command_id, toks[i].cmd_len));
+		secrets[nvalid] = UUIDPGetDatum(&toks[i].secret);
+		runs[nvalid] = PointerGetDatum(cstring_to_text_with_len(toks[i].run_id, toks[i].run_len));
+		nvalid++;
+	}
+
+	nacked = 0;
+	taken = NULL;
+	SPI_connect();
+	if (nvalid > 0)
+	{
+		args[0] = PointerGetDatum(worker);
+		args[1] = PointerGetDatum(construct_array(ids, nvalid, TEXTOID, -1, false, TYPALIGN_INT));
+		args[2] = PointerGetDatum(construct_array(secrets, nvalid, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR));
+		args[3] = PointerGetDatum(construct_array(runs, nvalid, TEXTOID, -1, false, TYPALIGN_INT));
+		args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
+		args[5] = ObjectIdGetDatum(caller);
+		args[6] = BoolGetDatum(le_caller_is_admin(caller));
+		ret = OutboxExecute(OutboxPrepare(&plan_ack_many,
 										  "UPDATE outbox.commands t"
-										  "   SET status = 'published', published_at = $4, lease_until = NULL,"
+										  "   SET status = 'published', published_at = $5, lease_until = NULL,"
 										  "       version = t.version OPERATOR(pg_catalog.+) 1"
 										  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
+										  "   AND t.lease_secret OPERATOR(pg_catalog.=) ANY ($3)"
+										  "   AND t.run_id OPERATOR(pg_catalog.=) ANY ($4)"
 										  "   AND t.owner OPERATOR(pg_catalog.=) $1"
+										  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
 										  "   AND " LE_SENDING("t.")
-										  "   AND outbox._ack_token($2, $3, t.command_id, t.version)"
-										  " RETURNING t.command_id, t.version OPERATOR(pg_catalog.-) 1",
-										  4, argtypes),
+										  " RETURNING t.lease_secret, t.command_id, t.run_id",
+										  7, argtypes),
 							args, NULL, false, 0);
-	}
-	PG_FINALLY();
-	{
-		le_ack_batch_call = 0;
-	}
-	PG_END_TRY();
-	if (ret != SPI_OK_UPDATE_RETURNING)
-		elog(ERROR, "outbox: batch ack failed: %s", SPI_result_code_string(ret));
+		if (ret != SPI_OK_UPDATE_RETURNING)
+			elog(ERROR, "outbox: ack_many failed: %s", SPI_result_code_string(ret));
+		nacked = SPI_processed;
+		taken = palloc(sizeof(LeTaken) * (nacked + 1));
+		for (i = 0; i < (int) nacked; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			bool		isnull;
 
-	/*
-	 * Which inputs took: look each (id, version) up among the sorted tokens
-	 * the UPDATE returned.  A token is used up by its first occurrence, so a
-	 * pair repeated in the input is acked once (the repeat reports the row's
-	 * new state, published).
-	 */
-	nacked = SPI_processed;
-	taken = palloc(sizeof(LeTaken) * (nacked + 1));
-	for (i = 0; i < (int) nacked; i++)
-	{
-		bool		isnull;
-
-		taken[i].id = DatumGetTextPP(SPI_getbinval(SPI_tuptable->vals[i],
-												   SPI_tuptable->tupdesc, 1, &isnull));
-		taken[i].version = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-													   SPI_tuptable->tupdesc, 2, &isnull));
-		taken[i].used = false;
+			memcpy(taken[i].secret.data,
+				   DatumGetUUIDP(SPI_getbinval(tup, desc, 1, &isnull))->data, UUID_LEN);
+			taken[i].command_id = SPI_getbinval(tup, desc, 2, &isnull);
+			taken[i].run_id = SPI_getbinval(tup, desc, 3, &isnull);
+			taken[i].used = false;
+		}
+		qsort(taken, nacked, sizeof(LeTaken), le_cmp_taken);
 	}
-	qsort(taken, nacked, sizeof(LeTaken), le_cmp_taken);
-	acked = palloc(sizeof(bool) * nids);
-	for (i = 0; i < nids; i++)
+
+	/* One row per token, in the tokens' order. */
+	for (i = 0; i < n; i++)
 	{
-		LeTaken		key;
+		Datum		values[4];
+		bool		isnull[4] = {false, false, false, false};
 		LeTaken    *hit = NULL;
 
-		key.id = DatumGetTextPP(id_elems[i]);
-		key.version = DatumGetInt64(v_elems[i]);
+		if (!valid[i])
+		{
+			isnull[0] = isnull[1] = true;
+			values[0] = values[1] = (Datum) 0;
+			values[2] = BoolGetDatum(false);
+			values[3] = CStringGetTextDatum("invalid_token");
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
+			continue;
+		}
 		if (nacked > 0)
+		{
+			LeTaken		key;
+
+			key.secret = toks[i].secret;
 			hit = bsearch(&key, taken, nacked, sizeof(LeTaken), le_cmp_taken);
-		acked[i] = (hit != NULL && !hit->used);
-		if (acked[i])
+		}
+		if (hit != NULL && !hit->used)
 		{
 			hit->used = true;
 			nok++;
-		}
-	}
-
-	/* Only when some did not take: read their state to say why. */
-	if (nok < nids)
-	{
-		Datum		why_args[1];
-
-		wname = text_to_cstring(worker);
-		why_args[0] = PointerGetDatum(ids);
-		if (OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_why,
-										   "SELECT i.ord, c.status, c.owner"
-										   "  FROM pg_catalog.unnest($1) WITH ORDINALITY AS i(command_id, ord)"
-										   "  LEFT JOIN outbox.commands c"
-										   "         ON c.command_id OPERATOR(pg_catalog.=) i.command_id"
-										   "        AND c.command_id OPERATOR(pg_catalog.=) ANY ($1)",
-										   1, why_types),
-							 why_args, NULL, false, 0) != SPI_OK_SELECT ||
-			SPI_processed != (uint64) nids)
-			elog(ERROR, "outbox: batch ack diagnosis failed");
-
-		/*
-		 * One row per element, put in place by its ordinality (the query has
-		 * no ORDER BY: a sort would let the planner weigh a nested loop,
-		 * which keeps the elements' order, against the hash join).
-		 */
-		why = palloc0(sizeof(HeapTuple) * nids);
-		for (i = 0; i < nids; i++)
-		{
-			bool		isnull;
-			int64		ord = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
-														   SPI_tuptable->tupdesc, 1, &isnull));
-
-			if (isnull || ord < 1 || ord > nids || why[ord - 1] != NULL)
-				elog(ERROR, "outbox: batch ack diagnosis failed");
-			why[ord - 1] = SPI_tuptable->vals[i];
-		}
-		why_desc = SPI_tuptable->tupdesc;
-	}
-
-	for (i = 0; i < nids; i++)
-	{
-		Datum		values[3];
-		bool		isnull[3] = {false, false, false};
-
-		values[0] = id_elems[i];
-		values[1] = BoolGetDatum(acked[i]);
-		if (acked[i])
-		{
-			values[2] = (Datum) 0;
-			isnull[2] = true;
+			values[0] = hit->command_id;
+			values[1] = hit->run_id;
+			values[2] = BoolGetDatum(true);
+			isnull[3] = true;
+			values[3] = (Datum) 0;
 		}
 		else
-			values[2] = CStringGetTextDatum(le_reason(why[i], why_desc, wname));
+		{
+			values[0] = PointerGetDatum(cstring_to_text_with_len(toks[i].command_id, toks[i].cmd_len));
+			values[1] = PointerGetDatum(cstring_to_text_with_len(toks[i].run_id, toks[i].run_len));
+			values[2] = BoolGetDatum(false);
+			values[3] = CStringGetTextDatum("lease_not_owned");
+		}
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
 	SPI_finish();
 
 	OutboxCountAtCommit(OBC_ACKED, nok);
-	OutboxCountNow(OBC_STALE_REFUSED, nids - nok);
+	OutboxCountNow(OBC_STALE_REFUSED, n - nok);
 	return (Datum) 0;
+}
+
+/* outbox.ack_many: the body, as the owner, told who called. */
+Datum
+outbox_ack_many(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_ack_many);
 }
 
 /*
@@ -926,23 +970,49 @@ le_backoff_policy_usec(double seconds)
 }
 
 /*
- * outbox.fail(command_id, worker, version, error, fatal)
+ * An error text fit for last_error: at most OUTBOX_MAX_ERROR_LEN bytes.  A
+ * longer one keeps its beginning, cut at a character boundary, followed by
+ * LE_CUT_MARK, so a reader sees that the text was cut.
+ */
+#define LE_CUT_MARK		" [... cut]"
+
+static text *
+le_error_text(text *error)
+{
+	int			len = VARSIZE_ANY_EXHDR(error);
+	int			keep;
+	text	   *t;
+
+	if (len <= OUTBOX_MAX_ERROR_LEN)
+		return error;
+	keep = pg_mbcliplen(VARDATA_ANY(error), len,
+						OUTBOX_MAX_ERROR_LEN - (int) strlen(LE_CUT_MARK));
+	t = palloc(VARHDRSZ + keep + strlen(LE_CUT_MARK));
+	SET_VARSIZE(t, VARHDRSZ + keep + strlen(LE_CUT_MARK));
+	memcpy(VARDATA(t), VARDATA_ANY(error), keep);
+	memcpy(VARDATA(t) + keep, LE_CUT_MARK, strlen(LE_CUT_MARK));
+	return t;
+}
+
+/*
+ * outbox.fail(worker, token, error, fatal)
  *
- * Lock the row by its token, then decide in C: dead when the failure is
+ * Lock the row by its lease, then decide in C: dead when the failure is
  * fatal or the deliveries are used up, otherwise pending again after a
  * backoff.  Returns the new status.
  */
-Datum
-outbox_fail(PG_FUNCTION_ARGS)
+static Datum
+le_fail(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid lock_types[3] = {TEXTOID, TEXTOID, INT8OID};
+	static const Oid lock_types[6] = {TEXTOID, UUIDOID, TEXTOID, TEXTOID, OIDOID, BOOLOID};
 	static const Oid set_types[4] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID};
-	text	   *command_id = OutboxArgId(fcinfo, 0, "command_id");
-	text	   *worker = OutboxArgId(fcinfo, 1, "worker");
-	int64		version = le_arg_version(fcinfo, 2);
+	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
+	LeToken		tok;
+	bool		valid;
+	text	   *command_id;
 	text	   *error;
 	bool		fatal;
-	Datum		args[4];
+	Datum		args[6];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 	HeapTuple	tup;
 	TupleDesc	desc;
@@ -951,41 +1021,46 @@ outbox_fail(PG_FUNCTION_ARGS)
 	int32		max_deliveries;
 	int64		base_usec;
 	int64		max_usec;
+	int64		version;
 	bool		dead;
 	TimestampTz now = GetCurrentTimestamp();
 
-	OutboxArgNotNull(fcinfo, 3, "error");
-	error = PG_GETARG_TEXT_PP(3);
-	/* Cut a long error at a character boundary, never inside one. */
-	if (VARSIZE_ANY_EXHDR(error) > OUTBOX_MAX_ERROR_LEN)
-		error = cstring_to_text_with_len(VARDATA_ANY(error),
-										 pg_mbcliplen(VARDATA_ANY(error),
-													  VARSIZE_ANY_EXHDR(error),
-													  OUTBOX_MAX_ERROR_LEN));
-	OutboxArgNotNull(fcinfo, 4, "fatal");
-	fatal = PG_GETARG_BOOL(4);
+	valid = le_arg_token(fcinfo, 1, &tok);
+	OutboxArgNotNull(fcinfo, 2, "error");
+	error = le_error_text(PG_GETARG_TEXT_PP(2));
+	OutboxArgNotNull(fcinfo, 3, "fatal");
+	fatal = PG_GETARG_BOOL(3);
+	if (!valid)
+		le_raise_not_owned(worker, NULL);
 
+	command_id = cstring_to_text_with_len(tok.command_id, tok.cmd_len);
 	args[0] = PointerGetDatum(command_id);
-	args[1] = PointerGetDatum(worker);
-	args[2] = Int64GetDatum(version);
+	args[1] = UUIDPGetDatum(&tok.secret);
+	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
+	args[3] = PointerGetDatum(worker);
+	args[4] = ObjectIdGetDatum(caller);
+	args[5] = BoolGetDatum(le_caller_is_admin(caller));
 
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_fail_lock,
-									   "SELECT c.deliveries, p.max_deliveries,"
-									   "       pg_catalog.date_part('epoch', p.backoff_base),"
-									   "       pg_catalog.date_part('epoch', p.backoff_max)"
-									   "  FROM outbox.commands c"
-									   "  LEFT JOIN outbox.policies p ON p.kind OPERATOR(pg_catalog.=) c.kind"
-									   " WHERE c.command_id OPERATOR(pg_catalog.=) $1"
-									   "   AND c.owner OPERATOR(pg_catalog.=) $2"
-									   "   AND c.version OPERATOR(pg_catalog.=) $3"
-									   "   AND " LE_SENDING("c.")
-									   "   FOR NO KEY UPDATE OF c",
-									   3, lock_types),
-						 args, NULL, false, 1) != SPI_OK_SELECT)
+									"SELECT c.deliveries, p.max_deliveries,"
+									"       pg_catalog.date_part('epoch', p.backoff_base),"
+									"       pg_catalog.date_part('epoch', p.backoff_max),"
+									"       c.version"
+									"  FROM outbox.commands c"
+									"  LEFT JOIN outbox.policies p ON p.kind OPERATOR(pg_catalog.=) c.kind"
+									" WHERE c.command_id OPERATOR(pg_catalog.=) $1"
+									"   AND c.lease_secret OPERATOR(pg_catalog.=) $2"
+									"   AND c.run_id OPERATOR(pg_catalog.=) $3"
+									"   AND c.owner OPERATOR(pg_catalog.=) $4"
+									"   AND (c.leased_by OPERATOR(pg_catalog.=) $5 OR $6)"
+									"   AND " LE_SENDING("c.")
+									"   FOR NO KEY UPDATE OF c",
+									6, lock_types),
+					  args, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: fail lookup failed");
 	if (SPI_processed != 1)
-		le_raise_not_owned(command_id, worker, version);
+		le_raise_not_owned(worker, &tok);
 
 	tup = SPI_tuptable->vals[0];
 	desc = SPI_tuptable->tupdesc;
@@ -999,10 +1074,15 @@ outbox_fail(PG_FUNCTION_ARGS)
 	max_usec = le_backoff_policy_usec(DatumGetFloat8(SPI_getbinval(tup, desc, 4, &isnull)));
 	if (isnull)
 		max_usec = (int64) outbox_backoff_max_ms * 1000;
+	version = DatumGetInt64(SPI_getbinval(tup, desc, 5, &isnull));
 
 	dead = fatal || deliveries >= max_deliveries;
 
-	/* $1 stays the command_id; $2 is the new available_at, NULL when the command goes to dead. */
+	/*
+	 * $1 is the command_id; $2 the new available_at, NULL when the command
+	 * goes to dead; $4 the version the lock read (the row stays locked, so
+	 * it is the row's).
+	 */
 	args[1] = (Datum) 0;
 	if (dead)
 		nulls[1] = 'n';
@@ -1011,17 +1091,17 @@ outbox_fail(PG_FUNCTION_ARGS)
 	args[2] = PointerGetDatum(error);
 	args[3] = Int64GetDatum(version);
 	if (OutboxExecute(OutboxPrepare(&plan_fail_set,
-									   "UPDATE outbox.commands"
-									   "   SET status = CASE WHEN $2 IS NULL THEN 'dead' ELSE 'pending' END,"
-									   "       last_error = $3, lease_until = NULL,"
-									   "       owner = CASE WHEN $2 IS NULL THEN owner END,"
-									   "       available_at = COALESCE($2, available_at),"
-									   "       due_at = $2,"
-									   "       version = version OPERATOR(pg_catalog.+) 1"
-									   " WHERE command_id OPERATOR(pg_catalog.=) $1"
-									   "   AND version OPERATOR(pg_catalog.=) $4",
-									   4, set_types),
-						 args, nulls, false, 0) != SPI_OK_UPDATE || SPI_processed != 1)
+									"UPDATE outbox.commands"
+									"   SET status = CASE WHEN $2 IS NULL THEN 'dead' ELSE 'pending' END,"
+									"       last_error = $3, lease_until = NULL,"
+									"       owner = CASE WHEN $2 IS NULL THEN owner END,"
+									"       available_at = COALESCE($2, available_at),"
+									"       due_at = $2,"
+									"       version = version OPERATOR(pg_catalog.+) 1"
+									" WHERE command_id OPERATOR(pg_catalog.=) $1"
+									"   AND version OPERATOR(pg_catalog.=) $4",
+									4, set_types),
+					  args, nulls, false, 0) != SPI_OK_UPDATE || SPI_processed != 1)
 		elog(ERROR, "outbox: fail update failed");
 	SPI_finish();
 
@@ -1031,55 +1111,84 @@ outbox_fail(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(dead ? "dead" : "pending"));
 }
 
-/*
- * outbox.renew(command_id, worker, version, lease): extend the lease held
- * with this token to now + lease.  Accepted while the token is current,
- * even if the lease has run out and nobody took the command over yet.
- */
+/* outbox.fail: the body, as the owner, told who called. */
 Datum
-outbox_renew(PG_FUNCTION_ARGS)
+outbox_fail(PG_FUNCTION_ARGS)
 {
-	static const Oid argtypes[6] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID,
-	INTERVALOID, INTERVALOID};
-	text	   *command_id = OutboxArgId(fcinfo, 0, "command_id");
-	text	   *worker = OutboxArgId(fcinfo, 1, "worker");
-	int64		version = le_arg_version(fcinfo, 2);
-	Interval   *lease = OutboxArgLease(fcinfo, 3);
-	Interval	default_lease;
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-	bool		isnull;
-	Datum		until;
+	return OutboxCallAsOwner(fcinfo, le_fail);
+}
 
-	args[0] = PointerGetDatum(command_id);
-	args[1] = PointerGetDatum(worker);
-	args[2] = Int64GetDatum(version);
-	args[3] = TimestampTzGetDatum(GetCurrentTimestamp());
-	args[4] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
+/*
+ * outbox.renew(worker, token, lease): extend the lease held with this
+ * token to now + lease (never past now + outbox.max_lease).  Accepted while
+ * the lease is the token's, even if it has run out and nobody took the
+ * command over yet.
+ */
+static Datum
+le_renew(FunctionCallInfo fcinfo, Oid caller)
+{
+	static const Oid argtypes[10] = {TEXTOID, UUIDOID, TEXTOID, TEXTOID, OIDOID, BOOLOID,
+	TIMESTAMPTZOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID};
+	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
+	LeToken		tok;
+	bool		valid;
+	TimestampTz now = GetCurrentTimestamp();
+	Interval   *lease;
+	Interval	default_lease;
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool		isnull;
+	TimestampTz until;
+
+	valid = le_arg_token(fcinfo, 1, &tok);
+	lease = le_arg_lease(fcinfo, 2, now);
+	if (!valid)
+		le_raise_not_owned(worker, NULL);
+
+	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.command_id, tok.cmd_len));
+	args[1] = UUIDPGetDatum(&tok.secret);
+	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
+	args[3] = PointerGetDatum(worker);
+	args[4] = ObjectIdGetDatum(caller);
+	args[5] = BoolGetDatum(le_caller_is_admin(caller));
+	args[6] = TimestampTzGetDatum(now);
+	args[7] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
 	if (lease == NULL)
-		nulls[4] = 'n';
-	args[5] = le_default_lease(&default_lease);
+		nulls[7] = 'n';
+	args[8] = le_default_lease(&default_lease);
+	args[9] = le_max_until(now);
 
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_renew,
-									   "UPDATE outbox.commands t"
-									   "   SET lease_until = $4 OPERATOR(pg_catalog.+) COALESCE($5,"
-									   "           (SELECT p.lease FROM outbox.policies p"
-									   "             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $6)"
-									   " WHERE t.command_id OPERATOR(pg_catalog.=) $1"
-									   "   AND t.owner OPERATOR(pg_catalog.=) $2"
-									   "   AND t.version OPERATOR(pg_catalog.=) $3"
-									   "   AND " LE_SENDING("t.")
-									   " RETURNING t.lease_until",
-									   6, argtypes),
-						 args, nulls, false, 0) != SPI_OK_UPDATE_RETURNING)
+									"UPDATE outbox.commands t"
+									"   SET lease_until = LEAST($7 OPERATOR(pg_catalog.+) COALESCE($8,"
+									"           (SELECT p.lease FROM outbox.policies p"
+									"             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $9), $10)"
+									" WHERE t.command_id OPERATOR(pg_catalog.=) $1"
+									"   AND t.lease_secret OPERATOR(pg_catalog.=) $2"
+									"   AND t.run_id OPERATOR(pg_catalog.=) $3"
+									"   AND t.owner OPERATOR(pg_catalog.=) $4"
+									"   AND (t.leased_by OPERATOR(pg_catalog.=) $5 OR $6)"
+									"   AND " LE_SENDING("t.")
+									" RETURNING t.lease_until",
+									10, argtypes),
+					  args, nulls, false, 0) != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox: renew failed");
 	if (SPI_processed != 1)
-		le_raise_not_owned(command_id, worker, version);
-	until = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		le_raise_not_owned(worker, &tok);
+	/* read the result before SPI_finish releases the tuple */
+	until = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
+											  SPI_tuptable->tupdesc, 1, &isnull));
 	SPI_finish();
 
-	PG_RETURN_DATUM(until);
+	PG_RETURN_TIMESTAMPTZ(until);
+}
+
+/* outbox.renew: the body, as the owner, told who called. */
+Datum
+outbox_renew(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_renew);
 }
 
 /*
@@ -1094,8 +1203,8 @@ outbox_renew(PG_FUNCTION_ARGS)
  * version but not settled; the count is short, and the next sweep settles
  * it.
  */
-Datum
-outbox_sweep(PG_FUNCTION_ARGS)
+static Datum
+le_sweep(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[3] = {INT4OID, TIMESTAMPTZOID, INT4OID};
 	int32		batch;
@@ -1146,4 +1255,11 @@ outbox_sweep(PG_FUNCTION_ARGS)
 
 	OutboxCountAtCommit(OBC_DEAD_LETTERED, dead);
 	PG_RETURN_INT32((int32) n);
+}
+
+/* outbox.sweep: the body, as the owner, told who called. */
+Datum
+outbox_sweep(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_sweep);
 }

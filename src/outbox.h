@@ -57,6 +57,12 @@
 /* Longest error text kept in last_error, bytes (longer ones are cut). */
 #define OUTBOX_MAX_ERROR_LEN	4096
 
+/*
+ * The extension's own SQLSTATEs, class OB (the table in docs/reference.md).
+ */
+/* OB001 lease_not_owned: ack, fail or renew with a token the caller does not hold */
+#define ERRCODE_OUTBOX_LEASE_NOT_OWNED	MAKE_SQLSTATE('O','B','0','0','1')
+
 /* GUC variables (outbox.c) */
 extern int	outbox_naptime_ms;
 extern int	outbox_default_lease_ms;
@@ -181,6 +187,27 @@ typedef struct OutboxSharedState
 extern PGDLLIMPORT OutboxSharedState *OutboxShared;
 
 /* args.c */
+
+/*
+ * The caller identity of the SQL-callable API (docs/design-decisions.md).
+ * Each API function is SECURITY INVOKER with a pinned search_path; its
+ * entry point hands its body to OutboxCallAsOwner:
+ *
+ *	Datum
+ *	outbox_claim(PG_FUNCTION_ARGS)
+ *	{
+ *		return OutboxCallAsOwner(fcinfo, le_claim);
+ *	}
+ *
+ * The body runs as the function's owner (so SPI and table access have the
+ * owner's rights) and gets caller, the role the call was made by
+ * (current_user at the call site), for authorization: test membership with
+ * has_privs_of_role(caller, role), never GetUserId(), which is the owner
+ * inside the body.  The caller's identity is restored on every exit.
+ */
+typedef Datum (*OutboxApiBody) (FunctionCallInfo fcinfo, Oid caller);
+extern Datum OutboxCallAsOwner(FunctionCallInfo fcinfo, OutboxApiBody body);
+
 extern text *OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what);
 extern Jsonb *OutboxArgPayload(FunctionCallInfo fcinfo, int argno,
 							   const char *what, bool nullable);
@@ -188,8 +215,6 @@ extern void OutboxCheckId(text *t, const char *what);
 extern int	OutboxCompareIds(const text *a, const text *b);
 extern void OutboxCheckPayload(Jsonb *j, const char *what);
 extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what);
-extern int64 OutboxIntervalUsec(Interval *iv);
-extern Interval *OutboxArgLease(FunctionCallInfo fcinfo, int argno);
 
 /* plans.c */
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,

@@ -172,8 +172,8 @@ pr_insert(SPIPlanPtr plan, Datum *args, const char *nulls, const PrWhat *w)
  *
  * Insert the event and the command it decides, in one statement.
  */
-Datum
-outbox_commit_decision(PG_FUNCTION_ARGS)
+static Datum
+pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[9] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
 	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID};
@@ -238,9 +238,16 @@ outbox_commit_decision(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/* outbox.record_event(run_id, seq, kind, payload): an event deciding nothing. */
+/* outbox.commit_decision: the body, as the owner, told who called. */
 Datum
-outbox_record_event(PG_FUNCTION_ARGS)
+outbox_commit_decision(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, pr_commit_decision);
+}
+
+/* outbox.record_event(run_id, seq, kind, payload): an event deciding nothing. */
+static Datum
+pr_record_event(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const Oid argtypes[4] = {TEXTOID, INT8OID, TEXTOID, JSONBOID};
 	text	   *run_id = OutboxArgId(fcinfo, 0, "run_id");
@@ -276,6 +283,13 @@ outbox_record_event(PG_FUNCTION_ARGS)
 			  args, nulls, &what);
 	SPI_finish();
 	PG_RETURN_VOID();
+}
+
+/* outbox.record_event: the body, as the owner, told who called. */
+Datum
+outbox_record_event(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, pr_record_event);
 }
 
 /*
@@ -440,8 +454,8 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
  * The set-based form: many decisions in one statement.  Returns the
  * number of decisions recorded, which is all of them or an error.
  */
-Datum
-outbox_commit_decisions(PG_FUNCTION_ARGS)
+static Datum
+pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 {
 	static const char *names[9] = {"run_ids", "seqs", "event_kinds", "command_ids",
 	"command_kinds", "payloads", "event_payloads", "not_before", "priorities"};
@@ -529,4 +543,11 @@ outbox_commit_decisions(PG_FUNCTION_ARGS)
 
 	OutboxCountAtCommit(OBC_ENQUEUED, n);
 	PG_RETURN_INT32(n);
+}
+
+/* outbox.commit_decisions: the body, as the owner, told who called. */
+Datum
+outbox_commit_decisions(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, pr_commit_decisions);
 }

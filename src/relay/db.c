@@ -11,8 +11,11 @@
  * 3F, 22 and 0A, e.g. the extension is not installed, the role lacks the
  * outbox_publisher privileges, or the batch exceeds outbox.max_batch: the
  * relay exits 1), and anything else (log, back off, retry).  A refused
- * token (55000, lease_not_owned) is not an error for the relay: it means
- * another worker owns the command now, and it is only counted.
+ * token (SQLSTATE OB001, lease_not_owned; matched by code, never by
+ * message) is not an error for the relay: it means another worker owns the
+ * command now, and it is only counted.  Tokens are never logged; command
+ * ids and error texts, which producers and endpoints control, are logged
+ * escaped (log_text), so that no id can forge a line of the log.
  *
  *-------------------------------------------------------------------------
  */
@@ -30,30 +33,73 @@
 #define OID_BOOL		16
 #define OID_FLOAT8		701
 #define OID_TEXTARRAY	1009
-#define OID_INT8ARRAY	1016
+
+/* The SQLSTATE of lease_not_owned. */
+#define SQLSTATE_LEASE_NOT_OWNED "OB001"
 
 static PGconn *conn = NULL;
 static char *channel = NULL;
 
 static const char *const claim_sql =
-"SELECT c.command_id, c.run_id, c.kind, c.payload, c.version, c.deliveries,"
-"       pg_catalog.date_part('epoch', c.lease_until - pg_catalog.clock_timestamp())"
+"SELECT c.command_id, c.run_id, c.kind, c.payload, c.token, c.deliveries,"
+"       pg_catalog.date_part('epoch', c.lease_until - pg_catalog.clock_timestamp()),"
+"       c.seq"
 "  FROM outbox.claim($1, $2, pg_catalog.make_interval(secs => $3), $4) AS c";
 static const Oid claim_types[4] = {OID_TEXT, OID_INT4, OID_FLOAT8, OID_TEXTARRAY};
 
 static const char *const ack_sql =
-"SELECT a.command_id, a.acked, a.reason FROM outbox.ack($1, $2, $3) AS a";
-static const Oid ack_types[3] = {OID_TEXT, OID_TEXTARRAY, OID_INT8ARRAY};
+"SELECT a.command_id, a.acked, a.reason FROM outbox.ack_many($1, $2) AS a";
+static const Oid ack_types[2] = {OID_TEXT, OID_TEXTARRAY};
 
 static const char *const fail_sql =
-"SELECT outbox.fail($1, $2, $3, $4, $5)";
-static const Oid fail_types[5] = {OID_TEXT, OID_TEXT, OID_INT8, OID_TEXT, OID_BOOL};
+"SELECT outbox.fail($1, $2, $3, $4)";
+static const Oid fail_types[4] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_BOOL};
 
 static const char *const renew_sql =
 "SELECT pg_catalog.date_part('epoch',"
-"       outbox.renew($1, $2, $3, pg_catalog.make_interval(secs => $4))"
+"       outbox.renew($1, $2, pg_catalog.make_interval(secs => $3))"
 "       - pg_catalog.clock_timestamp())";
-static const Oid renew_types[4] = {OID_TEXT, OID_TEXT, OID_INT8, OID_FLOAT8};
+static const Oid renew_types[3] = {OID_TEXT, OID_TEXT, OID_FLOAT8};
+
+/*
+ * Text a producer or an endpoint controls (a command id, an error), fit for
+ * one log line: printable ASCII as it is, the backslash doubled, every
+ * other byte as \xHH.  Up to four results are valid at once (a ring of
+ * buffers), each cut to about 400 bytes of input.
+ */
+static const char *
+log_text(const char *s)
+{
+	static char ring[4][1700];
+	static int	next = 0;
+	char	   *buf = ring[next];
+	size_t		o = 0;
+	size_t		i;
+
+	next = (next + 1) % 4;
+	for (i = 0; s != NULL && s[i] != '\0' && o + 8 < sizeof(ring[0]); i++)
+	{
+		unsigned char c = (unsigned char) s[i];
+
+		if (i >= 400)
+		{
+			memcpy(buf + o, "...", 3);
+			o += 3;
+			break;
+		}
+		if (c == '\\')
+		{
+			buf[o++] = '\\';
+			buf[o++] = '\\';
+		}
+		else if (c >= 0x20 && c < 0x7f)
+			buf[o++] = (char) c;
+		else
+			o += snprintf(buf + o, sizeof(ring[0]) - o, "\\x%02X", c);
+	}
+	buf[o] = '\0';
+	return buf;
+}
 
 /* Copy msg to a static buffer as one line (libpq messages span lines). */
 static const char *
@@ -65,7 +111,8 @@ one_line(const char *msg)
 
 	for (p = msg ? msg : ""; *p && i < sizeof(buf) - 1; p++)
 	{
-		char		c = (*p == '\n' || *p == '\t') ? ' ' : *p;
+		unsigned char uc = (unsigned char) *p;
+		char		c = (uc < 0x20 || uc == 0x7f) ? ' ' : *p;
 
 		if (c == ' ' && (i == 0 || buf[i - 1] == ' '))
 			continue;
@@ -210,9 +257,9 @@ db_connect(void)
 	}
 
 	if ((r = db_prepare("outbox_claim", claim_sql, 4, claim_types)) != DB_OK ||
-		(r = db_prepare("outbox_ack", ack_sql, 3, ack_types)) != DB_OK ||
-		(r = db_prepare("outbox_fail", fail_sql, 5, fail_types)) != DB_OK ||
-		(r = db_prepare("outbox_renew", renew_sql, 4, renew_types)) != DB_OK)
+		(r = db_prepare("outbox_ack", ack_sql, 2, ack_types)) != DB_OK ||
+		(r = db_prepare("outbox_fail", fail_sql, 4, fail_types)) != DB_OK ||
+		(r = db_prepare("outbox_renew", renew_sql, 3, renew_types)) != DB_OK)
 	{
 		db_disconnect();
 		return r;
@@ -324,7 +371,8 @@ db_claim(RelayBatch *batch)
 		cmd->run_id = PQgetvalue(res, i, 1);
 		cmd->kind = PQgetvalue(res, i, 2);
 		cmd->payload = PQgetvalue(res, i, 3);
-		cmd->version = strtoll(PQgetvalue(res, i, 4), NULL, 10);
+		cmd->token = PQgetvalue(res, i, 4);
+		cmd->seq = strtoll(PQgetvalue(res, i, 7), NULL, 10);
 		cmd->deliveries = atoi(PQgetvalue(res, i, 5));
 		cmd->state = CMD_TODO;
 		if (l < left)
@@ -343,51 +391,40 @@ db_claim(RelayBatch *batch)
 static DbResult
 db_ack(RelayBatch *batch)
 {
-	StrBuf		ids;
-	StrBuf		vers;
+	StrBuf		toks;
 	int		   *idx;
 	int			n = 0;
 	int			i;
 	int			r;
-	const char *vals[3];
+	const char *vals[2];
 	PGresult   *res;
 	int			stale = 0;
 	const char *first_reason = NULL;
 
 	idx = relay_malloc(sizeof(int) * (batch->n ? batch->n : 1));
-	sb_init(&ids);
-	sb_init(&vers);
-	sb_puts(&ids, "{");
-	sb_puts(&vers, "{");
+	sb_init(&toks);
+	sb_puts(&toks, "{");
 	for (i = 0; i < batch->n; i++)
 	{
 		if (batch->cmds[i].state != CMD_DELIVERED)
 			continue;
 		if (n > 0)
-		{
-			sb_puts(&ids, ",");
-			sb_puts(&vers, ",");
-		}
-		sb_array_elem(&ids, batch->cmds[i].command_id);
-		sb_printf(&vers, "%lld", batch->cmds[i].version);
+			sb_puts(&toks, ",");
+		sb_array_elem(&toks, batch->cmds[i].token);
 		idx[n++] = i;
 	}
-	sb_puts(&ids, "}");
-	sb_puts(&vers, "}");
+	sb_puts(&toks, "}");
 	if (n == 0)
 	{
-		sb_free(&ids);
-		sb_free(&vers);
+		sb_free(&toks);
 		free(idx);
 		return DB_OK;
 	}
 
 	vals[0] = relay_opts.worker;
-	vals[1] = ids.data;
-	vals[2] = vers.data;
-	res = PQexecPrepared(conn, "outbox_ack", 3, vals, NULL, NULL, 0);
-	sb_free(&ids);
-	sb_free(&vers);
+	vals[1] = toks.data;
+	res = PQexecPrepared(conn, "outbox_ack", 2, vals, NULL, NULL, 0);
+	sb_free(&toks);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
 		DbResult	dr = db_failure(res, "ack");
@@ -397,24 +434,12 @@ db_ack(RelayBatch *batch)
 		return dr;
 	}
 
-	for (r = 0; r < PQntuples(res); r++)
+	/* one row per token, in the tokens' order */
+	for (r = 0; r < PQntuples(res) && r < n; r++)
 	{
-		const char *id = PQgetvalue(res, r, 0);
 		bool		acked = PQgetvalue(res, r, 1)[0] == 't';
-		RelayCommand *cmd = NULL;
+		RelayCommand *cmd = &batch->cmds[idx[r]];
 
-		/* rows come back in input order; search only if they do not */
-		if (r < n && strcmp(batch->cmds[idx[r]].command_id, id) == 0)
-			cmd = &batch->cmds[idx[r]];
-		else
-		{
-			for (i = 0; i < n; i++)
-				if (batch->cmds[idx[i]].state == CMD_DELIVERED &&
-					strcmp(batch->cmds[idx[i]].command_id, id) == 0)
-					cmd = &batch->cmds[idx[i]];
-		}
-		if (cmd == NULL)
-			continue;
 		cmd->state = CMD_DONE;
 		if (acked)
 			relay_stats.acked++;
@@ -423,13 +448,13 @@ db_ack(RelayBatch *batch)
 			relay_stats.stale++;
 			if (stale++ == 0)
 				first_reason = PQgetvalue(res, r, 2);
-			relay_debug("ack of \"%s\" at version %lld refused: %s",
-						cmd->command_id, cmd->version, PQgetvalue(res, r, 2));
+			relay_debug("ack of \"%s\" refused: %s",
+						log_text(cmd->command_id), log_text(PQgetvalue(res, r, 2)));
 		}
 	}
 	if (stale > 0)
 		relay_log("%d of %d acks refused (first reason: %s); another worker owns them now",
-				  stale, n, first_reason);
+				  stale, n, log_text(first_reason));
 	PQclear(res);
 
 	/* anything the server did not mention stays to be reported */
@@ -437,30 +462,36 @@ db_ack(RelayBatch *batch)
 	return DB_OK;
 }
 
+/* Whether a failed call was refused as lease_not_owned (by its SQLSTATE). */
+static bool
+lease_not_owned(const PGresult *res)
+{
+	const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+
+	return state != NULL && strcmp(state, SQLSTATE_LEASE_NOT_OWNED) == 0;
+}
+
 /* Report one failed delivery. */
 static DbResult
 db_fail(RelayCommand *cmd)
 {
-	char		verbuf[32];
-	const char *vals[5];
+	const char *vals[4];
 	PGresult   *res;
 
-	snprintf(verbuf, sizeof(verbuf), "%lld", cmd->version);
-	vals[0] = cmd->command_id;
-	vals[1] = relay_opts.worker;
-	vals[2] = verbuf;
-	vals[3] = cmd->error ? cmd->error : "delivery failed";
-	vals[4] = cmd->fatal ? "t" : "f";
-	res = PQexecPrepared(conn, "outbox_fail", 5, vals, NULL, NULL, 0);
+	vals[0] = relay_opts.worker;
+	vals[1] = cmd->token;
+	vals[2] = cmd->error ? cmd->error : "delivery failed";
+	vals[3] = cmd->fatal ? "t" : "f";
+	res = PQexecPrepared(conn, "outbox_fail", 4, vals, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
-		const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 		DbResult	r;
 
-		if (state != NULL && strcmp(state, "55000") == 0)
+		if (lease_not_owned(res))
 		{
 			relay_stats.stale++;
-			relay_debug("fail of \"%s\" refused: %s", cmd->command_id, result_error(res));
+			relay_debug("fail of \"%s\" refused: another worker owns it now",
+						log_text(cmd->command_id));
 			cmd->state = CMD_DONE;
 			PQclear(res);
 			return DB_OK;
@@ -473,12 +504,13 @@ db_fail(RelayCommand *cmd)
 	{
 		relay_stats.dead++;
 		relay_log("command \"%s\" is dead after %d deliveries: %s",
-				  cmd->command_id, cmd->deliveries, vals[3]);
+				  log_text(cmd->command_id), cmd->deliveries, log_text(vals[2]));
 	}
 	else
 	{
 		relay_stats.retried++;
-		relay_debug("command \"%s\" will be retried: %s", cmd->command_id, vals[3]);
+		relay_debug("command \"%s\" will be retried: %s",
+					log_text(cmd->command_id), log_text(vals[2]));
 	}
 	cmd->state = CMD_DONE;
 	PQclear(res);
@@ -515,7 +547,7 @@ db_report(RelayBatch *batch)
 	}
 	if (failed > 0)
 		relay_log("%d deliver%s failed (first error: %s)", failed,
-				  failed == 1 ? "y" : "ies", first_error ? first_error : "?");
+				  failed == 1 ? "y" : "ies", first_error ? log_text(first_error) : "?");
 	return DB_OK;
 }
 
@@ -527,9 +559,8 @@ db_report(RelayBatch *batch)
 DbResult
 db_renew(RelayBatch *batch)
 {
-	char		verbuf[32];
 	char		leasebuf[32];
-	const char *vals[4];
+	const char *vals[3];
 	double		left = 1e9;
 	int			i;
 	int			renewed = 0;
@@ -545,20 +576,18 @@ db_renew(RelayBatch *batch)
 
 		if (cmd->state != CMD_TODO)
 			continue;
-		snprintf(verbuf, sizeof(verbuf), "%lld", cmd->version);
-		vals[0] = cmd->command_id;
-		vals[1] = relay_opts.worker;
-		vals[2] = verbuf;
-		vals[3] = relay_opts.lease > 0 ? leasebuf : NULL;
-		res = PQexecPrepared(conn, "outbox_renew", 4, vals, NULL, NULL, 0);
+		vals[0] = relay_opts.worker;
+		vals[1] = cmd->token;
+		vals[2] = relay_opts.lease > 0 ? leasebuf : NULL;
+		res = PQexecPrepared(conn, "outbox_renew", 3, vals, NULL, NULL, 0);
 		if (PQresultStatus(res) != PGRES_TUPLES_OK)
 		{
-			const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
 			DbResult	r;
 
-			if (state != NULL && strcmp(state, "55000") == 0)
+			if (lease_not_owned(res))
 			{
-				relay_log("lease of \"%s\" lost: %s", cmd->command_id, result_error(res));
+				relay_log("lease of \"%s\" lost: another worker owns it now",
+						  log_text(cmd->command_id));
 				relay_stats.stale++;
 				cmd->state = CMD_DONE;
 				PQclear(res);

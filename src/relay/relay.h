@@ -10,8 +10,8 @@
  * its commands (in claim order, or up to --concurrency HTTP requests at
  * once), and reports the outcome of the whole batch: one array ack for the
  * delivered commands and one fail per failed command.  Every call carries
- * the token (command_id, version) the claim returned, so a relay whose
- * lease was taken over is refused and changes nothing.
+ * the token the claim returned (opaque text), so a relay whose lease was
+ * taken over is refused (SQLSTATE OB001) and changes nothing.
  *
  *-------------------------------------------------------------------------
  */
@@ -79,8 +79,9 @@ typedef struct RelayCommand
 	char	   *command_id;
 	char	   *run_id;
 	char	   *kind;
+	long long	seq;			/* the deciding event's seq in its run */
 	char	   *payload;		/* JSON text (jsonb output) */
-	long long	version;		/* the lease token */
+	char	   *token;			/* the lease token (never logged) */
 	int			deliveries;
 	CmdState	state;
 	bool		fatal;			/* CMD_FAILED: no retry */

@@ -51,7 +51,10 @@ CREATE DOMAIN @extschema@.command_deliveries AS pg_catalog.int4
 -- worker's sweep).  A claim adds one entry to each of commands_pkey and
 -- commands_lease_idx, an ack one to commands_pkey only: no other index
 -- exists, and no field an ack changes appears in any key.  The fillfactor
--- leaves room on each page for the new row versions.
+-- leaves room on each page for the new row versions.  lease_secret and
+-- leased_by (the last columns) bind a lease's token to the claim that made
+-- it and the role that claimed it; no index holds them: a token carries the
+-- command_id, and ack, fail and renew find the row by commands_pkey.
 CREATE TABLE @extschema@.commands (
 	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
@@ -69,6 +72,8 @@ CREATE TABLE @extschema@.commands (
 	published_at pg_catalog.timestamptz,
 	last_error	pg_catalog.text,
 	payload		pg_catalog.jsonb NOT NULL,
+	lease_secret pg_catalog.uuid,
+	leased_by	pg_catalog.oid,
 	CONSTRAINT commands_pkey PRIMARY KEY (command_id)
 ) WITH (fillfactor = 80);
 
@@ -143,6 +148,8 @@ COMMENT ON TABLE @extschema@.inbox IS 'commands each consumer has accepted, for 
 COMMENT ON TABLE @extschema@.policies IS 'per-kind overrides: max deliveries, backoff, lease, takeover mode, pause, retention';
 COMMENT ON TABLE @extschema@.purged IS 'tombstones of commands removed by the retention purge';
 COMMENT ON DOMAIN @extschema@.command_status IS 'a command''s status: pending, sending, published, dead or uncertain';
-COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version, the second half of its lease token (at least 1)';
+COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version: bumped by every change of its lease, for ordering and diagnostics (at least 1)';
 COMMENT ON DOMAIN @extschema@.command_deliveries IS 'how many times a command was handed to a publisher (not negative)';
+COMMENT ON COLUMN @extschema@.commands.lease_secret IS 'the random 128-bit secret of the lease''s token (set by each claim; no view shows it)';
+COMMENT ON COLUMN @extschema@.commands.leased_by IS 'the role that claimed the lease (only that role, or an outbox admin, may use its token)';
 COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending, NULL otherwise (the key of the claim index)';

@@ -1,6 +1,9 @@
 -- outbox install script, part 10: the producer, publisher and consumer API
--- (C functions).  All are SECURITY DEFINER with a pinned search_path: the
--- callers hold only EXECUTE (see part 90), never a table privilege.
+-- (C functions).  All are SECURITY INVOKER with a pinned search_path, so
+-- current_user at the call site is the role a call is made by; their C
+-- body switches to the function's owner (OutboxCallAsOwner, src/args.c) and
+-- is told the calling role.  The callers hold only EXECUTE (see part 90),
+-- never a table privilege.
 --
 -- Their statements run as saved plans through OutboxExecute (src/outbox.c),
 -- which keeps the planner on the index plans whenever a plan is (re)made.
@@ -18,7 +21,7 @@ CREATE FUNCTION @extschema@.commit_decision(
 	not_before pg_catalog.timestamptz DEFAULT NULL,
 	priority pg_catalog.int4 DEFAULT 0)
 RETURNS void
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_commit_decision';
 COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4)
@@ -35,7 +38,7 @@ CREATE FUNCTION @extschema@.commit_decisions(
 	not_before pg_catalog.timestamptz[] DEFAULT NULL,
 	priorities pg_catalog.int4[] DEFAULT NULL)
 RETURNS pg_catalog.int4
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_commit_decisions';
 COMMENT ON FUNCTION @extschema@.commit_decisions(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.jsonb[], pg_catalog.jsonb[], pg_catalog.timestamptz[], pg_catalog.int4[])
@@ -47,7 +50,7 @@ CREATE FUNCTION @extschema@.record_event(
 	kind pg_catalog.text,
 	payload pg_catalog.jsonb DEFAULT NULL)
 RETURNS void
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_record_event';
 COMMENT ON FUNCTION @extschema@.record_event(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.jsonb)
@@ -58,13 +61,15 @@ COMMENT ON FUNCTION @extschema@.record_event(pg_catalog.text, pg_catalog.int8, p
 CREATE TYPE @extschema@.lease AS (
 	command_id	pg_catalog.text,
 	run_id		pg_catalog.text,
+	seq			pg_catalog.int8,
 	kind		pg_catalog.text,
 	payload		pg_catalog.jsonb,
+	token		pg_catalog.text,
 	version		pg_catalog.int8,
 	deliveries	pg_catalog.int4,
 	lease_until pg_catalog.timestamptz
 );
-COMMENT ON TYPE @extschema@.lease IS 'a claimed command: the token (command_id, version) and what to send';
+COMMENT ON TYPE @extschema@.lease IS 'a claimed command: what to send, and the token that ack, fail and renew require';
 
 CREATE FUNCTION @extschema@.claim(
 	worker pg_catalog.text,
@@ -72,79 +77,72 @@ CREATE FUNCTION @extschema@.claim(
 	lease pg_catalog.interval DEFAULT NULL,
 	kinds pg_catalog.text[] DEFAULT NULL)
 RETURNS SETOF @extschema@.lease
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 ROWS 100
 AS 'MODULE_PATHNAME', 'outbox_claim';
 COMMENT ON FUNCTION @extschema@.claim(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.text[])
 	IS 'lease up to batch_size available commands (pending, or sending with an expired lease) to worker';
 
+-- Internal: a new lease's secret, 128 bits of pg_strong_random.
+CREATE FUNCTION @extschema@._lease_secret()
+RETURNS pg_catalog.uuid
+LANGUAGE c VOLATILE PARALLEL RESTRICTED
+AS 'MODULE_PATHNAME', 'outbox_lease_secret';
+COMMENT ON FUNCTION @extschema@._lease_secret()
+	IS 'internal: 128 random bits (pg_strong_random) for the token of a new lease (used by claim)';
+
 CREATE FUNCTION @extschema@.ack(
-	command_id pg_catalog.text,
 	worker pg_catalog.text,
-	version pg_catalog.int8)
+	token pg_catalog.text)
 RETURNS void
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_ack';
-COMMENT ON FUNCTION @extschema@.ack(pg_catalog.text, pg_catalog.text, pg_catalog.int8)
-	IS 'mark a leased command published; raises lease_not_owned for a stale token';
+COMMENT ON FUNCTION @extschema@.ack(pg_catalog.text, pg_catalog.text)
+	IS 'mark a leased command published; raises OB001 (lease_not_owned) for a token the caller does not hold';
 
 CREATE TYPE @extschema@.ack_result AS (
 	command_id	pg_catalog.text,
+	run_id		pg_catalog.text,
 	acked		pg_catalog.bool,
 	reason		pg_catalog.text
 );
-COMMENT ON TYPE @extschema@.ack_result IS 'outcome of one command of a batch ack: acked, or why not';
+COMMENT ON TYPE @extschema@.ack_result IS 'outcome of one token of ack_many: acked, or why not (lease_not_owned, invalid_token)';
 
-CREATE FUNCTION @extschema@.ack(
+CREATE FUNCTION @extschema@.ack_many(
 	worker pg_catalog.text,
-	command_ids pg_catalog.text[],
-	versions pg_catalog.int8[])
+	tokens pg_catalog.text[])
 RETURNS SETOF @extschema@.ack_result
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 ROWS 100
-AS 'MODULE_PATHNAME', 'outbox_ack_batch';
-COMMENT ON FUNCTION @extschema@.ack(pg_catalog.text, pg_catalog.text[], pg_catalog.int8[])
-	IS 'mark a batch of leased commands published; reports stale tokens per command instead of raising';
-
--- Internal: the batch ack's test of a row's token against its arrays.
-CREATE FUNCTION @extschema@._ack_token(
-	command_ids pg_catalog.text[],
-	versions pg_catalog.int8[],
-	command_id pg_catalog.text,
-	version pg_catalog.int8)
-RETURNS pg_catalog.bool
-LANGUAGE c IMMUTABLE PARALLEL SAFE
-AS 'MODULE_PATHNAME', 'outbox_ack_token';
-COMMENT ON FUNCTION @extschema@._ack_token(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text, pg_catalog.int8)
-	IS 'internal: whether (command_id, version) is one of the pairs of the two arrays (used by the batch ack)';
+AS 'MODULE_PATHNAME', 'outbox_ack_many';
+COMMENT ON FUNCTION @extschema@.ack_many(pg_catalog.text, pg_catalog.text[])
+	IS 'mark a batch of leased commands published; reports each refused token instead of raising';
 
 CREATE FUNCTION @extschema@.fail(
-	command_id pg_catalog.text,
 	worker pg_catalog.text,
-	version pg_catalog.int8,
+	token pg_catalog.text,
 	error pg_catalog.text,
 	fatal pg_catalog.bool DEFAULT false)
 RETURNS pg_catalog.text
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_fail';
-COMMENT ON FUNCTION @extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bool)
+COMMENT ON FUNCTION @extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.bool)
 	IS 'report a failed delivery: back to pending after a backoff, or dead; returns the new status';
 
 CREATE FUNCTION @extschema@.renew(
-	command_id pg_catalog.text,
 	worker pg_catalog.text,
-	version pg_catalog.int8,
+	token pg_catalog.text,
 	lease pg_catalog.interval DEFAULT NULL)
 RETURNS pg_catalog.timestamptz
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_renew';
-COMMENT ON FUNCTION @extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.interval)
-	IS 'extend a lease held with the current token; returns the new lease end';
+COMMENT ON FUNCTION @extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
+	IS 'extend a lease held with its token; returns the new lease end';
 
 -- Consumer -----------------------------------------------------------------
 
@@ -153,7 +151,7 @@ CREATE FUNCTION @extschema@.complete(
 	outcome pg_catalog.text DEFAULT 'done',
 	detail pg_catalog.jsonb DEFAULT NULL)
 RETURNS pg_catalog.bool
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_complete';
 COMMENT ON FUNCTION @extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb)
@@ -163,7 +161,7 @@ CREATE FUNCTION @extschema@.inbox_accept(
 	consumer pg_catalog.text,
 	command_id pg_catalog.text)
 RETURNS pg_catalog.bool
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_inbox_accept';
 COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
@@ -173,7 +171,7 @@ COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
 -- every round; an administrator may call it when the worker is not running).
 CREATE FUNCTION @extschema@.sweep(batch_size pg_catalog.int4 DEFAULT 1000)
 RETURNS pg_catalog.int4
-LANGUAGE c VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_sweep';
 COMMENT ON FUNCTION @extschema@.sweep(pg_catalog.int4)

@@ -1,6 +1,7 @@
 -- outbox install script, part 20: the administrator API.  These run rarely,
--- so they are PL/pgSQL; like the C API they are SECURITY DEFINER with a
--- pinned search_path and qualify every object they use.
+-- so they are PL/pgSQL; they are SECURITY DEFINER with a pinned search_path
+-- (the C API gets the same rights from OutboxCallAsOwner, see part 10) and
+-- qualify every object they use.
 
 -- Raise 22004 when a required argument is NULL.
 CREATE FUNCTION @extschema@._require(value pg_catalog.anyelement, name pg_catalog.text)

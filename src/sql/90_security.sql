@@ -171,10 +171,10 @@ GRANT EXECUTE ON FUNCTION
 
 GRANT EXECUTE ON FUNCTION
 	@extschema@.claim(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.text[]),
-	@extschema@.ack(pg_catalog.text, pg_catalog.text, pg_catalog.int8),
-	@extschema@.ack(pg_catalog.text, pg_catalog.text[], pg_catalog.int8[]),
-	@extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.bool),
-	@extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.interval)
+	@extschema@.ack(pg_catalog.text, pg_catalog.text),
+	@extschema@.ack_many(pg_catalog.text, pg_catalog.text[]),
+	@extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.bool),
+	@extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
 	TO outbox_publisher;
 -- The result types of claim and the batch ack, for publishers that wrap
 -- these calls in functions of their own.

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(116);
+SELECT plan(117);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -25,36 +25,36 @@ CREATE TEMP TABLE expected (
 INSERT INTO expected VALUES
 	-- producer
 	('outbox.commit_decision(text,bigint,text,text,text,jsonb,jsonb,timestamp with time zone,integer)',
-	 'function', '{outbox_producer}', true,
+	 'function', '{outbox_producer}', false,
 	 $$SELECT outbox.commit_decision('pt-run', 10, 'e', 'pt-new', 'k', '{}')$$),
 	('outbox.commit_decisions(text[],bigint[],text[],text[],text[],jsonb[],jsonb[],timestamp with time zone[],integer[])',
-	 'function', '{outbox_producer}', true,
+	 'function', '{outbox_producer}', false,
 	 $$SELECT outbox.commit_decisions('{pt-run}', '{11}', '{e}', '{pt-new-2}', '{k}', '{"{}"}')$$),
 	('outbox.record_event(text,bigint,text,jsonb)',
-	 'function', '{outbox_producer}', true,
+	 'function', '{outbox_producer}', false,
 	 $$SELECT outbox.record_event('pt-run', 12, 'note')$$),
 	-- publisher
 	('outbox.claim(text,integer,interval,text[])',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT count(*) FROM outbox.claim('pt-w2', 1, kinds => '{pt-none}')$$),
 	('outbox.ack(text,text,bigint)',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT outbox.ack('pt-live', 'pt-w', 2)$$),
 	('outbox.ack(text,text[],bigint[])',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT count(*) FROM outbox.ack('pt-w', '{pt-live}'::text[], '{2}'::bigint[])$$),
 	('outbox.fail(text,text,bigint,text,boolean)',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT outbox.fail('pt-live', 'pt-w', 2, 'boom')$$),
 	('outbox.renew(text,text,bigint,interval)',
-	 'function', '{outbox_publisher}', true,
+	 'function', '{outbox_publisher}', false,
 	 $$SELECT outbox.renew('pt-live', 'pt-w', 2)$$),
 	-- consumer
 	('outbox.complete(text,text,jsonb)',
-	 'function', '{outbox_consumer}', true,
+	 'function', '{outbox_consumer}', false,
 	 $$SELECT outbox.complete('pt-live')$$),
 	('outbox.inbox_accept(text,text)',
-	 'function', '{outbox_consumer}', true,
+	 'function', '{outbox_consumer}', false,
 	 $$SELECT outbox.inbox_accept('pt-consumer', 'pt-live')$$),
 	-- administrator
 	('outbox.requeue(text)',
@@ -76,7 +76,7 @@ INSERT INTO expected VALUES
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.purge()$$),
 	('outbox.sweep(integer)',
-	 'function', '{outbox_admin}', true,
+	 'function', '{outbox_admin}', false,
 	 $$SELECT outbox.sweep()$$),
 	('outbox.stats_reset()',
 	 'function', '{outbox_admin}', false,
@@ -344,13 +344,30 @@ SELECT is(ARRAY(SELECT a.object FROM actual_objects a JOIN pg_proc p ON p.oid = 
 		  ARRAY(SELECT e.object FROM expected e WHERE e.secdef ORDER BY 1),
 		  'SECURITY DEFINER: the producer, publisher, consumer and administrator API');
 
--- 60: each of them pins search_path to pg_catalog, pg_temp.
+-- 60: each of them, and each C function of the API (SECURITY INVOKER, its
+-- body run as the owner by OutboxCallAsOwner), pins search_path to
+-- pg_catalog, pg_temp.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' ' || coalesce(p.proconfig::text, 'no settings')
-				  FROM pg_proc p
-				 WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
+				  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+				 WHERE p.pronamespace = 'outbox'::regnamespace
+				   AND (p.prosecdef OR (l.lanname = 'c' AND p.proconfig IS NOT NULL))
 				   AND p.proconfig IS DISTINCT FROM '{"search_path=pg_catalog, pg_temp"}'::text[]
 				 ORDER BY 1),
-		  '{}'::text[], 'every SECURITY DEFINER function has search_path = pg_catalog, pg_temp and nothing else');
+		  '{}'::text[], 'every SECURITY DEFINER function and C API function has search_path = pg_catalog, pg_temp and nothing else');
+
+-- 60a: the C API is SECURITY INVOKER (current_user at the call site is the
+-- caller) and these are its functions.
+SELECT is(ARRAY(SELECT p.oid::regprocedure::text || CASE WHEN p.prosecdef THEN ' SECURITY DEFINER' ELSE '' END
+				  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+				 WHERE p.pronamespace = 'outbox'::regnamespace AND l.lanname = 'c'
+				   AND p.proconfig IS NOT NULL
+				 ORDER BY 1),
+		  ARRAY(SELECT e.object FROM expected e JOIN pg_proc p ON p.oid = e.object::regprocedure
+						JOIN pg_language l ON l.oid = p.prolang
+				 WHERE e.kind = 'function' AND l.lanname = 'c' AND e.object NOT LIKE 'outbox.\_%'
+				   AND e.object NOT IN ('outbox.preloaded()', 'outbox.stats_reset()')
+				 ORDER BY 1),
+		  'the C API functions are SECURITY INVOKER with a pinned search_path');
 
 -- 61: so does every function written in SQL or PL/pgSQL.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text
@@ -360,14 +377,17 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text
 				 ORDER BY 1),
 		  '{}'::text[], 'every SQL and PL/pgSQL function pins search_path');
 
--- 62: the SECURITY DEFINER functions run as the extension's owner, a superuser.
+-- 62: the SECURITY DEFINER functions and the C API run as the extension's
+-- owner, a superuser.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' owned by ' || p.proowner::regrole::text
 				  FROM pg_proc p
-				 WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef
+				  JOIN pg_language l ON l.oid = p.prolang
+				 WHERE p.pronamespace = 'outbox'::regnamespace
+				   AND (p.prosecdef OR (l.lanname = 'c' AND p.proconfig IS NOT NULL))
 				   AND (p.proowner <> (SELECT extowner FROM pg_extension WHERE extname = 'outbox')
 						OR NOT (SELECT rolsuper FROM pg_roles WHERE oid = p.proowner))
 				 ORDER BY 1),
-		  '{}'::text[], 'SECURITY DEFINER functions are owned by the extension owner');
+		  '{}'::text[], 'SECURITY DEFINER and C API functions are owned by the extension owner');
 
 -- 63: internal helpers are granted to none of the four roles, except the
 -- two the views call with the reader's rights.

@@ -153,7 +153,7 @@ ok(scalar(@versions) >= 1, 'versions offered: ' . join(', ', @versions) . "; def
 sql('postgres', 'CREATE DATABASE fresh');
 sql('fresh', 'CREATE EXTENSION outbox');
 my $reference = sql('fresh', $describe);
-like($reference, qr/^function-flags outbox\.claim\(.*secdef=true config=\{"search_path=pg_catalog, pg_temp"\}/m,
+like($reference, qr/^function-flags outbox\.claim\(.*secdef=false config=\{"search_path=pg_catalog, pg_temp"\}/m,
 	'the description covers function settings');
 like($reference, qr/^initprivs function outbox\.claim\(.*outbox_publisher=X/m,
 	'the description covers initial privileges');
@@ -162,7 +162,7 @@ like($reference, qr/^initprivs function outbox\.claim\(.*outbox_publisher=X/m,
 my @mutations = (
 	[ 'a grant', 'GRANT EXECUTE ON FUNCTION outbox.sweep(int) TO PUBLIC' ],
 	[ 'a setting', 'ALTER FUNCTION outbox.claim(text, int, interval, text[]) RESET search_path' ],
-	[ 'SECURITY DEFINER', 'ALTER FUNCTION outbox.ack(text, text, bigint) SECURITY INVOKER' ],
+	[ 'SECURITY DEFINER', 'ALTER FUNCTION outbox.record_event(text, bigint, text, jsonb) SECURITY DEFINER' ],
 	[ 'a default', 'ALTER TABLE outbox.commands ALTER COLUMN priority SET DEFAULT 1' ],
 	[ 'an index', 'CREATE INDEX commands_kind_idx ON outbox.commands (kind)' ],
 	[ 'a comment', q{COMMENT ON TABLE outbox.inbox IS 'changed'} ],
