@@ -10,8 +10,7 @@
 const readline = require('node:readline');
 const { Client } = require('pg');
 
-// Today's API reports a stale token as 55000 (lease_not_owned); API 1.0 as OB001.
-const LEASE_NOT_OWNED = ['OB001', '55000'];
+const LEASE_NOT_OWNED = 'OB001';
 const broker = readline.createInterface({ input: process.stdin })[Symbol.asyncIterator]();
 
 function send(lease) {
@@ -39,10 +38,9 @@ async function main() {
       for (const l of leases) {
         await confirmed();
         try {
-          await client.query('SELECT outbox.ack(command_id => $1, worker => $2, version => $3)',
-            [l.command_id, worker, l.version]);
+          await client.query('SELECT outbox.ack($1, $2)', [worker, l.token]);
         } catch (err) {
-          if (!LEASE_NOT_OWNED.includes(err.code)) throw err;
+          if (err.code !== LEASE_NOT_OWNED) throw err;
           // Our lease ran out and another publisher took the command over:
           // it is theirs now.  Drop it; never retry the ack.
           console.error(`publisher ${worker}: ${err.code}, dropped ${l.command_id}`);

@@ -15,8 +15,7 @@ from datetime import timedelta
 import psycopg
 from psycopg.rows import dict_row
 
-# Today's API reports a stale token as 55000 (lease_not_owned); API 1.0 as OB001.
-LEASE_NOT_OWNED = ("OB001", "55000")
+LEASE_NOT_OWNED = "OB001"
 
 
 def send(lease):
@@ -43,10 +42,9 @@ def main():
             for lease_row in leases:
                 confirmed()
                 try:
-                    conn.execute("SELECT outbox.ack(command_id => %s, worker => %s, version => %s)",
-                                 (lease_row["command_id"], worker, lease_row["version"]))
+                    conn.execute("SELECT outbox.ack(%s, %s)", (worker, lease_row["token"]))
                 except psycopg.Error as e:
-                    if e.sqlstate not in LEASE_NOT_OWNED:
+                    if e.sqlstate != LEASE_NOT_OWNED:
                         raise
                     # Our lease ran out and another publisher took the command
                     # over: it is theirs now.  Drop it; never retry the ack.
