@@ -9,7 +9,10 @@
 #   * the consumer gets every message of both publishers (the taken-over ones
 #     twice), and once more as a redelivery: one charge and one receipt per
 #     command, written in the same transaction.
-# Everything is checked from the database.  node-postgres is installed with
+# Then test/node/driver_checks.js shows what node-postgres makes of the API
+# (docs/drivers.md): int8 as strings, jsonb, the lease interval, ack and
+# ack_many without casts, constraint names, aborted transactions.
+# Everything is checked from the database or from what the driver returned.  node-postgres is installed with
 # npm from examples/node/package.json (an exact version) into this test's
 # own directory; the interpreter for Python is OUTBOX_PYTHON, by default
 # Debian's /usr/bin/python3 (python3-psycopg).
@@ -50,6 +53,7 @@ my $nodedir = "$tmp/node";
 mkdir $nodedir or die "mkdir $nodedir: $!";
 copy("$examples/node/$_", "$nodedir/$_") or die "copy $_: $!"
   for qw(package.json producer.js publisher.js consumer.js);
+copy("$src/test/node/driver_checks.js", "$nodedir/driver_checks.js") or die "copy driver_checks.js: $!";
 my $pinned = decode_json(slurp_file("$nodedir/package.json"))->{dependencies}{pg};
 like($pinned, qr/^\d+\.\d+\.\d+$/, "package.json pins pg to one version ($pinned)");
 {
@@ -180,6 +184,47 @@ foreach my $lang ('python', 'node')
 	is($node->safe_psql($db, q{SELECT string_agg(check_name, ', ') FROM outbox.conservation
 			WHERE severity = 'error' AND violations > 0}),
 		'', "$lang: the conservation checks are clean");
+}
+
+# What node-postgres makes of the API (docs/drivers.md), in a database of
+# its own, as a role that produces and publishes.
+$node->safe_psql('postgres', 'CREATE DATABASE drivers');
+$node->safe_psql('drivers', 'CREATE EXTENSION outbox');
+$node->safe_psql('drivers', q{CREATE ROLE drv_app LOGIN;
+	GRANT outbox_producer, outbox_publisher TO drv_app});
+is($node->safe_psql('drivers', q{SELECT string_agg(proname || '/' || pronargs, ', ') FROM (
+		SELECT proname, pronargs FROM pg_proc WHERE pronamespace = 'outbox'::regnamespace
+		 GROUP BY proname, pronargs HAVING count(*) > 1) AS same}),
+	'', 'no two functions of the API have one name and one number of arguments');
+{
+	local $ENV{PGHOST} = $node->host;
+	local $ENV{PGPORT} = $node->port;
+	local $ENV{PGDATABASE} = 'drivers';
+	local $ENV{PGUSER} = 'drv_app';
+	my ($out, $err);
+	my $ok = IPC::Run::run([ 'node', "$nodedir/driver_checks.js" ],
+		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout($timeout));
+	ok($ok, 'node: the driver checks run') or diag($err);
+	my %got = map { /^([^:]+): (.*)$/ ? ($1 => $2) : () } split /\n/, $out // '';
+	my @want = (
+		[ 'seq', 'string 9007199254740993', 'int8 comes back as a string, exact beyond 2^53' ],
+		[ 'version', 'string', 'version (int8) is a string' ],
+		[ 'deliveries', 'number', 'deliveries (int4) is a number' ],
+		[ 'payload', '{"n":1}', 'a jsonb payload from a plain object comes back parsed' ],
+		[ 'lease_until', 'Date', 'lease_until (timestamptz) is a Date' ],
+		[ 'ack of a forged token', 'OB001', 'ack($1, $2) resolves without a cast; a forged token is OB001' ],
+		[ 'ack_many', 'true/null false/invalid_token', 'ack_many($1, $2) takes a JS array of tokens' ],
+		[ 'ack after ack_many', 'OB001', 'a token acked by ack_many is stale for ack' ],
+		[ 'same command id', '23505 commands_pkey', 'a taken command id: 23505 naming commands_pkey' ],
+		[ 'same event', '23505 events_pkey', 'a taken (run_id, seq): 23505 naming events_pkey' ],
+		[ 'array as jsonb', '22P02', 'a JS array as jsonb is refused (sent as an array literal)' ],
+		[ 'stringified array as jsonb', 'no error', 'JSON.stringify of an array is taken as jsonb' ],
+		[ 'lease as an object', 'under a minute', 'a JS object as a lease becomes seconds (the trap drivers.md shows)' ],
+		[ 'lease as text', 'over a minute', 'a lease as text is what it says' ],
+		[ 'after an error in a transaction', '25P02', 'a failed call aborts the transaction' ],
+		[ 'after a rolled back savepoint', 'no error', 'a savepoint keeps the transaction' ],
+	);
+	is($got{ $_->[0] } // '(missing)', $_->[1], "node: $_->[2]") foreach @want;
 }
 
 $node->stop;

@@ -1,0 +1,85 @@
+// What node-postgres makes of the API, as docs/drivers.md tells it: run by
+// test/t/055_examples.pl as a producer-and-publisher role against a fresh
+// database, printing one "name: value" line per check for the test to
+// compare.  Every query is parameterized with native values and no cast.
+'use strict';
+const { Client } = require('pg');
+
+const client = new Client();
+
+// The SQLSTATE and constraint of the error a query raises, or "no error".
+async function failure(sql, params) {
+  try {
+    await client.query(sql, params);
+    return 'no error';
+  } catch (err) {
+    return err.constraint ? `${err.code} ${err.constraint}` : err.code;
+  }
+}
+
+function report(name, value) {
+  console.log(`${name}: ${value}`);
+}
+
+async function main() {
+  await client.connect();
+  const decide = 'SELECT outbox.commit_decision($1, $2, $3, $4, $5, $6)';
+
+  // int8 beyond 2^53 goes in as a string and comes back as the same string.
+  const bigSeq = '9007199254740993';
+  await client.query(decide, ['drv-run', bigSeq, 'order_placed', 'drv-1', 'drv_kind', { n: 1 }]);
+  const { rows: [lease] } = await client.query(
+    'SELECT * FROM outbox.claim($1, $2, $3)', ['drv-worker', 1, '5 minutes']);
+  report('seq', `${typeof lease.seq} ${lease.seq}`);
+  report('version', typeof lease.version);
+  report('deliveries', typeof lease.deliveries);
+  report('payload', JSON.stringify(lease.payload));
+  report('lease_until', lease.lease_until instanceof Date ? 'Date' : typeof lease.lease_until);
+
+  // The single and batch acks are told apart without a cast.
+  report('ack of a forged token', await failure('SELECT outbox.ack($1, $2)', ['drv-worker', 'forged']));
+  const { rows: many } = await client.query(
+    'SELECT acked, reason FROM outbox.ack_many($1, $2)', ['drv-worker', [lease.token, 'forged']]);
+  report('ack_many', many.map((r) => `${r.acked}/${r.reason}`).join(' '));
+  report('ack after ack_many', await failure('SELECT outbox.ack($1, $2)', ['drv-worker', lease.token]));
+
+  // Duplicates name their constraint.
+  report('same command id',
+    await failure(decide, ['drv-run', 1, 'order_placed', 'drv-1', 'drv_kind', { n: 2 }]));
+  report('same event',
+    await failure(decide, ['drv-run', bigSeq, 'order_placed', 'drv-2', 'drv_kind', { n: 2 }]));
+
+  // A JS array for a jsonb parameter is sent as an array literal.
+  report('array as jsonb', await failure(decide, ['drv-run', 2, 'order_placed', 'drv-3', 'drv_kind', [1, 2]]));
+  report('stringified array as jsonb',
+    await failure(decide, ['drv-run', 3, 'order_placed', 'drv-4', 'drv_kind', JSON.stringify([1, 2])]));
+
+  // The lease: an object becomes seconds, a string is what it says.
+  await client.query(decide, ['drv-run', 4, 'order_placed', 'drv-5', 'drv_kind', { n: 5 }]);
+  const leaseOf = async (worker, lease) => {
+    const { rows } = await client.query(
+      'SELECT lease_until - clock_timestamp() > $1 AS longer FROM outbox.claim($2, $3, $4)',
+      ['1 minute', worker, 1, lease]);
+    return rows.length ? (rows[0].longer ? 'over a minute' : 'under a minute') : 'nothing claimed';
+  };
+  report('lease as an object', await leaseOf('drv-object', { minutes: 5 }));
+  report('lease as text', await leaseOf('drv-string', '5 minutes'));
+
+  // A failed call aborts the caller's transaction; a savepoint keeps it.
+  await client.query('BEGIN');
+  await failure('SELECT outbox.ack($1, $2)', ['drv-worker', 'forged']);
+  report('after an error in a transaction', await failure('SELECT 1', []));
+  await client.query('ROLLBACK');
+  await client.query('BEGIN');
+  await client.query('SAVEPOINT ack');
+  await failure('SELECT outbox.ack($1, $2)', ['drv-worker', 'forged']);
+  await client.query('ROLLBACK TO SAVEPOINT ack');
+  report('after a rolled back savepoint', await failure('SELECT 1', []));
+  await client.query('COMMIT');
+}
+
+main().then(() => client.end(), (err) => {
+  console.error(err);
+  process.exitCode = 1;
+  return client.end();
+});
