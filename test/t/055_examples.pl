@@ -9,7 +9,8 @@
 #   * the consumer gets every message of both publishers (the taken-over ones
 #     twice), and once more as a redelivery: one charge and one receipt per
 #     command, written in the same transaction.
-# Then test/node/driver_checks.js shows what node-postgres makes of the API
+# Then test/node/driver_checks.js and test/python/driver_checks.py show
+# what node-postgres and psycopg make of the API
 # (docs/drivers.md): int8 as strings, jsonb, the lease interval, ack and
 # ack_many without casts, constraint names, aborted transactions.
 # Everything is checked from the database or from what the driver returned.  node-postgres is installed with
@@ -225,6 +226,35 @@ is($node->safe_psql('drivers', q{SELECT string_agg(proname || '/' || pronargs, '
 		[ 'after a rolled back savepoint', 'no error', 'a savepoint keeps the transaction' ],
 	);
 	is($got{ $_->[0] } // '(missing)', $_->[1], "node: $_->[2]") foreach @want;
+}
+
+# The same for psycopg 3.
+{
+	local $ENV{PGHOST} = $node->host;
+	local $ENV{PGPORT} = $node->port;
+	local $ENV{PGDATABASE} = 'drivers';
+	local $ENV{PGUSER} = 'drv_app';
+	my ($out, $err);
+	my $ok = IPC::Run::run([ $python, "$src/test/python/driver_checks.py" ],
+		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout($timeout));
+	ok($ok, 'python: the driver checks run') or diag($err);
+	my %got = map { /^([^:]+): (.*)$/ ? ($1 => $2) : () } split /\n/, $out // '';
+	my @want = (
+		[ 'bare dict as jsonb', 'driver: ProgrammingError', 'a bare dict is refused by the driver (Jsonb() is needed)' ],
+		[ 'seq', 'int 9007199254740993', 'int8 is an int, exact beyond 2^53' ],
+		[ 'payload', "dict {'n': 1}", 'a jsonb payload comes back as a dict' ],
+		[ 'lease_until', 'aware datetime', 'lease_until (timestamptz) is an aware datetime' ],
+		[ 'timedelta lease', 'over 4 minutes', 'a timedelta is the lease it says' ],
+		[ 'ack of a forged token', 'OB001', 'a forged token is OB001' ],
+		[ 'ack', 'no error', "ack with claim's token" ],
+		[ 'same command id', '23505 commands_pkey', 'a taken command id: 23505 naming commands_pkey' ],
+		[ '1 mon', '30 days', 'an interval of a month comes back as 30 days' ],
+		[ 'naive datetime is UTC', 'False', "a naive datetime is read in the session's TimeZone" ],
+		[ 'aware datetime is UTC', 'True', 'an aware datetime is what it says' ],
+		[ 'in a savepoint', 'OB001', 'a nested transaction block is a savepoint the error undoes' ],
+		[ 'after the savepoint', 'no error', 'the outer transaction goes on after the savepoint' ],
+	);
+	is($got{ $_->[0] } // '(missing)', $_->[1], "python: $_->[2]") foreach @want;
 }
 
 $node->stop;
