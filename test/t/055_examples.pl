@@ -9,14 +9,15 @@
 #   * the consumer gets every message of both publishers (the taken-over ones
 #     twice), and once more as a redelivery: one charge and one receipt per
 #     command, written in the same transaction.
-# Then test/node/driver_checks.js and test/python/driver_checks.py show
-# what node-postgres and psycopg make of the API
-# (docs/drivers.md): int8 as strings, jsonb, the lease interval, ack and
-# ack_many without casts, constraint names, aborted transactions.
-# Everything is checked from the database or from what the driver returned.  node-postgres is installed with
-# npm from examples/node/package.json (an exact version) into this test's
-# own directory; the interpreter for Python is OUTBOX_PYTHON, by default
-# Debian's /usr/bin/python3 (python3-psycopg).
+# Then test/node/driver_checks.js and test/python/driver_checks.py show what
+# node-postgres and psycopg make of the API (docs/drivers.md): int8, jsonb,
+# the lease interval, ack and ack_many without casts, constraint names,
+# aborted transactions and savepoints.  Everything is checked from the
+# database or from what the driver returned.
+#
+# node-postgres is installed with npm from examples/node/package.json (an
+# exact version) into this test's own directory; the interpreter for Python
+# is OUTBOX_PYTHON, by default Debian's /usr/bin/python3 (python3-psycopg).
 use strict;
 use warnings;
 use File::Copy qw(copy);
