@@ -65,6 +65,14 @@ async function main() {
   report('lease as an object', await leaseOf('drv-object', { minutes: 5 }));
   report('lease as text', await leaseOf('drv-string', '5 minutes'));
 
+  // fail with an error text longer than the stored 4,096 bytes.
+  await client.query(decide, ['drv-run', 5, 'order_placed', 'drv-6', 'drv_kind', { n: 6 }]);
+  const { rows: [held] } = await client.query(
+    'SELECT * FROM outbox.claim($1, $2, $3)', ['drv-fail', 1, '5 minutes']);
+  const { rows: [{ fail: status }] } = await client.query(
+    'SELECT outbox.fail($1, $2, $3)', ['drv-fail', held.token, 'é'.repeat(3000)]);
+  report('fail of a long error', `${held.command_id} ${status}`);
+
   // A failed call aborts the caller's transaction; a savepoint keeps it.
   await client.query('BEGIN');
   await failure('SELECT outbox.ack($1, $2)', ['drv-worker', 'forged']);

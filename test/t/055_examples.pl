@@ -223,11 +223,15 @@ is($node->safe_psql('drivers', q{SELECT string_agg(proname || '/' || pronargs, '
 		[ 'stringified array as jsonb', 'no error', 'JSON.stringify of an array is taken as jsonb' ],
 		[ 'lease as an object', 'under a minute', 'a JS object as a lease becomes seconds (the trap drivers.md shows)' ],
 		[ 'lease as text', 'over a minute', 'a lease as text is what it says' ],
+		[ 'fail of a long error', 'drv-6 pending', 'fail takes an error text over 4,096 bytes' ],
 		[ 'after an error in a transaction', '25P02', 'a failed call aborts the transaction' ],
 		[ 'after a rolled back savepoint', 'no error', 'a savepoint keeps the transaction' ],
 	);
 	is($got{ $_->[0] } // '(missing)', $_->[1], "node: $_->[2]") foreach @want;
 }
+is($node->safe_psql('drivers', q{SELECT octet_length(last_error) <= 4096 AND last_error LIKE '%é [... cut]'
+		FROM outbox.commands WHERE command_id = 'drv-6'}),
+	't', "node: fail's long error is kept cut at a character boundary, and marked as cut");
 
 # The same for psycopg 3.
 {
