@@ -35,19 +35,19 @@ SELECT count(*) AS decided
 
 -- One claim for everything that goes through a lease of an hour.
 CREATE TEMP TABLE lease AS
-SELECT command_id, version
+SELECT command_id, token
   FROM outbox.claim('w1', 10, interval '1 hour',
 					ARRAY['k-retry', 'k-requeued', 'k-sending', 'k-published', 'k-receipted',
 						  'k-dead', 'k-purged', 'k-early']);
 SELECT command_id FROM lease ORDER BY command_id;
 
-SELECT outbox.fail('c-retry', 'w1', (SELECT version FROM lease WHERE command_id = 'c-retry'), 'timeout');
-SELECT outbox.fail('c-requeued', 'w1', (SELECT version FROM lease WHERE command_id = 'c-requeued'),
+SELECT outbox.fail('w1', (SELECT token FROM lease WHERE command_id = 'c-retry'), 'timeout');
+SELECT outbox.fail('w1', (SELECT token FROM lease WHERE command_id = 'c-requeued'),
 				   'HTTP 400', fatal => true);
 SELECT outbox.requeue('c-requeued');
-SELECT outbox.fail('c-dead', 'w1', (SELECT version FROM lease WHERE command_id = 'c-dead'),
+SELECT outbox.fail('w1', (SELECT token FROM lease WHERE command_id = 'c-dead'),
 				   'HTTP 410', fatal => true);
-SELECT outbox.ack(command_id, 'w1', version)
+SELECT outbox.ack('w1', token)
   FROM lease WHERE command_id IN ('c-published', 'c-receipted', 'c-purged') ORDER BY command_id;
 -- The consumer completes c-early before the publisher acks (it never does).
 SELECT outbox.complete('c-early');

@@ -63,7 +63,7 @@ SELECT count(*) AS receipts FROM outbox.receipts;
 
 -- After the purge the tombstone answers repeats: same outcome false,
 -- another outcome a conflict, and no receipt comes back.
-SELECT outbox.ack(command_id, 'w1', version)
+SELECT outbox.ack('w1', token)
   FROM outbox.claim('w1', 10, interval '1 hour') WHERE command_id = 'ship-1';
 SELECT outbox.purge(older_than => interval '0');
 SELECT command_id, outcome FROM outbox.purged;

@@ -1,16 +1,17 @@
 -- Hostile input: every API function against NULLs in every argument, empty
 -- and oversized ids, multi-megabyte and deeply nested payloads, odd Unicode
 -- (accepted), negative, zero and huge leases, batch sizes 0, -1 and
--- 2^31-1, versions 0, -1 and 2^63-1, arrays of mismatched lengths, arrays
--- with NULLs and 2-D arrays.  Each case runs in a subtransaction that is
+-- 2^31-1, malformed and forged lease tokens, arrays with NULLs and 2-D
+-- arrays.  Each case runs in a subtransaction that is
 -- always rolled back (an accepted call too) and reports its SQLSTATE; the
 -- tables must be the same afterwards and the server must still be up.
 DROP EXTENSION outbox;
 CREATE EXTENSION outbox;
 \set VERBOSITY terse
 
--- Fixtures: h-pending; h-live leased to w1 at version 2; h-pub published
--- with a receipt; h-dead dead; h-unc uncertain.
+-- Fixtures: h-pending; h-live leased to w1 at version 2 (its token in
+-- tok); h-pub published with a receipt; h-dead dead; h-unc uncertain.
+CREATE TEMP TABLE tok (command_id text PRIMARY KEY, token text NOT NULL);
 DO $$
 BEGIN
 	PERFORM outbox.commit_decision('h-run', 1, 'e', 'h-pending', 'k', '{"n": 1}');
@@ -18,13 +19,13 @@ BEGIN
 	PERFORM outbox.commit_decision('h-run', 3, 'e', 'h-pub', 'k-pub', '{"n": 3}');
 	PERFORM outbox.commit_decision('h-run', 4, 'e', 'h-dead', 'k-dead', '{"n": 4}');
 	PERFORM outbox.commit_decision('h-run', 5, 'e', 'h-unc', 'k-unc', '{"n": 5}');
-	PERFORM outbox.claim('w1', 1, '1 hour', '{k-live}');
-	PERFORM outbox.claim('w1', 1, '1 hour', '{k-pub}');
-	PERFORM outbox.ack('h-pub', 'w1', 2);
+	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-live}');
+	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-pub}');
+	PERFORM outbox.ack('w1', (SELECT token FROM tok WHERE command_id = 'h-pub'));
 	PERFORM outbox.complete('h-pub');
 	PERFORM outbox.inbox_accept('c1', 'h-pub');
-	PERFORM outbox.claim('w1', 1, '1 hour', '{k-dead}');
-	PERFORM outbox.fail('h-dead', 'w1', 2, 'rejected', true);
+	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-dead}');
+	PERFORM outbox.fail('w1', (SELECT token FROM tok WHERE command_id = 'h-dead'), 'rejected', true);
 	PERFORM outbox.claim('w1', 1, '1 hour', '{k-unc}');
 	UPDATE outbox.commands
 	   SET status = 'uncertain', lease_until = NULL, version = version + 1,
@@ -66,7 +67,11 @@ $$;
 
 -- Values used by many cases.
 CREATE TEMP TABLE v AS
-SELECT repeat('x', 201) AS long_id,						-- one byte over the limit
+SELECT (SELECT token FROM tok WHERE command_id = 'h-live') AS live,	-- h-live's token
+	   (SELECT token FROM tok WHERE command_id = 'h-pub') AS spent,	-- h-pub's, acked
+	   (SELECT regexp_replace(token, '^.{32}', repeat('0', 32)) FROM tok
+		 WHERE command_id = 'h-live') AS guessed,		-- h-live's, a wrong secret
+	   repeat('x', 201) AS long_id,						-- one byte over the limit
 	   repeat('x', 200) AS max_id,						-- at the limit
 	   repeat(U&'\00E9', 100) || 'x' AS long_mb_id,	-- 201 bytes, 101 characters
 	   repeat('x', 1048576) AS huge_id,					-- 1 MB
@@ -177,72 +182,68 @@ INSERT INTO cases (name, expected, stmt) VALUES
 ('claim: lease 1000000 years', '22023', $$SELECT * FROM outbox.claim('w2', 1, '1000000 years')$$),
 ('claim: lease 178000000 years', '22023', $$SELECT * FROM outbox.claim('w2', 1, '178000000 years')$$),
 ('claim: lease longer than max_lease', '22023', $$SELECT * FROM outbox.claim('w2', 1, '1 day 1 second')$$),
+('claim: lease 1000 months -29999 days (437 days)', '22023', $$SELECT * FROM outbox.claim('w2', 1, '1000 mons -29999 days')$$),
 ('claim: lease 1 microsecond', '00000', $$SELECT * FROM outbox.claim('w2', 1, '1 microsecond')$$),
 ('claim: NULL in kinds', '22004', $$SELECT * FROM outbox.claim('w2', 1, NULL, '{k,NULL}')$$),
 ('claim: 2-D kinds', '2202E', $$SELECT * FROM outbox.claim('w2', 1, NULL, '{{k},{k-live}}')$$),
 ('claim: empty kinds', '00000', $$SELECT * FROM outbox.claim('w2', 1, NULL, '{}')$$),
 ('claim: empty and oversized kind names', '00000', $$SELECT * FROM outbox.claim('w2', 1, NULL, ARRAY['', (SELECT huge_id FROM v)])$$),
--- ack(command_id, worker, version)
-('ack: null command_id', '22004', $$SELECT outbox.ack(NULL, 'w1', 2)$$),
-('ack: null worker', '22004', $$SELECT outbox.ack('h-live', NULL, 2)$$),
-('ack: null version', '22004', $$SELECT outbox.ack('h-live', 'w1', NULL::bigint)$$),
-('ack: empty command_id', '22023', $$SELECT outbox.ack('', 'w1', 2)$$),
-('ack: command_id of 1 MB', '22023', $$SELECT outbox.ack((SELECT huge_id FROM v), 'w1', 2)$$),
-('ack: empty worker', '22023', $$SELECT outbox.ack('h-live', '', 2)$$),
-('ack: version 0', '22023', $$SELECT outbox.ack('h-live', 'w1', 0)$$),
-('ack: version -1', '22023', $$SELECT outbox.ack('h-live', 'w1', -1)$$),
-('ack: version 2^63-1', '55000', $$SELECT outbox.ack('h-live', 'w1', 9223372036854775807)$$),
-('ack: unknown command', '55000', $$SELECT outbox.ack('nope', 'w1', 2)$$),
-('ack: another worker', '55000', $$SELECT outbox.ack('h-live', 'w2', 2)$$),
-('ack: the current token', '00000', $$SELECT outbox.ack('h-live', 'w1', 2)$$),
--- ack(worker, command_ids, versions)
-('ackb: null worker', '22004', $$SELECT * FROM outbox.ack(NULL, '{h-live}'::text[], '{2}'::bigint[])$$),
-('ackb: null command_ids', '22004', $$SELECT * FROM outbox.ack('w1', NULL::text[], '{2}'::bigint[])$$),
-('ackb: null versions', '22004', $$SELECT * FROM outbox.ack('w1', '{h-live}'::text[], NULL::bigint[])$$),
-('ackb: mismatched lengths', '2202E', $$SELECT * FROM outbox.ack('w1', '{h-live,h-pub}'::text[], '{2}'::bigint[])$$),
-('ackb: NULL in command_ids', '22004', $$SELECT * FROM outbox.ack('w1', '{h-live,NULL}'::text[], '{2,2}'::bigint[])$$),
-('ackb: NULL in versions', '22004', $$SELECT * FROM outbox.ack('w1', '{h-live,h-pub}'::text[], '{2,NULL}'::bigint[])$$),
-('ackb: 2-D command_ids', '2202E', $$SELECT * FROM outbox.ack('w1', '{{h-live},{h-pub}}'::text[], '{2,2}'::bigint[])$$),
-('ackb: 2-D versions', '2202E', $$SELECT * FROM outbox.ack('w1', '{h-live,h-pub}'::text[], '{{2},{2}}'::bigint[])$$),
-('ackb: version element 0', '22023', $$SELECT * FROM outbox.ack('w1', '{h-live}'::text[], '{0}'::bigint[])$$),
-('ackb: version element -1', '22023', $$SELECT * FROM outbox.ack('w1', '{h-live}'::text[], '{-1}'::bigint[])$$),
-('ackb: version element 2^63-1', '00000', $$SELECT * FROM outbox.ack('w1', '{h-live}'::text[], '{9223372036854775807}'::bigint[])$$),
-('ackb: empty id element', '22023', $$SELECT * FROM outbox.ack('w1', '{""}'::text[], '{2}'::bigint[])$$),
-('ackb: id element of 201 bytes', '22023', $$SELECT * FROM outbox.ack('w1', ARRAY[(SELECT long_id FROM v)], '{2}'::bigint[])$$),
-('ackb: empty arrays', '00000', $$SELECT * FROM outbox.ack('w1', '{}'::text[], '{}'::bigint[])$$),
-('ackb: 10001 commands (outbox.max_batch)', '54000', $$SELECT * FROM outbox.ack('w1', array_fill('h-live'::text, '{10001}'), array_fill(2::bigint, '{10001}'))$$),
-('ackb: the same token twice', '00000', $$SELECT * FROM outbox.ack('w1', '{h-live,h-live}'::text[], '{2,2}'::bigint[])$$),
--- fail(command_id, worker, version, error, fatal)
-('fail: null command_id', '22004', $$SELECT outbox.fail(NULL, 'w1', 2, 'x')$$),
-('fail: null worker', '22004', $$SELECT outbox.fail('h-live', NULL, 2, 'x')$$),
-('fail: null version', '22004', $$SELECT outbox.fail('h-live', 'w1', NULL, 'x')$$),
-('fail: null error', '22004', $$SELECT outbox.fail('h-live', 'w1', 2, NULL)$$),
-('fail: null fatal', '22004', $$SELECT outbox.fail('h-live', 'w1', 2, 'x', NULL)$$),
-('fail: version 0', '22023', $$SELECT outbox.fail('h-live', 'w1', 0, 'x')$$),
-('fail: version -1', '22023', $$SELECT outbox.fail('h-live', 'w1', -1, 'x')$$),
-('fail: version 2^63-1', '55000', $$SELECT outbox.fail('h-live', 'w1', 9223372036854775807, 'x')$$),
-('fail: worker of 201 bytes', '22023', $$SELECT outbox.fail('h-live', (SELECT long_id FROM v), 2, 'x')$$),
-('fail: empty error', '00000', $$SELECT outbox.fail('h-live', 'w1', 2, '')$$),
-('fail: 1 MB error, kept whole characters', '00000', $c$DO $x$
+-- ack(worker, token)
+('ack: null worker', '22004', $$SELECT outbox.ack(NULL, (SELECT live FROM v))$$),
+('ack: null token', '22004', $$SELECT outbox.ack('w1', NULL)$$),
+('ack: empty worker', '22023', $$SELECT outbox.ack('', (SELECT live FROM v))$$),
+('ack: worker of 201 bytes', '22023', $$SELECT outbox.ack((SELECT long_id FROM v), (SELECT live FROM v))$$),
+('ack: empty token', 'OB001', $$SELECT outbox.ack('w1', '')$$),
+('ack: token of 1 MB', 'OB001', $$SELECT outbox.ack('w1', (SELECT huge_id FROM v))$$),
+('ack: odd Unicode token', 'OB001', $$SELECT outbox.ack('w1', (SELECT odd_id FROM v))$$),
+('ack: a guessed secret', 'OB001', $$SELECT outbox.ack('w1', (SELECT guessed FROM v))$$),
+('ack: a spent token', 'OB001', $$SELECT outbox.ack('w1', (SELECT spent FROM v))$$),
+('ack: another worker', 'OB001', $$SELECT outbox.ack('w2', (SELECT live FROM v))$$),
+('ack: the current token', '00000', $$SELECT outbox.ack('w1', (SELECT live FROM v))$$),
+-- ack_many(worker, tokens)
+('ack_many: null worker', '22004', $$SELECT * FROM outbox.ack_many(NULL, ARRAY[(SELECT live FROM v)])$$),
+('ack_many: null tokens', '22004', $$SELECT * FROM outbox.ack_many('w1', NULL)$$),
+('ack_many: NULL in tokens', '22004', $$SELECT * FROM outbox.ack_many('w1', ARRAY[(SELECT live FROM v), NULL])$$),
+('ack_many: 2-D tokens', '2202E', $$SELECT * FROM outbox.ack_many('w1', '{{a},{b}}')$$),
+('ack_many: empty worker', '22023', $$SELECT * FROM outbox.ack_many('', ARRAY[(SELECT live FROM v)])$$),
+('ack_many: empty array', '00000', $$SELECT * FROM outbox.ack_many('w1', '{}')$$),
+('ack_many: malformed, guessed and spent tokens', '00000', $$SELECT * FROM outbox.ack_many('w1', ARRAY['', (SELECT huge_id FROM v), (SELECT guessed FROM v), (SELECT spent FROM v)])$$),
+('ack_many: 10001 tokens (outbox.max_batch)', '54000', $$SELECT * FROM outbox.ack_many('w1', array_fill((SELECT live FROM v), '{10001}'))$$),
+('ack_many: the same token twice', '00000', $$SELECT * FROM outbox.ack_many('w1', ARRAY[(SELECT live FROM v), (SELECT live FROM v)])$$),
+-- fail(worker, token, error, fatal)
+('fail: null worker', '22004', $$SELECT outbox.fail(NULL, (SELECT live FROM v), 'x')$$),
+('fail: null token', '22004', $$SELECT outbox.fail('w1', NULL, 'x')$$),
+('fail: null error', '22004', $$SELECT outbox.fail('w1', (SELECT live FROM v), NULL)$$),
+('fail: null fatal', '22004', $$SELECT outbox.fail('w1', (SELECT live FROM v), 'x', NULL)$$),
+('fail: worker of 201 bytes', '22023', $$SELECT outbox.fail((SELECT long_id FROM v), (SELECT live FROM v), 'x')$$),
+('fail: a guessed secret, fatal', 'OB001', $$SELECT outbox.fail('w1', (SELECT guessed FROM v), 'x', true)$$),
+('fail: another worker, fatal', 'OB001', $$SELECT outbox.fail('w2', (SELECT live FROM v), 'x', true)$$),
+('fail: malformed token', 'OB001', $$SELECT outbox.fail('w1', 'h-live', 'x')$$),
+('fail: empty error', '00000', $$SELECT outbox.fail('w1', (SELECT live FROM v), '')$$),
+('fail: 1 MB error, cut with a mark, kept whole characters', '00000', $c$DO $x$
 BEGIN
-	PERFORM outbox.fail('h-live', 'w1', 2, 'x' || repeat(U&'\00E9', 500000), true);
+	PERFORM outbox.fail('w1', (SELECT live FROM v), 'x' || repeat(U&'\00E9', 500000), true);
 	PERFORM convert_from(textsend(last_error), 'UTF8') FROM outbox.commands WHERE command_id = 'h-live';
 	IF (SELECT octet_length(last_error) FROM outbox.commands WHERE command_id = 'h-live') NOT BETWEEN 4000 AND 4096 THEN
 		RAISE 'last_error was not cut to at most 4096 bytes';
 	END IF;
+	IF (SELECT last_error NOT LIKE '%[... cut]' FROM outbox.commands WHERE command_id = 'h-live') THEN
+		RAISE 'last_error does not end with the cut mark';
+	END IF;
 END;
 $x$$c$),
--- renew(command_id, worker, version, lease)
-('renew: null command_id', '22004', $$SELECT outbox.renew(NULL, 'w1', 2)$$),
-('renew: null worker', '22004', $$SELECT outbox.renew('h-live', NULL, 2)$$),
-('renew: null version', '22004', $$SELECT outbox.renew('h-live', 'w1', NULL)$$),
-('renew: null lease (default)', '00000', $$SELECT outbox.renew('h-live', 'w1', 2, NULL)$$),
-('renew: version 0', '22023', $$SELECT outbox.renew('h-live', 'w1', 0)$$),
-('renew: version 2^63-1', '55000', $$SELECT outbox.renew('h-live', 'w1', 9223372036854775807)$$),
-('renew: lease 0', '22023', $$SELECT outbox.renew('h-live', 'w1', 2, '0')$$),
-('renew: lease -1 day', '22023', $$SELECT outbox.renew('h-live', 'w1', 2, '-1 day')$$),
-('renew: lease 1000000 years', '22023', $$SELECT outbox.renew('h-live', 'w1', 2, '1000000 years')$$),
-('renew: a published command', '55000', $$SELECT outbox.renew('h-pub', 'w1', 2)$$),
+-- renew(worker, token, lease)
+('renew: null worker', '22004', $$SELECT outbox.renew(NULL, (SELECT live FROM v))$$),
+('renew: null token', '22004', $$SELECT outbox.renew('w1', NULL)$$),
+('renew: null lease (default)', '00000', $$SELECT outbox.renew('w1', (SELECT live FROM v), NULL)$$),
+('renew: a guessed secret', 'OB001', $$SELECT outbox.renew('w1', (SELECT guessed FROM v), '1 day')$$),
+('renew: another worker', 'OB001', $$SELECT outbox.renew('w2', (SELECT live FROM v), '1 day')$$),
+('renew: lease 0', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '0')$$),
+('renew: lease -1 day', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '-1 day')$$),
+('renew: lease 1 month -31 days', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '1 month -31 days')$$),
+('renew: lease 1000 months -29999 days (437 days)', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '1000 mons -29999 days')$$),
+('renew: lease 1000000 years', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '1000000 years')$$),
+('renew: a published command', 'OB001', $$SELECT outbox.renew('w1', (SELECT spent FROM v))$$),
 -- complete(command_id, outcome, detail)
 ('complete: null command_id', '22004', $$SELECT outbox.complete(NULL)$$),
 ('complete: null outcome', '22004', $$SELECT outbox.complete('h-live', NULL)$$),

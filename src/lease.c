@@ -174,10 +174,10 @@ le_arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease is longer than outbox.max_lease"),
-				 errdetail("The requested lease %s would end %.0f seconds after the time of the call; the limit is %d seconds.",
+				 errdetail("The requested lease %s would end more than %d seconds after the time of the call.",
 						   DatumGetCString(DirectFunctionCall1(interval_out,
 															   IntervalPGetDatum(iv))),
-						   (double) (end - now) / USECS_PER_SEC, outbox_max_lease_s)));
+						   outbox_max_lease_s)));
 	return iv;
 }
 

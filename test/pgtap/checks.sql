@@ -118,16 +118,16 @@ SELECT is(
 -- Behaviour -----------------------------------------------------------------
 
 -- A working outbox: decide, claim, ack, complete, fail, purge.
-CREATE TEMP TABLE tap_lease (command_id text, version bigint);
+CREATE TEMP TABLE tap_lease (command_id text, token text);
 DO $$
 BEGIN
 	PERFORM outbox.commit_decision('tap-run', i, 'decided', 'tap-' || i, 'tap', '{}')
 	   FROM generate_series(1, 6) AS i;
 	INSERT INTO tap_lease
-	SELECT command_id, version FROM outbox.claim('tap-w', 5, interval '1 hour', ARRAY['tap']);
-	PERFORM outbox.ack(command_id, 'tap-w', version)
+	SELECT command_id, token FROM outbox.claim('tap-w', 5, interval '1 hour', ARRAY['tap']);
+	PERFORM outbox.ack('tap-w', token)
 	   FROM tap_lease WHERE command_id IN ('tap-1', 'tap-2', 'tap-3');
-	PERFORM outbox.fail(command_id, 'tap-w', version, 'boom', true)
+	PERFORM outbox.fail('tap-w', token, 'boom', true)
 	   FROM tap_lease WHERE command_id = 'tap-4';
 	PERFORM outbox.complete('tap-1'), outbox.complete('tap-2');
 	PERFORM outbox.purge(older_than => interval '0');

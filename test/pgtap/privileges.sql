@@ -37,18 +37,18 @@ INSERT INTO expected VALUES
 	('outbox.claim(text,integer,interval,text[])',
 	 'function', '{outbox_publisher}', false,
 	 $$SELECT count(*) FROM outbox.claim('pt-w2', 1, kinds => '{pt-none}')$$),
-	('outbox.ack(text,text,bigint)',
+	('outbox.ack(text,text)',
 	 'function', '{outbox_publisher}', false,
-	 $$SELECT outbox.ack('pt-live', 'pt-w', 2)$$),
-	('outbox.ack(text,text[],bigint[])',
+	 $$SELECT outbox.ack('pt-w3', (SELECT token FROM outbox.claim('pt-w3', 1, kinds => '{pt-kind-fresh}')))$$),
+	('outbox.ack_many(text,text[])',
 	 'function', '{outbox_publisher}', false,
-	 $$SELECT count(*) FROM outbox.ack('pt-w', '{pt-live}'::text[], '{2}'::bigint[])$$),
-	('outbox.fail(text,text,bigint,text,boolean)',
+	 $$SELECT count(*) FROM outbox.ack_many('pt-w3', ARRAY(SELECT token FROM outbox.claim('pt-w3', 1, kinds => '{pt-kind-fresh}')))$$),
+	('outbox.fail(text,text,text,boolean)',
 	 'function', '{outbox_publisher}', false,
-	 $$SELECT outbox.fail('pt-live', 'pt-w', 2, 'boom')$$),
-	('outbox.renew(text,text,bigint,interval)',
+	 $$SELECT outbox.fail('pt-w3', (SELECT token FROM outbox.claim('pt-w3', 1, kinds => '{pt-kind-fresh}')), 'boom')$$),
+	('outbox.renew(text,text,interval)',
 	 'function', '{outbox_publisher}', false,
-	 $$SELECT outbox.renew('pt-live', 'pt-w', 2)$$),
+	 $$SELECT outbox.renew('pt-w3', (SELECT token FROM outbox.claim('pt-w3', 1, kinds => '{pt-kind-fresh}')))$$),
 	-- consumer
 	('outbox.complete(text,text,jsonb)',
 	 'function', '{outbox_consumer}', false,
@@ -99,9 +99,9 @@ INSERT INTO expected VALUES
 	('outbox._workers()',
 	 'function', '{outbox_admin,pg_monitor}', false,
 	 $$SELECT count(*) FROM outbox._workers()$$),
-	('outbox._ack_token(text[],bigint[],text,bigint)',
+	('outbox._lease_secret()',
 	 'function', '{}', false,
-	 $$SELECT outbox._ack_token('{a}', '{1}', 'a', 1)$$),
+	 $$SELECT outbox._lease_secret()$$),
 	('outbox._require(anyelement,text)',
 	 'function', '{}', false,
 	 $$SELECT outbox._require(1, 'x')$$),
@@ -222,15 +222,18 @@ END;
 $$;
 
 -- Commands the calls work on: pt-live leased to pt-w at version 2, pt-dead
--- dead, pt-unc uncertain (as the sweep leaves an expired manual lease).
+-- dead, pt-unc uncertain (as the sweep leaves an expired manual lease),
+-- pt-fresh pending (the publisher calls claim it and use its token in one
+-- statement, as whichever role runs them).
 DO $$
 BEGIN
 	PERFORM outbox.commit_decision('pt-run', 1, 'e', 'pt-live', 'pt-kind-live', '{}');
 	PERFORM outbox.commit_decision('pt-run', 2, 'e', 'pt-dead', 'pt-kind-dead', '{}');
 	PERFORM outbox.commit_decision('pt-run', 3, 'e', 'pt-unc', 'pt-kind-unc', '{}');
+	PERFORM outbox.commit_decision('pt-run', 4, 'e', 'pt-fresh', 'pt-kind-fresh', '{}');
 	PERFORM outbox.claim('pt-w', 1, kinds => '{pt-kind-live}');
-	PERFORM outbox.claim('pt-w', 1, kinds => '{pt-kind-dead}');
-	PERFORM outbox.fail('pt-dead', 'pt-w', 2, 'boom', fatal => true);
+	PERFORM outbox.fail('pt-w', (SELECT token FROM outbox.claim('pt-w', 1, kinds => '{pt-kind-dead}')),
+						'boom', fatal => true);
 	PERFORM outbox.claim('pt-w', 1, kinds => '{pt-kind-unc}');
 	UPDATE outbox.commands
 	   SET status = 'uncertain', lease_until = NULL, version = version + 1,

@@ -1,6 +1,6 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(53);
+SELECT plan(55);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged']);
@@ -16,7 +16,9 @@ SELECT col_has_check('outbox', 'events', 'seq', 'col_has_check outbox, events, s
 -- commands
 SELECT columns_are('outbox', 'commands', ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'version',
 	'deliveries', 'priority', 'available_at', 'due_at', 'lease_until', 'owner', 'created_at',
-	'published_at', 'last_error', 'payload']);
+	'published_at', 'last_error', 'payload', 'lease_secret', 'leased_by']);
+SELECT col_type_is('outbox', 'commands', 'lease_secret', 'uuid', 'the lease secret is 16 bytes (a uuid)');
+SELECT col_type_is('outbox', 'commands', 'leased_by', 'oid', 'the claiming role is an oid');
 SELECT col_is_pk('outbox', 'commands', 'command_id', 'col_is_pk outbox, commands, command_id');
 SELECT col_type_is('outbox', 'commands', 'payload', 'jsonb', 'col_type_is outbox, commands, payload, jsonb');
 SELECT col_type_is('outbox', 'commands', 'version', 'outbox', 'command_version', 'version is of the domain command_version');

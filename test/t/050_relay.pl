@@ -328,6 +328,20 @@ produce(map { [ "conc-$_", 'conc', '{"test_sleep_ms": 1500}' ] } 1 .. 4);
 	cmp_ok($t[-1] - $t[0], '<', 1500, '--concurrency 4: the requests were in flight together');
 }
 
+# A command id is producer text: a newline in it cannot forge a line of the
+# relay's log.  The endpoint refuses the command (404), and the relay logs
+# it dead with the id escaped.
+produce([ "lf-1\noutbox-relay[1]: forged line", 'lf', '{"test_status": 404}' ]);
+{
+	my ($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', $url, '--kinds', 'lf', '--drain');
+	is($rc, 0, 'a refused command with a newline in its id: exit 0');
+	is(sq("SELECT status FROM outbox.commands WHERE kind = 'lf'"), 'dead', 'the command is dead');
+	like($err, qr/^outbox-relay\[\d+\]: command "lf-1\\x0Aoutbox-relay\[1\]: forged line" is dead/m,
+		'the log names the id with its newline escaped');
+	unlike($err, qr/^outbox-relay\[1\]: forged line/m, 'no forged line in the log');
+	unlike($err, qr/[0-9a-f]{32}:/, 'no token in the log');
+}
+
 # The endpoint is unreachable: the command fails (retryable) and the relay
 # backs off instead of spinning.
 produce([ 'down-1', 'down', '{}' ], [ 'down-2', 'down', '{}' ]);
