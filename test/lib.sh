@@ -85,13 +85,14 @@ OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
 # root), then build and install (with warnings as errors when OUTBOX_WERROR
 # is set; outbox-relay under OUTBOX_RELAY_PREFIX).
 outbox_setup() {
-	local missing=() p
+	local missing=() p provided
+	# A name is also met by an installed package that provides it (a
+	# Node.js build that bundles npm provides npm and conflicts with it).
+	provided=$(dpkg-query -W -f='${db:Status-Abbrev}${Provides}\n' 2>/dev/null | sed -n 's/^ii *//p' |
+		tr ',' '\n' | sed 's/^ *//; s/ .*//')
 	for p in "${OUTBOX_PACKAGES[@]}" "$@"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && continue
-		# also met by an installed package that provides it (a Node.js
-		# build that bundles npm provides npm and conflicts with it)
-		dpkg-query -W -f='${db:Status-Abbrev}${Provides}\n' 2>/dev/null | sed -n 's/^ii *//p' |
-			tr ',' '\n' | sed 's/^ *//; s/ .*//' | grep -qx "$p" && continue
+		grep -qx "$p" <<<"$provided" && continue
 		missing+=("$p")
 	done
 	if [ ${#missing[@]} -gt 0 ]; then
