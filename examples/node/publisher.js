@@ -25,7 +25,8 @@ async function confirmed() {
 async function main() {
   const worker = process.argv[2];
   // An interval goes as text the server parses ('60 seconds'), never as a
-  // JS object: {seconds: 60} would arrive as JSON, which is not an interval.
+  // JS object: {minutes: 5} arrives as the text {"minutes":5}, which the
+  // server reads as 5 seconds.
   const lease = `${Number(process.argv[3] ?? 60)} seconds`;
   const client = new Client();
   await client.connect();
