@@ -81,19 +81,33 @@ sub example
 	  : [ 'node', "$nodedir/$part.js", @args ];
 }
 
-# Run one part to its end as login role $role, standard input $in;
-# returns (success, stdout, stderr).
+# Run a command to its end as login role $role of database $db, standard
+# input $in; returns (success, stdout, stderr).
+sub run_as
+{
+	my ($role, $db, $in, $cmd) = @_;
+	my ($out, $err) = ('', '');
+	local @ENV{qw(PGHOST PGPORT PGDATABASE PGUSER)} = ($node->host, $node->port, $db, $role);
+	my $ok = IPC::Run::run($cmd, '<', \$in, '>', \$out, '2>', \$err, IPC::Run::timeout($timeout));
+	return ($ok, $out, $err);
+}
+
+# Run one part of one language's example to its end.
 sub run_part
 {
 	my ($lang, $role, $db, $in, $part, @args) = @_;
-	my ($out, $err) = ('', '');
-	local $ENV{PGHOST} = $node->host;
-	local $ENV{PGPORT} = $node->port;
-	local $ENV{PGDATABASE} = $db;
-	local $ENV{PGUSER} = $role;
-	my $ok = IPC::Run::run(example($lang, $part, @args),
-		'<', \$in, '>', \$out, '2>', \$err, IPC::Run::timeout($timeout));
-	return ($ok, $out, $err);
+	return run_as($role, $db, $in, example($lang, $part, @args));
+}
+
+# Run a driver check script as drv_app of database drivers and compare its
+# "name: value" lines with @want ([name, value, description] each).
+sub driver_checks
+{
+	my ($lang, $cmd, @want) = @_;
+	my ($ok, $out, $err) = run_as('drv_app', 'drivers', '', $cmd);
+	ok($ok, "$lang: the driver checks run") or diag($err);
+	my %got = map { /^([^:]+): (.*)$/ ? ($1 => $2) : () } split /\n/, $out;
+	is($got{ $_->[0] } // '(missing)', $_->[1], "$lang: $_->[2]") foreach @want;
 }
 
 sub lines { my ($s) = @_; return scalar(() = $s =~ /\n/g); }
@@ -124,10 +138,7 @@ foreach my $lang ('python', 'node')
 	my ($a_in, $a_out, $a_err) = ('', '', '');
 	my $a;
 	{
-		local $ENV{PGHOST} = $node->host;
-		local $ENV{PGPORT} = $node->port;
-		local $ENV{PGDATABASE} = $db;
-		local $ENV{PGUSER} = 'shop_publisher';
+		local @ENV{qw(PGHOST PGPORT PGDATABASE PGUSER)} = ($node->host, $node->port, $db, 'shop_publisher');
 		$a = IPC::Run::start(example($lang, 'publisher', 'A', 2),
 			'<', \$a_in, '>', \$a_out, '2>', \$a_err, IPC::Run::timeout($timeout));
 	}
@@ -198,69 +209,47 @@ is($node->safe_psql('drivers', q{SELECT string_agg(proname || '/' || pronargs, '
 		SELECT proname, pronargs FROM pg_proc WHERE pronamespace = 'outbox'::regnamespace
 		 GROUP BY proname, pronargs HAVING count(*) > 1) AS same}),
 	'', 'no two functions of the API have one name and one number of arguments');
-{
-	local $ENV{PGHOST} = $node->host;
-	local $ENV{PGPORT} = $node->port;
-	local $ENV{PGDATABASE} = 'drivers';
-	local $ENV{PGUSER} = 'drv_app';
-	my ($out, $err);
-	my $ok = IPC::Run::run([ 'node', "$nodedir/driver_checks.js" ],
-		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout($timeout));
-	ok($ok, 'node: the driver checks run') or diag($err);
-	my %got = map { /^([^:]+): (.*)$/ ? ($1 => $2) : () } split /\n/, $out // '';
-	my @want = (
-		[ 'seq', 'string 9007199254740993', 'int8 comes back as a string, exact beyond 2^53' ],
-		[ 'version', 'string', 'version (int8) is a string' ],
-		[ 'deliveries', 'number', 'deliveries (int4) is a number' ],
-		[ 'payload', '{"n":1}', 'a jsonb payload from a plain object comes back parsed' ],
-		[ 'lease_until', 'Date', 'lease_until (timestamptz) is a Date' ],
-		[ 'ack of a forged token', 'OB001', 'ack($1, $2) resolves without a cast; a forged token is OB001' ],
-		[ 'ack_many', 'true/null false/invalid_token', 'ack_many($1, $2) takes a JS array of tokens' ],
-		[ 'ack after ack_many', 'OB001', 'a token acked by ack_many is stale for ack' ],
-		[ 'same command id', '23505 commands_pkey', 'a taken command id: 23505 naming commands_pkey' ],
-		[ 'same event', '23505 events_pkey', 'a taken (run_id, seq): 23505 naming events_pkey' ],
-		[ 'array as jsonb', '22P02', 'a JS array as jsonb is refused (sent as an array literal)' ],
-		[ 'stringified array as jsonb', 'no error', 'JSON.stringify of an array is taken as jsonb' ],
-		[ 'lease as an object', 'under a minute', 'a JS object as a lease becomes seconds (the trap drivers.md shows)' ],
-		[ 'lease as text', 'over a minute', 'a lease as text is what it says' ],
-		[ 'fail of a long error', 'drv-6 pending', 'fail takes an error text over 4,096 bytes' ],
-		[ 'after an error in a transaction', '25P02', 'a failed call aborts the transaction' ],
-		[ 'after a rolled back savepoint', 'no error', 'a savepoint keeps the transaction' ],
-	);
-	is($got{ $_->[0] } // '(missing)', $_->[1], "node: $_->[2]") foreach @want;
-}
+driver_checks(
+	'node', [ 'node', "$nodedir/driver_checks.js" ],
+	[ 'seq', 'string 9007199254740993', 'int8 comes back as a string, exact beyond 2^53' ],
+	[ 'version', 'string', 'version (int8) is a string' ],
+	[ 'deliveries', 'number', 'deliveries (int4) is a number' ],
+	[ 'payload', '{"n":1}', 'a jsonb payload from a plain object comes back parsed' ],
+	[ 'lease_until', 'Date', 'lease_until (timestamptz) is a Date' ],
+	[ 'ack of a forged token', 'OB001', 'ack($1, $2) resolves without a cast; a forged token is OB001' ],
+	[ 'ack_many', 'true/null false/invalid_token', 'ack_many($1, $2) takes a JS array of tokens' ],
+	[ 'ack after ack_many', 'OB001', 'a token acked by ack_many is stale for ack' ],
+	[ 'same command id', '23505 commands_pkey', 'a taken command id: 23505 naming commands_pkey' ],
+	[ 'same event', '23505 events_pkey', 'a taken (run_id, seq): 23505 naming events_pkey' ],
+	[ 'array as jsonb', '22P02', 'a JS array as jsonb is refused (sent as an array literal)' ],
+	[ 'stringified array as jsonb', 'no error', 'JSON.stringify of an array is taken as jsonb' ],
+	[ 'lease as an object', 'under a minute', 'a JS object as a lease becomes seconds (the trap drivers.md shows)' ],
+	[ 'lease as text', 'over a minute', 'a lease as text is what it says' ],
+	[ 'fail of a long error', 'drv-6 pending', 'fail takes an error text over 4,096 bytes' ],
+	[ 'after an error in a transaction', '25P02', 'a failed call aborts the transaction' ],
+	[ 'after a rolled back savepoint', 'no error', 'a savepoint keeps the transaction' ],
+);
 is($node->safe_psql('drivers', q{SELECT octet_length(last_error) <= 4096 AND last_error LIKE '%é [... cut]'
 		FROM outbox.commands WHERE command_id = 'drv-6'}),
 	't', "node: fail's long error is kept cut at a character boundary, and marked as cut");
 
 # The same for psycopg 3.
-{
-	local $ENV{PGHOST} = $node->host;
-	local $ENV{PGPORT} = $node->port;
-	local $ENV{PGDATABASE} = 'drivers';
-	local $ENV{PGUSER} = 'drv_app';
-	my ($out, $err);
-	my $ok = IPC::Run::run([ $python, "$src/test/python/driver_checks.py" ],
-		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout($timeout));
-	ok($ok, 'python: the driver checks run') or diag($err);
-	my %got = map { /^([^:]+): (.*)$/ ? ($1 => $2) : () } split /\n/, $out // '';
-	my @want = (
-		[ 'bare dict as jsonb', 'driver: ProgrammingError', 'a bare dict is refused by the driver (Jsonb() is needed)' ],
-		[ 'seq', 'int 9007199254740993', 'int8 is an int, exact beyond 2^53' ],
-		[ 'payload', "dict {'n': 1}", 'a jsonb payload comes back as a dict' ],
-		[ 'lease_until', 'aware datetime', 'lease_until (timestamptz) is an aware datetime' ],
-		[ 'timedelta lease', 'over 4 minutes', 'a timedelta is the lease it says' ],
-		[ 'ack of a forged token', 'OB001', 'a forged token is OB001' ],
-		[ 'ack', 'no error', "ack with claim's token" ],
-		[ 'same command id', '23505 commands_pkey', 'a taken command id: 23505 naming commands_pkey' ],
-		[ '1 mon', '30 days', 'an interval of a month comes back as 30 days' ],
-		[ 'naive datetime is UTC', 'False', "a naive datetime is read in the session's TimeZone" ],
-		[ 'aware datetime is UTC', 'True', 'an aware datetime is what it says' ],
-		[ 'in a savepoint', 'OB001', 'a nested transaction block is a savepoint the error undoes' ],
-		[ 'after the savepoint', 'no error', 'the outer transaction goes on after the savepoint' ],
-	);
-	is($got{ $_->[0] } // '(missing)', $_->[1], "python: $_->[2]") foreach @want;
-}
+driver_checks(
+	'python', [ $python, "$src/test/python/driver_checks.py" ],
+	[ 'bare dict as jsonb', 'driver: ProgrammingError', 'a bare dict is refused by the driver (Jsonb() is needed)' ],
+	[ 'seq', 'int 9007199254740993', 'int8 is an int, exact beyond 2^53' ],
+	[ 'payload', "dict {'n': 1}", 'a jsonb payload comes back as a dict' ],
+	[ 'lease_until', 'aware datetime', 'lease_until (timestamptz) is an aware datetime' ],
+	[ 'timedelta lease', 'over 4 minutes', 'a timedelta is the lease it says' ],
+	[ 'ack of a forged token', 'OB001', 'a forged token is OB001' ],
+	[ 'ack', 'no error', "ack with claim's token" ],
+	[ 'same command id', '23505 commands_pkey', 'a taken command id: 23505 naming commands_pkey' ],
+	[ '1 mon', '30 days', 'an interval of a month comes back as 30 days' ],
+	[ 'naive datetime is UTC', 'False', "a naive datetime is read in the session's TimeZone" ],
+	[ 'aware datetime is UTC', 'True', 'an aware datetime is what it says' ],
+	[ 'in a savepoint', 'OB001', 'a nested transaction block is a savepoint the error undoes' ],
+	[ 'after the savepoint', 'no error', 'the outer transaction goes on after the savepoint' ],
+);
 
 $node->stop;
 done_testing();
