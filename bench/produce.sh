@@ -68,7 +68,7 @@ EOF
 cat >"$WORK/outbox-batch.sql" <<'EOF'
 BEGIN;
 INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \gset
-SELECT outbox.commit_decisions(array_agg('run-' || :id), array_agg(g::bigint), array_agg('trip_requested'::text), array_agg('cmd-' || :id || '-' || g), array_agg('lock_budget'::text), array_agg('{"amount": 900, "to": "budget"}'::jsonb)) FROM generate_series(1, 100) g;
+SELECT count(*) FROM outbox.commit_decisions((SELECT jsonb_agg(jsonb_build_object('run_id', 'run-' || :id, 'seq', g, 'event_kind', 'trip_requested', 'command_id', 'cmd-' || :id || '-' || g, 'command_kind', 'lock_budget', 'payload', '{"amount": 900, "to": "budget"}'::jsonb)) FROM generate_series(1, 100) g));
 COMMIT;
 EOF
 cat >"$WORK/hand-batch.sql" <<'EOF'

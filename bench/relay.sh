@@ -100,11 +100,13 @@ SLOW_URL="http://127.0.0.1:$SPORT/hook"
 # Commit N decisions (set-based, 5,000 per call), then tidy the table.
 load() {
 	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts;
-SELECT sum(outbox.commit_decisions(r, s, e, c, k, p))
-  FROM (SELECT g / 5000 AS chunk, array_agg('run-' || (g / 100)) AS r, array_agg(g::bigint) AS s,
-               array_agg('decided'::text) AS e, array_agg('cmd-' || g) AS c, array_agg('k'::text) AS k,
-               array_agg(jsonb_build_object('n', g, 'to', 'someone@example.org')) AS p
-          FROM generate_series(1, $N) g GROUP BY 1) d;
+SELECT count(*)
+  FROM (SELECT g / 5000 AS chunk,
+               jsonb_agg(jsonb_build_object('run_id', 'run-' || (g / 100), 'seq', g, 'event_kind', 'decided',
+                                            'command_id', 'cmd-' || g, 'command_kind', 'k',
+                                            'payload', jsonb_build_object('n', g, 'to', 'someone@example.org'))) AS d
+          FROM generate_series(1, $N) g GROUP BY 1) b,
+       LATERAL outbox.commit_decisions(b.d);
 VACUUM ANALYZE outbox.commands;" >/dev/null
 }
 

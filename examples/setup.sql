@@ -2,7 +2,8 @@
 -- CREATE EXTENSION outbox (psql -v ON_ERROR_STOP=1 -f examples/setup.sql).
 --
 -- Three login roles, one per part (created when missing: roles belong to
--- the cluster), each a member of the outbox group role for its part, and
+-- the cluster), each a member of this database's outbox group role for its
+-- part (outbox.role() names it: <database>_outbox_producer ...), and
 -- the two business tables: the producer's orders and the consumer's
 -- charges.  A charge has no unique key of its own on purpose: what keeps it
 -- to one per command is the consumer's inbox.
@@ -10,9 +11,8 @@
 SELECT format('CREATE ROLE %I LOGIN', r)
   FROM unnest(ARRAY['shop_producer', 'shop_publisher', 'shop_consumer']) AS r
  WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) \gexec
-GRANT outbox_producer TO shop_producer;
-GRANT outbox_publisher TO shop_publisher;
-GRANT outbox_consumer TO shop_consumer;
+SELECT format('GRANT %I TO %I', outbox.role(capability), 'shop_' || capability)
+  FROM unnest(ARRAY['producer', 'publisher', 'consumer']) AS capability \gexec
 
 CREATE TABLE shop_orders (
 	order_id	text PRIMARY KEY,

@@ -22,11 +22,11 @@ CREATE FUNCTION pg_temp.t(id text, v bigint) RETURNS text LANGUAGE sql AS $$
 					repeat('0', 32) || ':1:r:' || id)
 $$;
 
-SELECT outbox.commit_decisions(
-  ARRAY['r', 'r', 'r', 'r'], ARRAY[1, 2, 3, 4]::bigint[], ARRAY['e', 'e', 'e', 'e'],
-  ARRAY['c1', 'c2', 'c3', 'c4'], ARRAY['mail', 'mail', 'budget', 'mail'],
-  ARRAY['{"n": 1}', '{"n": 2}', '{"n": 3}', '{"n": 4}']::jsonb[],
-  priorities => ARRAY[0, 0, 0, 9]);
+SELECT count(*) FILTER (WHERE recorded) AS commit_decisions FROM outbox.commit_decisions('[
+  {"run_id": "r", "seq": 1, "event_kind": "e", "command_id": "c1", "command_kind": "mail", "payload": {"n": 1}},
+  {"run_id": "r", "seq": 2, "event_kind": "e", "command_id": "c2", "command_kind": "mail", "payload": {"n": 2}},
+  {"run_id": "r", "seq": 3, "event_kind": "e", "command_id": "c3", "command_kind": "budget", "payload": {"n": 3}},
+  {"run_id": "r", "seq": 4, "event_kind": "e", "command_id": "c4", "command_kind": "mail", "payload": {"n": 4}, "priority": 9}]');
 SELECT outbox.commit_decision('r', 5, 'e', 'c5', 'mail', '{"n": 5}', not_before => now() + interval '1 hour');
 
 -- claim: highest priority first, then availability; bumps version and deliveries.

@@ -49,43 +49,68 @@ ROLLBACK TO SAVEPOINT s;
 COMMIT;
 SELECT run_id, seq, command_id FROM outbox.events WHERE run_id = 'run-4';
 
--- Set-based form.
-SELECT outbox.commit_decisions(
-  ARRAY['run-5', 'run-5', 'run-5'], ARRAY[1, 2, 3]::bigint[],
-  ARRAY['e', 'e', 'e'], ARRAY['cmd-5a', 'cmd-5b', 'cmd-5c'], ARRAY['k', 'k', 'j'],
-  ARRAY['{"n": 1}', '{"n": 2}', '{"n": 3}']::jsonb[],
-  priorities => ARRAY[0, 1, 2]);
+-- Set-based form: one JSON array of decisions, a row per decision.
+SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "run-5", "seq": 1, "event_kind": "e", "command_id": "cmd-5a", "command_kind": "k", "payload": {"n": 1}},
+  {"run_id": "run-5", "seq": "2", "event_kind": "e", "command_id": "cmd-5b", "command_kind": "k", "payload": {"n": 2}, "priority": 1},
+  {"run_id": "run-5", "seq": 3, "event_kind": "e", "command_id": "cmd-5c", "command_kind": "j", "payload": {"n": 3}, "priority": 2,
+   "event_payload": {"why": 3}, "not_before": null}]');
 SELECT command_id, seq, kind, payload, priority, status FROM outbox.commands
  WHERE run_id = 'run-5' ORDER BY command_id;
-SELECT outbox.commit_decisions('{}', '{}', '{}', '{}', '{}', '{}');
--- All or nothing: one duplicate rejects the whole call.
-SELECT outbox.commit_decisions(ARRAY['run-6', 'run-6'], ARRAY[1, 2]::bigint[], ARRAY['e', 'e'],
-  ARRAY['cmd-6', 'cmd-1'], ARRAY['k', 'k'], ARRAY['{}', '{}']::jsonb[]);
-SELECT outbox.commit_decisions(ARRAY['run-6', 'run-6'], ARRAY[1, 1]::bigint[], ARRAY['e', 'e'],
-  ARRAY['cmd-6', 'cmd-6b'], ARRAY['k', 'k'], ARRAY['{}', '{}']::jsonb[]);
-SELECT outbox.commit_decisions(ARRAY['run-6', 'run-6'], ARRAY[1, 2]::bigint[], ARRAY['e', 'e'],
-  ARRAY['cmd-6', 'cmd-6'], ARRAY['k', 'k'], ARRAY['{}', '{}']::jsonb[]);
+SELECT seq, payload FROM outbox.events WHERE run_id = 'run-5' ORDER BY seq;
+SELECT * FROM outbox.commit_decisions('[]');
+-- The same batch again is a retry: no error, no second row, recorded = false;
+-- a batch mixing retries and new decisions records the new ones.
+SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "run-5", "seq": 1, "event_kind": "e", "command_id": "cmd-5a", "command_kind": "k", "payload": {"n": 1}},
+  {"run_id": "run-5", "seq": 4, "event_kind": "e", "command_id": "cmd-5d", "command_kind": "k", "payload": {"n": 4}}]');
+SELECT count(*) AS run_5_events, count(c.command_id) AS run_5_commands
+  FROM outbox.events e LEFT JOIN outbox.commands c USING (command_id) WHERE e.run_id = 'run-5';
+-- All or nothing: one conflict rejects the whole call.
+SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "run-6", "seq": 1, "event_kind": "e", "command_id": "cmd-6", "command_kind": "k", "payload": {}},
+  {"run_id": "run-6", "seq": 2, "event_kind": "e", "command_id": "cmd-1", "command_kind": "k", "payload": {}}]');
+SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "run-6", "seq": 1, "event_kind": "e", "command_id": "cmd-6", "command_kind": "k", "payload": {}},
+  {"run_id": "run-6", "seq": 1, "event_kind": "e", "command_id": "cmd-6b", "command_kind": "k", "payload": {}}]');
+SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "run-6", "seq": 1, "event_kind": "e", "command_id": "cmd-6", "command_kind": "k", "payload": {}},
+  {"run_id": "run-6", "seq": 2, "event_kind": "e", "command_id": "cmd-6", "command_kind": "k", "payload": {}}]');
 SELECT count(*) AS run_6_rows FROM outbox.events WHERE run_id = 'run-6';
-SELECT outbox.commit_decisions(ARRAY['run-6'], ARRAY[1, 2]::bigint[], ARRAY['e'],
-  ARRAY['cmd-6'], ARRAY['k'], ARRAY['{}']::jsonb[]);
-SELECT outbox.commit_decisions(ARRAY['run-6', NULL], ARRAY[1, 2]::bigint[], ARRAY['e', 'e'],
-  ARRAY['cmd-6', 'cmd-6b'], ARRAY['k', 'k'], ARRAY['{}', '{}']::jsonb[]);
-SELECT outbox.commit_decisions(NULL, ARRAY[1]::bigint[], ARRAY['e'],
-  ARRAY['cmd-6'], ARRAY['k'], ARRAY['{}']::jsonb[]);
-SELECT outbox.commit_decisions(ARRAY['run-6'], ARRAY[-1]::bigint[], ARRAY['e'],
-  ARRAY['cmd-6'], ARRAY['k'], ARRAY['{}']::jsonb[]);
-SELECT outbox.commit_decisions(ARRAY['run-6'], ARRAY[1]::bigint[], ARRAY['e'],
-  ARRAY[''], ARRAY['k'], ARRAY['{}']::jsonb[]);
+SELECT * FROM outbox.commit_decisions('{"run_id": "run-6"}');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "run-6", "seq": 1, "event_kind": "e", "command_id": "cmd-6", "command_kind": "k"}]');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "run-6", "seq": 1, "event_kind": "e", "command_id": "cmd-6", "command_kind": "k", "payload": {}, "prio": 1}]');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "run-6", "seq": 1.5, "event_kind": "e", "command_id": "cmd-6", "command_kind": "k", "payload": {}}]');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "run-6", "seq": -1, "event_kind": "e", "command_id": "cmd-6", "command_kind": "k", "payload": {}}]');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "run-6", "seq": 1, "event_kind": "e", "command_id": "", "command_kind": "k", "payload": {}}]');
+SELECT * FROM outbox.commit_decisions(NULL);
 SELECT count(*) AS run_6_rows FROM outbox.events WHERE run_id = 'run-6';
 
--- A repeat is named by its positions, the earliest repeat of the batch first.
-SELECT outbox.commit_decisions(ARRAY['run-7', 'run-7', 'run-7', 'run-7'], ARRAY[1, 2, 3, 4]::bigint[],
-  ARRAY['e', 'e', 'e', 'e'], ARRAY['cmd-7d', 'cmd-7b', 'cmd-7c', 'cmd-7b'], ARRAY['k', 'k', 'k', 'k'],
-  ARRAY['{}', '{}', '{}', '{}']::jsonb[]);
-SELECT outbox.commit_decisions(ARRAY['run-7', 'run-8', 'run-7', 'run-8', 'run-7'], ARRAY[1, 1, 2, 1, 1]::bigint[],
-  ARRAY['e', 'e', 'e', 'e', 'e'], ARRAY['c7a', 'c7b', 'c7c', 'c7d', 'c7e'], ARRAY['k', 'k', 'k', 'k', 'k'],
-  ARRAY['{}', '{}', '{}', '{}', '{}']::jsonb[]);
+-- A repeat is named by its positions (1-based), the earliest repeat of the
+-- batch first, before anything is inserted: here the command id of the
+-- fourth is also stored already, and the repeat is what is reported.
+SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "run-7", "seq": 1, "event_kind": "e", "command_id": "cmd-7d", "command_kind": "k", "payload": {}},
+  {"run_id": "run-7", "seq": 2, "event_kind": "e", "command_id": "cmd-7b", "command_kind": "k", "payload": {}},
+  {"run_id": "run-7", "seq": 3, "event_kind": "e", "command_id": "cmd-1", "command_kind": "k", "payload": {}},
+  {"run_id": "run-7", "seq": 4, "event_kind": "e", "command_id": "cmd-7b", "command_kind": "k", "payload": {}}]');
+SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "run-7", "seq": 1, "event_kind": "e", "command_id": "c7a", "command_kind": "k", "payload": {}},
+  {"run_id": "run-8", "seq": 1, "event_kind": "e", "command_id": "c7b", "command_kind": "k", "payload": {}},
+  {"run_id": "run-7", "seq": 2, "event_kind": "e", "command_id": "c7c", "command_kind": "k", "payload": {}},
+  {"run_id": "run-8", "seq": "1", "event_kind": "e", "command_id": "c7d", "command_kind": "k", "payload": {}},
+  {"run_id": "run-7", "seq": 1, "event_kind": "e", "command_id": "c7e", "command_kind": "k", "payload": {}}]');
 SELECT count(*) AS run_7_rows FROM outbox.events WHERE run_id IN ('run-7', 'run-8');
+
+-- The single form's retry: the same decision by the same role is answered
+-- false, without an error and without a second row; anything else that
+-- reuses the id is a conflict (23505), whatever it differs in.
+SELECT outbox.commit_decision('run-1', 1, 'trip_requested', 'cmd-1', 'lock_budget', '{"amount": 900}') AS retry;
+SELECT outbox.commit_decision('run-1', 1, 'trip_requested', 'cmd-1', 'lock_budget', '{"amount": 901}') AS other_payload;
+SELECT outbox.commit_decision('run-1', 1, 'trip_decided', 'cmd-1', 'lock_budget', '{"amount": 900}') AS other_event_kind;
+SELECT outbox.commit_decision('run-1', 1, 'trip_requested', 'cmd-1', 'unlock', '{"amount": 900}') AS other_command_kind;
+SELECT outbox.commit_decision('run-9', 1, 'trip_requested', 'cmd-1', 'lock_budget', '{"amount": 900}') AS other_run;
+SELECT count(*) AS cmd_1_events FROM outbox.events WHERE command_id = 'cmd-1';
 
 -- A taken key keeps its constraint's name: a client tells a taken command
 -- id from a taken (run_id, seq) without reading the message.
@@ -101,10 +126,10 @@ END $$;
 SELECT pg_temp.taken($$SELECT outbox.commit_decision('run-x', 1, 'e', 'cmd-1', 'k', '{}')$$) AS command_id,
        pg_temp.taken($$SELECT outbox.commit_decision('run-1', 1, 'e', 'cmd-x', 'k', '{}')$$) AS run_seq,
        pg_temp.taken($$SELECT outbox.record_event('run-1', 1, 'e')$$) AS event,
-       pg_temp.taken($$SELECT outbox.commit_decisions(ARRAY['run-x'], ARRAY[1]::bigint[], ARRAY['e'],
-                        ARRAY['cmd-1'], ARRAY['k'], ARRAY['{}']::jsonb[])$$) AS batch_command_id,
-       pg_temp.taken($$SELECT outbox.commit_decisions(ARRAY['run-1'], ARRAY[1]::bigint[], ARRAY['e'],
-                        ARRAY['cmd-x'], ARRAY['k'], ARRAY['{}']::jsonb[])$$) AS batch_run_seq;
+       pg_temp.taken($$SELECT outbox.commit_decisions('[{"run_id": "run-x", "seq": 1, "event_kind": "e",
+                        "command_id": "cmd-1", "command_kind": "k", "payload": {}}]')$$) AS batch_command_id,
+       pg_temp.taken($$SELECT outbox.commit_decisions('[{"run_id": "run-1", "seq": 1, "event_kind": "e",
+                        "command_id": "cmd-x", "command_kind": "k", "payload": {}}]')$$) AS batch_run_seq;
 -- A command whose row is gone (purged: only its event and tombstone stay)
 -- is still taken, through the events' index of command ids.
 BEGIN;
@@ -157,7 +182,8 @@ SELECT command_id, payload FROM outbox.commands WHERE run_id = 'rün-✓';
 -- Caller identity: the API is SECURITY INVOKER and runs its body as the
 -- owner.  A role holding only the group role decides (no table privilege
 -- needed), and it is itself again after the call, after a failed one too.
-CREATE ROLE regress_producer IN ROLE outbox_producer;
+CREATE ROLE regress_producer;
+DO $$ BEGIN EXECUTE format('GRANT %I TO regress_producer', outbox.role('producer')); END $$;
 SET ROLE regress_producer;
 SELECT outbox.commit_decision('r-caller', 1, 'e', 'c-caller', 'k', '{}');
 SELECT current_user;

@@ -6,7 +6,9 @@
  * The files of src/, in layers that only call down (docs/worker.md):
  *
  *	 outbox.c	 module load and the GUCs
- *	 args.c		 argument checks of the SQL-callable functions
+ *	 args.c		 argument checks of the SQL-callable functions, the caller
+ *				 identity (OutboxCallAsOwner)
+ *	 authz.c	 this database's group roles, per-kind rights
  *	 plans.c	 saved plans and the planner steering of their execution
  *	 producer.c, lease.c, consumer.c	the SQL-callable API
  *	 shared.c	 shared memory: counters, the commit, subtransaction and
@@ -31,6 +33,7 @@
 #include "port/atomics.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
+#include "utils/array.h"
 #include "utils/jsonb.h"
 #include "utils/timestamp.h"
 
@@ -215,6 +218,11 @@ extern void OutboxCheckId(text *t, const char *what);
 extern int	OutboxCompareIds(const text *a, const text *b);
 extern void OutboxCheckPayload(Jsonb *j, const char *what);
 extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what);
+
+/* authz.c */
+extern Oid	OutboxDatabaseRole(const char *capability);
+extern bool OutboxIsAdmin(Oid caller);
+extern bool OutboxMay(ArrayType *roles, Oid caller);
 
 /* plans.c */
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,

@@ -10,22 +10,36 @@
  * Each call is one plain INSERT statement (the commands, then their events):
  * the unique indexes detect a taken key, waiting for a concurrent inserter
  * of the same key to finish as any insert does, and the unique violation is
- * re-raised as the API's 23505, whose message says what was taken and which
- * keeps the constraint's name (events_pkey: the run's seq; commands_pkey or
- * events_command_id_key: the command id).  No ON CONFLICT clause: its
- * arbiter probes and speculative insertion cost more than a tenth of a
- * decision, for the rare case of a taken key.  The set-based form first
- * checks its elements for repeats among themselves, and names both
- * positions.  Any error aborts the caller's (sub)transaction, so the event
- * of a rejected decision never survives.
+ * re-raised as the API's 23505, which keeps the constraint's name
+ * (events_pkey: the run's seq; commands_pkey or events_command_id_key: the
+ * command id) and whose detail says nothing of the stored decision.  No ON
+ * CONFLICT clause: its arbiter probes and speculative insertion cost more
+ * than a tenth of a decision, for the rare case of a taken key.
+ *
+ * A decision is recorded with the role that made it (decided_by, the
+ * caller OutboxCallAsOwner passes).  The single form inserts only when its
+ * command id is not stored yet and its kind's deciders admit the caller
+ * (two probes in the same statement); when it inserted nothing, a second
+ * statement tells the cases apart: a forbidden kind (42501), the same
+ * decision already recorded by the same role (an idempotent retry: false,
+ * no error, no second row), or any other decision holding the id (23505
+ * commands_pkey).  A retry racing the first attempt waits for it on the
+ * unique index and, if it committed, gets the 23505; the next retry gets
+ * false.  The set-based form reads a JSON array; it checks its elements
+ * for repeats among themselves (naming both positions) and then, in one
+ * query, for forbidden kinds and stored ids, before it inserts anything.
+ * Any error aborts the caller's (sub)transaction, so the event of a
+ * rejected decision never survives.
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
 #include "utils/lsyscache.h"
 
 #include "outbox.h"
@@ -35,6 +49,8 @@ PG_FUNCTION_INFO_V1(outbox_commit_decisions);
 PG_FUNCTION_INFO_V1(outbox_record_event);
 
 static SPIPlanPtr plan_decide = NULL;
+static SPIPlanPtr plan_decide_why = NULL;
+static SPIPlanPtr plan_batch_why = NULL;
 static SPIPlanPtr plan_event = NULL;
 static SPIPlanPtr plan_batch = NULL;
 
@@ -130,23 +146,29 @@ pr_raise_taken(ErrorData *edata, const PrWhat *w)
 
 /*
  * Run a plain INSERT of decisions (or of an event), which must insert
- * w->rows rows.  A unique violation of the extension's keys is re-raised as
- * the API's 23505 (pr_raise_taken).  Nothing touches the database between
- * catching the error and raising the new one, so no subtransaction is
- * needed: the caller's (sub)transaction is aborting either way.
+ * w->rows rows, or none when none_ok (the single decision's filters).
+ * Returns whether it inserted them.  A unique violation of the extension's
+ * keys is re-raised as the API's 23505 (pr_raise_taken).  Nothing touches
+ * the database between catching the error and raising the new one, so no
+ * subtransaction is needed: the caller's (sub)transaction is aborting
+ * either way.
  */
-static void
-pr_insert(SPIPlanPtr plan, Datum *args, const char *nulls, const PrWhat *w)
+static bool
+pr_insert(SPIPlanPtr plan, Datum *args, const char *nulls, const PrWhat *w,
+		  bool none_ok)
 {
 	MemoryContext cxt = CurrentMemoryContext;
+	volatile bool inserted = false;
 
 	PG_TRY();
 	{
 		int			ret = OutboxExecute(plan, args, nulls, false, 0);
 
-		if (ret != SPI_OK_INSERT || SPI_processed != w->rows)
+		if (ret != SPI_OK_INSERT ||
+			(SPI_processed != w->rows && !(none_ok && SPI_processed == 0)))
 			elog(ERROR, "outbox: insert of decisions failed: %s",
 				 SPI_result_code_string(ret));
+		inserted = (SPI_processed == w->rows);
 	}
 	PG_CATCH();
 	{
@@ -164,19 +186,81 @@ pr_insert(SPIPlanPtr plan, Datum *args, const char *nulls, const PrWhat *w)
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	return inserted;
 }
+
+/* Raise 42501 for a decision of a kind the caller may not decide. */
+static void
+pr_raise_forbidden(const char *kind, int elem)
+{
+	if (elem > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to decide commands of kind \"%s\"", kind),
+				 errdetail("Decision %d of the batch has this kind; nothing of this call was recorded.",
+						   elem),
+				 errhint("The kind's deciders (outbox.set_policy) do not include a role of yours.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("permission denied to decide commands of kind \"%s\"", kind),
+			 errhint("The kind's deciders (outbox.set_policy) do not include a role of yours.")));
+}
+
+/*
+ * Raise the 23505 of a command id held by another decision (not the
+ * caller's own retry): commands_pkey, and a detail that says nothing of
+ * the stored decision.  elem is the 1-based position in a batch, or 0.
+ */
+static void
+pr_raise_conflict(const char *command_id, int elem)
+{
+	if (elem > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNIQUE_VIOLATION),
+				 errmsg("command \"%s\" already exists", command_id),
+				 errdetail("Decision %d of the batch is not a retry of the decision that holds this command id; nothing of this call was recorded.",
+						   elem),
+				 err_generic_string(PG_DIAG_SCHEMA_NAME, "outbox"),
+				 err_generic_string(PG_DIAG_TABLE_NAME, "commands"),
+				 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "commands_pkey")));
+	ereport(ERROR,
+			(errcode(ERRCODE_UNIQUE_VIOLATION),
+			 errmsg("command \"%s\" already exists", command_id),
+			 errdetail("This is not a retry of the decision that holds this command id; nothing of this decision was recorded."),
+			 err_generic_string(PG_DIAG_SCHEMA_NAME, "outbox"),
+			 err_generic_string(PG_DIAG_TABLE_NAME, "commands"),
+			 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "commands_pkey")));
+}
+
+/*
+ * The "same decision" test of a stored command c (and its event e) against
+ * the decision of the parameters or of a batch element: same run, seq,
+ * kinds and payload, decided by the calling role.
+ */
+#define PR_SAME_DECISION(run, seq, ekind, ckind, payload, caller) \
+	"(c.run_id OPERATOR(pg_catalog.=) " run \
+	" AND c.seq OPERATOR(pg_catalog.=) " seq \
+	" AND c.kind OPERATOR(pg_catalog.=) " ckind \
+	" AND c.payload OPERATOR(pg_catalog.=) " payload \
+	" AND c.decided_by OPERATOR(pg_catalog.=) " caller \
+	" AND EXISTS (SELECT 1 FROM outbox.events e" \
+	"              WHERE e.run_id OPERATOR(pg_catalog.=) " run \
+	"                AND e.seq OPERATOR(pg_catalog.=) " seq \
+	"                AND e.kind OPERATOR(pg_catalog.=) " ekind \
+	"                AND e.command_id OPERATOR(pg_catalog.=) c.command_id))"
 
 /*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
  *						  payload, event_payload, not_before, priority)
  *
- * Insert the event and the command it decides, in one statement.
+ * Insert the event and the command it decides, in one statement; true when
+ * recorded, false for the caller's own retry of a recorded decision.
  */
 static Datum
 pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[9] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
-	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID};
+	static const Oid argtypes[10] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID};
 	text	   *run_id = OutboxArgId(fcinfo, 0, "run_id");
 	int64		seq;
 	text	   *event_kind;
@@ -184,9 +268,13 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	text	   *command_kind;
 	Jsonb	   *payload;
 	Jsonb	   *event_payload;
-	Datum		args[9];
-	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	PrWhat		what;
+	bool		isnull;
+	bool		forbidden;
+	bool		stored;
+	bool		same;
 
 	OutboxArgNotNull(fcinfo, 1, "seq");
 	seq = PG_GETARG_INT64(1);
@@ -213,29 +301,63 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	if (PG_ARGISNULL(7))
 		nulls[7] = 'n';
 	args[8] = PG_GETARG_DATUM(8);
+	args[9] = ObjectIdGetDatum(caller);
 
 	what.run_id = run_id;
 	what.seq = seq;
 	what.command_id = command_id;
 	what.rows = 1;
 	SPI_connect();
-	pr_insert(OutboxPrepare(&plan_decide,
-							"WITH c AS ("
-							"  INSERT INTO outbox.commands"
-							"    (command_id, run_id, seq, kind, payload, priority,"
-							"     available_at, due_at)"
-							"  VALUES ($4, $1, $2, $5, $6, $9,"
-							"          COALESCE($8, pg_catalog.now()),"
-							"          COALESCE($8, pg_catalog.now()))"
-							"  RETURNING 1)"
-							"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
-							"SELECT $1, $2, $3, $7, $4 FROM c",
-							9, argtypes),
-			  args, nulls, &what);
-	SPI_finish();
+	if (pr_insert(OutboxPrepare(&plan_decide,
+								"WITH c AS ("
+								"  INSERT INTO outbox.commands"
+								"    (command_id, run_id, seq, kind, payload, priority,"
+								"     available_at, due_at, decided_by)"
+								"  SELECT $4, $1, $2, $5, $6, $9,"
+								"         COALESCE($8, pg_catalog.now()),"
+								"         COALESCE($8, pg_catalog.now()), $10"
+								"   WHERE NOT EXISTS (SELECT 1 FROM outbox.commands x"
+								"                      WHERE x.command_id OPERATOR(pg_catalog.=) $4)"
+								"     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
+								"                      WHERE p.kind OPERATOR(pg_catalog.=) $5"
+								"                        AND p.deciders IS NOT NULL"
+								"                        AND NOT outbox._may(p.deciders, $10))"
+								"  RETURNING 1)"
+								"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+								"SELECT $1, $2, $3, $7, $4 FROM c",
+								10, argtypes),
+				  args, nulls, &what, true))
+	{
+		SPI_finish();
+		OutboxCountAtCommit(OBC_ENQUEUED, 1);
+		PG_RETURN_BOOL(true);
+	}
 
-	OutboxCountAtCommit(OBC_ENQUEUED, 1);
-	PG_RETURN_VOID();
+	/* Nothing inserted: a forbidden kind, a retry, or a conflict. */
+	if (OutboxExecute(OutboxPrepare(&plan_decide_why,
+									"SELECT EXISTS (SELECT 1 FROM outbox.policies p"
+									"                WHERE p.kind OPERATOR(pg_catalog.=) $5"
+									"                  AND p.deciders IS NOT NULL"
+									"                  AND NOT outbox._may(p.deciders, $10)),"
+									"       c.command_id IS NOT NULL,"
+									"       COALESCE(" PR_SAME_DECISION("$1", "$2", "$3", "$5", "$6", "$10") ", false)"
+									"  FROM (SELECT 1) one"
+									"  LEFT JOIN outbox.commands c ON c.command_id OPERATOR(pg_catalog.=) $4",
+									10, argtypes),
+					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: diagnosis of a decision failed");
+	forbidden = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	stored = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	same = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+	if (forbidden)
+		pr_raise_forbidden(text_to_cstring(command_kind), 0);
+	if (!stored)
+		elog(ERROR, "outbox: decision of \"%s\" neither inserted nor found",
+			 text_to_cstring(command_id));
+	if (!same)
+		pr_raise_conflict(text_to_cstring(command_id), 0);
+	SPI_finish();
+	PG_RETURN_BOOL(false);
 }
 
 /* outbox.commit_decision: the body, as the owner, told who called. */
@@ -280,7 +402,7 @@ pr_record_event(FunctionCallInfo fcinfo, Oid caller)
 							"INSERT INTO outbox.events (run_id, seq, kind, payload)"
 							"VALUES ($1, $2, $3, $4)",
 							4, argtypes),
-			  args, nulls, &what);
+			  args, nulls, &what, false);
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -292,60 +414,152 @@ outbox_record_event(PG_FUNCTION_ARGS)
 	return OutboxCallAsOwner(fcinfo, pr_record_event);
 }
 
-/*
- * Deconstruct a one-dimensional array argument.  Returns the element count;
- * *elems and *elnulls receive the elements.  A NULL array is an error unless
- * optional (then 0 elements and *elems = NULL).  NULL elements are an error
- * unless nulls_ok.
- */
-static int
-pr_array_arg(FunctionCallInfo fcinfo, int argno, const char *what,
-			 bool optional, bool nulls_ok, Datum **elems, bool **elnulls)
-{
-	ArrayType  *arr;
-	Oid			elemtype;
-	int16		typlen;
-	bool		typbyval;
-	char		typalign;
-	int			n;
-	int			i;
+/* The keys of a decision of commit_decisions, in the order of its arrays. */
+static const char *const pr_keys[9] = {"run_id", "seq", "event_kind", "command_id",
+"command_kind", "payload", "event_payload", "not_before", "priority"};
 
-	*elems = NULL;
-	*elnulls = NULL;
-	if (PG_ARGISNULL(argno))
+#define PR_KEY_RUN_ID		0
+#define PR_KEY_SEQ			1
+#define PR_KEY_EVENT_KIND	2
+#define PR_KEY_COMMAND_ID	3
+#define PR_KEY_COMMAND_KIND 4
+#define PR_KEY_PAYLOAD		5
+#define PR_KEY_EVENT_PAYLOAD 6
+#define PR_KEY_NOT_BEFORE	7
+#define PR_KEY_PRIORITY		8
+
+/* The JSON type of a value, for messages. */
+static const char *
+pr_json_type(JsonbValue *v)
+{
+	switch (v->type)
 	{
-		if (optional)
-			return -1;
-		OutboxArgNotNull(fcinfo, argno, what);
+		case jbvNull:
+			return "null";
+		case jbvString:
+			return "a string";
+		case jbvNumeric:
+			return "a number";
+		case jbvBool:
+			return "a boolean";
+		default:
+			return "an object or array";
 	}
-	arr = PG_GETARG_ARRAYTYPE_P(argno);
-	if (ARR_NDIM(arr) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("%s must be a one-dimensional array", what)));
-	elemtype = ARR_ELEMTYPE(arr);
-	get_typlenbyvalalign(elemtype, &typlen, &typbyval, &typalign);
-	deconstruct_array(arr, elemtype, typlen, typbyval, typalign,
-					  elems, elnulls, &n);
-	if (!nulls_ok)
-		for (i = 0; i < n; i++)
-			if ((*elnulls)[i])
-				ereport(ERROR,
-						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-						 errmsg("%s must not contain nulls", what),
-						 errdetail("Element %d is null.", i + 1)));
-	return n;
 }
 
-/* Raise 2202E when an array's length differs from the first array's. */
+/* Raise 22023 for a value of the wrong JSON type in decision elem (1-based). */
 static void
-pr_check_len(int n, int expected, const char *what)
+pr_raise_json_type(int elem, const char *key, JsonbValue *v, const char *wanted)
 {
-	if (n >= 0 && n != expected)
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("%s of decision %d must be %s", key, elem, wanted),
+			 errdetail("It is %s.", pr_json_type(v))));
+}
+
+/* A JSON string as text, or 22023. */
+static Datum
+pr_json_text(int elem, const char *key, JsonbValue *v)
+{
+	if (v->type != jbvString)
+		pr_raise_json_type(elem, key, v, "a string");
+	return PointerGetDatum(cstring_to_text_with_len(v->val.string.val, v->val.string.len));
+}
+
+/* A JSON number that must be an integer (numeric_int8 would round it). */
+static Datum
+pr_json_integer(int elem, const char *key, Numeric num)
+{
+	Datum		d = NumericGetDatum(num);
+
+	if (!DatumGetBool(DirectFunctionCall2(numeric_eq, d,
+										  DirectFunctionCall2(numeric_trunc, d, Int32GetDatum(0)))))
 		ereport(ERROR,
-				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
-				 errmsg("%s has %d elements, but run_ids has %d", what, n, expected),
-				 errdetail("All arrays of a set-based call must have the same length.")));
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s of decision %d must be an integer", key, elem)));
+	return d;
+}
+
+/*
+ * Read one decision (a JSON object) of commit_decisions into values and
+ * isnull, in the order of pr_keys; missing keys and JSON nulls are SQL
+ * NULLs.  Unknown keys and values of the wrong type are refused.  seq may be
+ * a number or a string (a driver's int8), not_before a string in any input
+ * form of timestamptz.
+ */
+static void
+pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
+{
+	JsonbIterator *it;
+	JsonbValue	k;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	int			i;
+
+	for (i = 0; i < 9; i++)
+	{
+		values[i] = (Datum) 0;
+		isnull[i] = true;
+	}
+	if (obj->type != jbvBinary || !JsonContainerIsObject(obj->val.binary.data))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("decision %d must be a JSON object", elem)));
+	it = JsonbIteratorInit(obj->val.binary.data);
+	tok = JsonbIteratorNext(&it, &k, true);
+	Assert(tok == WJB_BEGIN_OBJECT);
+	while ((tok = JsonbIteratorNext(&it, &k, true)) == WJB_KEY)
+	{
+		char	   *key = pnstrdup(k.val.string.val, k.val.string.len);
+
+		tok = JsonbIteratorNext(&it, &v, true);
+		Assert(tok == WJB_VALUE);
+		for (i = 0; i < 9; i++)
+			if (strcmp(key, pr_keys[i]) == 0)
+				break;
+		if (i == 9)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("decision %d has an unknown key \"%s\"", elem, key),
+					 errhint("The keys are run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before and priority.")));
+		if (v.type == jbvNull && i != PR_KEY_PAYLOAD && i != PR_KEY_EVENT_PAYLOAD)
+			continue;
+		isnull[i] = false;
+		switch (i)
+		{
+			case PR_KEY_SEQ:
+				if (v.type == jbvNumeric)
+					values[i] = DirectFunctionCall1(numeric_int8,
+													pr_json_integer(elem, key, v.val.numeric));
+				else if (v.type == jbvString)
+					values[i] = DirectFunctionCall1(int8in,
+													CStringGetDatum(pnstrdup(v.val.string.val, v.val.string.len)));
+				else
+					pr_raise_json_type(elem, key, &v, "a number or a string");
+				break;
+			case PR_KEY_PAYLOAD:
+			case PR_KEY_EVENT_PAYLOAD:
+				values[i] = PointerGetDatum(JsonbValueToJsonb(&v));
+				break;
+			case PR_KEY_NOT_BEFORE:
+				if (v.type != jbvString)
+					pr_raise_json_type(elem, key, &v, "a string");
+				values[i] = DirectFunctionCall3(timestamptz_in,
+												CStringGetDatum(pnstrdup(v.val.string.val, v.val.string.len)),
+												ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
+				break;
+			case PR_KEY_PRIORITY:
+				if (v.type != jbvNumeric)
+					pr_raise_json_type(elem, key, &v, "a number");
+				values[i] = DirectFunctionCall1(numeric_int4,
+												pr_json_integer(elem, key, v.val.numeric));
+				break;
+			default:
+				values[i] = pr_json_text(elem, key, &v);
+				break;
+		}
+		pfree(key);
+	}
 }
 
 /* One element of a batch, for finding repeats within it. */
@@ -447,42 +661,47 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 }
 
 /*
- * outbox.commit_decisions(run_ids, seqs, event_kinds, command_ids,
- *						   command_kinds, payloads, event_payloads,
- *						   not_before, priorities)
+ * outbox.commit_decisions(decisions jsonb) RETURNS SETOF decision_result
  *
- * The set-based form: many decisions in one statement.  Returns the
- * number of decisions recorded, which is all of them or an error.
+ * The set-based form: a JSON array of decisions, recorded in one statement,
+ * all or none.  One row per decision, in order: recorded, or false for the
+ * caller's own retry of a recorded decision.
  */
 static Datum
 pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const char *names[9] = {"run_ids", "seqs", "event_kinds", "command_ids",
-	"command_kinds", "payloads", "event_payloads", "not_before", "priorities"};
-	static const Oid argtypes[9] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
+	static const Oid argtypes[10] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
 		TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID, JSONBARRAYOID,
-	TIMESTAMPTZARRAYOID, INT4ARRAYOID};
+	TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID};
+	static const Oid elemtypes[9] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID};
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Jsonb	   *doc;
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
 	Datum	   *elems[9];
 	bool	   *elnulls[9];
-	int			counts[9];
-	Datum		args[9];
-	char		nulls[9];
+	bool	   *retry;
+	Datum		args[10];
+	char		nulls[10];
 	int			n;
+	int			m;
 	int			i;
+	int			j;
 	PrWhat		what;
 
-	for (i = 0; i < 9; i++)
-	{
-		bool		optional = (i >= 6);
+	OutboxArgNotNull(fcinfo, 0, "decisions");
+	doc = PG_GETARG_JSONB_P(0);
+	if (!JB_ROOT_IS_ARRAY(doc) || JB_ROOT_IS_SCALAR(doc))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("decisions must be a JSON array of objects")));
+	n = JB_ROOT_COUNT(doc);
 
-		counts[i] = pr_array_arg(fcinfo, i, names[i], optional,
-								 i == 6 || i == 7, &elems[i], &elnulls[i]);
-	}
-	n = counts[0];
-	for (i = 1; i < 9; i++)
-		pr_check_len(counts[i], n, names[i]);
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	if (n == 0)
-		PG_RETURN_INT32(0);
+		return (Datum) 0;
 	if (n > outbox_max_batch)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -490,59 +709,192 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 				 errdetail("The call has %d decisions; outbox.max_batch is %d.",
 						   n, outbox_max_batch)));
 
-	for (i = 0; i < n; i++)
+	for (j = 0; j < 9; j++)
 	{
-		OutboxCheckId(DatumGetTextPP(elems[0][i]), "run_id");
-		pr_check_seq(DatumGetInt64(elems[1][i]));
-		OutboxCheckId(DatumGetTextPP(elems[2][i]), "event_kind");
-		OutboxCheckId(DatumGetTextPP(elems[3][i]), "command_id");
-		OutboxCheckId(DatumGetTextPP(elems[4][i]), "command_kind");
-		OutboxCheckPayload(DatumGetJsonbP(elems[5][i]), "payload");
-		if (counts[6] > 0 && !elnulls[6][i])
-			OutboxCheckPayload(DatumGetJsonbP(elems[6][i]), "event_payload");
-		if (counts[7] > 0 && !elnulls[7][i])
-			pr_check_not_before(DatumGetTimestampTz(elems[7][i]));
+		elems[j] = palloc(sizeof(Datum) * n);
+		elnulls[j] = palloc(sizeof(bool) * n);
 	}
-
-	for (i = 0; i < 9; i++)
+	retry = palloc0(sizeof(bool) * n);
+	it = JsonbIteratorInit(&doc->root);
+	tok = JsonbIteratorNext(&it, &v, true);
+	Assert(tok == WJB_BEGIN_ARRAY);
+	i = 0;
+	while ((tok = JsonbIteratorNext(&it, &v, true)) == WJB_ELEM)
 	{
-		nulls[i] = PG_ARGISNULL(i) ? 'n' : ' ';
-		args[i] = PG_ARGISNULL(i) ? (Datum) 0 : PG_GETARG_DATUM(i);
+		Datum		values[9];
+		bool		isnull[9];
+
+		pr_read_decision(i + 1, &v, values, isnull);
+		for (j = 0; j < 9; j++)
+		{
+			elems[j][i] = values[j];
+			elnulls[j][i] = isnull[j];
+		}
+		for (j = PR_KEY_RUN_ID; j <= PR_KEY_PAYLOAD; j++)
+			if (isnull[j])
+				ereport(ERROR,
+						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+						 errmsg("%s of decision %d must not be null", pr_keys[j], i + 1)));
+		OutboxCheckId(DatumGetTextPP(values[PR_KEY_RUN_ID]), "run_id");
+		pr_check_seq(DatumGetInt64(values[PR_KEY_SEQ]));
+		OutboxCheckId(DatumGetTextPP(values[PR_KEY_EVENT_KIND]), "event_kind");
+		OutboxCheckId(DatumGetTextPP(values[PR_KEY_COMMAND_ID]), "command_id");
+		OutboxCheckId(DatumGetTextPP(values[PR_KEY_COMMAND_KIND]), "command_kind");
+		OutboxCheckPayload(DatumGetJsonbP(values[PR_KEY_PAYLOAD]), "payload");
+		if (!isnull[PR_KEY_EVENT_PAYLOAD])
+			OutboxCheckPayload(DatumGetJsonbP(values[PR_KEY_EVENT_PAYLOAD]), "event_payload");
+		if (!isnull[PR_KEY_NOT_BEFORE])
+			pr_check_not_before(DatumGetTimestampTz(values[PR_KEY_NOT_BEFORE]));
+		i++;
 	}
+	Assert(i == n);
 
-	pr_check_repeats(elems[0], elems[1], elems[3], n);
+	pr_check_repeats(elems[PR_KEY_RUN_ID], elems[PR_KEY_SEQ], elems[PR_KEY_COMMAND_ID], n);
 
-	what.run_id = NULL;
-	what.seq = 0;
-	what.command_id = NULL;
-	what.rows = n;
+	for (j = 0; j < 9; j++)
+	{
+		int16		typlen;
+		bool		typbyval;
+		char		typalign;
+		int			dims[1] = {n};
+		int			lbs[1] = {1};
+
+		get_typlenbyvalalign(elemtypes[j], &typlen, &typbyval, &typalign);
+		args[j] = PointerGetDatum(construct_md_array(elems[j], elnulls[j], 1, dims, lbs,
+													 elemtypes[j], typlen, typbyval, typalign));
+		nulls[j] = ' ';
+	}
+	args[9] = ObjectIdGetDatum(caller);
+	nulls[9] = ' ';
+
 	SPI_connect();
-	pr_insert(OutboxPrepare(&plan_batch,
-							"WITH u AS ("
-							"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-							"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
-							"                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
-							"                            pg_catalog.unnest($7), pg_catalog.unnest($8),"
-							"                            pg_catalog.unnest($9))"
-							"    AS u(run_id, seq, event_kind, command_id, command_kind, payload,"
-							"         event_payload, not_before, priority)),"
-							" e AS ("
-							"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
-							"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
-							"INSERT INTO outbox.commands"
-							"  (command_id, run_id, seq, kind, payload, priority,"
-							"   available_at, due_at)"
-							"SELECT command_id, run_id, seq, command_kind, payload,"
-							"       COALESCE(priority, 0),"
-							"       COALESCE(not_before, pg_catalog.now()),"
-							"       COALESCE(not_before, pg_catalog.now())"
-							"  FROM u",
-							9, argtypes),
-			  args, nulls, &what);
+
+	/*
+	 * Before inserting: the first decision of a kind the caller may not
+	 * decide, and every decision whose command id is stored, with whether
+	 * it is the caller's own retry (in batch order).
+	 */
+	if (OutboxExecute(OutboxPrepare(&plan_batch_why,
+									"WITH u AS ("
+									"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+									"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
+									"                            pg_catalog.unnest($5), pg_catalog.unnest($6))"
+									"    WITH ORDINALITY AS u(run_id, seq, event_kind, command_id, command_kind,"
+									"                         payload, ord))"
+									"SELECT * FROM ("
+									" SELECT u.ord, true AS forbidden, false AS same FROM u"
+									"  WHERE EXISTS (SELECT 1 FROM outbox.policies p"
+									"                 WHERE p.kind OPERATOR(pg_catalog.=) u.command_kind"
+									"                   AND p.deciders IS NOT NULL"
+									"                   AND NOT outbox._may(p.deciders, $10))"
+									"  ORDER BY u.ord LIMIT 1) f "
+									"UNION ALL "
+									"SELECT * FROM ("
+									" SELECT u.ord, false, "
+									PR_SAME_DECISION("u.run_id", "u.seq", "u.event_kind", "u.command_kind", "u.payload", "$10")
+									"   FROM u JOIN outbox.commands c"
+									"     ON c.command_id OPERATOR(pg_catalog.=) u.command_id"
+									"  ORDER BY u.ord) s",
+									10, argtypes),
+					  args, nulls, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: diagnosis of a batch of decisions failed");
+	m = 0;
+	for (j = 0; j < 2; j++)
+		for (i = 0; i < (int) SPI_processed; i++)
+		{
+			HeapTuple	row = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			bool		isnull;
+			int			ord = (int) DatumGetInt64(SPI_getbinval(row, desc, 1, &isnull));
+			bool		forbidden = DatumGetBool(SPI_getbinval(row, desc, 2, &isnull));
+
+			/* first pass: a forbidden kind; second: conflicts and retries */
+			if (j == 0 && forbidden)
+				pr_raise_forbidden(text_to_cstring(DatumGetTextPP(elems[PR_KEY_COMMAND_KIND][ord - 1])), ord);
+			if (j == 0 || forbidden)
+				continue;
+			if (!DatumGetBool(SPI_getbinval(row, desc, 3, &isnull)))
+				pr_raise_conflict(text_to_cstring(DatumGetTextPP(elems[PR_KEY_COMMAND_ID][ord - 1])), ord);
+			retry[ord - 1] = true;
+			m++;
+		}
+
+	/* Insert the decisions that are not retries. */
+	if (m < n)
+	{
+		if (m > 0)
+		{
+			for (j = 0; j < 9; j++)
+			{
+				int16		typlen;
+				bool		typbyval;
+				char		typalign;
+				int			dims[1];
+				int			lbs[1] = {1};
+				int			k = 0;
+
+				for (i = 0; i < n; i++)
+					if (!retry[i])
+					{
+						elems[j][k] = elems[j][i];
+						elnulls[j][k] = elnulls[j][i];
+						k++;
+					}
+				dims[0] = k;
+				get_typlenbyvalalign(elemtypes[j], &typlen, &typbyval, &typalign);
+				args[j] = PointerGetDatum(construct_md_array(elems[j], elnulls[j], 1, dims, lbs,
+															 elemtypes[j], typlen, typbyval, typalign));
+			}
+		}
+		what.run_id = NULL;
+		what.seq = 0;
+		what.command_id = NULL;
+		what.rows = n - m;
+		pr_insert(OutboxPrepare(&plan_batch,
+								"WITH u AS ("
+								"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+								"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
+								"                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
+								"                            pg_catalog.unnest($7), pg_catalog.unnest($8),"
+								"                            pg_catalog.unnest($9))"
+								"    AS u(run_id, seq, event_kind, command_id, command_kind, payload,"
+								"         event_payload, not_before, priority)),"
+								" e AS ("
+								"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+								"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
+								"INSERT INTO outbox.commands"
+								"  (command_id, run_id, seq, kind, payload, priority,"
+								"   available_at, due_at, decided_by)"
+								"SELECT command_id, run_id, seq, command_kind, payload,"
+								"       COALESCE(priority, 0),"
+								"       COALESCE(not_before, pg_catalog.now()),"
+								"       COALESCE(not_before, pg_catalog.now()), $10"
+								"  FROM u",
+								10, argtypes),
+				  args, nulls, &what, false);
+	}
 	SPI_finish();
 
-	OutboxCountAtCommit(OBC_ENQUEUED, n);
-	PG_RETURN_INT32(n);
+	/* One row per decision, in the batch's order. */
+	it = JsonbIteratorInit(&doc->root);
+	(void) JsonbIteratorNext(&it, &v, true);
+	for (i = 0; i < n; i++)
+	{
+		Datum		values[3];
+		bool		isnull[3] = {false, false, false};
+		JsonbValue	id;
+
+		(void) JsonbIteratorNext(&it, &v, true);
+		if (!getKeyJsonValueFromContainer(v.val.binary.data, "command_id", 10, &id))
+			elog(ERROR, "outbox: decision %d lost its command_id", i + 1);
+		values[0] = Int32GetDatum(i + 1);
+		values[1] = PointerGetDatum(cstring_to_text_with_len(id.val.string.val, id.val.string.len));
+		values[2] = BoolGetDatum(!retry[i]);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
+	}
+	if (n > m)
+		OutboxCountAtCommit(OBC_ENQUEUED, n - m);
+	return (Datum) 0;
 }
 
 /* outbox.commit_decisions: the body, as the owner, told who called. */

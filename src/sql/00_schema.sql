@@ -74,6 +74,7 @@ CREATE TABLE @extschema@.commands (
 	payload		pg_catalog.jsonb NOT NULL,
 	lease_secret pg_catalog.uuid,
 	leased_by	pg_catalog.oid,
+	decided_by	pg_catalog.oid,
 	CONSTRAINT commands_pkey PRIMARY KEY (command_id)
 ) WITH (fillfactor = 80);
 
@@ -111,6 +112,9 @@ CREATE TABLE @extschema@.policies (
 	takeover	pg_catalog.text NOT NULL DEFAULT 'auto',
 	paused		pg_catalog.bool NOT NULL DEFAULT false,
 	retention	pg_catalog.interval,
+	deciders	pg_catalog.regrole[],
+	claimers	pg_catalog.regrole[],
+	completers	pg_catalog.regrole[],
 	CONSTRAINT policies_pkey PRIMARY KEY (kind),
 	CONSTRAINT policies_takeover_check CHECK (takeover OPERATOR(pg_catalog.=) ANY
 		(ARRAY['auto', 'manual']::pg_catalog.text[])),
@@ -119,6 +123,15 @@ CREATE TABLE @extschema@.policies (
 
 -- The paused kinds, read once by every claim.
 CREATE INDEX policies_paused_idx ON @extschema@.policies (kind) WHERE paused;
+
+-- Consumer names, each registered to the role whose members may use it in
+-- inbox_accept.
+CREATE TABLE @extschema@.consumers (
+	consumer	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	role		pg_catalog.regrole NOT NULL,
+	registered_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT consumers_pkey PRIMARY KEY (consumer)
+);
 
 -- Tombstones of purged commands: what the retention purge removed, so that
 -- the conservation checks can tell a purged command from a lost one.  Only
@@ -140,12 +153,18 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.receipts', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.inbox', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.policies', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.purged', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumers', '');
 
 COMMENT ON TABLE @extschema@.events IS 'event log of each run; command_id names the command an event decided';
 COMMENT ON TABLE @extschema@.commands IS 'the outbox: one row per command, with its lease and delivery state';
 COMMENT ON TABLE @extschema@.receipts IS 'one durable completion receipt per command';
 COMMENT ON TABLE @extschema@.inbox IS 'commands each consumer has accepted, for exactly-once effects';
 COMMENT ON TABLE @extschema@.policies IS 'per-kind overrides: max deliveries, backoff, lease, takeover mode, pause, retention';
+COMMENT ON TABLE @extschema@.consumers IS 'consumer names, each registered to the role whose members may accept commands under it';
+COMMENT ON COLUMN @extschema@.commands.decided_by IS 'the role that decided the command (current_user of the commit_decision call)';
+COMMENT ON COLUMN @extschema@.policies.deciders IS 'roles whose members may decide commands of the kind (NULL: every producer; empty: admins only)';
+COMMENT ON COLUMN @extschema@.policies.claimers IS 'roles whose members may claim commands of the kind (NULL: every publisher; empty: admins only)';
+COMMENT ON COLUMN @extschema@.policies.completers IS 'roles whose members may complete commands of the kind (NULL: every consumer; empty: admins only)';
 COMMENT ON TABLE @extschema@.purged IS 'tombstones of commands removed by the retention purge';
 COMMENT ON DOMAIN @extschema@.command_status IS 'a command''s status: pending, sending, published, dead or uncertain';
 COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version: bumped by every change of its lease, for ordering and diagnostics (at least 1)';

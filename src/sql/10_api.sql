@@ -20,29 +20,36 @@ CREATE FUNCTION @extschema@.commit_decision(
 	event_payload pg_catalog.jsonb DEFAULT NULL,
 	not_before pg_catalog.timestamptz DEFAULT NULL,
 	priority pg_catalog.int4 DEFAULT 0)
-RETURNS void
+RETURNS pg_catalog.bool
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_commit_decision';
 COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4)
-	IS 'record an event and the command it decides, atomically, in the caller''s transaction';
+	IS 'record an event and the command it decides, atomically, in the caller''s transaction; false when the same role recorded the same decision before';
 
-CREATE FUNCTION @extschema@.commit_decisions(
-	run_ids pg_catalog.text[],
-	seqs pg_catalog.int8[],
-	event_kinds pg_catalog.text[],
-	command_ids pg_catalog.text[],
-	command_kinds pg_catalog.text[],
-	payloads pg_catalog.jsonb[],
-	event_payloads pg_catalog.jsonb[] DEFAULT NULL,
-	not_before pg_catalog.timestamptz[] DEFAULT NULL,
-	priorities pg_catalog.int4[] DEFAULT NULL)
-RETURNS pg_catalog.int4
+CREATE TYPE @extschema@.decision_result AS (
+	ord			pg_catalog.int4,
+	command_id	pg_catalog.text,
+	recorded	pg_catalog.bool
+);
+COMMENT ON TYPE @extschema@.decision_result IS 'outcome of one decision of commit_decisions: recorded, or false for a retry of the caller''s own decision';
+
+CREATE FUNCTION @extschema@.commit_decisions(decisions pg_catalog.jsonb)
+RETURNS SETOF @extschema@.decision_result
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
+ROWS 100
 AS 'MODULE_PATHNAME', 'outbox_commit_decisions';
-COMMENT ON FUNCTION @extschema@.commit_decisions(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.jsonb[], pg_catalog.jsonb[], pg_catalog.timestamptz[], pg_catalog.int4[])
-	IS 'record many decisions (parallel arrays) in one call; all or none';
+COMMENT ON FUNCTION @extschema@.commit_decisions(pg_catalog.jsonb)
+	IS 'record many decisions (a JSON array of objects) in one call; all or none; a row per decision';
+
+-- Internal: whether a role may act on a kind whose policy lists roles.
+CREATE FUNCTION @extschema@._may(roles pg_catalog.regrole[], caller pg_catalog.oid)
+RETURNS pg_catalog.bool
+LANGUAGE c STABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_may';
+COMMENT ON FUNCTION @extschema@._may(pg_catalog.regrole[], pg_catalog.oid)
+	IS 'internal: whether caller is a member of one of roles (NULL: anyone) or an outbox admin of this database';
 
 CREATE FUNCTION @extschema@.record_event(
 	run_id pg_catalog.text,

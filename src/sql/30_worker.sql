@@ -118,7 +118,12 @@ REVOKE ALL ON FUNCTION
 REVOKE ALL ON @extschema@.stats, @extschema@.workers FROM PUBLIC;
 
 -- The views call their functions with the reader's rights.
-GRANT EXECUTE ON FUNCTION @extschema@._stats(), @extschema@._workers()
-	TO pg_monitor, outbox_admin;
-GRANT SELECT ON @extschema@.stats, @extschema@.workers TO pg_monitor, outbox_admin;
-GRANT EXECUTE ON FUNCTION @extschema@.stats_reset() TO outbox_admin;
+DO $$
+DECLARE
+	admin CONSTANT pg_catalog.text := pg_catalog.quote_ident(@extschema@.role('admin'));
+BEGIN
+	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@._stats(), @extschema@._workers() TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
+	EXECUTE 'GRANT SELECT ON @extschema@.stats, @extschema@.workers TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
+	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.stats_reset() TO ' OPERATOR(pg_catalog.||) admin;
+END;
+$$;

@@ -331,11 +331,17 @@ REVOKE ALL ON
 	FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.verify(pg_catalog.bool) FROM PUBLIC;
 
-GRANT SELECT ON
+DO $$
+DECLARE
+	admin CONSTANT pg_catalog.text := pg_catalog.quote_ident(@extschema@.role('admin'));
+BEGIN
+	EXECUTE 'GRANT SELECT ON
 	@extschema@.check_decisions_without_command, @extschema@.check_orphan_commands,
 	@extschema@.check_orphan_receipts, @extschema@.check_state,
 	@extschema@.check_receipt_overdue, @extschema@.conservation,
 	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
 	@extschema@.horizon
-	TO pg_monitor, outbox_admin;
-GRANT EXECUTE ON FUNCTION @extschema@.verify(pg_catalog.bool) TO pg_monitor, outbox_admin;
+	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
+	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.verify(pg_catalog.bool) TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
+END;
+$$;

@@ -98,4 +98,9 @@ COMMENT ON FUNCTION @extschema@.metrics_backlog()
 	IS 'per kind, status and state (ready, delayed, live, expired, held): the commands that are not published and the age in seconds of the oldest ready command or expired lease; read from the partial indexes only';
 
 REVOKE ALL ON FUNCTION @extschema@.metrics_backlog() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.metrics_backlog() TO pg_monitor, outbox_admin;
+DO $$
+BEGIN
+	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.metrics_backlog() TO pg_monitor, '
+		OPERATOR(pg_catalog.||) pg_catalog.quote_ident(@extschema@.role('admin'));
+END;
+$$;

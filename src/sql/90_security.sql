@@ -1,15 +1,18 @@
 -- outbox install script, part 90: roles and privileges.
 --
--- Four group roles (cluster-wide, created when missing) carry the rights;
--- the DBA grants them to login roles:
---   outbox_producer   commit_decision, commit_decisions, record_event
---   outbox_publisher  claim, ack (both forms), fail, renew
---   outbox_consumer   complete, inbox_accept
---   outbox_admin      requeue, resolve, set_policy, pause, resume, purge,
---                     sweep, stats_reset, verify and every view
+-- Four group roles of this database (part 05: <db>_outbox_producer and so
+-- on, named by outbox.role(capability)) carry the rights; the DBA grants
+-- them to login roles:
+--   producer   commit_decision, commit_decisions, record_event
+--   publisher  claim, ack (both forms), fail, renew
+--   consumer   complete, inbox_accept
+--   admin      requeue, resolve, set_policy, pause, resume, purge, sweep,
+--              stats_reset, verify and every view
 -- pg_monitor reads the views and may call verify().  PUBLIC gets nothing,
--- not even USAGE on the schema.  Nobody but the owner has a privilege on a
--- table: the API functions are SECURITY DEFINER, run as the owner and pin
+-- not even USAGE on the schema, and no role of another database gets
+-- anything.  Nobody but the owner has a privilege on a table: the API
+-- functions run their body as the owner (the C ones through
+-- OutboxCallAsOwner, the PL/pgSQL ones as SECURITY DEFINER) and pin
 -- search_path to pg_catalog, pg_temp.  Internal helpers (names starting
 -- with "_") are called by those functions as the owner and granted to
 -- nobody, except _stats() and _workers(), which the views outbox.stats and
@@ -49,8 +52,8 @@ BEGIN
 		   AND a.grantee OPERATOR(pg_catalog.<>) installer
 		 ORDER BY r.rolname
 	LOOP
-		IF g.rolname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_producer', 'outbox_publisher',
-			'outbox_consumer', 'outbox_admin', 'pg_monitor']::pg_catalog.name[]) THEN
+		IF g.rolname OPERATOR(pg_catalog.=) ANY (ARRAY[@extschema@.role('producer'), @extschema@.role('publisher'),
+			@extschema@.role('consumer'), @extschema@.role('admin'), 'pg_monitor']::pg_catalog.name[]) THEN
 			RAISE EXCEPTION 'the default privileges of role "%" grant privileges to role "%"',
 				pg_catalog.pg_get_userbyid(installer), g.rolname
 				USING ERRCODE = 'insufficient_privilege',
@@ -158,34 +161,44 @@ $$;
 REVOKE ALL ON SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @extschema@ FROM PUBLIC;
-REVOKE ALL ON TYPE @extschema@.lease, @extschema@.ack_result, @extschema@.command_status,
+REVOKE ALL ON TYPE @extschema@.lease, @extschema@.ack_result, @extschema@.decision_result, @extschema@.command_status,
 	@extschema@.command_version, @extschema@.command_deliveries FROM PUBLIC;
 
-GRANT USAGE ON SCHEMA @extschema@ TO outbox_producer, outbox_publisher, outbox_consumer, outbox_admin, pg_monitor;
+-- The grants name this database's roles (part 05).
+DO $$
+DECLARE
+	producer CONSTANT pg_catalog.text := pg_catalog.quote_ident(@extschema@.role('producer'));
+	publisher CONSTANT pg_catalog.text := pg_catalog.quote_ident(@extschema@.role('publisher'));
+	consumer CONSTANT pg_catalog.text := pg_catalog.quote_ident(@extschema@.role('consumer'));
+	admin CONSTANT pg_catalog.text := pg_catalog.quote_ident(@extschema@.role('admin'));
+BEGIN
+	EXECUTE 'GRANT USAGE ON SCHEMA @extschema@ TO ' OPERATOR(pg_catalog.||) pg_catalog.concat_ws(', ', producer, publisher, consumer, admin, 'pg_monitor');
 
-GRANT EXECUTE ON FUNCTION
+	EXECUTE 'GRANT EXECUTE ON FUNCTION
 	@extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4),
-	@extschema@.commit_decisions(pg_catalog.text[], pg_catalog.int8[], pg_catalog.text[], pg_catalog.text[], pg_catalog.text[], pg_catalog.jsonb[], pg_catalog.jsonb[], pg_catalog.timestamptz[], pg_catalog.int4[]),
+	@extschema@.commit_decisions(pg_catalog.jsonb),
 	@extschema@.record_event(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.jsonb)
-	TO outbox_producer;
+	TO ' OPERATOR(pg_catalog.||) producer;
+	-- The result type of the batch decision.
+	EXECUTE 'GRANT USAGE ON TYPE @extschema@.decision_result TO ' OPERATOR(pg_catalog.||) producer;
 
-GRANT EXECUTE ON FUNCTION
+	EXECUTE 'GRANT EXECUTE ON FUNCTION
 	@extschema@.claim(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.text[]),
 	@extschema@.ack(pg_catalog.text, pg_catalog.text),
 	@extschema@.ack_many(pg_catalog.text, pg_catalog.text[]),
 	@extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.bool),
 	@extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
-	TO outbox_publisher;
--- The result types of claim and the batch ack, for publishers that wrap
--- these calls in functions of their own.
-GRANT USAGE ON TYPE @extschema@.lease, @extschema@.ack_result TO outbox_publisher;
+	TO ' OPERATOR(pg_catalog.||) publisher;
+	-- The result types of claim and the batch ack, for publishers that wrap
+	-- these calls in functions of their own.
+	EXECUTE 'GRANT USAGE ON TYPE @extschema@.lease, @extschema@.ack_result TO ' OPERATOR(pg_catalog.||) publisher;
 
-GRANT EXECUTE ON FUNCTION
+	EXECUTE 'GRANT EXECUTE ON FUNCTION
 	@extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb),
 	@extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
-	TO outbox_consumer;
+	TO ' OPERATOR(pg_catalog.||) consumer;
 
-GRANT EXECUTE ON FUNCTION
+	EXECUTE 'GRANT EXECUTE ON FUNCTION
 	@extschema@.requeue(pg_catalog.text),
 	@extschema@.resolve(pg_catalog.text, pg_catalog.text),
 	@extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval),
@@ -193,8 +206,10 @@ GRANT EXECUTE ON FUNCTION
 	@extschema@.resume(pg_catalog.text),
 	@extschema@.purge(pg_catalog.int4, pg_catalog.interval),
 	@extschema@.sweep(pg_catalog.int4)
-	TO outbox_admin;
+	TO ' OPERATOR(pg_catalog.||) admin;
 
--- The informational function is harmless for anyone with schema usage.
-GRANT EXECUTE ON FUNCTION @extschema@.preloaded()
-	TO outbox_producer, outbox_publisher, outbox_consumer, outbox_admin, pg_monitor;
+	-- The informational functions are harmless for anyone with schema usage.
+	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.preloaded(), @extschema@.role(pg_catalog.text) TO '
+		OPERATOR(pg_catalog.||) pg_catalog.concat_ws(', ', producer, publisher, consumer, admin, 'pg_monitor');
+END;
+$$;

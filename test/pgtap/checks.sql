@@ -1,6 +1,6 @@
 -- The conservation checks and DBA views from the schema angle: they exist
 -- with their columns, belong to the extension, are documented, show no
--- payload, are readable by pg_monitor and outbox_admin only, and hold on a
+-- payload, are readable by pg_monitor and this database's admin role only, and hold on a
 -- working outbox; verify() raises 23000 on a fault.
 BEGIN;
 SELECT plan(33);
@@ -91,29 +91,30 @@ SELECT is(
 SELECT set_eq(
 	$$SELECT v.relname::text, r.role
 		FROM pg_catalog.pg_class v,
-			 unnest(ARRAY['public', 'pg_monitor', 'outbox_admin', 'outbox_producer',
-						  'outbox_publisher', 'outbox_consumer']) AS r(role)
+			 unnest(ARRAY['public', 'pg_monitor', outbox.role('admin'), outbox.role('producer'),
+						  outbox.role('publisher'), outbox.role('consumer')]) AS r(role)
 	   WHERE v.oid IN (SELECT ('outbox.' || name)::regclass FROM my_views)
 		 AND has_table_privilege(r.role, v.oid, 'SELECT')$$,
 	$$SELECT v, r
 		FROM my_views AS m(v),
-			 unnest(ARRAY['pg_monitor', 'outbox_admin']) AS r$$,
-	'pg_monitor and outbox_admin read every view here; public and the other roles none');
+			 unnest(ARRAY['pg_monitor', outbox.role('admin')]) AS r$$,
+	'pg_monitor and the admin role read every view here; public and the other roles none');
 SELECT is(
 	(SELECT count(*)::int
 	   FROM pg_catalog.pg_class v,
-			unnest(ARRAY['public', 'pg_monitor', 'outbox_admin', 'outbox_producer',
-						 'outbox_publisher', 'outbox_consumer']) AS r(role),
+			unnest(ARRAY['public', 'pg_monitor', outbox.role('admin'), outbox.role('producer'),
+						 outbox.role('publisher'), outbox.role('consumer')]) AS r(role),
 			unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) AS p(priv)
 	  WHERE v.oid IN (SELECT ('outbox.' || name)::regclass FROM my_views)
 		AND has_table_privilege(r.role, v.oid, p.priv)),
 	0, 'nobody writes through the views here');
 SELECT is(
-	(SELECT array_agg(r.role ORDER BY r.role)
-	   FROM unnest(ARRAY['public', 'pg_monitor', 'outbox_admin', 'outbox_producer',
-						 'outbox_publisher', 'outbox_consumer']) AS r(role)
+	(SELECT array_agg(r.role::text ORDER BY r.role)
+	   FROM unnest(ARRAY['public', 'pg_monitor', outbox.role('admin'), outbox.role('producer'),
+						 outbox.role('publisher'), outbox.role('consumer')]) AS r(role)
 	  WHERE has_function_privilege(r.role, 'outbox.verify(boolean)', 'EXECUTE')),
-	ARRAY['outbox_admin', 'pg_monitor'], 'verify() is for pg_monitor and outbox_admin only');
+	ARRAY(SELECT r FROM unnest(ARRAY[outbox.role('admin')::text, 'pg_monitor']) r ORDER BY 1),
+	'verify() is for pg_monitor and the admin role only');
 
 -- Behaviour -----------------------------------------------------------------
 

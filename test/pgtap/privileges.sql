@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(117);
+SELECT plan(126);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -27,9 +27,9 @@ INSERT INTO expected VALUES
 	('outbox.commit_decision(text,bigint,text,text,text,jsonb,jsonb,timestamp with time zone,integer)',
 	 'function', '{outbox_producer}', false,
 	 $$SELECT outbox.commit_decision('pt-run', 10, 'e', 'pt-new', 'k', '{}')$$),
-	('outbox.commit_decisions(text[],bigint[],text[],text[],text[],jsonb[],jsonb[],timestamp with time zone[],integer[])',
+	('outbox.commit_decisions(jsonb)',
 	 'function', '{outbox_producer}', false,
-	 $$SELECT outbox.commit_decisions('{pt-run}', '{11}', '{e}', '{pt-new-2}', '{k}', '{"{}"}')$$),
+	 $$SELECT count(*) FROM outbox.commit_decisions('[{"run_id": "pt-run", "seq": 11, "event_kind": "e", "command_id": "pt-new-2", "command_kind": "k", "payload": {}}]')$$),
 	('outbox.record_event(text,bigint,text,jsonb)',
 	 'function', '{outbox_producer}', false,
 	 $$SELECT outbox.record_event('pt-run', 12, 'note')$$),
@@ -88,6 +88,9 @@ INSERT INTO expected VALUES
 	('outbox.metrics_backlog()',
 	 'function', '{outbox_admin,pg_monitor}', true,
 	 $$SELECT count(*) FROM outbox.metrics_backlog()$$),
+	('outbox.role(text)',
+	 'function', '{outbox_producer,outbox_publisher,outbox_consumer,outbox_admin,pg_monitor}', false,
+	 $$SELECT outbox.role('admin')$$),
 	('outbox.preloaded()',
 	 'function', '{outbox_producer,outbox_publisher,outbox_consumer,outbox_admin,pg_monitor}', false,
 	 $$SELECT outbox.preloaded()$$),
@@ -102,6 +105,9 @@ INSERT INTO expected VALUES
 	('outbox._lease_secret()',
 	 'function', '{}', false,
 	 $$SELECT outbox._lease_secret()$$),
+	('outbox._may(regrole[],oid)',
+	 'function', '{}', false,
+	 $$SELECT outbox._may('{}', 0)$$),
 	('outbox._require(anyelement,text)',
 	 'function', '{}', false,
 	 $$SELECT outbox._require(1, 'x')$$),
@@ -125,6 +131,8 @@ INSERT INTO expected VALUES
 	 $$WITH d AS (DELETE FROM outbox.inbox RETURNING 1) SELECT count(*) FROM d$$),
 	('outbox.policies', 'relation', '{}', NULL,
 	 $$WITH d AS (DELETE FROM outbox.policies RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.consumers', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.consumers RETURNING 1) SELECT count(*) FROM d$$),
 	('outbox.purged', 'relation', '{}', NULL,
 	 $$WITH d AS (DELETE FROM outbox.purged RETURNING 1) SELECT count(*) FROM d$$),
 	-- views: monitoring roles read them
@@ -157,12 +165,20 @@ INSERT INTO expected VALUES
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.lease) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.ack_result', 'type', '{outbox_publisher}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.ack_result) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
+	('outbox.decision_result', 'type', '{outbox_producer}', NULL,
+	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.decision_result) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.command_status', 'type', '{}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.command_status) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.command_version', 'type', '{}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.command_version) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.command_deliveries', 'type', '{}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.command_deliveries) RETURNS int LANGUAGE sql AS 'SELECT 1'$$);
+
+-- The table names the group roles by capability (outbox_producer stands
+-- for outbox.role('producer'), this database's <db>_outbox_producer).
+UPDATE expected
+   SET grantees = ARRAY(SELECT CASE WHEN g LIKE 'outbox\_%' THEN outbox.role(substr(g, 8))::text ELSE g END
+						  FROM unnest(grantees) WITH ORDINALITY AS u(g, i) ORDER BY i);
 
 -- The catalog's objects, named the way the table names them.
 CREATE TEMP VIEW actual_objects AS
@@ -185,20 +201,19 @@ SELECT t.oid::regtype::text, 'type', t.oid
 -- The roles that get privileges, and PUBLIC.
 CREATE TEMP TABLE grantee_roles (r text);
 INSERT INTO grantee_roles VALUES
-	('outbox_producer'), ('outbox_publisher'), ('outbox_consumer'), ('outbox_admin'),
+	(outbox.role('producer')), (outbox.role('publisher')), (outbox.role('consumer')), (outbox.role('admin')),
 	('pg_monitor'), ('public');
 
 -- Login roles, one per group role, one with none (rolled back at the end).
-CREATE ROLE pt_producer LOGIN IN ROLE outbox_producer;
-CREATE ROLE pt_publisher LOGIN IN ROLE outbox_publisher;
-CREATE ROLE pt_consumer LOGIN IN ROLE outbox_consumer;
-CREATE ROLE pt_admin LOGIN IN ROLE outbox_admin;
+SELECT format('CREATE ROLE pt_%s LOGIN IN ROLE %I', c, outbox.role(c))
+  FROM unnest(ARRAY['producer', 'publisher', 'consumer', 'admin']) c
+\gexec
 CREATE ROLE pt_monitor LOGIN IN ROLE pg_monitor;
 CREATE ROLE pt_nobody LOGIN;
 CREATE TEMP TABLE login_roles (login text, grp text);
 INSERT INTO login_roles VALUES
-	('pt_producer', 'outbox_producer'), ('pt_publisher', 'outbox_publisher'),
-	('pt_consumer', 'outbox_consumer'), ('pt_admin', 'outbox_admin'),
+	('pt_producer', outbox.role('producer')), ('pt_publisher', outbox.role('publisher')),
+	('pt_consumer', outbox.role('consumer')), ('pt_admin', outbox.role('admin')),
 	('pt_monitor', 'pg_monitor'), ('pt_nobody', NULL);
 
 -- Run stmt as role who (NULL: as the current user) in a subtransaction that
@@ -269,7 +284,7 @@ SELECT is(ARRAY(SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::reg
 				  FROM pg_namespace n, aclexplode(n.nspacl) a
 				 WHERE n.nspname = 'outbox' AND a.grantee <> n.nspowner
 				 ORDER BY 1),
-		  '{outbox_admin:USAGE,outbox_consumer:USAGE,outbox_producer:USAGE,outbox_publisher:USAGE,pg_monitor:USAGE}'::text[],
+		  ARRAY(SELECT r || ':USAGE' FROM grantee_roles WHERE r <> 'public' ORDER BY 1),
 		  'schema outbox: USAGE for the group roles and pg_monitor, nothing for PUBLIC');
 
 -- 6-56: each object's privileges, for the group roles, pg_monitor and PUBLIC.
@@ -397,20 +412,41 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' owned by ' || p.proowner::
 SELECT is(ARRAY(SELECT a.object || ':' || g.r
 				  FROM actual_objects a, grantee_roles g
 				 WHERE a.kind = 'function' AND a.object LIKE 'outbox.\_%'
-				   AND g.r LIKE 'outbox\_%'
+				   AND g.r NOT IN ('pg_monitor', 'public')
 				   AND has_function_privilege(g.r, a.oid, 'EXECUTE')
 				 ORDER BY 1),
-		  '{outbox._stats():outbox_admin,outbox._workers():outbox_admin}'::text[],
-		  'internal helpers: only _stats and _workers, for outbox_admin (the views need them)');
+		  ARRAY['outbox._stats():' || outbox.role('admin'), 'outbox._workers():' || outbox.role('admin')],
+		  'internal helpers: only _stats and _workers, for the admin role (the views need them)');
 
 -- 64: the group roles cannot log in and hold no special attribute.
 SELECT is(ARRAY(SELECT r.rolname::text FROM pg_roles r
-				 WHERE r.rolname IN ('outbox_producer', 'outbox_publisher', 'outbox_consumer', 'outbox_admin')
+				 WHERE r.rolname IN (SELECT g.r FROM grantee_roles g WHERE g.r LIKE '%\_outbox\_%')
 				   AND NOT (r.rolcanlogin OR r.rolsuper OR r.rolcreaterole OR r.rolcreatedb
 							OR r.rolreplication OR r.rolbypassrls)
 				 ORDER BY 1),
-		  '{outbox_admin,outbox_consumer,outbox_producer,outbox_publisher}'::text[],
-		  'the four group roles exist, NOLOGIN, with no special attribute');
+		  ARRAY(SELECT current_database() || '_outbox_' || c
+				  FROM unnest(ARRAY['admin', 'consumer', 'producer', 'publisher']) c ORDER BY 1),
+		  'the four group roles of this database exist, NOLOGIN, with no special attribute');
+
+-- 64a: every privilege on an object of the schema goes to the owner, this
+-- database's group roles or pg_monitor: none to a role of another database
+-- or to the cluster-wide roles of 0.1.0.
+SELECT is(ARRAY(SELECT DISTINCT a.grantee::regrole::text
+				  FROM (SELECT p.proacl AS acl, p.proowner AS owner FROM pg_proc p
+						 WHERE p.pronamespace = 'outbox'::regnamespace
+						UNION ALL
+						SELECT c.relacl, c.relowner FROM pg_class c
+						 WHERE c.relnamespace = 'outbox'::regnamespace
+						UNION ALL
+						SELECT t.typacl, t.typowner FROM pg_type t
+						 WHERE t.typnamespace = 'outbox'::regnamespace
+						UNION ALL
+						SELECT n.nspacl, n.nspowner FROM pg_namespace n
+						 WHERE n.nspname = 'outbox') o, aclexplode(o.acl) a
+				 WHERE a.grantee <> o.owner
+				   AND a.grantee::regrole::text NOT IN (SELECT g.r FROM grantee_roles g)
+				 ORDER BY 1),
+		  '{}'::text[], 'no privilege goes to a role of another database');
 
 -- 65: every listed call succeeds as the owner (so a 42501 below is a
 -- privilege refusal, not a broken statement).

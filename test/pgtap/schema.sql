@@ -3,7 +3,7 @@ BEGIN;
 SELECT plan(55);
 
 SELECT has_schema('outbox');
-SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged']);
+SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers']);
 
 -- events
 SELECT columns_are('outbox', 'events', ARRAY['run_id', 'seq', 'kind', 'payload', 'command_id', 'created_at']);
@@ -16,7 +16,7 @@ SELECT col_has_check('outbox', 'events', 'seq', 'col_has_check outbox, events, s
 -- commands
 SELECT columns_are('outbox', 'commands', ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'version',
 	'deliveries', 'priority', 'available_at', 'due_at', 'lease_until', 'owner', 'created_at',
-	'published_at', 'last_error', 'payload', 'lease_secret', 'leased_by']);
+	'published_at', 'last_error', 'payload', 'lease_secret', 'leased_by', 'decided_by']);
 SELECT col_type_is('outbox', 'commands', 'lease_secret', 'uuid', 'the lease secret is 16 bytes (a uuid)');
 SELECT col_type_is('outbox', 'commands', 'leased_by', 'oid', 'the claiming role is an oid');
 SELECT col_is_pk('outbox', 'commands', 'command_id', 'col_is_pk outbox, commands, command_id');
@@ -52,6 +52,9 @@ SELECT col_is_pk('outbox', 'inbox', ARRAY['consumer', 'command_id'], 'col_is_pk 
 SELECT col_is_pk('outbox', 'policies', 'kind', 'col_is_pk outbox, policies, kind');
 SELECT col_has_check('outbox', 'policies', 'takeover', 'col_has_check outbox, policies, takeover');
 SELECT col_is_pk('outbox', 'purged', 'command_id', 'col_is_pk outbox, purged, command_id');
+SELECT columns_are('outbox', 'policies', ARRAY['kind', 'max_deliveries', 'backoff_base', 'backoff_max', 'lease',
+	'takeover', 'paused', 'retention', 'deciders', 'claimers', 'completers']);
+SELECT col_is_pk('outbox', 'consumers', 'consumer', 'col_is_pk outbox, consumers, consumer');
 
 -- constraints really hold (as the owner, bypassing the API)
 SELECT throws_ok($$INSERT INTO outbox.commands (command_id, run_id, seq, kind, status, available_at, payload)
@@ -77,7 +80,8 @@ SELECT throws_ok($$INSERT INTO outbox.events (run_id, seq, kind, command_id) VAL
 
 -- every data table is dumped with the extension
 SELECT set_eq($$SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'outbox'$$,
-	ARRAY['outbox.events', 'outbox.commands', 'outbox.receipts', 'outbox.inbox', 'outbox.policies', 'outbox.purged'],
+	ARRAY['outbox.events', 'outbox.commands', 'outbox.receipts', 'outbox.inbox', 'outbox.policies', 'outbox.purged',
+		  'outbox.consumers'],
 	'every data table is registered with pg_extension_config_dump');
 
 -- extension properties
@@ -88,7 +92,7 @@ SELECT has_function('outbox', 'claim', ARRAY['text', 'integer', 'interval', 'tex
 SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 	WHERE n.nspname = 'outbox' AND p.proisstrict), 0, 'no API function is STRICT');
 SELECT is((SELECT count(*)::int FROM pg_description d JOIN pg_class c ON c.oid = d.objoid AND d.classoid = 'pg_class'::regclass
-	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 6,
+	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 7,
 	'every table has a comment');
 
 -- identifiers compare byte by byte: every run, command, kind and consumer
@@ -100,7 +104,7 @@ SELECT set_eq($$SELECT c.relname || '.' || a.attname FROM pg_attribute a
 	  AND a.attcollation = 'pg_catalog."C"'::regcollation$$,
 	ARRAY['events.run_id', 'events.kind', 'events.command_id', 'commands.command_id', 'commands.run_id',
 		  'commands.kind', 'receipts.command_id', 'inbox.consumer', 'inbox.command_id', 'policies.kind',
-		  'purged.command_id', 'purged.run_id', 'purged.kind'],
+		  'purged.command_id', 'purged.run_id', 'purged.kind', 'consumers.consumer'],
 	'identifier columns use the "C" collation');
 SELECT is((SELECT pg_catalog.array_agg(i.indexrelid::regclass::text ORDER BY 1) FROM pg_index i
 	JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace

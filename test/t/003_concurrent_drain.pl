@@ -19,11 +19,12 @@ max_connections = 40
 });
 $node->safe_psql('postgres', qq{
 	CREATE EXTENSION outbox;
-	SELECT outbox.commit_decisions(
-		array_fill('drain'::text, ARRAY[5000]), ARRAY(SELECT g::bigint FROM generate_series(b, b + 4999) g),
-		array_fill('e'::text, ARRAY[5000]), ARRAY(SELECT 'cmd-' || g FROM generate_series(b, b + 4999) g),
-		array_fill('k'::text, ARRAY[5000]), array_fill('{}'::jsonb, ARRAY[5000]))
-	  FROM generate_series(1, $commands, 5000) b;
+	SELECT count(*) FROM generate_series(1, $commands, 5000) b,
+		LATERAL outbox.commit_decisions(
+			(SELECT jsonb_agg(jsonb_build_object('run_id', 'drain', 'seq', g, 'event_kind', 'e',
+												 'command_id', 'cmd-' || g, 'command_kind', 'k',
+												 'payload', '{}'::jsonb))
+			   FROM generate_series(b, b + 4999) g));
 	CREATE TABLE claims_log (command_id text, worker text, version bigint, lease_until timestamptz);
 	CREATE TABLE acks_log (worker text, command_id text, version bigint, acked bool, reason text);
 });

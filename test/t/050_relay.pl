@@ -454,19 +454,20 @@ sq("UPDATE outbox.commands SET payload = '{\"test_sleep_ms\": 20000}' WHERE comm
 }
 
 # ---------------------------------------------------------------------------
-# Privileges: membership in outbox_publisher is all the relay needs; a role
+# Privileges: membership in the database's publisher role
+# (postgres_outbox_publisher here) is all the relay needs; a role
 # without it is refused with a clear error and exit 1.
 # ---------------------------------------------------------------------------
-sq("CREATE ROLE relay_login LOGIN IN ROLE outbox_publisher; CREATE ROLE nobody_login LOGIN");
+sq("CREATE ROLE relay_login LOGIN IN ROLE postgres_outbox_publisher; CREATE ROLE nobody_login LOGIN");
 produce([ 'role-1', 'rolek', '{}' ]);
 {
 	my ($rc, $out, $err) = run_relay('--dsn', "$dsn user=nobody_login", '--sink', 'stdout', '--drain');
-	is($rc, 1, 'role without outbox_publisher: exit 1');
-	like($err, qr/permission denied .*SQLSTATE 42501/, 'role without outbox_publisher: says why');
+	is($rc, 1, 'role without the publisher role: exit 1');
+	like($err, qr/permission denied .*SQLSTATE 42501/, 'role without the publisher role: says why');
 	($rc, $out, $err) = run_relay('--dsn', "$dsn user=relay_login", '--sink', 'stdout', '--drain',
 		'--kinds', 'rolek');
-	is($rc, 0, 'outbox_publisher member: exit 0');
-	like($out, qr/"command_id":"role-1"/, 'outbox_publisher member: delivers');
+	is($rc, 0, 'publisher role member: exit 0');
+	like($out, qr/"command_id":"role-1"/, 'publisher role member: delivers');
 }
 
 # ---------------------------------------------------------------------------

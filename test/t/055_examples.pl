@@ -204,7 +204,7 @@ foreach my $lang ('python', 'node')
 $node->safe_psql('postgres', 'CREATE DATABASE drivers');
 $node->safe_psql('drivers', 'CREATE EXTENSION outbox');
 $node->safe_psql('drivers', q{CREATE ROLE drv_app LOGIN;
-	GRANT outbox_producer, outbox_publisher TO drv_app});
+	SELECT format('GRANT %I, %I TO drv_app', outbox.role('producer'), outbox.role('publisher')) \gexec});
 is($node->safe_psql('drivers', q{SELECT string_agg(proname || '/' || pronargs, ', ') FROM (
 		SELECT proname, pronargs FROM pg_proc WHERE pronamespace = 'outbox'::regnamespace
 		 GROUP BY proname, pronargs HAVING count(*) > 1) AS same}),

@@ -439,7 +439,7 @@ $node->safe_psql('hijack', "$temp_traps\nCREATE EXTENSION outbox;");
 log_is_empty('hijack', 'CREATE EXTENSION');
 
 # Mallory joins every group role; a superuser grants it.
-sql('hijack', 'GRANT outbox_producer, outbox_publisher, outbox_consumer, outbox_admin, pg_monitor TO mallory');
+sql('hijack', 'GRANT hijack_outbox_producer, hijack_outbox_publisher, hijack_outbox_consumer, hijack_outbox_admin, pg_monitor TO mallory');
 
 # Every API function and view, with fresh command ids and kinds of prefix
 # $p.  The statements use literals only, so that the caller's own SQL runs
@@ -452,8 +452,10 @@ sub api_script
 $temp_traps
 SELECT outbox.commit_decision('$p-run', 1, 'decided', '$p-1', '$p-k', '{"amount": 1}');
 SELECT outbox.commit_decision('$p-run', 2, 'decided', '$p-2', '$p-k', '{}', '{"why": 2}', '2000-01-01', 5);
-SELECT outbox.commit_decisions('{$p-run,$p-run}', '{3,4}', '{decided,decided}', '{$p-3,$p-4}',
-	'{$p-k,$p-k}', '{"{}","{}"}', '{"{}",NULL}', '{NULL,2000-01-01}', '{1,2}');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "$p-run", "seq": 3, "event_kind": "decided", "command_id": "$p-3",
+	"command_kind": "$p-k", "payload": {}, "event_payload": {}, "priority": 1},
+	{"run_id": "$p-run", "seq": "4", "event_kind": "decided", "command_id": "$p-4", "command_kind": "$p-k",
+	"payload": {}, "not_before": "2000-01-01", "priority": 2}]');
 SELECT outbox.record_event('$p-run', 5, 'note', '{"n": 5}');
 SELECT outbox.set_policy('$p-manual', takeover => 'manual', lease => '1 minute', max_deliveries => 3,
 	backoff_base => '1 second', backoff_max => '1 minute', retention => '1 day');

@@ -13,9 +13,10 @@
 # index or comment.  With a single version the update is a no-op, and the
 # test keeps working unchanged when update scripts are added.
 #
-# Installing into a second database of the cluster works with the group
-# roles already there, gives the same schema, and dropping the extension in
-# one database leaves the roles and the other database alone.  Default
+# Installing into a second database of the cluster creates that database's
+# group roles, gives the same schema (the databases' role names aside), and
+# dropping the extension in one database leaves the roles and the other
+# database alone; installing again reuses the roles.  Default
 # privileges of the installing role for other roles are taken back (the
 # schema again equals a fresh install's); for a role of the privilege
 # matrix they make the installation fail.
@@ -127,8 +128,12 @@ WITH ext AS (SELECT e.oid, e.extconfig, e.extcondition, e.extrelocatable, e.extn
 	UNION ALL
 	SELECT 'role ' || r.rolname || ' login=' || r.rolcanlogin || ' super=' || r.rolsuper
 	  FROM pg_roles r
-	 WHERE r.rolname IN ('outbox_producer', 'outbox_publisher', 'outbox_consumer', 'outbox_admin'))
-SELECT string_agg(replace(f, E'\n', '\n'), E'\n' ORDER BY replace(f, E'\n', '\n') COLLATE "C") FROM facts;
+	 WHERE r.rolname IN (SELECT current_database() || '_outbox_' || c
+						   FROM unnest(ARRAY['producer', 'publisher', 'consumer', 'admin']) c)),
+-- this database's group roles under one name, to compare databases
+named AS (SELECT replace(replace(f, current_database() || '_outbox_', '<db>_outbox_'), E'\n', '\n') AS f
+			FROM facts)
+SELECT string_agg(f, E'\n' ORDER BY f COLLATE "C") FROM named;
 };
 
 # The lines of $a missing from $b, prefixed "-", and those of $b missing
@@ -155,7 +160,7 @@ sql('fresh', 'CREATE EXTENSION outbox');
 my $reference = sql('fresh', $describe);
 like($reference, qr/^function-flags outbox\.claim\(.*secdef=false config=\{"search_path=pg_catalog, pg_temp"\}/m,
 	'the description covers function settings');
-like($reference, qr/^initprivs function outbox\.claim\(.*outbox_publisher=X/m,
+like($reference, qr/^initprivs function outbox\.claim\(.*<db>_outbox_publisher=X/m,
 	'the description covers initial privileges');
 
 # The comparison notices a change of each kind.
@@ -209,21 +214,23 @@ SELECT coalesce(string_agg(check_name, ','), 'clean') FROM outbox.conservation W
 		"c-2 v2\nacked\nclean", "from $v: the API works after the update");
 }
 
-# A second database of the same cluster: the roles exist already.
+# A second database of the same cluster gets group roles of its own.
 my $roles = sql('postgres', q{SELECT string_agg(rolname || '=' || oid, ',' ORDER BY rolname)
-	FROM pg_roles WHERE rolname LIKE 'outbox\_%'});
+	FROM pg_roles WHERE rolname LIKE 'fresh\_outbox\_%'});
 sql('postgres', 'CREATE DATABASE second');
 sql('second', 'CREATE EXTENSION outbox');
-is(sql('postgres', q{SELECT string_agg(rolname || '=' || oid, ',' ORDER BY rolname)
-	FROM pg_roles WHERE rolname LIKE 'outbox\_%'}),
-	$roles, 'a second install reuses the group roles');
+is(sql('postgres', q{SELECT string_agg(rolname, ',' ORDER BY rolname)
+	FROM pg_roles WHERE rolname LIKE 'second\_outbox\_%'}),
+	'second_outbox_admin,second_outbox_consumer,second_outbox_producer,second_outbox_publisher',
+	'a second install creates the group roles of its database');
 is(difference($reference, sql('second', $describe)), '', 'the second database gets the same schema');
 
 # Dropping the extension in one database leaves the roles and the other.
 sql('fresh', 'DROP EXTENSION outbox');
-is(sql('postgres', q{SELECT count(*) FROM pg_roles WHERE rolname LIKE 'outbox\_%'}), '4',
-	'DROP EXTENSION leaves the group roles');
-sql('postgres', 'CREATE ROLE app LOGIN IN ROLE outbox_producer, outbox_publisher');
+is(sql('postgres', q{SELECT string_agg(rolname || '=' || oid, ',' ORDER BY rolname)
+	FROM pg_roles WHERE rolname LIKE 'fresh\_outbox\_%'}),
+	$roles, 'DROP EXTENSION leaves the group roles');
+sql('postgres', 'CREATE ROLE app LOGIN IN ROLE second_outbox_producer, second_outbox_publisher');
 is($node->safe_psql('second', q{
 SELECT 'decided' FROM outbox.commit_decision('run', 1, 'decided', 'c-1', 'k', '{}') d;
 SELECT string_agg(command_id, ',') FROM outbox.claim('w', 10);},
@@ -231,6 +238,9 @@ SELECT string_agg(command_id, ',') FROM outbox.claim('w', 10);},
 	"decided\nc-1", 'the other database still works for a member of the group roles');
 sql('fresh', 'CREATE EXTENSION outbox');
 is(difference($reference, sql('fresh', $describe)), '', 'installing again gives the same schema');
+is(sql('postgres', q{SELECT string_agg(rolname || '=' || oid, ',' ORDER BY rolname)
+	FROM pg_roles WHERE rolname LIKE 'fresh\_outbox\_%'}),
+	$roles, 'installing again reuses the group roles of its database');
 
 # Default privileges of the installing role would add grants to the new
 # objects: those to other roles are taken back, those to a role of the

@@ -26,8 +26,10 @@ sub calls
 	my ($p) = @_;
 	return qq{
 SELECT outbox.commit_decision('run-$p', 1, 'e', '$p-1', 'k-$p', '{}', NULL, NULL, 1);
-SELECT outbox.commit_decisions(ARRAY['run-$p', 'run-$p'], ARRAY[2, 3]::int8[], ARRAY['e', 'e'],
-	ARRAY['$p-2', '$p-3'], ARRAY['k-$p', 'k-$p'], ARRAY['{}', '{}']::jsonb[], NULL, NULL, ARRAY[1, 1]);
+SELECT * FROM outbox.commit_decisions('[{"run_id": "run-$p", "seq": 2, "event_kind": "e", "command_id": "$p-2",
+	"command_kind": "k-$p", "payload": {}, "priority": 1},
+	{"run_id": "run-$p", "seq": 3, "event_kind": "e", "command_id": "$p-3", "command_kind": "k-$p",
+	"payload": {}, "priority": 1}]');
 SELECT outbox.record_event('run-$p', 4, 'e');
 CREATE TEMP TABLE l AS SELECT * FROM outbox.claim('w-$p', 10, NULL, ARRAY['k-$p']);
 SELECT count(*) = 3 AS claimed_three FROM l;
