@@ -29,7 +29,7 @@ async function main() {
   const bigSeq = '9007199254740993';
   await client.query(decide, ['drv-run', bigSeq, 'order_placed', 'drv-1', 'drv_kind', { n: 1 }]);
   const { rows: [lease] } = await client.query(
-    'SELECT * FROM outbox.claim($1, $2, $3)', ['drv-worker', 1, '5 minutes']);
+    'SELECT * FROM outbox.claim($1, $2, $3, $4)', ['drv-worker', 1, '5 minutes', ['drv_kind']]);
   report('seq', `${typeof lease.seq} ${lease.seq}`);
   report('version', typeof lease.version);
   report('deliveries', typeof lease.deliveries);
@@ -49,6 +49,32 @@ async function main() {
   report('same event',
     await failure(decide, ['drv-run', bigSeq, 'order_placed', 'drv-2', 'drv_kind', { n: 2 }]));
 
+  // The same decision again from the same role is a retry: false, no error.
+  const { rows: [{ commit_decision: again }] } = await client.query(
+    decide, ['drv-run', bigSeq, 'order_placed', 'drv-1', 'drv_kind', { n: 1 }]);
+  report('same decision again', again);
+
+  // The batch: one jsonb document (an array, so JSON text), seq as a string.
+  const batch = (ids) => JSON.stringify(ids.map((id, i) => ({
+    run_id: 'drv-batch', seq: String(10 + i), event_kind: 'e', command_id: id,
+    command_kind: 'drv_batch', payload: { i },
+  })));
+  const { rows: recorded } = await client.query(
+    'SELECT ord, command_id, recorded FROM outbox.commit_decisions($1)', [batch(['b-1', 'b-2'])]);
+  report('batch', recorded.map((r) => `${r.ord}:${r.command_id}:${r.recorded}`).join(' '));
+  const { rows: retried } = await client.query(
+    'SELECT recorded FROM outbox.commit_decisions($1)', [batch(['b-1', 'b-2'])]);
+  report('batch again', retried.map((r) => r.recorded).join(' '));
+  try {
+    await client.query('SELECT * FROM outbox.commit_decisions($1)', [batch(['b-3', 'b-4', 'b-3'])]);
+    report('repeat within a batch', 'no error');
+  } catch (err) {
+    report('repeat within a batch', `${err.code} ${/Decisions (\d+) and (\d+)/.exec(err.detail)?.slice(1).join(',')}`);
+  }
+  const { rows: [{ n: stored }] } = await client.query(
+    'SELECT count(*) AS n FROM outbox.commit_decisions($1) WHERE false', ['[]']);
+  report('empty batch', stored);
+
   // A JS array for a jsonb parameter is sent as an array literal.
   report('array as jsonb', await failure(decide, ['drv-run', 2, 'order_placed', 'drv-3', 'drv_kind', [1, 2]]));
   report('stringified array as jsonb',
@@ -58,8 +84,8 @@ async function main() {
   await client.query(decide, ['drv-run', 4, 'order_placed', 'drv-5', 'drv_kind', { n: 5 }]);
   const leaseOf = async (worker, lease) => {
     const { rows } = await client.query(
-      'SELECT lease_until - clock_timestamp() > $1 AS longer FROM outbox.claim($2, $3, $4)',
-      ['1 minute', worker, 1, lease]);
+      'SELECT lease_until - clock_timestamp() > $1 AS longer FROM outbox.claim($2, $3, $4, $5)',
+      ['1 minute', worker, 1, lease, ['drv_kind']]);
     return rows.length ? (rows[0].longer ? 'over a minute' : 'under a minute') : 'nothing claimed';
   };
   report('lease as an object', await leaseOf('drv-object', { minutes: 5 }));
@@ -68,7 +94,7 @@ async function main() {
   // fail with an error text longer than the stored 4,096 bytes.
   await client.query(decide, ['drv-run', 5, 'order_placed', 'drv-6', 'drv_kind', { n: 6 }]);
   const { rows: [held] } = await client.query(
-    'SELECT * FROM outbox.claim($1, $2, $3)', ['drv-fail', 1, '5 minutes']);
+    'SELECT * FROM outbox.claim($1, $2, $3, $4)', ['drv-fail', 1, '5 minutes', ['drv_kind']]);
   const { rows: [{ fail: status }] } = await client.query(
     'SELECT outbox.fail($1, $2, $3)', ['drv-fail', held.token, 'é'.repeat(3000)]);
   report('fail of a long error', `${held.command_id} ${status}`);

@@ -33,8 +33,8 @@ def main():
         report("bare dict as jsonb", failure(
             conn, DECIDE, ("py-run", 1, "order_placed", "py-0", "py_kind", {"n": 0})))
         conn.execute(DECIDE, ("py-run", big_seq, "order_placed", "py-1", "py_kind", Jsonb({"n": 1})))
-        lease = conn.execute("SELECT * FROM outbox.claim(%s, %s, %s)",
-                             ("py-worker", 1, timedelta(minutes=5))).fetchone()
+        lease = conn.execute("SELECT * FROM outbox.claim(%s, %s, %s, %s)",
+                             ("py-worker", 1, timedelta(minutes=5), ["py_kind"])).fetchone()
         cols = dict(zip(("command_id", "run_id", "seq", "kind", "payload", "token",
                          "version", "deliveries", "lease_until"), lease))
         report("seq", f"{type(cols['seq']).__name__} {cols['seq']}")
@@ -45,6 +45,9 @@ def main():
         report("timedelta lease", "over 4 minutes" if longer else "under 4 minutes")
         report("ack of a forged token", failure(conn, "SELECT outbox.ack(%s, %s)", ("py-worker", "forged")))
         report("ack", failure(conn, "SELECT outbox.ack(%s, %s)", ("py-worker", cols["token"])))
+        again, = conn.execute(DECIDE, ("py-run", big_seq, "order_placed", "py-1", "py_kind",
+                                       Jsonb({"n": 1}))).fetchone()
+        report("same decision again", again)
         report("same command id", failure(
             conn, DECIDE, ("py-run", 2, "order_placed", "py-1", "py_kind", Jsonb({"n": 2}))))
 

@@ -126,6 +126,14 @@ foreach my $lang ('python', 'node')
 	# Producer: every order has its command, in one transaction each.
 	my ($ok, $out, $err) = run_part($lang, 'shop_producer', $db, '', 'producer', $run, $count);
 	ok($ok, "$lang: the producer succeeds") or diag($err);
+	like($err, qr/, 0 decisions already recorded/, "$lang: every decision was recorded by this run");
+	# Its retry records nothing new: commit_decision(s) answer false.
+	($ok, $out, $err) = run_part($lang, 'shop_producer', $db, '', 'producer', $run, $count);
+	ok($ok, "$lang: the producer's retry succeeds") or diag($err);
+	like($err, qr/, $count decisions already recorded/, "$lang: the retry finds all $count decisions recorded");
+	is($node->safe_psql($db, q{SELECT (SELECT count(*) FROM shop_orders) || ' ' || (SELECT count(*) FROM outbox.commands)
+			|| ' ' || (SELECT count(*) FROM outbox.events)}),
+		"$count $count $count", "$lang: still $count orders, commands and events after the retry");
 	is( $node->safe_psql(
 			$db, qq{SELECT count(*) FROM shop_orders o
 			 JOIN outbox.commands c ON c.command_id = o.order_id || '/charge'
@@ -221,6 +229,11 @@ driver_checks(
 	[ 'ack after ack_many', 'OB001', 'a token acked by ack_many is stale for ack' ],
 	[ 'same command id', '23505 commands_pkey', 'a taken command id: 23505 naming commands_pkey' ],
 	[ 'same event', '23505 events_pkey', 'a taken (run_id, seq): 23505 naming events_pkey' ],
+	[ 'same decision again', 'false', "the same role's same decision again is a retry: false, no error" ],
+	[ 'batch', '1:b-1:true 2:b-2:true', 'commit_decisions takes JSON.stringify of an array, seq as a string' ],
+	[ 'batch again', 'false false', 'the same batch again: a row per decision, recorded false' ],
+	[ 'repeat within a batch', '23505 1,3', 'a repeat within a batch: 23505 naming both positions' ],
+	[ 'empty batch', '0', 'an empty batch' ],
 	[ 'array as jsonb', '22P02', 'a JS array as jsonb is refused (sent as an array literal)' ],
 	[ 'stringified array as jsonb', 'no error', 'JSON.stringify of an array is taken as jsonb' ],
 	[ 'lease as an object', 'under a minute', 'a JS object as a lease becomes seconds (the trap drivers.md shows)' ],
@@ -243,6 +256,7 @@ driver_checks(
 	[ 'timedelta lease', 'over 4 minutes', 'a timedelta is the lease it says' ],
 	[ 'ack of a forged token', 'OB001', 'a forged token is OB001' ],
 	[ 'ack', 'no error', "ack with claim's token" ],
+	[ 'same decision again', 'False', "the same role's same decision again is a retry: False, no error" ],
 	[ 'same command id', '23505 commands_pkey', 'a taken command id: 23505 naming commands_pkey' ],
 	[ '1 mon', '30 days', 'an interval of a month comes back as 30 days' ],
 	[ 'naive datetime is UTC', 'False', "a naive datetime is read in the session's TimeZone" ],
