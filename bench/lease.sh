@@ -10,7 +10,7 @@
 # batch" (two statements, two transactions), at B = 1, 10, 100 and 1, 2, 4
 # concurrent publishers, median of 3 repeats, from a preloaded backlog of
 # 200,000 pending commands (at B = 1 and 10 each run drains part of it).
-#   outbox        outbox.claim + outbox.ack(worker, ids[], versions[])
+#   outbox        outbox.claim + outbox.ack_many(worker, tokens[])
 #   mark          UPDATE ... WHERE id = ANY(ARRAY(SELECT ... FOR UPDATE SKIP LOCKED))
 #                 then UPDATE ... SET status = 'published' WHERE id = ANY(ids)
 #   delete        the same claim, then DELETE ... WHERE id = ANY(ids)
@@ -112,8 +112,8 @@ CHECKPOINT;"
 
 # pgbench scripts: claim a batch (one transaction), ack it (another).
 cat >"$WORK/outbox.sql" <<'EOF'
-SELECT array_agg(command_id) AS ids, array_agg(version) AS vers FROM outbox.claim('w' || :client_id, :batch, interval '10 minutes') \gset
-SELECT count(*) FROM outbox.ack('w' || :client_id, :ids::text[], :vers::bigint[]) WHERE acked;
+SELECT array_agg(token) AS toks FROM outbox.claim('w' || :client_id, :batch, interval '10 minutes') \gset
+SELECT count(*) FROM outbox.ack_many('w' || :client_id, :'toks') WHERE acked;
 EOF
 BASE_CLAIM="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id = ANY (ARRAY(SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED)) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"
 BASE_CLAIM_IN="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id IN (SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"
@@ -187,8 +187,8 @@ claim_latency() {
 	: >"$f"
 	for i in $(seq $rounds); do
 		if [ "$system" = outbox ]; then
-			echo "SELECT array_agg(command_id) AS ids, array_agg(version) AS vers FROM outbox.claim('w', 100, interval '10 minutes') \\gset"
-			echo "SELECT count(*) FROM outbox.ack('w', :'ids'::text[], :'vers'::bigint[]) WHERE acked;"
+			echo "SELECT array_agg(token) AS toks FROM outbox.claim('w', 100, interval '10 minutes') \\gset"
+			echo "SELECT count(*) FROM outbox.ack_many('w', :'toks') WHERE acked;"
 		else
 			echo "${BASE_CLAIM//:client_id/1}" | sed 's/:batch/100/'
 			echo "UPDATE bq SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:'ids'::text[]);"

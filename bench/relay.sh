@@ -23,9 +23,10 @@
 # per transaction at LAT_RATE per second for LAT_SECS seconds; commit-to-ack
 # latency (published_at - created_at) p50 and p99.
 #
-# Settings: N, B, REPEATS, PUBLISHERS ("1 2 4"), HTTP_CONCURRENCY,
-# REMOTE_N, REMOTE_MS, LAT_RATE, LAT_SECS, and EXTRA_CONF (lines appended
-# to postgresql.conf).
+# Settings: N, B, REPEATS, PUBLISHERS ("1 2 4"), SYSTEMS (the throughput
+# rows, default all four), ONLY=throughput (skip the remote endpoint and the
+# latency), HTTP_CONCURRENCY, REMOTE_N, REMOTE_MS, LAT_RATE, LAT_SECS, and
+# EXTRA_CONF (lines appended to postgresql.conf).
 set -u
 set -o pipefail
 
@@ -78,8 +79,8 @@ psql_q "CREATE EXTENSION outbox; CREATE SEQUENCE lat_seq;" || exit 1
 # The plain-SQL loop: claim a batch, then ack it (two transactions, as the
 # relay does), one pgbench "transaction" per batch.
 cat >"$WORK/loop.sql" <<'EOF'
-SELECT coalesce(array_agg(command_id), '{}') AS ids, coalesce(array_agg(version), '{}') AS vers FROM outbox.claim('sql-:client_id', :batch) \gset
-SELECT count(*) FILTER (WHERE acked) AS acked FROM outbox.ack('sql-:client_id', ':ids'::text[], ':vers'::bigint[]) \gset
+SELECT coalesce(array_agg(token), '{}') AS toks FROM outbox.claim('sql-:client_id', :batch) \gset
+SELECT count(*) FILTER (WHERE acked) AS acked FROM outbox.ack_many('sql-:client_id', :'toks') \gset
 EOF
 cat >"$WORK/produce.sql" <<'EOF'
 SELECT outbox.commit_decision('lat', s, 'decided', 'lat-' || s, 'k', '{"to": "someone@example.org"}') FROM nextval('lat_seq') s;
@@ -150,7 +151,7 @@ printf '%-14s' "publishers"
 for k in $PUBLISHERS; do printf '%10s' "$k"; done
 echo
 declare -A RESULT
-SYSTEMS="sql-loop relay/stdout relay/http relay/http-c$HTTP_CONCURRENCY"
+SYSTEMS=${SYSTEMS:-"sql-loop relay/stdout relay/http relay/http-c$HTTP_CONCURRENCY"}
 for system in $SYSTEMS; do
 	printf '%-14s' "$system"
 	for k in $PUBLISHERS; do
@@ -162,12 +163,15 @@ for system in $SYSTEMS; do
 done
 for system in $SYSTEMS; do
 	[ "$system" = sql-loop ] && continue
+	[ -n "${RESULT[sql-loop,${PUBLISHERS%% *}]:-}" ] || continue
 	printf '%-14s' "${system#relay/} / sql"
 	for k in $PUBLISHERS; do
 		awk -v a="${RESULT[$system,$k]}" -v b="${RESULT[sql-loop,$k]}" 'BEGIN { printf "%10.2f", a / b }'
 	done
 	echo
 done
+
+[ "${ONLY:-}" = throughput ] && exit 0
 
 echo
 echo "remote endpoint ($REMOTE_MS ms per request), 1 relay, $REMOTE_N commands (commands/s):"

@@ -90,8 +90,8 @@ claim_and_ack(PGconn *pub)
 	return run(pub,
 			   "WITH c AS MATERIALIZED ("
 			   "  SELECT * FROM outbox.claim('bench', 1000, NULL, ARRAY['" KIND "']))"
-			   " SELECT r.command_id FROM outbox.ack('bench',"
-			   "   ARRAY(SELECT command_id FROM c), ARRAY(SELECT version FROM c)) r");
+			   " SELECT r.command_id FROM outbox.ack_many('bench',"
+			   "   ARRAY(SELECT token FROM c)) r");
 }
 
 /* Producer: BEGIN and the decision; COMMIT is sent by the caller. */

@@ -57,12 +57,18 @@ SELECT count(*) AS commands_of_run_2 FROM outbox.commands WHERE run_id = 'run-2'
 
 echo
 echo "== 4. Publisher A claims cmd-1 with a short lease, then stalls"
-sql "SELECT command_id, kind, payload, version, deliveries FROM outbox.claim('publisher-A', 10, interval '1 second');"
+sql "CREATE TABLE leases_held (publisher text, command_id text, token text);
+WITH c AS (SELECT * FROM outbox.claim('publisher-A', 10, interval '1 second')),
+     k AS (INSERT INTO leases_held SELECT 'publisher-A', command_id, token FROM c)
+SELECT command_id, kind, payload, version, deliveries FROM c;"
+echo "   (each claimed command comes with a token, kept here in leases_held: ack, fail and renew need it)"
 echo "   publisher B finds nothing while A's lease is live:"
 sql "SELECT count(*) AS claimed FROM outbox.claim('publisher-B', 10, interval '30 seconds');"
 as_pg "'$PGBIN/psql' -X -q -h '$DATA' -p $PORT -d demo -c \"SELECT pg_sleep(1.2)\"" >/dev/null
 echo "   ... A's lease expires; B takes cmd-1 over with a new token:"
-sql "SELECT command_id, version, deliveries FROM outbox.claim('publisher-B', 10, interval '30 seconds');"
+sql "WITH c AS (SELECT * FROM outbox.claim('publisher-B', 10, interval '30 seconds')),
+     k AS (INSERT INTO leases_held SELECT 'publisher-B', command_id, token FROM c)
+SELECT command_id, version, deliveries FROM c;"
 
 echo
 echo "== 5. The consumer receives cmd-1 twice (A's late send and B's); the inbox makes it one effect"
@@ -75,9 +81,9 @@ SELECT outbox.inbox_accept('budget-service', 'cmd-1') AS redelivery;
 SELECT count(*) AS budget_locks FROM budget_locks;"
 
 echo
-echo "== 6. A's late ack is refused (lease_not_owned); B's ack publishes cmd-1"
-sql "SELECT outbox.ack('cmd-1', 'publisher-A', 2);
-SELECT outbox.ack('cmd-1', 'publisher-B', 3);
+echo "== 6. A's late ack is refused (OB001 lease_not_owned); B's ack publishes cmd-1"
+sql "SELECT outbox.ack('publisher-A', token) FROM leases_held WHERE publisher = 'publisher-A';
+SELECT outbox.ack('publisher-B', token) FROM leases_held WHERE publisher = 'publisher-B';
 SELECT command_id, status, owner, version, deliveries FROM outbox.commands;"
 
 echo

@@ -757,16 +757,18 @@ le_cmp_taken(const void *a, const void *b)
 
 /*
  * outbox.ack_many(worker, tokens): the batch form.  One UPDATE takes the
- * rows named by the tokens that hold one of the tokens' secrets: it reads
- * them by key (commands_pkey, command_id = ANY) and tests the secret, the
- * run_id, the worker and the role on each, as ack does.  A token is acked
- * when its secret is that of a row the UPDATE took: a secret (128 random
- * bits) is the lease's own, so a row is taken only for a caller that holds
- * its secret, and the result row of an acked token shows the command and
- * run of that lease.  A repeated token is acked once; the repeat reports
- * lease_not_owned.  The UPDATE tests the status with LE_SENDING: written
- * plainly, the test would match the predicate of commands_lease_idx, and
- * the planner could read the rows from a scan of that whole index.
+ * rows that hold the tokens' leases: it reads the rows the tokens name by
+ * key (commands_pkey, command_id = ANY) and joins them to the tokens (taken
+ * apart into arrays of command_id, secret and run_id) as a hash join (see
+ * OutboxExecuteHashJoin), testing the secret, the run_id, the worker and the
+ * role of each row, as ack does: each side is read once, so the cost grows
+ * with the number of tokens, not with its square.  A token is acked when
+ * the UPDATE took the row of its lease (its secret, 128 random bits, is the
+ * lease's own); a token repeated in the call is acked once and the repeat
+ * reports lease_not_owned.  The UPDATE tests the status with LE_SENDING:
+ * written plainly, the test would match the predicate of
+ * commands_lease_idx, and the planner could read the rows from a scan of
+ * that whole index.
  */
 static Datum
 le_ack_many(FunctionCallInfo fcinfo, Oid caller)
@@ -844,13 +846,16 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 		args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 		args[5] = ObjectIdGetDatum(caller);
 		args[6] = BoolGetDatum(le_caller_is_admin(caller));
-		ret = OutboxExecute(OutboxPrepare(&plan_ack_many,
+		ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_many,
 										  "UPDATE outbox.commands t"
 										  "   SET status = 'published', published_at = $5, lease_until = NULL,"
 										  "       version = t.version OPERATOR(pg_catalog.+) 1"
+										  "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
+										  "                 pg_catalog.unnest($4)) AS k(command_id, secret, run_id)"
 										  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
-										  "   AND t.lease_secret OPERATOR(pg_catalog.=) ANY ($3)"
-										  "   AND t.run_id OPERATOR(pg_catalog.=) ANY ($4)"
+										  "   AND t.command_id OPERATOR(pg_catalog.=) k.command_id"
+										  "   AND t.lease_secret OPERATOR(pg_catalog.=) k.secret"
+										  "   AND t.run_id OPERATOR(pg_catalog.=) k.run_id"
 										  "   AND t.owner OPERATOR(pg_catalog.=) $1"
 										  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
 										  "   AND " LE_SENDING("t.")

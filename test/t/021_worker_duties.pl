@@ -116,13 +116,12 @@ cmp_ok($burst, '<=', 250, 'with far fewer notifications than commits');
 note "burst of 1000 commits: $burst notifications";
 
 # Publish the burst (one claim, one batch ack) and try one stale ack.
-is(sql(q{WITH c AS MATERIALIZED (SELECT * FROM outbox.claim('p', 1000, NULL, ARRAY['burst']))
-	SELECT count(*) FILTER (WHERE acked)
-	  FROM outbox.ack('p', (SELECT array_agg(command_id) FROM c), (SELECT array_agg(version) FROM c))}),
+is(sql(q{CREATE TABLE burst AS SELECT * FROM outbox.claim('p', 1000, NULL, ARRAY['burst']);
+	SELECT count(*) FILTER (WHERE acked) FROM outbox.ack_many('p', ARRAY(SELECT token FROM burst))}),
 	'1000', 'the burst is claimed and acked');
 $exp{claimed} += 1000;
 $exp{acked} += 1000;
-my ($rc, $out, $err) = $node->psql('postgres', q{SELECT outbox.ack('b-1', 'p', 2)});
+my ($rc, $out, $err) = $node->psql('postgres', q{SELECT outbox.ack('p', token) FROM burst WHERE command_id = 'b-1'});
 like($err, qr/lease_not_owned/, 'a repeated ack is refused');
 $exp{stale_refused}++;
 
@@ -139,20 +138,22 @@ wait_notification(30);		# the commit's own
 is(sql(q{SELECT count(*) FROM outbox.claim('p', 10, NULL, ARRAY['later'])}), '0',
 	'a delayed command cannot be claimed yet');
 ok(wait_notification(20) >= 1, 'a notification comes when the delayed command is due');
-is(sql(q{SELECT count(*) FROM outbox.claim('p', 10, NULL, ARRAY['later'])}), '1',
+is(sql(q{CREATE TABLE held AS SELECT * FROM outbox.claim('p', 10, NULL, ARRAY['later']);
+	SELECT count(*) FROM held}), '1',
 	'and the delayed command can then be claimed');
 $exp{claimed}++;
 
 sql(q{SELECT outbox.commit_decision('run-2', 2, 'e', 'retry', 'retry', '{}')});
 $exp{enqueued}++;
 wait_notification(30);
-is(sql(q{SELECT outbox.fail(command_id, 'p', version, 'broker down')
+is(sql(q{SELECT outbox.fail('p', token, 'broker down')
 	FROM outbox.claim('p', 10, NULL, ARRAY['retry'])}), 'pending', 'a failed delivery backs off');
 $exp{claimed}++;
 $exp{failed}++;
 drain();
 ok(wait_notification(20) >= 1, 'a notification comes when the backoff ends');
-is(sql(q{SELECT count(*) FROM outbox.claim('p', 10, NULL, ARRAY['retry'])}), '1',
+is(sql(q{WITH c AS (INSERT INTO held SELECT * FROM outbox.claim('p', 10, NULL, ARRAY['retry']) RETURNING 1)
+	SELECT count(*) FROM c}), '1',
 	'and the command can be claimed again');
 $exp{claimed}++;
 
@@ -163,14 +164,14 @@ sql(q{SELECT count(*) FROM outbox.claim('gone', 10, interval '1.5 s', ARRAY['lap
 $exp{claimed}++;
 drain();
 ok(wait_notification(20) >= 1, 'a notification comes when a lease expires');
-is(sql(q{SELECT deliveries FROM outbox.claim('p', 10, NULL, ARRAY['lapse'])}),
+is(sql(q{WITH c AS (INSERT INTO held SELECT * FROM outbox.claim('p', 10, NULL, ARRAY['lapse']) RETURNING deliveries)
+	SELECT deliveries FROM c}),
 	'2', 'and another publisher takes the command over');
 $exp{claimed}++;
 $exp{taken_over}++;
 
 # Settle the leases of this part, so that none expires later on.
-sql(q{SELECT outbox.ack(command_id, 'p', version) FROM outbox.commands
-	   WHERE command_id IN ('later', 'retry', 'lapse')});
+sql(q{SELECT outbox.ack('p', token) FROM held WHERE command_id IN ('later', 'retry', 'lapse')});
 $exp{acked} += 3;
 set_naptime('200ms');
 

@@ -58,7 +58,7 @@ sub conservation
 my $pub_a = $node->background_psql('postgres');
 my $a_pid = $pub_a->query_safe('SELECT pg_backend_pid()');
 my @leases_a = map { [ split /\|/ ] } split /\n/, $pub_a->query_safe(q{
-	SELECT command_id, version, payload->>'qty'
+	SELECT command_id, token, payload->>'qty'
 	  FROM outbox.claim('pub-a', 10, interval '3 seconds') ORDER BY command_id});
 is(scalar @leases_a, 5, 'publisher A claims the five commands');
 
@@ -86,7 +86,7 @@ $node->poll_query_until('postgres',
 is(conservation(), '0', 'expired leases violate nothing');
 
 my @leases_b = map { [ split /\|/ ] } split /\n/, $node->safe_psql('postgres', q{
-	SELECT command_id, version, payload->>'qty', deliveries
+	SELECT command_id, token, payload->>'qty', deliveries
 	  FROM outbox.claim('pub-b', 10, interval '30 seconds') ORDER BY command_id});
 is(scalar @leases_b, 5, 'publisher B takes the five commands over');
 is_deeply([ map { $_->[3] } @leases_b ], [ (2) x 5 ], 'each is in its second delivery');
@@ -97,14 +97,13 @@ is_deeply(\@second, [ ('f f') x 5 ],
 
 # A's token is stale; B acks the batch.
 my ($rc, $out, $err) = $node->psql('postgres',
-	"SELECT outbox.ack('$leases_a[0][0]', 'pub-a', $leases_a[0][1])");
+"\\set VERBOSITY verbose\nSELECT outbox.ack('pub-a', '$leases_a[0][1]')");
 isnt($rc, 0, "A's late ack fails");
-like($err, qr/lease_not_owned/, 'A is told lease_not_owned');
+like($err, qr/OB001: lease_not_owned/, 'A is told lease_not_owned');
 
-my $ids = join(',', map { "'$_->[0]'" } @leases_b);
-my $versions = join(',', map { $_->[1] } @leases_b);
+my $tokens = join(',', map { "'$_->[1]'" } @leases_b);
 is( $node->safe_psql('postgres',
-		"SELECT count(*) FILTER (WHERE acked) FROM outbox.ack('pub-b', ARRAY[$ids], ARRAY[$versions]::bigint[])"
+		"SELECT count(*) FILTER (WHERE acked) FROM outbox.ack_many('pub-b', ARRAY[$tokens])"
 	),
 	'5',
 	'B acks the batch');

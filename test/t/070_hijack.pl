@@ -460,15 +460,19 @@ SELECT outbox.record_event('$p-run', 5, 'note', '{"n": 5}');
 SELECT outbox.set_policy('$p-manual', takeover => 'manual', lease => '1 minute', max_deliveries => 3,
 	backoff_base => '1 second', backoff_max => '1 minute', retention => '1 day');
 SELECT outbox.commit_decision('$p-run', 6, 'decided', '$p-5', '$p-manual', '{}');
-SELECT * FROM outbox.claim('$p-w', 4, '30 seconds', '{$p-k}');
-SELECT outbox.ack('$p-1', '$p-w', 2);
-SELECT * FROM outbox.ack('$p-w', '{$p-2,$p-unknown}'::text[], '{2,2}'::bigint[]);
-SELECT outbox.fail('$p-3', '$p-w', 2, 'timeout');
-SELECT outbox.renew('$p-4', '$p-w', 2, '1 minute');
-SELECT outbox.renew('$p-4', '$p-w', 2);
-SELECT outbox.fail('$p-4', '$p-w', 2, 'rejected', true);
+SELECT pg_catalog.max(token) FILTER (WHERE command_id OPERATOR(pg_catalog.=) '$p-1') AS t1,
+	   pg_catalog.max(token) FILTER (WHERE command_id OPERATOR(pg_catalog.=) '$p-2') AS t2,
+	   pg_catalog.max(token) FILTER (WHERE command_id OPERATOR(pg_catalog.=) '$p-3') AS t3,
+	   pg_catalog.max(token) FILTER (WHERE command_id OPERATOR(pg_catalog.=) '$p-4') AS t4
+  FROM outbox.claim('$p-w', 4, '30 seconds', '{$p-k}') \\gset
+SELECT outbox.ack('$p-w', :'t1');
+SELECT * FROM outbox.ack_many('$p-w', ARRAY[:'t2', 'not a token']);
+SELECT outbox.fail('$p-w', :'t3', 'timeout');
+SELECT outbox.renew('$p-w', :'t4', '1 minute');
+SELECT outbox.renew('$p-w', :'t4');
+SELECT outbox.fail('$p-w', :'t4', 'rejected', true);
 SELECT outbox.requeue('$p-4');
-SELECT * FROM outbox.claim('$p-w', 1, kinds => '{$p-manual}');
+SELECT token AS t5 FROM outbox.claim('$p-w', 1, kinds => '{$p-manual}') \\gset
 SELECT outbox.pause('$p-manual');
 SELECT outbox.resume('$p-manual');
 SELECT outbox.complete('$p-1');
@@ -496,7 +500,7 @@ SELECT * FROM outbox.dead_letters;
 SELECT outbox.verify();
 SELECT outbox.verify(true);
 SELECT outbox.stats_reset();
-SELECT outbox.renew('$p-5', '$p-w', 2, '1 millisecond');
+SELECT outbox.renew('$p-w', :'t5', '1 millisecond');
 };
 }
 
@@ -558,8 +562,7 @@ SELECT outbox.set_policy('w-short', retention => '0 seconds');
 SELECT outbox.commit_decision('w-run', 1, 'decided', 'w-1', 'w-manual', '{}');
 SELECT outbox.commit_decision('w-run', 2, 'decided', 'w-2', 'w-short', '{}');
 SELECT count(*) FROM outbox.claim('w-w', 1, '1 millisecond', '{w-manual}');
-SELECT count(*) FROM outbox.claim('w-w', 1, '1 minute', '{w-short}');
-SELECT outbox.ack('w-2', 'w-w', 2);
+SELECT outbox.ack('w-w', token) FROM outbox.claim('w-w', 1, '1 minute', '{w-short}');
 SELECT outbox.complete('w-2');
 });
 $node->poll_query_until('hijack', q{

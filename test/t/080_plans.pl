@@ -37,11 +37,12 @@ SELECT outbox.commit_decision('run-$p', 5, 'e', '$p-4', 'k-$p', '{}');
 SELECT count(*) = 1 AS leased_one FROM outbox.claim('x-$p', 1, interval '1 millisecond', ARRAY['k-$p']);
 SELECT pg_sleep(0.01);
 SELECT count(*) = 1 AS took_over_one FROM outbox.claim('y-$p', 1, interval '1 hour', ARRAY['k-$p']);
-SELECT outbox.renew('$p-1', 'w-$p', (SELECT version FROM l WHERE command_id = '$p-1'));
-SELECT outbox.ack('$p-1', 'w-$p', (SELECT version FROM l WHERE command_id = '$p-1'));
-SELECT count(*) FROM outbox.ack('w-$p', ARRAY['$p-2', '$p-1'], ARRAY[(SELECT version FROM l WHERE command_id = '$p-2'), 1]);
-DO \$\$ BEGIN PERFORM outbox.ack('$p-1', 'w-$p', 1); EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END \$\$;
-SELECT outbox.fail('$p-3', 'w-$p', (SELECT version FROM l WHERE command_id = '$p-3'), 'boom', true);
+SELECT outbox.renew('w-$p', (SELECT token FROM l WHERE command_id = '$p-1'));
+SELECT outbox.ack('w-$p', (SELECT token FROM l WHERE command_id = '$p-1'));
+SELECT count(*) FROM outbox.ack_many('w-$p', ARRAY[(SELECT token FROM l WHERE command_id = '$p-2'),
+	(SELECT token FROM l WHERE command_id = '$p-1'), 'not a token']);
+DO \$\$ BEGIN PERFORM outbox.ack('w-$p', (SELECT token FROM l WHERE command_id = '$p-1')); EXCEPTION WHEN SQLSTATE 'OB001' THEN NULL; END \$\$;
+SELECT outbox.fail('w-$p', (SELECT token FROM l WHERE command_id = '$p-3'), 'boom', true);
 SELECT outbox.requeue('$p-3');
 SELECT outbox.complete('$p-1');
 SELECT outbox.inbox_accept('consumer', '$p-1');
@@ -138,18 +139,14 @@ for my $name ('filled', 'analyzed')
 	  or diag(join("\n----\n", @full));
 
 	# The batch ack reads its rows by key (commands_pkey, command_id = ANY)
-	# and joins nothing; its diagnosis joins the array's elements to the
-	# table with a hash join: no nested loop whose rescans read either side
-	# again.
+	# and joins them to the tokens with a hash join: no nested loop whose
+	# rescans read either side again.
 	my @ack = grep { /Query Text: UPDATE outbox\.commands t\s+SET status = 'published'/ } @plans;
-	my @why = grep { /Query Text: SELECT i\.ord/ } @plans;
-	ok(@ack >= 1 && @why >= 1, "$name: the batch ack and its diagnosis were logged");
-	my @ackbad = grep { !/\n\s+->\s+Index Scan using commands_pkey on commands t[^\n]*\n\s+Index Cond: \(command_id = ANY \(\$2\)\)/ || /Join|Nested Loop/ } @ack;
-	is(scalar(@ackbad), 0, "$name: the batch ack reads its rows from commands_pkey by the array's keys, with no join")
+	ok(@ack >= 1, "$name: the batch ack was logged");
+	my @ackbad = grep { !/\n\s+->\s+Index Scan using commands_pkey on commands t[^\n]*\n\s+Index Cond: \(command_id = ANY \(\$2\)\)/
+						|| /Nested Loop/ || !/Hash Join/ } @ack;
+	is(scalar(@ackbad), 0, "$name: the batch ack reads its rows from commands_pkey by the tokens' keys, joined by a hash join")
 	  or diag(join("\n----\n", @ackbad));
-	my @loops = grep { /Nested Loop/ || !/Hash (?:Left |Right )?Join/ } @why;
-	is(scalar(@loops), 0, "$name: the batch ack's diagnosis runs as a hash join")
-	  or diag(join("\n----\n", @loops));
 
 	# The hot statements read their own index (spot checks of the plans that
 	# matter most for throughput).

@@ -173,7 +173,7 @@ sq(q{
 });
 # a dead letter: a fatal failure
 sq(q{
-	SELECT outbox.fail(l.command_id, 'hand', l.version, 'HTTP 410', true)
+	SELECT outbox.fail('hand', l.token, 'HTTP 410', true)
 	  FROM outbox.claim('hand', 1, kinds => '{doomed}') l;
 });
 # an expired lease nobody takes over
@@ -294,11 +294,11 @@ is(wait_value('outbox_worker_up', 1), 1, 'outbox_worker_up is 1 (read as a pg_mo
 # The stale ack comes once Prometheus scrapes, so that its counter
 # increases within the alert's window.
 # a stale ack: a lease taken over, then acked by its first holder
-my $v1 = sq(q{SELECT version FROM outbox.claim('first', 1, '1 second', '{stale}')});
+my $t1 = sq(q{SELECT token FROM outbox.claim('first', 1, '1 second', '{stale}')});
 $node->poll_query_until('postgres', q{
 	SELECT count(*) = 1 FROM outbox.leases WHERE kind = 'stale' AND expired});
 sq(q{SELECT count(*) FROM outbox.claim('second', 1, '1 hour', '{stale}')});
-is(sq(qq{SELECT count(*) FROM outbox.ack('first', '{stale-1}'::text[], '{$v1}'::bigint[]) WHERE NOT acked}),
+is(sq(qq{SELECT count(*) FROM outbox.ack_many('first', ARRAY['$t1']) WHERE NOT acked}),
 	'1', 'the first holder\'s ack is refused as stale');
 
 # The database state the metrics must show (it no longer changes).
