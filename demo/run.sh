@@ -32,7 +32,9 @@ sql() {
 }
 
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT demo"
-sql "CREATE EXTENSION outbox;"
+sql "CREATE EXTENSION outbox;
+SELECT outbox.register_consumer('budget-service', 'postgres');
+SELECT outbox.register_consumer('shipping', 'postgres');"
 
 echo
 echo "== 1. A service decides: trip_requested for run-1 decides lock_budget cmd-1, in one transaction"
@@ -43,8 +45,9 @@ SELECT run_id, seq, kind, command_id FROM outbox.events;
 SELECT command_id, kind, payload, status, version, deliveries FROM outbox.commands;"
 
 echo
-echo "== 2. A second decision reusing cmd-1 is refused (23505) and leaves nothing behind"
+echo "== 2. The same decision again is a retry (false); a different one reusing cmd-1 is refused (23505) and leaves nothing behind"
 sql "\\set VERBOSITY verbose
+SELECT outbox.commit_decision('run-1', 1, 'trip_requested', 'cmd-1', 'lock_budget', '{\"amount\": 900}') AS recorded;
 SELECT outbox.commit_decision('run-1', 2, 'trip_requested', 'cmd-1', 'lock_budget', '{\"amount\": 900}');
 SELECT count(*) AS events, (SELECT count(*) FROM outbox.commands) AS commands FROM outbox.events;"
 
@@ -74,10 +77,10 @@ echo
 echo "== 5. The consumer receives cmd-1 twice (A's late send and B's); the inbox makes it one effect"
 sql "CREATE TABLE budget_locks (command_id text PRIMARY KEY, amount int);
 BEGIN;
-SELECT outbox.inbox_accept('budget-service', 'cmd-1') AS first_delivery;
+SELECT outbox.inbox_accept('budget-service', 'run-1', 'cmd-1') AS first_delivery;
 INSERT INTO budget_locks SELECT 'cmd-1', 900 WHERE true;
 COMMIT;
-SELECT outbox.inbox_accept('budget-service', 'cmd-1') AS redelivery;
+SELECT outbox.inbox_accept('budget-service', 'run-1', 'cmd-1') AS redelivery;
 SELECT count(*) AS budget_locks FROM budget_locks;"
 
 echo
@@ -88,7 +91,7 @@ SELECT command_id, status, owner, version, deliveries FROM outbox.commands;"
 
 echo
 echo "== 7. Published is not processed: the consumer records its completion receipt"
-sql "SELECT outbox.complete('cmd-1', 'done', '{\"lock\": \"L-77\"}') AS first, outbox.complete('cmd-1') AS repeat;
+sql "SELECT outbox.complete('run-1', 'cmd-1', 'done', '{\"lock\": \"L-77\"}') AS first, outbox.complete('run-1', 'cmd-1') AS repeat;
 SELECT command_id, outcome, detail FROM outbox.receipts;"
 
 if as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d demo -c \"SELECT to_regclass('outbox.conservation') IS NOT NULL\"" | grep -q t; then

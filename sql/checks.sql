@@ -50,12 +50,12 @@ SELECT outbox.fail('w1', (SELECT token FROM lease WHERE command_id = 'c-dead'),
 SELECT outbox.ack('w1', token)
   FROM lease WHERE command_id IN ('c-published', 'c-receipted', 'c-purged') ORDER BY command_id;
 -- The consumer completes c-early before the publisher acks (it never does).
-SELECT outbox.complete('c-early');
+SELECT outbox.complete('run-1', 'c-early');
 
 -- c-purged is completed and purged at once; nothing else qualifies yet.
-SELECT outbox.complete('c-purged');
+SELECT outbox.complete('run-1', 'c-purged');
 SELECT outbox.purge(older_than => interval '0');
-SELECT outbox.complete('c-receipted', 'done', '{"ref": 7}');
+SELECT outbox.complete('run-1', 'c-receipted', 'done', '{"ref": 7}');
 
 -- A short lease of a manual-takeover kind expires and is swept to uncertain.
 CREATE TEMP TABLE short AS
@@ -71,7 +71,7 @@ END;
 $$;
 -- (The background worker may sweep them first: only the outcome is shown.)
 SELECT outbox.sweep() >= 0 AS swept;
-SELECT outbox.resolve('c-resolved', 'published');
+SELECT outbox.resolve('run-1', 'c-resolved', 'published');
 
 SELECT command_id, status, version, deliveries, owner, lease_until IS NOT NULL AS leased,
 	   due_at IS NOT NULL AS due, published_at IS NOT NULL AS published_at_set,
@@ -229,8 +229,8 @@ DROP ROLE regress_checks_monitor, regress_checks_admin, regress_checks_nobody;
 -- Purge of old completed commands: every check stays at zero.  A command
 -- removed without the purge is still reported.
 --
-SELECT outbox.complete('c-published');
-SELECT outbox.complete('c-resolved');
+SELECT outbox.complete('run-1', 'c-published');
+SELECT outbox.complete('run-1', 'c-resolved');
 SELECT outbox.purge(older_than => interval '0');
 SELECT command_id, run_id, seq, outcome FROM outbox.purged ORDER BY command_id;
 SELECT command_id, status FROM outbox.commands ORDER BY command_id;

@@ -44,6 +44,7 @@ UNION ALL SELECT 'receipts', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::
 UNION ALL SELECT 'inbox', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.inbox t
 UNION ALL SELECT 'policies', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.policies t
 UNION ALL SELECT 'purged', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.purged t
+UNION ALL SELECT 'consumers', coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty'), count(*) FROM outbox.consumers t
 UNION ALL SELECT 'postmaster', pg_postmaster_start_time()::text, 0;
 
 -- Run one statement in a subtransaction that is always rolled back; return
@@ -281,22 +282,26 @@ $x$$c$),
 ('purge: older_than -1 second', '22023', $$SELECT outbox.purge(NULL, '-1 second')$$),
 ('purge: older_than 1000000 years', '22023', $$SELECT outbox.purge(NULL, '1000000 years')$$),
 ('purge: older_than 0', '00000', $$SELECT outbox.purge(NULL, '0')$$),
--- requeue(command_id)
-('requeue: null', '22004', $$SELECT outbox.requeue(NULL)$$),
-('requeue: empty', '22023', $$SELECT outbox.requeue('')$$),
-('requeue: 201 bytes', '22023', $$SELECT outbox.requeue((SELECT long_id FROM v))$$),
-('requeue: unknown command', '42704', $$SELECT outbox.requeue('nope')$$),
-('requeue: a pending command', '55000', $$SELECT outbox.requeue('h-pending')$$),
-('requeue: a dead command', '00000', $$SELECT outbox.requeue('h-dead')$$),
--- resolve(command_id, resolution)
-('resolve: null command_id', '22004', $$SELECT outbox.resolve(NULL, 'retry')$$),
-('resolve: null resolution', '22004', $$SELECT outbox.resolve('h-unc', NULL)$$),
-('resolve: empty command_id', '22023', $$SELECT outbox.resolve('', 'retry')$$),
-('resolve: unknown resolution', '22023', $$SELECT outbox.resolve('h-unc', 'maybe')$$),
-('resolve: resolution of 1 MB', '22023', $$SELECT outbox.resolve('h-unc', (SELECT huge_id FROM v))$$),
-('resolve: unknown command', '42704', $$SELECT outbox.resolve('nope', 'retry')$$),
-('resolve: a dead command', '55000', $$SELECT outbox.resolve('h-dead', 'retry')$$),
-('resolve: an uncertain command', '00000', $$SELECT outbox.resolve('h-unc', 'published')$$),
+-- requeue(run_id, command_id)
+('requeue: null run_id', '22004', $$SELECT outbox.requeue(NULL, 'h-dead')$$),
+('requeue: null command_id', '22004', $$SELECT outbox.requeue('h-run', NULL)$$),
+('requeue: empty', '22023', $$SELECT outbox.requeue('h-run', '')$$),
+('requeue: 201 bytes', '22023', $$SELECT outbox.requeue('h-run', (SELECT long_id FROM v))$$),
+('requeue: unknown command', 'OB002', $$SELECT outbox.requeue('h-run', 'nope')$$),
+('requeue: another run''s command', 'OB002', $$SELECT outbox.requeue('h-other', 'h-dead')$$),
+('requeue: a pending command', '55000', $$SELECT outbox.requeue('h-run', 'h-pending')$$),
+('requeue: a dead command', '00000', $$SELECT outbox.requeue('h-run', 'h-dead')$$),
+-- resolve(run_id, command_id, resolution)
+('resolve: null run_id', '22004', $$SELECT outbox.resolve(NULL, 'h-unc', 'retry')$$),
+('resolve: null command_id', '22004', $$SELECT outbox.resolve('h-run', NULL, 'retry')$$),
+('resolve: null resolution', '22004', $$SELECT outbox.resolve('h-run', 'h-unc', NULL)$$),
+('resolve: empty command_id', '22023', $$SELECT outbox.resolve('h-run', '', 'retry')$$),
+('resolve: unknown resolution', '22023', $$SELECT outbox.resolve('h-run', 'h-unc', 'maybe')$$),
+('resolve: resolution of 1 MB', '22023', $$SELECT outbox.resolve('h-run', 'h-unc', (SELECT huge_id FROM v))$$),
+('resolve: unknown command', 'OB002', $$SELECT outbox.resolve('h-run', 'nope', 'retry')$$),
+('resolve: another run''s command', 'OB002', $$SELECT outbox.resolve('h-other', 'h-unc', 'retry')$$),
+('resolve: a dead command', '55000', $$SELECT outbox.resolve('h-run', 'h-dead', 'retry')$$),
+('resolve: an uncertain command', '00000', $$SELECT outbox.resolve('h-run', 'h-unc', 'published')$$),
 -- set_policy(kind, max_deliveries, backoff_base, backoff_max, lease, takeover, retention)
 ('policy: null kind', '22004', $$SELECT outbox.set_policy(NULL)$$),
 ('policy: empty kind', '22023', $$SELECT outbox.set_policy('')$$),
@@ -314,7 +319,12 @@ $x$$c$),
 ('policy: retention -1 second', '22023', $$SELECT outbox.set_policy('k', retention => '-1 second')$$),
 ('policy: retention 1000000 years', '22023', $$SELECT outbox.set_policy('k', retention => '1000000 years')$$),
 ('policy: retention 100 years', '00000', $$SELECT outbox.set_policy('k', retention => '100 years')$$),
-('policy: all NULL but kind', '00000', $$SELECT outbox.set_policy('k', NULL, NULL, NULL, NULL, NULL, NULL)$$),
+('policy: all NULL but kind', '00000', $$SELECT outbox.set_policy('k', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)$$),
+('policy: NULL in deciders', '22004', $$SELECT outbox.set_policy('k', deciders => ARRAY[NULL]::regrole[])$$),
+('policy: 2-D claimers', '2202E', $$SELECT outbox.set_policy('k', claimers => '{{pg_monitor}}')$$),
+('policy: unknown role in completers', '42704', $$SELECT outbox.set_policy('k', completers => '{no_such_role}')$$),
+('policy: empty lists (admins only)', '00000', $$SELECT outbox.set_policy('k', deciders => '{}', claimers => '{}', completers => '{}')$$),
+('policy: a list of roles', '00000', $$SELECT outbox.set_policy('k', deciders => '{pg_monitor,pg_read_all_data}')$$),
 -- pause(kind), resume(kind)
 ('pause: null', '22004', $$SELECT outbox.pause(NULL)$$),
 ('pause: empty', '22023', $$SELECT outbox.pause('')$$),
@@ -347,6 +357,7 @@ SELECT b.tbl, b.n,
 		   WHEN 'inbox' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.inbox t)
 		   WHEN 'policies' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.policies t)
 		   WHEN 'purged' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.purged t)
+		   WHEN 'consumers' THEN (SELECT coalesce(md5(string_agg(t::text, E'\n' ORDER BY t::text)), 'empty') FROM outbox.consumers t)
 		   WHEN 'postmaster' THEN pg_postmaster_start_time()::text END AS unchanged
   FROM hostile_before b
  ORDER BY b.tbl;

@@ -154,7 +154,7 @@ SELECT outbox.sweep();
 SELECT command_id, status, deliveries, last_error FROM outbox.commands WHERE command_id = 'c10';
 
 -- requeue brings a dead command back for one more delivery
-SELECT outbox.requeue('c10');
+SELECT outbox.requeue('r', 'c10');
 SELECT command_id, status, version, owner IS NULL AS no_owner, due_at = available_at AS claimable
   FROM outbox.commands WHERE command_id = 'c10';
 SELECT command_id, deliveries FROM pg_temp.claim('A', 1, kinds => ARRAY['budget']);
@@ -176,11 +176,11 @@ SELECT command_id, status FROM outbox.commands WHERE command_id = 'c11';
 SELECT command_id, version FROM pg_temp.claim('B', 1, interval '1 millisecond', ARRAY['wire']);
 SELECT pg_sleep(0.05);
 SELECT outbox.sweep();
-SELECT outbox.resolve('c11', 'published');
+SELECT outbox.resolve('r', 'c11', 'published');
 SELECT command_id, status, published_at IS NOT NULL AS has_published_at FROM outbox.commands WHERE command_id = 'c11';
-SELECT outbox.resolve('c11', 'dead');
-SELECT outbox.resolve('c11', 'maybe');
-SELECT outbox.resolve('nope', 'dead');
+SELECT outbox.resolve('r', 'c11', 'dead');
+SELECT outbox.resolve('r', 'c11', 'maybe');
+SELECT outbox.resolve('r', 'nope', 'dead');
 
 -- pause / resume
 SELECT outbox.pause('mail');
@@ -256,9 +256,9 @@ INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_a
 SELECT 'clk-' || g, 'clk', g, 'clk', '{}', now(), CASE WHEN g % 2 = 0 THEN 'dead' ELSE 'uncertain' END,
 	   2, 1, 'w', 'x'
   FROM generate_series(1, 600) g;
-SELECT count(*) FROM (SELECT outbox.requeue(command_id) FROM outbox.commands
+SELECT count(*) FROM (SELECT outbox.requeue(run_id, command_id) FROM outbox.commands
 					   WHERE kind = 'clk' AND status = 'dead') r;
-SELECT count(*) FROM (SELECT outbox.resolve(command_id, 'retry') FROM outbox.commands
+SELECT count(*) FROM (SELECT outbox.resolve(run_id, command_id, 'retry') FROM outbox.commands
 					   WHERE kind = 'clk' AND status = 'uncertain') r;
 SELECT count(*) AS pending, count(*) FILTER (WHERE due_at IS DISTINCT FROM available_at) AS due_differs
   FROM outbox.commands WHERE kind = 'clk';

@@ -10,7 +10,8 @@
  * function, an empty list only this database's outbox admins, and a list
  * its members (has_privs_of_role) and the admins.  outbox._may() is that
  * rule for the statements of the API, which pass the calling role they got
- * from OutboxCallAsOwner.
+ * from OutboxCallAsOwner; OutboxCheckClaimable refuses a claim that names
+ * a kind the caller may not claim.
  *
  * Locking: none (catalog caches only).
  *
@@ -28,6 +29,8 @@
 #include "outbox.h"
 
 PG_FUNCTION_INFO_V1(outbox_may);
+
+static SPIPlanPtr plan_claimable = NULL;
 
 /*
  * The oid of this database's group role for a capability ("producer",
@@ -90,4 +93,35 @@ outbox_may(PG_FUNCTION_ARGS)
 		PG_RETURN_BOOL(false);
 	PG_RETURN_BOOL(OutboxMay(PG_ARGISNULL(0) ? NULL : PG_GETARG_ARRAYTYPE_P(0),
 							 PG_GETARG_OID(1)));
+}
+
+/*
+ * Raise 42501 if kinds (of a claim) names a kind whose claimers do not
+ * admit caller.  Runs in the caller's SPI connection.
+ */
+void
+OutboxCheckClaimable(ArrayType *kinds, Oid caller)
+{
+	static const Oid argtypes[2] = {TEXTARRAYOID, OIDOID};
+	Datum		args[2];
+	bool		isnull;
+
+	args[0] = PointerGetDatum(kinds);
+	args[1] = ObjectIdGetDatum(caller);
+	if (OutboxExecute(OutboxPrepare(&plan_claimable,
+									"SELECT p.kind FROM outbox.policies p"
+									" WHERE p.kind OPERATOR(pg_catalog.=) ANY ($1)"
+									"   AND p.claimers IS NOT NULL"
+									"   AND NOT outbox._may(p.claimers, $2)"
+									" ORDER BY p.kind LIMIT 1",
+									2, argtypes),
+					  args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: check of the claimed kinds failed");
+	if (SPI_processed > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to claim commands of kind \"%s\"",
+						TextDatumGetCString(SPI_getbinval(SPI_tuptable->vals[0],
+														  SPI_tuptable->tupdesc, 1, &isnull))),
+				 errhint("The kind's claimers (outbox.set_policy) do not include a role of yours.")));
 }

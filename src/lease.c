@@ -507,7 +507,9 @@ le_any_expired(TimestampTz now)
 
 /*
  * The two claim statements share their pending part: pd locks up to limit
- * due pending commands of the asked, unpaused kinds, in claim order; the
+ * due pending commands of the asked, unpaused kinds the caller ($8) may
+ * claim (outbox.policies.claimers, read like the paused kinds), in claim
+ * order; the
  * UPDATE leases the rows whose ctids are tids to $1 and returns the
  * LE_CLAIM_COLS columns, takeover saying whether the row was taken over.
  */
@@ -517,7 +519,8 @@ le_any_expired(TimestampTz now)
 	"   WHERE c.due_at OPERATOR(pg_catalog.<=) $5" \
 	"     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))" \
 	"     AND c.kind OPERATOR(pg_catalog.<>) ALL ((SELECT COALESCE(pg_catalog.array_agg(p.kind)," \
-	"            '{}') FROM outbox.policies p WHERE p.paused)::pg_catalog.text[])" \
+	"            '{}') FROM outbox.policies p WHERE p.paused" \
+	"             OR (p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8)))::pg_catalog.text[])" \
 	"   ORDER BY c.priority DESC, c.due_at, c.created_at" \
 	"   LIMIT " limit \
 	"   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)"
@@ -609,6 +612,10 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 
 	SPI_connect();
 
+	/* Naming a kind the caller may not claim is refused (42501). */
+	if (!PG_ARGISNULL(3))
+		OutboxCheckClaimable(DatumGetArrayTypeP(args[3]), caller);
+
 	/*
 	 * Is any lease expired?  Usually not, and then the claim runs the plan
 	 * without the takeover part (leaving its start-up and run out gave 5-7%
@@ -627,7 +634,8 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 										  "     AND c.deliveries OPERATOR(pg_catalog.<) " LE_MAX_DELIVERIES("c.", "$7")
 										  "     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
 										  "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
-										  "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'))"
+										  "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'"
+										  "                             OR (p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8))))"
 										  "   ORDER BY c.lease_until"
 										  "   LIMIT $2"
 										  "   FOR NO KEY UPDATE OF c SKIP LOCKED) l),"

@@ -55,6 +55,14 @@
  */
 #define OUTBOX_PLANNER_STEERING(X)	X(enable_seqscan, "enable_seqscan") X(enable_bitmapscan, "enable_bitmapscan") X(enable_sort, "enable_sort") X(jit_enabled, "jit")
 
+/*
+ * The extension's own SQLSTATEs of class OB for consumers and addressing
+ * (docs/reference.md has the table of all codes).
+ */
+#define ERRCODE_OUTBOX_UNKNOWN_COMMAND		MAKE_SQLSTATE('O','B','0','0','2')
+#define ERRCODE_OUTBOX_UNKNOWN_CONSUMER		MAKE_SQLSTATE('O','B','0','0','3')
+#define ERRCODE_OUTBOX_CONSUMER_NOT_OWNED	MAKE_SQLSTATE('O','B','0','0','4')
+
 /* Deepest nesting accepted in a payload. */
 #define OUTBOX_MAX_PAYLOAD_DEPTH 64
 /* Longest error text kept in last_error, bytes (longer ones are cut). */
@@ -223,6 +231,7 @@ extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *wha
 extern Oid	OutboxDatabaseRole(const char *capability);
 extern bool OutboxIsAdmin(Oid caller);
 extern bool OutboxMay(ArrayType *roles, Oid caller);
+extern void OutboxCheckClaimable(ArrayType *kinds, Oid caller);
 
 /* plans.c */
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,

@@ -154,6 +154,7 @@ COMMENT ON FUNCTION @extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catal
 -- Consumer -----------------------------------------------------------------
 
 CREATE FUNCTION @extschema@.complete(
+	run_id pg_catalog.text,
 	command_id pg_catalog.text,
 	outcome pg_catalog.text DEFAULT 'done',
 	detail pg_catalog.jsonb DEFAULT NULL)
@@ -161,18 +162,19 @@ RETURNS pg_catalog.bool
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_complete';
-COMMENT ON FUNCTION @extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb)
+COMMENT ON FUNCTION @extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb)
 	IS 'record the completion receipt of a command; true the first time, false on a repeat';
 
 CREATE FUNCTION @extschema@.inbox_accept(
 	consumer pg_catalog.text,
+	run_id pg_catalog.text,
 	command_id pg_catalog.text)
 RETURNS pg_catalog.bool
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_inbox_accept';
-COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
-	IS 'true the first time consumer accepts command_id, false on every redelivery';
+COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text, pg_catalog.text)
+	IS 'true the first time consumer (registered to a role of the caller) accepts the command, false on every redelivery';
 
 -- Sweep of expired leases that claim will not take over (the worker calls it
 -- every round; an administrator may call it when the worker is not running).

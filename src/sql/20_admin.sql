@@ -36,7 +36,34 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION @extschema@.requeue(command_id pg_catalog.text)
+-- Return when the command is stored under run_id; else raise 55000 for one
+-- that was purged (it was published and completed), OB002 for one that is
+-- unknown.
+CREATE FUNCTION @extschema@._require_command(run_id pg_catalog.text, command_id pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF EXISTS (SELECT 1 FROM @extschema@.commands c
+				WHERE c.command_id OPERATOR(pg_catalog.=) _require_command.command_id
+				  AND c.run_id OPERATOR(pg_catalog.=) _require_command.run_id) THEN
+		RETURN;
+	END IF;
+	IF EXISTS (SELECT 1 FROM @extschema@.purged p
+				WHERE p.command_id OPERATOR(pg_catalog.=) _require_command.command_id
+				  AND p.run_id OPERATOR(pg_catalog.=) _require_command.run_id) THEN
+		RAISE EXCEPTION 'command "%" was purged', command_id
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = 'It was published and completed, and the retention purge removed it.';
+	END IF;
+	RAISE EXCEPTION 'unknown_command: command "%" of run "%" does not exist', command_id, run_id
+		USING ERRCODE = 'OB002',
+			  DETAIL = 'No command of that run has this id, and none was purged.';
+END;
+$$;
+
+CREATE FUNCTION @extschema@.requeue(run_id pg_catalog.text, command_id pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -46,12 +73,13 @@ DECLARE
 	-- One reading of the clock: available_at and due_at must be equal.
 	now_ts pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
+	PERFORM @extschema@._require_id(run_id, 'run_id');
 	PERFORM @extschema@._require_id(command_id, 'command_id');
 	SELECT c.status INTO st FROM @extschema@.commands c
-	 WHERE c.command_id OPERATOR(pg_catalog.=) requeue.command_id FOR NO KEY UPDATE;
+	 WHERE c.command_id OPERATOR(pg_catalog.=) requeue.command_id
+	   AND c.run_id OPERATOR(pg_catalog.=) requeue.run_id FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'command "%" does not exist', command_id
-			USING ERRCODE = 'undefined_object';
+		PERFORM @extschema@._require_command(run_id, command_id);
 	END IF;
 	IF st OPERATOR(pg_catalog.<>) ALL (ARRAY['dead', 'uncertain']) THEN
 		RAISE EXCEPTION 'command "%" is %, not dead or uncertain', command_id, st
@@ -66,10 +94,10 @@ BEGIN
 	 WHERE c.command_id OPERATOR(pg_catalog.=) requeue.command_id;
 END;
 $$;
-COMMENT ON FUNCTION @extschema@.requeue(pg_catalog.text)
+COMMENT ON FUNCTION @extschema@.requeue(pg_catalog.text, pg_catalog.text)
 	IS 'bring a dead or uncertain command back to pending (one more delivery attempt)';
 
-CREATE FUNCTION @extschema@.resolve(command_id pg_catalog.text, resolution pg_catalog.text)
+CREATE FUNCTION @extschema@.resolve(run_id pg_catalog.text, command_id pg_catalog.text, resolution pg_catalog.text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -80,6 +108,7 @@ DECLARE
 	-- must be equal.
 	now_ts pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
+	PERFORM @extschema@._require_id(run_id, 'run_id');
 	PERFORM @extschema@._require_id(command_id, 'command_id');
 	PERFORM @extschema@._require(resolution, 'resolution');
 	IF resolution OPERATOR(pg_catalog.<>) ALL (ARRAY['published', 'retry', 'dead']) THEN
@@ -88,10 +117,10 @@ BEGIN
 				  DETAIL = pg_catalog.format('The value was "%s".', resolution);
 	END IF;
 	SELECT c.status INTO st FROM @extschema@.commands c
-	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id FOR NO KEY UPDATE;
+	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id
+	   AND c.run_id OPERATOR(pg_catalog.=) resolve.run_id FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
-		RAISE EXCEPTION 'command "%" does not exist', command_id
-			USING ERRCODE = 'undefined_object';
+		PERFORM @extschema@._require_command(run_id, command_id);
 	END IF;
 	IF st OPERATOR(pg_catalog.<>) 'uncertain' THEN
 		RAISE EXCEPTION 'command "%" is %, not uncertain', command_id, st
@@ -115,7 +144,7 @@ BEGIN
 	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id;
 END;
 $$;
-COMMENT ON FUNCTION @extschema@.resolve(pg_catalog.text, pg_catalog.text)
+COMMENT ON FUNCTION @extschema@.resolve(pg_catalog.text, pg_catalog.text, pg_catalog.text)
 	IS 'settle an uncertain command: published (it was sent), retry (send again) or dead';
 
 CREATE FUNCTION @extschema@.set_policy(
@@ -125,7 +154,10 @@ CREATE FUNCTION @extschema@.set_policy(
 	backoff_max pg_catalog.interval DEFAULT NULL,
 	lease pg_catalog.interval DEFAULT NULL,
 	takeover pg_catalog.text DEFAULT NULL,
-	retention pg_catalog.interval DEFAULT NULL)
+	retention pg_catalog.interval DEFAULT NULL,
+	deciders pg_catalog.regrole[] DEFAULT NULL,
+	claimers pg_catalog.regrole[] DEFAULT NULL,
+	completers pg_catalog.regrole[] DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -161,26 +193,84 @@ BEGIN
 		RAISE EXCEPTION 'lease is longer than outbox.max_lease'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
+	IF pg_catalog.array_ndims(deciders) OPERATOR(pg_catalog.>) 1
+	   OR pg_catalog.array_ndims(claimers) OPERATOR(pg_catalog.>) 1
+	   OR pg_catalog.array_ndims(completers) OPERATOR(pg_catalog.>) 1 THEN
+		RAISE EXCEPTION 'deciders, claimers and completers must be one-dimensional arrays'
+			USING ERRCODE = 'array_subscript_error';
+	END IF;
+	IF pg_catalog.array_position(deciders, NULL) IS NOT NULL
+	   OR pg_catalog.array_position(claimers, NULL) IS NOT NULL
+	   OR pg_catalog.array_position(completers, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'deciders, claimers and completers must not contain nulls'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
 	IF takeover OPERATOR(pg_catalog.<>) ALL (ARRAY['auto', 'manual']) THEN
 		RAISE EXCEPTION 'takeover must be auto or manual'
 			USING ERRCODE = 'invalid_parameter_value',
 				  DETAIL = pg_catalog.format('The value was "%s".', takeover);
 	END IF;
 	INSERT INTO @extschema@.policies AS p
-		(kind, max_deliveries, backoff_base, backoff_max, lease, takeover, retention)
+		(kind, max_deliveries, backoff_base, backoff_max, lease, takeover, retention,
+		 deciders, claimers, completers)
 	VALUES (kind, max_deliveries, backoff_base, backoff_max, lease,
-			COALESCE(takeover, 'auto'), retention)
+			COALESCE(takeover, 'auto'), retention, deciders, claimers, completers)
 	ON CONFLICT ON CONSTRAINT policies_pkey DO UPDATE
 	   SET max_deliveries = COALESCE(EXCLUDED.max_deliveries, p.max_deliveries),
 		   backoff_base = COALESCE(EXCLUDED.backoff_base, p.backoff_base),
 		   backoff_max = COALESCE(EXCLUDED.backoff_max, p.backoff_max),
 		   lease = COALESCE(EXCLUDED.lease, p.lease),
 		   takeover = COALESCE(set_policy.takeover, p.takeover),
-		   retention = COALESCE(EXCLUDED.retention, p.retention);
+		   retention = COALESCE(EXCLUDED.retention, p.retention),
+		   deciders = COALESCE(EXCLUDED.deciders, p.deciders),
+		   claimers = COALESCE(EXCLUDED.claimers, p.claimers),
+		   completers = COALESCE(EXCLUDED.completers, p.completers);
 END;
 $$;
-COMMENT ON FUNCTION @extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval)
-	IS 'set per-kind overrides; a NULL (or omitted) argument keeps the current value';
+COMMENT ON FUNCTION @extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[])
+	IS 'set per-kind overrides and who may decide, claim and complete the kind; a NULL (or omitted) argument keeps the current value';
+
+CREATE FUNCTION @extschema@.register_consumer(consumer pg_catalog.text, role pg_catalog.regrole)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	holder pg_catalog.regrole;
+BEGIN
+	PERFORM @extschema@._require_id(consumer, 'consumer');
+	PERFORM @extschema@._require(role, 'role');
+	INSERT INTO @extschema@.consumers AS r (consumer, role)
+	VALUES (consumer, role)
+	ON CONFLICT ON CONSTRAINT consumers_pkey DO NOTHING;
+	IF NOT FOUND THEN
+		SELECT r.role INTO holder FROM @extschema@.consumers r
+		 WHERE r.consumer OPERATOR(pg_catalog.=) register_consumer.consumer;
+		IF holder OPERATOR(pg_catalog.<>) role THEN
+			RAISE EXCEPTION 'consumer "%" is registered to another role', consumer
+				USING ERRCODE = 'unique_violation', CONSTRAINT = 'consumers_pkey',
+					  SCHEMA = '@extschema@', TABLE = 'consumers',
+					  HINT = 'Unregister it first (outbox.unregister_consumer) to give it to another role.';
+		END IF;
+	END IF;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.register_consumer(pg_catalog.text, pg_catalog.regrole)
+	IS 'register a consumer name to the role whose members may accept commands under it (again with the same role: no change)';
+
+CREATE FUNCTION @extschema@.unregister_consumer(consumer pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM @extschema@._require_id(consumer, 'consumer');
+	DELETE FROM @extschema@.consumers r WHERE r.consumer OPERATOR(pg_catalog.=) unregister_consumer.consumer;
+	RETURN FOUND;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.unregister_consumer(pg_catalog.text)
+	IS 'remove a consumer name''s registration (its inbox stays); false if it was not registered';
 
 CREATE FUNCTION @extschema@.pause(kind pg_catalog.text)
 RETURNS void

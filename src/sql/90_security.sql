@@ -6,8 +6,12 @@
 --   producer   commit_decision, commit_decisions, record_event
 --   publisher  claim, ack (both forms), fail, renew
 --   consumer   complete, inbox_accept
---   admin      requeue, resolve, set_policy, pause, resume, purge, sweep,
+--   admin      requeue, resolve, set_policy, register_consumer,
+--              unregister_consumer, pause, resume, purge, sweep,
 --              stats_reset, verify and every view
+-- Within these, a kind's policy may narrow who decides, claims and
+-- completes it, and a consumer name belongs to the role it is registered
+-- to (src/authz.c).
 -- pg_monitor reads the views and may call verify().  PUBLIC gets nothing,
 -- not even USAGE on the schema, and no role of another database gets
 -- anything.  Nobody but the owner has a privilege on a table: the API
@@ -194,14 +198,16 @@ BEGIN
 	EXECUTE 'GRANT USAGE ON TYPE @extschema@.lease, @extschema@.ack_result TO ' OPERATOR(pg_catalog.||) publisher;
 
 	EXECUTE 'GRANT EXECUTE ON FUNCTION
-	@extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.jsonb),
-	@extschema@.inbox_accept(pg_catalog.text, pg_catalog.text)
+	@extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb),
+	@extschema@.inbox_accept(pg_catalog.text, pg_catalog.text, pg_catalog.text)
 	TO ' OPERATOR(pg_catalog.||) consumer;
 
 	EXECUTE 'GRANT EXECUTE ON FUNCTION
-	@extschema@.requeue(pg_catalog.text),
-	@extschema@.resolve(pg_catalog.text, pg_catalog.text),
-	@extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval),
+	@extschema@.requeue(pg_catalog.text, pg_catalog.text),
+	@extschema@.resolve(pg_catalog.text, pg_catalog.text, pg_catalog.text),
+	@extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[]),
+	@extschema@.register_consumer(pg_catalog.text, pg_catalog.regrole),
+	@extschema@.unregister_consumer(pg_catalog.text),
 	@extschema@.pause(pg_catalog.text),
 	@extschema@.resume(pg_catalog.text),
 	@extschema@.purge(pg_catalog.int4, pg_catalog.interval),

@@ -130,7 +130,7 @@ BEGIN
 	   FROM tap_lease WHERE command_id IN ('tap-1', 'tap-2', 'tap-3');
 	PERFORM outbox.fail('tap-w', token, 'boom', true)
 	   FROM tap_lease WHERE command_id = 'tap-4';
-	PERFORM outbox.complete('tap-1'), outbox.complete('tap-2');
+	PERFORM outbox.complete('tap-run', 'tap-1'), outbox.complete('tap-run', 'tap-2');
 	PERFORM outbox.purge(older_than => interval '0');
 END;
 $$;

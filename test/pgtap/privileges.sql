@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(126);
+SELECT plan(132);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -50,20 +50,26 @@ INSERT INTO expected VALUES
 	 'function', '{outbox_publisher}', false,
 	 $$SELECT outbox.renew('pt-w3', (SELECT token FROM outbox.claim('pt-w3', 1, kinds => '{pt-kind-fresh}')))$$),
 	-- consumer
-	('outbox.complete(text,text,jsonb)',
+	('outbox.complete(text,text,text,jsonb)',
 	 'function', '{outbox_consumer}', false,
-	 $$SELECT outbox.complete('pt-live')$$),
-	('outbox.inbox_accept(text,text)',
+	 $$SELECT outbox.complete('pt-run', 'pt-live')$$),
+	('outbox.inbox_accept(text,text,text)',
 	 'function', '{outbox_consumer}', false,
-	 $$SELECT outbox.inbox_accept('pt-consumer', 'pt-live')$$),
+	 $$SELECT outbox.inbox_accept('pt-consumer', 'pt-run', 'pt-live')$$),
 	-- administrator
-	('outbox.requeue(text)',
+	('outbox.requeue(text,text)',
 	 'function', '{outbox_admin}', true,
-	 $$SELECT outbox.requeue('pt-dead')$$),
-	('outbox.resolve(text,text)',
+	 $$SELECT outbox.requeue('pt-run', 'pt-dead')$$),
+	('outbox.resolve(text,text,text)',
 	 'function', '{outbox_admin}', true,
-	 $$SELECT outbox.resolve('pt-unc', 'retry')$$),
-	('outbox.set_policy(text,integer,interval,interval,interval,text,interval)',
+	 $$SELECT outbox.resolve('pt-run', 'pt-unc', 'retry')$$),
+	('outbox.register_consumer(text,regrole)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.register_consumer('pt-consumer-2', 'pg_monitor')$$),
+	('outbox.unregister_consumer(text)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.unregister_consumer('pt-consumer')$$),
+	('outbox.set_policy(text,integer,interval,interval,interval,text,interval,regrole[],regrole[],regrole[])',
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.set_policy('pt-kind-x', max_deliveries => 3)$$),
 	('outbox.pause(text)',
@@ -111,6 +117,9 @@ INSERT INTO expected VALUES
 	('outbox._require(anyelement,text)',
 	 'function', '{}', false,
 	 $$SELECT outbox._require(1, 'x')$$),
+	('outbox._require_command(text,text)',
+	 'function', '{}', false,
+	 $$SELECT outbox._require_command('pt-run', 'pt-dead')$$),
 	('outbox._require_id(text,text)',
 	 'function', '{}', false,
 	 $$SELECT outbox._require_id('a', 'x')$$),

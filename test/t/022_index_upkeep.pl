@@ -60,7 +60,7 @@ sub fill_and_drain
 		sql(q{WITH c AS (SELECT array_agg(token) AS toks FROM outbox.claim('w', 10000))
 		      SELECT count(*) FROM c, outbox.ack_many('w', c.toks)});
 	}
-	sql(q{SELECT count(outbox.complete(command_id)) FROM outbox.commands});
+	sql(q{SELECT count(outbox.complete(run_id, command_id)) FROM outbox.commands});
 	$node->poll_query_until('postgres', q{SELECT count(*) = 0 FROM outbox.commands})
 	  or die 'the purge did not finish';
 }
@@ -129,7 +129,7 @@ is(sql(q{CREATE TABLE after_lease AS SELECT * FROM outbox.claim('w', 10);
 	'claim after the rebuild');
 is(sql(q{SELECT count(*) FROM outbox.ack_many('w', ARRAY(SELECT token FROM after_lease)) WHERE acked}),
 	'1', 'ack after the rebuild');
-is(sql(q{SELECT outbox.complete('after-1')}), 't', 'receipt after the rebuild');
+is(sql(q{SELECT outbox.complete('r2', 'after-1')}), 't', 'receipt after the rebuild');
 
 # --- Leftovers of an interrupted rebuild are dropped; other indexes stay. -
 sql(q{CREATE INDEX commands_pkey_ccnew ON outbox.commands (command_id);

@@ -43,13 +43,13 @@ my $fits = 'x' x $max_id;
 like(id_error(qq{SELECT outbox.commit_decision('r', 1, 'e', '$long', 'k', '{}')}),
 	qr/command_id is too long.*the limit is $max_id bytes/s,
 	"C refuses an id of OUTBOX_MAX_ID_LEN + 1 bytes");
-like(id_error(qq{SELECT outbox.requeue('$long')}),
+like(id_error(qq{SELECT outbox.requeue('r', '$long')}),
 	qr/command_id is too long.*the limit is $max_id bytes/s,
 	"PL/pgSQL refuses the same id");
 sql(qq{SELECT outbox.commit_decision('r', 1, 'e', '$fits', 'k', '{}')});
 is(sql(qq{SELECT count(*) FROM outbox.commands WHERE command_id = '$fits'}), '1',
 	'C accepts an id of OUTBOX_MAX_ID_LEN bytes');
-unlike(id_error(qq{SELECT outbox.requeue('$fits')}), qr/too long/,
+unlike(id_error(qq{SELECT outbox.requeue('r', '$fits')}), qr/too long/,
 	'PL/pgSQL accepts it too');
 
 # --- the statuses ----------------------------------------------------------------------

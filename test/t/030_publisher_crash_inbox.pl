@@ -26,7 +26,8 @@ $node->safe_psql('postgres',
 $node->safe_psql('postgres', q{
 	SELECT outbox.commit_decision('order-run', i, 'order_placed', 'ship-' || i, 'ship',
 								  jsonb_build_object('qty', i))
-	  FROM generate_series(1, 5) AS i});
+	  FROM generate_series(1, 5) AS i;
+	SELECT outbox.register_consumer('shipping', current_user::text::regrole)});
 
 # The consumer: one transaction per delivered message, doing the business
 # write only when the inbox accepts the command.  Returns what inbox_accept
@@ -36,10 +37,10 @@ sub consume
 	my ($id, $qty) = @_;
 	my $out = $node->safe_psql('postgres', qq{
 		BEGIN;
-		WITH a AS (SELECT outbox.inbox_accept('shipping', '$id') AS ok),
+		WITH a AS (SELECT outbox.inbox_accept('shipping', 'order-run', '$id') AS ok),
 			 w AS (INSERT INTO shipments (command_id, qty) SELECT '$id', $qty FROM a WHERE a.ok)
 		SELECT ok FROM a;
-		SELECT outbox.complete('$id', 'shipped');
+		SELECT outbox.complete('order-run', '$id', 'shipped');
 		COMMIT;});
 	return join(' ', split /\n/, $out);
 }

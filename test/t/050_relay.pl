@@ -238,6 +238,8 @@ produce([ 'kind-a', 'ka', '{}' ], [ 'kind-b', 'kb', '{}' ], [ 'kind-c', 'kc', '{
 # HTTP sink
 # ---------------------------------------------------------------------------
 my $rlog = "$tmp/receiver.log";
+# The receiver's consumer name belongs to the role it connects as.
+sq("SELECT outbox.register_consumer('outbox-receiver', current_user::text::regrole)");
 my $rpid = spawn("$tmp/receiver.out", "$tmp/receiver.err", $receiver,
 	'--port-file', "$tmp/receiver.port", '--dsn', $dsn, '--table', 'biz', '--log', $rlog);
 ok(wait_file("$tmp/receiver.port"), 'receiver listening');

@@ -475,16 +475,18 @@ SELECT outbox.requeue('$p-4');
 SELECT token AS t5 FROM outbox.claim('$p-w', 1, kinds => '{$p-manual}') \\gset
 SELECT outbox.pause('$p-manual');
 SELECT outbox.resume('$p-manual');
-SELECT outbox.complete('$p-1');
-SELECT outbox.complete('$p-1');
-SELECT outbox.complete('$p-2', 'failed', '{"code": 7}');
-SELECT outbox.inbox_accept('$p-consumer', '$p-1');
-SELECT outbox.inbox_accept('$p-consumer', '$p-1');
+SELECT outbox.complete('$p-run', '$p-1');
+SELECT outbox.complete('$p-run', '$p-1');
+SELECT outbox.complete('$p-run', '$p-2', 'failed', '{"code": 7}');
+SELECT outbox.register_consumer('$p-consumer', 'mallory');
+SELECT outbox.inbox_accept('$p-consumer', '$p-run', '$p-1');
+SELECT outbox.inbox_accept('$p-consumer', '$p-run', '$p-1');
+SELECT outbox.unregister_consumer('$p-other');
 SELECT outbox.sweep();
 SELECT outbox.sweep(10);
 SELECT outbox.purge();
 SELECT outbox.purge(10, '0 seconds');
-SELECT outbox.complete('$p-1');
+SELECT outbox.complete('$p-run', '$p-1');
 SELECT outbox.preloaded();
 SELECT * FROM outbox.stats;
 SELECT * FROM outbox.workers;
@@ -511,7 +513,7 @@ sub resolve_script
 	my ($p) = @_;
 	return qq{
 $temp_traps
-SELECT outbox.resolve('$p-5', 'retry');
+SELECT outbox.resolve('$p-run', '$p-5', 'retry');
 SELECT * FROM outbox.dead_letters;
 };
 }

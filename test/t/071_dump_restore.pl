@@ -93,7 +93,8 @@ my %keys = (
 	receipts => 'command_id',
 	inbox    => 'consumer, command_id',
 	policies => 'kind',
-	purged   => 'command_id');
+	purged   => 'command_id',
+	consumers => 'consumer');
 
 sub table_rows
 {

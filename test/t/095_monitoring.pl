@@ -160,7 +160,7 @@ $node->poll_query_until('postgres', qq{
 
 # every published command gets its receipt but one: that one becomes
 # overdue after outbox.receipt_overdue (1 s)
-sq(join("\n", map { "SELECT outbox.complete('mail-$_');" } 2 .. $n_mail));
+sq(join("\n", map { "SELECT outbox.complete('run-095', 'mail-$_');" } 2 .. $n_mail));
 
 # The other kinds are driven by hand (the relay only claims mail).
 sq(q{

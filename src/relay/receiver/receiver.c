@@ -8,16 +8,21 @@
  * For each request (the body is the relay's JSON object, the
  * Idempotency-Key header its command_id) it runs, in one transaction:
  *
- *		SELECT outbox.inbox_accept(consumer, command_id);
+ *		SELECT outbox.inbox_accept(consumer, run_id, command_id);
  *		-- only when that returned true:
  *		INSERT INTO <table> (command_id, payload) VALUES (...);
- *		SELECT outbox.complete(command_id);
+ *		SELECT outbox.complete(run_id, command_id);
+ *
+ * (run_id is the body's; the consumer name, outbox-receiver unless
+ * --consumer names another, must be registered to the receiver's role:
+ * outbox.register_consumer.)
  *
  * so a redelivered command is answered 200 again but changes nothing.
  * Without --dsn it only logs and answers 200.  Errors: 503 when the
  * database is unavailable (the relay retries), 409 on an integrity error
- * such as a receipt for an unknown command (the relay gives up: that
- * command should never have been delivered).
+ * or an outbox error of class OB, such as an unknown command (OB002) or an
+ * unregistered consumer name (OB003): the relay gives up, retrying cannot
+ * help.
  *
  * Test hooks, read from the command's payload, apply while the relay's
  * "deliveries" is at most "test_times" (default: always):
@@ -233,8 +238,8 @@ pg_error(PGconn *pg, PGresult *res, char *err, size_t errlen, int *status)
 	for (p = err; *p; p++)
 		if (*p == '\n' || *p == '"' || *p == '\\')
 			*p = ' ';
-	/* integrity errors will not go away by retrying */
-	*status = (state != NULL && strncmp(state, "23", 2) == 0) ? 409 : 503;
+	/* integrity errors and the outbox's own (OB) will not go away by retrying */
+	*status = (state != NULL && (strncmp(state, "23", 2) == 0 || strncmp(state, "OB", 2) == 0)) ? 409 : 503;
 }
 
 /* Run one statement; false (with err and status) on error. */
@@ -265,7 +270,7 @@ static int
 apply(PGconn **pgp, const char *key, const char *body, bool *accepted, char *err, size_t errlen)
 {
 	PGconn	   *pg = *pgp;
-	const char *vals[2];
+	const char *vals[3];
 	char	   *v = NULL;
 	int			status = 503;
 
@@ -287,7 +292,9 @@ apply(PGconn **pgp, const char *key, const char *body, bool *accepted, char *err
 		return status;
 	vals[0] = opt_consumer;
 	vals[1] = key;
-	if (!pg_run(pg, "SELECT outbox.inbox_accept($1, $2)", 2, vals, &v, err, errlen, &status))
+	vals[2] = body;
+	if (!pg_run(pg, "SELECT outbox.inbox_accept($1, pg_catalog.jsonb_extract_path_text($3::pg_catalog.jsonb, 'run_id'), $2)",
+				3, vals, &v, err, errlen, &status))
 		goto fail;
 	*accepted = (v != NULL && v[0] == 't');
 	free(v);
@@ -298,7 +305,8 @@ apply(PGconn **pgp, const char *key, const char *body, bool *accepted, char *err
 		if (opt_table != NULL &&
 			!pg_run(pg, insert_sql, 2, vals, NULL, err, errlen, &status))
 			goto fail;
-		if (!pg_run(pg, "SELECT outbox.complete($1)", 1, vals, NULL, err, errlen, &status))
+		if (!pg_run(pg, "SELECT outbox.complete(pg_catalog.jsonb_extract_path_text($2::pg_catalog.jsonb, 'run_id'), $1)",
+					2, vals, NULL, err, errlen, &status))
 			goto fail;
 	}
 	if (!pg_run(pg, "COMMIT", 0, NULL, NULL, err, errlen, &status))
