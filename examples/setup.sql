@@ -13,6 +13,8 @@ SELECT format('CREATE ROLE %I LOGIN', r)
  WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) \gexec
 SELECT format('GRANT %I TO %I', outbox.role(capability), 'shop_' || capability)
   FROM unnest(ARRAY['producer', 'publisher', 'consumer']) AS capability \gexec
+-- The consumer's name, under which only shop_consumer may accept commands.
+SELECT outbox.register_consumer('billing', 'shop_consumer');
 
 CREATE TABLE shop_orders (
 	order_id	text PRIMARY KEY,

@@ -21,14 +21,14 @@ async function main() {
       await client.query('BEGIN');
       try {
         const { rows: [{ inbox_accept: first }] } = await client.query(
-          'SELECT outbox.inbox_accept($1, $2)', [CONSUMER, msg.command_id]);
+          'SELECT outbox.inbox_accept($1, $2, $3)', [CONSUMER, msg.run_id, msg.command_id]);
         if (first) {
           const { rows: [{ id: chargeId }] } = await client.query(
             'INSERT INTO shop_charges (command_id, order_id, amount_cents) VALUES ($1, $2, $3) RETURNING id',
             [msg.command_id, msg.payload.order_id, msg.payload.amount_cents]);
           // chargeId is a string: node-postgres returns bigint (int8) as text.
-          await client.query('SELECT outbox.complete($1, $2, $3)',
-            [msg.command_id, 'done', { charge_id: chargeId }]);
+          await client.query('SELECT outbox.complete($1, $2, $3, $4)',
+            [msg.run_id, msg.command_id, 'done', { charge_id: chargeId }]);
           charged++;
         }
         await client.query('COMMIT');

@@ -23,8 +23,8 @@ def main():
             msg = json.loads(line)
             with conn.transaction():
                 first, = conn.execute(
-                    "SELECT outbox.inbox_accept(%s, %s)",
-                    (CONSUMER, msg["command_id"])).fetchone()
+                    "SELECT outbox.inbox_accept(%s, %s, %s)",
+                    (CONSUMER, msg["run_id"], msg["command_id"])).fetchone()
                 if not first:
                     continue
                 charge_id, = conn.execute(
@@ -33,8 +33,8 @@ def main():
                     (msg["command_id"], msg["payload"]["order_id"],
                      msg["payload"]["amount_cents"])).fetchone()
                 conn.execute(
-                    "SELECT outbox.complete(%s, %s, %s)",
-                    (msg["command_id"], "done", Jsonb({"charge_id": charge_id})))
+                    "SELECT outbox.complete(%s, %s, %s, %s)",
+                    (msg["run_id"], msg["command_id"], "done", Jsonb({"charge_id": charge_id})))
                 charged += 1
     print(f"consumer: {charged} charged", file=sys.stderr)
 
