@@ -99,6 +99,19 @@ async function main() {
     'SELECT outbox.fail($1, $2, $3)', ['drv-fail', held.token, 'é'.repeat(3000)]);
   report('fail of a long error', `${held.command_id} ${status}`);
 
+  // The consumer's calls: unknown commands, consumers and other roles'
+  // consumer names have codes of their own.
+  const accept = 'SELECT outbox.inbox_accept($1, $2, $3)';
+  report('accept', (await client.query(accept, ['drv-consumer', 'drv-run', 'drv-1'])).rows[0].inbox_accept);
+  report('accept again', (await client.query(accept, ['drv-consumer', 'drv-run', 'drv-1'])).rows[0].inbox_accept);
+  report('accept an unknown command', await failure(accept, ['drv-consumer', 'drv-run', 'no-such']));
+  report('accept for an unregistered consumer', await failure(accept, ['nobody', 'drv-run', 'drv-1']));
+  report("accept for another role's consumer", await failure(accept, ['other-consumer', 'drv-run', 'drv-1']));
+  report('complete an unknown command',
+    await failure('SELECT outbox.complete($1, $2)', ['drv-run', 'no-such']));
+  report('complete', (await client.query('SELECT outbox.complete($1, $2, $3, $4)',
+    ['drv-run', 'drv-1', 'done', { ok: true }])).rows[0].complete);
+
   // A failed call aborts the caller's transaction; a savepoint keeps it.
   await client.query('BEGIN');
   await failure('SELECT outbox.ack($1, $2)', ['drv-worker', 'forged']);

@@ -208,11 +208,15 @@ foreach my $lang ('python', 'node')
 }
 
 # What node-postgres makes of the API (docs/drivers.md), in a database of
-# its own, as a role that produces and publishes.
+# its own, as a role that produces, publishes and consumes.
 $node->safe_psql('postgres', 'CREATE DATABASE drivers');
 $node->safe_psql('drivers', 'CREATE EXTENSION outbox');
 $node->safe_psql('drivers', q{CREATE ROLE drv_app LOGIN;
-	SELECT format('GRANT %I, %I TO drv_app', outbox.role('producer'), outbox.role('publisher')) \gexec});
+	CREATE ROLE drv_other;
+	SELECT format('GRANT %I, %I, %I TO drv_app', outbox.role('producer'), outbox.role('publisher'),
+		outbox.role('consumer')) \gexec
+	SELECT outbox.register_consumer('drv-consumer', 'drv_app');
+	SELECT outbox.register_consumer('other-consumer', 'drv_other');});
 is($node->safe_psql('drivers', q{SELECT string_agg(proname || '/' || pronargs, ', ') FROM (
 		SELECT proname, pronargs FROM pg_proc WHERE pronamespace = 'outbox'::regnamespace
 		 GROUP BY proname, pronargs HAVING count(*) > 1) AS same}),
@@ -238,6 +242,13 @@ driver_checks(
 	[ 'stringified array as jsonb', 'no error', 'JSON.stringify of an array is taken as jsonb' ],
 	[ 'lease as an object', 'under a minute', 'a JS object as a lease becomes seconds (the trap drivers.md shows)' ],
 	[ 'lease as text', 'over a minute', 'a lease as text is what it says' ],
+	[ 'accept', 'true', 'inbox_accept(consumer, run_id, command_id) the first time: true' ],
+	[ 'accept again', 'false', 'inbox_accept again: false' ],
+	[ 'accept an unknown command', 'OB002', 'inbox_accept of an unknown command: OB002' ],
+	[ 'accept for an unregistered consumer', 'OB003', 'inbox_accept for an unregistered consumer: OB003' ],
+	[ "accept for another role's consumer", 'OB004', "inbox_accept under another role's consumer name: OB004" ],
+	[ 'complete an unknown command', 'OB002', 'complete of an unknown command: OB002' ],
+	[ 'complete', 'true', 'complete(run_id, command_id, outcome, detail) with a JS object as detail' ],
 	[ 'fail of a long error', 'drv-6 pending', 'fail takes an error text over 4,096 bytes' ],
 	[ 'after an error in a transaction', '25P02', 'a failed call aborts the transaction' ],
 	[ 'after a rolled back savepoint', 'no error', 'a savepoint keeps the transaction' ],
