@@ -121,9 +121,10 @@ foreach my $lang ('python', 'node')
 	my ($rc, $stdout, $stderr) = $node->psql($db, slurp_file("$examples/setup.sql"),
 		extra_params => [ '-v', 'ON_ERROR_STOP=1' ]);
 	is($rc, 0, "$lang: examples/setup.sql runs") or diag($stderr);
-	# (roles are cluster-wide: the second database's setup drops nothing)
+	# (the shop_* login roles belong to the cluster: the second database's
+	# setup reuses them and grants them this database's group roles)
 
-	# Producer: every order has its command, in one transaction each.
+	# Producer: every order has its command; a second run is a retry.
 	my ($ok, $out, $err) = run_part($lang, 'shop_producer', $db, '', 'producer', $run, $count);
 	ok($ok, "$lang: the producer succeeds") or diag($err);
 	like($err, qr/, 0 decisions already recorded/, "$lang: every decision was recorded by this run");
