@@ -113,7 +113,7 @@ CHECKPOINT;"
 # pgbench scripts: claim a batch (one transaction), ack it (another).
 cat >"$WORK/outbox.sql" <<'EOF'
 SELECT array_agg(token) AS toks FROM outbox.claim('w' || :client_id, :batch, interval '10 minutes') \gset
-SELECT count(*) FROM outbox.ack_many('w' || :client_id, :'toks') WHERE acked;
+SELECT count(*) FROM outbox.ack_many('w' || :client_id, ':toks') WHERE acked;
 EOF
 BASE_CLAIM="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id = ANY (ARRAY(SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED)) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"
 BASE_CLAIM_IN="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id IN (SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"

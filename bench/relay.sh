@@ -80,7 +80,7 @@ psql_q "CREATE EXTENSION outbox; CREATE SEQUENCE lat_seq;" || exit 1
 # relay does), one pgbench "transaction" per batch.
 cat >"$WORK/loop.sql" <<'EOF'
 SELECT coalesce(array_agg(token), '{}') AS toks FROM outbox.claim('sql-:client_id', :batch) \gset
-SELECT count(*) FILTER (WHERE acked) AS acked FROM outbox.ack_many('sql-:client_id', :'toks') \gset
+SELECT count(*) FILTER (WHERE acked) AS acked FROM outbox.ack_many('sql-:client_id', ':toks') \gset
 EOF
 cat >"$WORK/produce.sql" <<'EOF'
 SELECT outbox.commit_decision('lat', s, 'decided', 'lat-' || s, 'k', '{"to": "someone@example.org"}') FROM nextval('lat_seq') s;

@@ -36,8 +36,8 @@ EOF
 # A publisher that is also the consumer: claim, ack, complete.
 cat >"$WORK/relay.sql" <<'EOF'
 SELECT COALESCE(array_agg(command_id), '{}') AS ids, COALESCE(array_agg(token), '{}') AS toks, count(*) AS n FROM outbox.claim('relay-' || :client_id, 100, interval '30 seconds') \gset
-SELECT count(*) FROM outbox.ack_many('relay-' || :client_id, :'toks') WHERE acked;
-SELECT count(outbox.complete(c)) FROM pg_catalog.unnest(:ids::text[]) c;
+SELECT count(*) FROM outbox.ack_many('relay-' || :client_id, ':toks') WHERE acked;
+SELECT count(outbox.complete('soak', c)) FROM pg_catalog.unnest(:ids::text[]) c;
 \if :n = 0
 \sleep 20 ms
 \endif

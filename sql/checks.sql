@@ -44,7 +44,7 @@ SELECT command_id FROM lease ORDER BY command_id;
 SELECT outbox.fail('w1', (SELECT token FROM lease WHERE command_id = 'c-retry'), 'timeout');
 SELECT outbox.fail('w1', (SELECT token FROM lease WHERE command_id = 'c-requeued'),
 				   'HTTP 400', fatal => true);
-SELECT outbox.requeue('c-requeued');
+SELECT outbox.requeue('run-1', 'c-requeued');
 SELECT outbox.fail('w1', (SELECT token FROM lease WHERE command_id = 'c-dead'),
 				   'HTTP 410', fatal => true);
 SELECT outbox.ack('w1', token)

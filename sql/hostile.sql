@@ -22,8 +22,10 @@ BEGIN
 	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-live}');
 	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-pub}');
 	PERFORM outbox.ack('w1', (SELECT token FROM tok WHERE command_id = 'h-pub'));
-	PERFORM outbox.complete('h-pub');
-	PERFORM outbox.inbox_accept('c1', 'h-pub');
+	PERFORM outbox.complete('h-run', 'h-pub');
+	PERFORM outbox.register_consumer('c1', current_user::text::regrole);
+	PERFORM outbox.register_consumer((SELECT U&'cmd-\+01F680-\202E-e\0301-\200D-\FEFF-\+10FFFF'), current_user::text::regrole);
+	PERFORM outbox.inbox_accept('c1', 'h-run', 'h-pub');
 	INSERT INTO tok SELECT command_id, token FROM outbox.claim('w1', 1, '1 hour', '{k-dead}');
 	PERFORM outbox.fail('w1', (SELECT token FROM tok WHERE command_id = 'h-dead'), 'rejected', true);
 	PERFORM outbox.claim('w1', 1, '1 hour', '{k-unc}');
@@ -250,24 +252,41 @@ $x$$c$),
 ('renew: lease 1000 months -29999 days (437 days)', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '1000 mons -29999 days')$$),
 ('renew: lease 1000000 years', '22023', $$SELECT outbox.renew('w1', (SELECT live FROM v), '1000000 years')$$),
 ('renew: a published command', 'OB001', $$SELECT outbox.renew('w1', (SELECT spent FROM v))$$),
--- complete(command_id, outcome, detail)
-('complete: null command_id', '22004', $$SELECT outbox.complete(NULL)$$),
-('complete: null outcome', '22004', $$SELECT outbox.complete('h-live', NULL)$$),
-('complete: null detail (optional)', '00000', $$SELECT outbox.complete('h-live', 'done', NULL)$$),
-('complete: empty command_id', '22023', $$SELECT outbox.complete('')$$),
-('complete: empty outcome', '22023', $$SELECT outbox.complete('h-live', '')$$),
-('complete: outcome of 201 bytes', '22023', $$SELECT outbox.complete('h-live', (SELECT long_id FROM v))$$),
-('complete: 3 MB detail', '54000', $$SELECT outbox.complete('h-live', 'done', (SELECT big_payload FROM v))$$),
-('complete: detail nested 65 deep', '54000', $$SELECT outbox.complete('h-live', 'done', (SELECT deep_payload FROM v))$$),
-('complete: unknown command', '23503', $$SELECT outbox.complete('nope')$$),
-('complete: another outcome than the receipt''s', '23505', $$SELECT outbox.complete('h-pub', 'failed')$$),
--- inbox_accept(consumer, command_id)
-('inbox: null consumer', '22004', $$SELECT outbox.inbox_accept(NULL, 'h-pub')$$),
-('inbox: null command_id', '22004', $$SELECT outbox.inbox_accept('c1', NULL)$$),
-('inbox: empty consumer', '22023', $$SELECT outbox.inbox_accept('', 'h-pub')$$),
-('inbox: command_id of 201 bytes', '22023', $$SELECT outbox.inbox_accept('c1', (SELECT long_id FROM v))$$),
-('inbox: consumer of 1 MB', '22023', $$SELECT outbox.inbox_accept((SELECT huge_id FROM v), 'h-pub')$$),
-('inbox: odd Unicode', '00000', $$SELECT outbox.inbox_accept((SELECT odd_id FROM v), (SELECT odd_id FROM v))$$),
+-- complete(run_id, command_id, outcome, detail)
+('complete: null run_id', '22004', $$SELECT outbox.complete(NULL, 'h-live')$$),
+('complete: null command_id', '22004', $$SELECT outbox.complete('h-run', NULL)$$),
+('complete: null outcome', '22004', $$SELECT outbox.complete('h-run', 'h-live', NULL)$$),
+('complete: null detail (optional)', '00000', $$SELECT outbox.complete('h-run', 'h-live', 'done', NULL)$$),
+('complete: empty run_id', '22023', $$SELECT outbox.complete('', 'h-live')$$),
+('complete: empty command_id', '22023', $$SELECT outbox.complete('h-run', '')$$),
+('complete: empty outcome', '22023', $$SELECT outbox.complete('h-run', 'h-live', '')$$),
+('complete: outcome of 201 bytes', '22023', $$SELECT outbox.complete('h-run', 'h-live', (SELECT long_id FROM v))$$),
+('complete: 3 MB detail', '54000', $$SELECT outbox.complete('h-run', 'h-live', 'done', (SELECT big_payload FROM v))$$),
+('complete: detail nested 65 deep', '54000', $$SELECT outbox.complete('h-run', 'h-live', 'done', (SELECT deep_payload FROM v))$$),
+('complete: unknown command', 'OB002', $$SELECT outbox.complete('h-run', 'nope')$$),
+('complete: another run''s command', 'OB002', $$SELECT outbox.complete('h-other', 'h-live')$$),
+('complete: another outcome than the receipt''s', '23505', $$SELECT outbox.complete('h-run', 'h-pub', 'failed')$$),
+-- inbox_accept(consumer, run_id, command_id)
+('inbox: null consumer', '22004', $$SELECT outbox.inbox_accept(NULL, 'h-run', 'h-pub')$$),
+('inbox: null run_id', '22004', $$SELECT outbox.inbox_accept('c1', NULL, 'h-pub')$$),
+('inbox: null command_id', '22004', $$SELECT outbox.inbox_accept('c1', 'h-run', NULL)$$),
+('inbox: empty consumer', '22023', $$SELECT outbox.inbox_accept('', 'h-run', 'h-pub')$$),
+('inbox: command_id of 201 bytes', '22023', $$SELECT outbox.inbox_accept('c1', 'h-run', (SELECT long_id FROM v))$$),
+('inbox: consumer of 1 MB', '22023', $$SELECT outbox.inbox_accept((SELECT huge_id FROM v), 'h-run', 'h-pub')$$),
+('inbox: odd Unicode consumer', '00000', $$SELECT outbox.inbox_accept((SELECT odd_id FROM v), 'h-run', 'h-live')$$),
+('inbox: unknown command', 'OB002', $$SELECT outbox.inbox_accept('c1', 'h-run', (SELECT odd_id FROM v))$$),
+('inbox: another run''s command', 'OB002', $$SELECT outbox.inbox_accept('c1', 'h-other', 'h-pub')$$),
+('inbox: unregistered consumer', 'OB003', $$SELECT outbox.inbox_accept('c2', 'h-run', 'h-pub')$$),
+('inbox: a repeat', '00000', $$SELECT outbox.inbox_accept('c1', 'h-run', 'h-pub')$$),
+-- register_consumer(consumer, role), unregister_consumer(consumer)
+('register: null consumer', '22004', $$SELECT outbox.register_consumer(NULL, current_user::text::regrole)$$),
+('register: null role', '22004', $$SELECT outbox.register_consumer('c2', NULL)$$),
+('register: empty consumer', '22023', $$SELECT outbox.register_consumer('', current_user::text::regrole)$$),
+('register: consumer of 201 bytes', '22023', $$SELECT outbox.register_consumer((SELECT long_id FROM v), current_user::text::regrole)$$),
+('register: to another role', '23505', $$SELECT outbox.register_consumer('c1', 'pg_monitor')$$),
+('register: unknown role', '42704', $$SELECT outbox.register_consumer('c2', 'no_such_role')$$),
+('unregister: null', '22004', $$SELECT outbox.unregister_consumer(NULL)$$),
+('unregister: unknown', '00000', $$SELECT outbox.unregister_consumer('c2')$$),
 -- sweep(batch_size)
 ('sweep: null batch_size', '22004', $$SELECT outbox.sweep(NULL)$$),
 ('sweep: batch_size 0', '22023', $$SELECT outbox.sweep(0)$$),

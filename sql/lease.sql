@@ -158,9 +158,9 @@ SELECT outbox.requeue('r', 'c10');
 SELECT command_id, status, version, owner IS NULL AS no_owner, due_at = available_at AS claimable
   FROM outbox.commands WHERE command_id = 'c10';
 SELECT command_id, deliveries FROM pg_temp.claim('A', 1, kinds => ARRAY['budget']);
-SELECT outbox.requeue('c10');
-SELECT outbox.requeue('nope');
-SELECT outbox.requeue(NULL);
+SELECT outbox.requeue('r', 'c10');
+SELECT outbox.requeue('r', 'nope');
+SELECT outbox.requeue('r', NULL);
 
 -- manual takeover: an expired lease is not taken over; sweep holds it as uncertain
 SELECT outbox.set_policy('wire', takeover => 'manual');
@@ -171,7 +171,7 @@ SELECT command_id FROM pg_temp.claim('B', 1, interval '1 minute', ARRAY['wire'])
 SELECT outbox.sweep();
 SELECT command_id, status, owner, last_error FROM outbox.commands WHERE command_id = 'c11';
 SELECT outbox.ack('A', pg_temp.t('c11', 2));
-SELECT outbox.resolve('c11', 'retry');
+SELECT outbox.resolve('r', 'c11', 'retry');
 SELECT command_id, status FROM outbox.commands WHERE command_id = 'c11';
 SELECT command_id, version FROM pg_temp.claim('B', 1, interval '1 millisecond', ARRAY['wire']);
 SELECT pg_sleep(0.05);

@@ -48,7 +48,6 @@
 #include "catalog/pg_index.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_type.h"
-#include "commands/dbcommands.h"
 #include "common/pg_prng.h"
 #include "executor/tuptable.h"
 #include "funcapi.h"
@@ -57,7 +56,6 @@
 #include "nodes/primnodes.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/acl.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/relcache.h"
@@ -79,6 +77,7 @@ static SPIPlanPtr plan_claim = NULL;
 static SPIPlanPtr plan_claim_pending = NULL;
 static SPIPlanPtr plan_ack = NULL;
 static SPIPlanPtr plan_ack_many = NULL;
+static SPIPlanPtr plan_ack_many_small = NULL;
 static SPIPlanPtr plan_fail_lock = NULL;
 static SPIPlanPtr plan_fail_set = NULL;
 static SPIPlanPtr plan_renew = NULL;
@@ -315,28 +314,6 @@ outbox_lease_secret(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INTERNAL_ERROR),
 				 errmsg("could not generate a random lease secret")));
 	PG_RETURN_UUID_P(u);
-}
-
-/*
- * Whether caller may use the leases of other roles: a member of this
- * database's outbox admin role (<database>_outbox_admin).
- */
-static bool
-le_caller_is_admin(Oid caller)
-{
-	static char *name = NULL;
-	Oid			admin;
-
-	if (name == NULL)
-	{
-		char	   *db = get_database_name(MyDatabaseId);
-
-		if (db == NULL)
-			return false;
-		name = MemoryContextStrdup(TopMemoryContext, psprintf("%s_outbox_admin", db));
-	}
-	admin = get_role_oid(name, true);
-	return OidIsValid(admin) && has_privs_of_role(caller, admin);
 }
 
 /*
@@ -714,7 +691,7 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 	args[3] = PointerGetDatum(worker);
 	args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 	args[5] = ObjectIdGetDatum(caller);
-	args[6] = BoolGetDatum(le_caller_is_admin(caller));
+	args[6] = BoolGetDatum(OutboxIsAdmin(caller));
 
 	SPI_connect();
 	ret = OutboxExecute(OutboxPrepare(&plan_ack,
@@ -765,19 +742,31 @@ le_cmp_taken(const void *a, const void *b)
 
 /*
  * outbox.ack_many(worker, tokens): the batch form.  One UPDATE takes the
- * rows that hold the tokens' leases: it reads the rows the tokens name by
- * key (commands_pkey, command_id = ANY) and joins them to the tokens (taken
- * apart into arrays of command_id, secret and run_id) as a hash join (see
- * OutboxExecuteHashJoin), testing the secret, the run_id, the worker and the
- * role of each row, as ack does: each side is read once, so the cost grows
- * with the number of tokens, not with its square.  A token is acked when
- * the UPDATE took the row of its lease (its secret, 128 random bits, is the
- * lease's own); a token repeated in the call is acked once and the repeat
- * reports lease_not_owned.  The UPDATE tests the status with LE_SENDING:
- * written plainly, the test would match the predicate of
+ * rows that hold the tokens' leases, testing the secret, the run_id, the
+ * worker and the role of each row, as ack does.  It reads the rows the
+ * tokens name by key (commands_pkey, command_id = ANY), and tests them
+ * against the tokens (taken apart into arrays of command_id, secret and
+ * run_id) in one of two ways, so that the cost grows with the number of
+ * tokens and not with its square:
+ *
+ * - up to LE_ACK_MANY_SMALL tokens, each row's secret and run_id are looked
+ *   up in the arrays (= ANY: at most that many comparisons a row, cheaper
+ *   than setting up a join; a row whose secret is in the call is the
+ *   caller's, and its run_id must be one of the call's);
+ * - more than that, the rows are joined to the tokens on all three as a
+ *   hash join (see OutboxExecuteHashJoin): each side read once.
+ *
+ * A token is acked when the UPDATE took the row of its lease: the secret
+ * (128 random bits) is the lease's own, so a row is taken only for a caller
+ * that holds its secret, and the result row of an acked token shows the
+ * command and run of that row.  A token repeated in the call is acked once;
+ * the repeat reports lease_not_owned.  The UPDATE tests the status with
+ * LE_SENDING: written plainly, the test would match the predicate of
  * commands_lease_idx, and the planner could read the rows from a scan of
  * that whole index.
  */
+#define LE_ACK_MANY_SMALL	16
+
 static Datum
 le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 {
@@ -853,23 +842,38 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 		args[3] = PointerGetDatum(construct_array(runs, nvalid, TEXTOID, -1, false, TYPALIGN_INT));
 		args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
 		args[5] = ObjectIdGetDatum(caller);
-		args[6] = BoolGetDatum(le_caller_is_admin(caller));
-		ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_many,
-										  "UPDATE outbox.commands t"
-										  "   SET status = 'published', published_at = $5, lease_until = NULL,"
-										  "       version = t.version OPERATOR(pg_catalog.+) 1"
-										  "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
-										  "                 pg_catalog.unnest($4)) AS k(command_id, secret, run_id)"
-										  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
-										  "   AND t.command_id OPERATOR(pg_catalog.=) k.command_id"
-										  "   AND t.lease_secret OPERATOR(pg_catalog.=) k.secret"
-										  "   AND t.run_id OPERATOR(pg_catalog.=) k.run_id"
-										  "   AND t.owner OPERATOR(pg_catalog.=) $1"
-										  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
-										  "   AND " LE_SENDING("t.")
-										  " RETURNING t.lease_secret, t.command_id, t.run_id",
-										  7, argtypes),
-							args, NULL, false, 0);
+		args[6] = BoolGetDatum(OutboxIsAdmin(caller));
+		if (nvalid <= LE_ACK_MANY_SMALL)
+			ret = OutboxExecute(OutboxPrepare(&plan_ack_many_small,
+											  "UPDATE outbox.commands t"
+											  "   SET status = 'published', published_at = $5, lease_until = NULL,"
+											  "       version = t.version OPERATOR(pg_catalog.+) 1"
+											  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
+											  "   AND t.lease_secret OPERATOR(pg_catalog.=) ANY ($3)"
+											  "   AND t.run_id OPERATOR(pg_catalog.=) ANY ($4)"
+											  "   AND t.owner OPERATOR(pg_catalog.=) $1"
+											  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
+											  "   AND " LE_SENDING("t.")
+											  " RETURNING t.lease_secret, t.command_id, t.run_id",
+											  7, argtypes),
+								args, NULL, false, 0);
+		else
+			ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_many,
+													  "UPDATE outbox.commands t"
+													  "   SET status = 'published', published_at = $5, lease_until = NULL,"
+													  "       version = t.version OPERATOR(pg_catalog.+) 1"
+													  "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
+													  "                 pg_catalog.unnest($4)) AS k(command_id, secret, run_id)"
+													  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
+													  "   AND t.command_id OPERATOR(pg_catalog.=) k.command_id"
+													  "   AND t.lease_secret OPERATOR(pg_catalog.=) k.secret"
+													  "   AND t.run_id OPERATOR(pg_catalog.=) k.run_id"
+													  "   AND t.owner OPERATOR(pg_catalog.=) $1"
+													  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
+													  "   AND " LE_SENDING("t.")
+													  " RETURNING t.lease_secret, t.command_id, t.run_id",
+													  7, argtypes),
+									  args, NULL, false, 0);
 		if (ret != SPI_OK_UPDATE_RETURNING)
 			elog(ERROR, "outbox: ack_many failed: %s", SPI_result_code_string(ret));
 		nacked = SPI_processed;
@@ -1052,7 +1056,7 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
 	args[3] = PointerGetDatum(worker);
 	args[4] = ObjectIdGetDatum(caller);
-	args[5] = BoolGetDatum(le_caller_is_admin(caller));
+	args[5] = BoolGetDatum(OutboxIsAdmin(caller));
 
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_fail_lock,
@@ -1163,7 +1167,7 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
 	args[3] = PointerGetDatum(worker);
 	args[4] = ObjectIdGetDatum(caller);
-	args[5] = BoolGetDatum(le_caller_is_admin(caller));
+	args[5] = BoolGetDatum(OutboxIsAdmin(caller));
 	args[6] = TimestampTzGetDatum(now);
 	args[7] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
 	if (lease == NULL)

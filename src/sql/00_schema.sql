@@ -72,9 +72,9 @@ CREATE TABLE @extschema@.commands (
 	published_at pg_catalog.timestamptz,
 	last_error	pg_catalog.text,
 	payload		pg_catalog.jsonb NOT NULL,
+	decided_by	pg_catalog.oid,
 	lease_secret pg_catalog.uuid,
 	leased_by	pg_catalog.oid,
-	decided_by	pg_catalog.oid,
 	CONSTRAINT commands_pkey PRIMARY KEY (command_id)
 ) WITH (fillfactor = 80);
 

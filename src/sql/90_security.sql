@@ -193,7 +193,7 @@ BEGIN
 	@extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.bool),
 	@extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
 	TO ' OPERATOR(pg_catalog.||) publisher;
-	-- The result types of claim and the batch ack, for publishers that wrap
+	-- The result types of claim and ack_many, for publishers that wrap
 	-- these calls in functions of their own.
 	EXECUTE 'GRANT USAGE ON TYPE @extschema@.lease, @extschema@.ack_result TO ' OPERATOR(pg_catalog.||) publisher;
 

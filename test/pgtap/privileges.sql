@@ -255,6 +255,8 @@ BEGIN
 	PERFORM outbox.commit_decision('pt-run', 2, 'e', 'pt-dead', 'pt-kind-dead', '{}');
 	PERFORM outbox.commit_decision('pt-run', 3, 'e', 'pt-unc', 'pt-kind-unc', '{}');
 	PERFORM outbox.commit_decision('pt-run', 4, 'e', 'pt-fresh', 'pt-kind-fresh', '{}');
+	-- pt-consumer is the consumer role's name (the calls run as members).
+	PERFORM outbox.register_consumer('pt-consumer', outbox.role('consumer')::text::regrole);
 	PERFORM outbox.claim('pt-w', 1, kinds => '{pt-kind-live}');
 	PERFORM outbox.fail('pt-w', (SELECT token FROM outbox.claim('pt-w', 1, kinds => '{pt-kind-dead}')),
 						'boom', fatal => true);

@@ -1,6 +1,6 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(55);
+SELECT plan(57);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers']);
@@ -16,7 +16,7 @@ SELECT col_has_check('outbox', 'events', 'seq', 'col_has_check outbox, events, s
 -- commands
 SELECT columns_are('outbox', 'commands', ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'version',
 	'deliveries', 'priority', 'available_at', 'due_at', 'lease_until', 'owner', 'created_at',
-	'published_at', 'last_error', 'payload', 'lease_secret', 'leased_by', 'decided_by']);
+	'published_at', 'last_error', 'payload', 'decided_by', 'lease_secret', 'leased_by']);
 SELECT col_type_is('outbox', 'commands', 'lease_secret', 'uuid', 'the lease secret is 16 bytes (a uuid)');
 SELECT col_type_is('outbox', 'commands', 'leased_by', 'oid', 'the claiming role is an oid');
 SELECT col_is_pk('outbox', 'commands', 'command_id', 'col_is_pk outbox, commands, command_id');

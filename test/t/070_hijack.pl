@@ -471,7 +471,7 @@ SELECT outbox.fail('$p-w', :'t3', 'timeout');
 SELECT outbox.renew('$p-w', :'t4', '1 minute');
 SELECT outbox.renew('$p-w', :'t4');
 SELECT outbox.fail('$p-w', :'t4', 'rejected', true);
-SELECT outbox.requeue('$p-4');
+SELECT outbox.requeue('$p-run', '$p-4');
 SELECT token AS t5 FROM outbox.claim('$p-w', 1, kinds => '{$p-manual}') \\gset
 SELECT outbox.pause('$p-manual');
 SELECT outbox.resume('$p-manual');
@@ -565,7 +565,7 @@ SELECT outbox.commit_decision('w-run', 1, 'decided', 'w-1', 'w-manual', '{}');
 SELECT outbox.commit_decision('w-run', 2, 'decided', 'w-2', 'w-short', '{}');
 SELECT count(*) FROM outbox.claim('w-w', 1, '1 millisecond', '{w-manual}');
 SELECT outbox.ack('w-w', token) FROM outbox.claim('w-w', 1, '1 minute', '{w-short}');
-SELECT outbox.complete('w-2');
+SELECT outbox.complete('w-run', 'w-2');
 });
 $node->poll_query_until('hijack', q{
 SELECT (SELECT c.status OPERATOR(pg_catalog.=) 'uncertain' FROM outbox.commands c

@@ -40,8 +40,10 @@ SELECT outbox.pause('k-paused');
 -- published command with a receipt)
 SELECT outbox.commit_decision('run-a', 1, 'decided', 'd-purged', 'k-purge', '{"n": 1}');
 SELECT outbox.ack('w1', token) FROM outbox.claim('w1', 1, kinds => '{k-purge}');
-SELECT outbox.complete('d-purged', 'done', '{"ref": "x-1"}');
-SELECT outbox.inbox_accept('consumer-1', 'd-purged');
+SELECT outbox.complete('run-a', 'd-purged', 'done', '{"ref": "x-1"}');
+SELECT outbox.register_consumer('consumer-1', 'auditor');
+SELECT outbox.register_consumer('consumer-2', current_user::text::regrole);
+SELECT outbox.inbox_accept('consumer-2', 'run-a', 'd-purged');
 });
 sql($node, 'src', q{SELECT outbox.purge(10, '0 seconds')});
 sql($node, 'src', q{
@@ -58,9 +60,9 @@ CREATE TABLE public.sending_token AS SELECT token FROM outbox.claim('w1', 1, '1 
 SELECT outbox.commit_decision('run-b', 2, 'decided', 'd-pub', 'k-pub', '{"n": 6}');
 SELECT outbox.commit_decision('run-b', 3, 'decided', 'd-pub-r', 'k-pub', '{"n": 7}');
 SELECT count(*) FROM outbox.ack_many('w2', ARRAY(SELECT token FROM outbox.claim('w2', 2, kinds => '{k-pub}')));
-SELECT outbox.complete('d-pub-r', 'failed', '{"code": 42, "text": "déjà vu \u2603"}');
-SELECT outbox.inbox_accept('consumer-1', 'd-pub-r');
-SELECT outbox.inbox_accept('consumer-2', 'd-pub-r');
+SELECT outbox.complete('run-b', 'd-pub-r', 'failed', '{"code": 42, "text": "déjà vu \u2603"}');
+SELECT outbox.inbox_accept('consumer-1', 'run-b', 'd-pub-r');
+SELECT outbox.inbox_accept('consumer-2', 'run-b', 'd-pub-r');
 -- dead, with a long error of multibyte characters (cut at 4 kB)
 SELECT outbox.commit_decision('run-b', 4, 'decided', 'd-dead', 'k-dead', '{"n": 8}');
 SELECT outbox.fail('w1', token, 'x' || repeat('é', 3000), true) FROM outbox.claim('w1', 1, kinds => '{k-dead}');
@@ -163,8 +165,8 @@ SELECT 'acked' FROM outbox.ack('w1', (SELECT token FROM public.sending_token)) a
 CREATE TEMP TABLE l9 AS SELECT * FROM outbox.claim('w9', 10, kinds => '{k-pending,k-paused}');
 SELECT command_id || ' v' || version FROM l9;
 SELECT 'acked' FROM outbox.ack('w9', (SELECT token FROM l9)) a;
-SELECT outbox.complete('d-pub');
-SELECT outbox.complete('d-purged');
+SELECT outbox.complete('run-b', 'd-pub');
+SELECT outbox.complete('run-a', 'd-purged');
 SELECT string_agg(command_id || ':' || status, ',' ORDER BY command_id) FROM outbox.commands
  WHERE command_id IN ('d-sending', 'd-pending', 'd-paused');}),
 		"acked\nd-pending v2\nacked\nt\nf\nd-paused:pending,d-pending:published,d-sending:published",
