@@ -11,7 +11,10 @@
  * start and exit to the process that registered it.  A duty's transaction
  * runs through OutboxRunTransaction: an error is logged, kept in the slot
  * of the worker (MyOutboxSlot) for outbox.workers, and rolled back, and the
- * worker carries on.  Calls only shared.c's data (the slot), no function of
+ * worker carries on.  Its text may hold what producers and publishers chose
+ * (ids, kinds, error texts), so the log line gets it with control
+ * characters and backslashes escaped (bg_escape): a command id with a
+ * newline cannot forge a line of the server log.  Calls only shared.c's data (the slot), no function of
  * a file above it.
  *
  * Locking.  OutboxShared->lock (exclusive, briefly) to record an error in
@@ -29,6 +32,7 @@
 #include "postmaster/bgworker.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
+#include "lib/stringinfo.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 
@@ -133,23 +137,66 @@ bg_record_error(const char *msg)
 }
 
 /*
- * Recover from an error caught in one of the worker's transactions: log it,
- * keep its message in the slot, roll the transaction back.  The worker then
- * carries on with its next duty.
+ * A copy of s for a log line: backslash, newline, carriage return and tab
+ * as \\, \n, \r and \t, any other control character as \xNN.  NULL stays
+ * NULL.
+ */
+static char *
+bg_escape(const char *s)
+{
+	StringInfoData buf;
+	const unsigned char *p;
+
+	if (s == NULL)
+		return NULL;
+	initStringInfo(&buf);
+	for (p = (const unsigned char *) s; *p; p++)
+	{
+		if (*p == '\\')
+			appendStringInfoString(&buf, "\\\\");
+		else if (*p == '\n')
+			appendStringInfoString(&buf, "\\n");
+		else if (*p == '\r')
+			appendStringInfoString(&buf, "\\r");
+		else if (*p == '\t')
+			appendStringInfoString(&buf, "\\t");
+		else if (*p < 0x20 || *p == 0x7f)
+			appendStringInfo(&buf, "\\x%02x", *p);
+		else
+			appendStringInfoChar(&buf, (char) *p);
+	}
+	return buf.data;
+}
+
+/*
+ * Recover from an error caught in one of the worker's transactions: log it
+ * (as a WARNING, with its texts escaped: the worker goes on), keep its
+ * message in the slot, roll the transaction back.  The worker then carries
+ * on with its next duty.
  */
 void
 OutboxRecover(MemoryContext cxt)
 {
 	ErrorData  *edata;
+	char	   *message;
 
 	HOLD_INTERRUPTS();
 	MemoryContextSwitchTo(cxt);
 	edata = CopyErrorData();
-	EmitErrorReport();
 	FlushErrorState();
 	AbortCurrentTransaction();
 	RESUME_INTERRUPTS();
-	bg_record_error(edata->message);
+	message = edata->message;
+	edata->elevel = WARNING;
+	edata->output_to_client = false;
+	edata->message = bg_escape(message);
+	edata->detail = bg_escape(edata->detail);
+	edata->detail_log = bg_escape(edata->detail_log);
+	edata->hint = bg_escape(edata->hint);
+	edata->context = bg_escape(edata->context);
+	edata->internalquery = bg_escape(edata->internalquery);
+	ThrowErrorData(edata);
+	bg_record_error(message);
 	FreeErrorData(edata);
 }
 

@@ -495,9 +495,11 @@ le_any_expired(TimestampTz now)
 	"  SELECT c.ctid FROM outbox.commands c" \
 	"   WHERE c.due_at OPERATOR(pg_catalog.<=) $5" \
 	"     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))" \
-	"     AND c.kind OPERATOR(pg_catalog.<>) ALL ((SELECT COALESCE(pg_catalog.array_agg(p.kind)," \
-	"            '{}') FROM outbox.policies p WHERE p.paused" \
-	"             OR (p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8)))::pg_catalog.text[])" \
+	"     AND c.kind OPERATOR(pg_catalog.<>) ALL ((SELECT COALESCE(pg_catalog.array_agg(x.kind)," \
+	"            '{}') FROM (SELECT p.kind FROM outbox.policies p WHERE p.paused" \
+	"                        UNION ALL SELECT p.kind FROM outbox.policies p" \
+	"                         WHERE p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8)) x" \
+	"            )::pg_catalog.text[])" \
 	"   ORDER BY c.priority DESC, c.due_at, c.created_at" \
 	"   LIMIT " limit \
 	"   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)"

@@ -49,6 +49,7 @@ PG_FUNCTION_INFO_V1(outbox_commit_decisions);
 PG_FUNCTION_INFO_V1(outbox_record_event);
 
 static SPIPlanPtr plan_decide = NULL;
+static SPIPlanPtr plan_decide_open = NULL;
 static SPIPlanPtr plan_decide_why = NULL;
 static SPIPlanPtr plan_batch_why = NULL;
 static SPIPlanPtr plan_event = NULL;
@@ -189,20 +190,18 @@ pr_insert(SPIPlanPtr plan, Datum *args, const char *nulls, const PrWhat *w,
 	return inserted;
 }
 
-/* Raise 42501 for a decision of a kind the caller may not decide. */
+/*
+ * Raise 42501 for a decision of a kind the caller may not decide; elem is
+ * the 1-based position in a batch, or 0.
+ */
 static void
 pr_raise_forbidden(const char *kind, int elem)
 {
-	if (elem > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to decide commands of kind \"%s\"", kind),
-				 errdetail("Decision %d of the batch has this kind; nothing of this call was recorded.",
-						   elem),
-				 errhint("The kind's deciders (outbox.set_policy) do not include a role of yours.")));
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("permission denied to decide commands of kind \"%s\"", kind),
+			 elem > 0 ? errdetail("Decision %d of the batch has this kind; nothing of this call was recorded.",
+								  elem) : 0,
 			 errhint("The kind's deciders (outbox.set_policy) do not include a role of yours.")));
 }
 
@@ -214,18 +213,12 @@ pr_raise_forbidden(const char *kind, int elem)
 static void
 pr_raise_conflict(const char *command_id, int elem)
 {
-	if (elem > 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNIQUE_VIOLATION),
-				 errmsg("command \"%s\" already exists", command_id),
-				 errdetail("Decision %d of the batch is not a retry of the decision that holds this command id; nothing of this call was recorded.",
-						   elem),
-				 err_generic_string(PG_DIAG_SCHEMA_NAME, "outbox"),
-				 err_generic_string(PG_DIAG_TABLE_NAME, "commands"),
-				 err_generic_string(PG_DIAG_CONSTRAINT_NAME, "commands_pkey")));
 	ereport(ERROR,
 			(errcode(ERRCODE_UNIQUE_VIOLATION),
 			 errmsg("command \"%s\" already exists", command_id),
+			 elem > 0 ?
+			 errdetail("Decision %d of the batch is not a retry of the decision that holds this command id; nothing of this call was recorded.",
+					   elem) :
 			 errdetail("This is not a retry of the decision that holds this command id; nothing of this decision was recorded."),
 			 err_generic_string(PG_DIAG_SCHEMA_NAME, "outbox"),
 			 err_generic_string(PG_DIAG_TABLE_NAME, "commands"),
@@ -248,6 +241,27 @@ pr_raise_conflict(const char *command_id, int elem)
 	"                AND e.seq OPERATOR(pg_catalog.=) " seq \
 	"                AND e.kind OPERATOR(pg_catalog.=) " ekind \
 	"                AND e.command_id OPERATOR(pg_catalog.=) c.command_id))"
+
+/*
+ * The single decision's statement: insert the command unless its id is
+ * stored (or kind_filter, the deciders probe, says no), then its event.
+ * Without any deciders in the policies the probe is left out
+ * (OutboxAnyDeciders).
+ */
+#define PR_DECIDE(kind_filter) \
+	"WITH c AS (" \
+	"  INSERT INTO outbox.commands" \
+	"    (command_id, run_id, seq, kind, payload, priority," \
+	"     available_at, due_at, decided_by)" \
+	"  SELECT $4, $1, $2, $5, $6, $9," \
+	"         COALESCE($8, pg_catalog.now())," \
+	"         COALESCE($8, pg_catalog.now()), $10" \
+	"   WHERE NOT EXISTS (SELECT 1 FROM outbox.commands x" \
+	"                      WHERE x.command_id OPERATOR(pg_catalog.=) $4)" \
+	kind_filter \
+	"  RETURNING 1)" \
+	"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)" \
+	"SELECT $1, $2, $3, $7, $4 FROM c"
 
 /*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
@@ -308,24 +322,14 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	what.command_id = command_id;
 	what.rows = 1;
 	SPI_connect();
-	if (pr_insert(OutboxPrepare(&plan_decide,
-								"WITH c AS ("
-								"  INSERT INTO outbox.commands"
-								"    (command_id, run_id, seq, kind, payload, priority,"
-								"     available_at, due_at, decided_by)"
-								"  SELECT $4, $1, $2, $5, $6, $9,"
-								"         COALESCE($8, pg_catalog.now()),"
-								"         COALESCE($8, pg_catalog.now()), $10"
-								"   WHERE NOT EXISTS (SELECT 1 FROM outbox.commands x"
-								"                      WHERE x.command_id OPERATOR(pg_catalog.=) $4)"
-								"     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
-								"                      WHERE p.kind OPERATOR(pg_catalog.=) $5"
-								"                        AND p.deciders IS NOT NULL"
-								"                        AND NOT outbox._may(p.deciders, $10))"
-								"  RETURNING 1)"
-								"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
-								"SELECT $1, $2, $3, $7, $4 FROM c",
-								10, argtypes),
+	if (pr_insert(OutboxAnyDeciders() ?
+				  OutboxPrepare(&plan_decide,
+								PR_DECIDE("     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
+										  "                      WHERE p.kind OPERATOR(pg_catalog.=) $5"
+										  "                        AND p.deciders IS NOT NULL"
+										  "                        AND NOT outbox._may(p.deciders, $10))"),
+								10, argtypes) :
+				  OutboxPrepare(&plan_decide_open, PR_DECIDE(""), 10, argtypes),
 				  args, nulls, &what, true))
 	{
 		SPI_finish();
@@ -772,9 +776,12 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	/*
 	 * Before inserting: the first decision of a kind the caller may not
 	 * decide, and every decision whose command id is stored, with whether
-	 * it is the caller's own retry (in batch order).
+	 * it is the caller's own retry (in batch order).  Each table is read by
+	 * the batch's keys and hash-joined to the elements (as the batch ack's
+	 * diagnosis, OutboxExecuteHashJoin), whatever its statistics said when
+	 * the plan was made.
 	 */
-	if (OutboxExecute(OutboxPrepare(&plan_batch_why,
+	if (OutboxExecuteHashJoin(OutboxPrepare(&plan_batch_why,
 									"WITH u AS ("
 									"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
 									"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
@@ -783,8 +790,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 									"                         payload, ord))"
 									"SELECT * FROM ("
 									" SELECT u.ord, true AS forbidden, false AS same FROM u"
-									"  WHERE EXISTS (SELECT 1 FROM outbox.policies p"
-									"                 WHERE p.kind OPERATOR(pg_catalog.=) u.command_kind"
+									"  WHERE u.command_kind IN (SELECT p.kind FROM outbox.policies p"
+									"                 WHERE p.kind OPERATOR(pg_catalog.=) ANY ($5)"
 									"                   AND p.deciders IS NOT NULL"
 									"                   AND NOT outbox._may(p.deciders, $10))"
 									"  ORDER BY u.ord LIMIT 1) f "
@@ -794,6 +801,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 									PR_SAME_DECISION("u.run_id", "u.seq", "u.event_kind", "u.command_kind", "u.payload", "$10")
 									"   FROM u JOIN outbox.commands c"
 									"     ON c.command_id OPERATOR(pg_catalog.=) u.command_id"
+									"    AND c.command_id OPERATOR(pg_catalog.=) ANY ($4)"
 									"  ORDER BY u.ord) s",
 									10, argtypes),
 					  args, nulls, true, 0) != SPI_OK_SELECT)

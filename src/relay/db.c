@@ -9,7 +9,7 @@
  * three: the connection is gone (reconnect with backoff and try again),
  * a configuration error that retrying cannot fix (SQLSTATE classes 42,
  * 3F, 22 and 0A, e.g. the extension is not installed, the role lacks the
- * outbox_publisher privileges, or the batch exceeds outbox.max_batch: the
+ * database's publisher role, or the batch exceeds outbox.max_batch: the
  * relay exits 1), and anything else (log, back off, retry).  A refused
  * token (SQLSTATE OB001, lease_not_owned; matched by code, never by
  * message) is not an error for the relay: it means another worker owns the

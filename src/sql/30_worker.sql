@@ -76,7 +76,7 @@ AS 'MODULE_PATHNAME', 'outbox_workers';
 COMMENT ON FUNCTION @extschema@._workers()
 	IS 'the shared-memory worker slots behind outbox.workers';
 
-CREATE VIEW @extschema@.workers AS
+CREATE VIEW @extschema@.workers WITH (security_barrier) AS
 	SELECT d.datname AS database, w.pid, w.state, w.started_at, w.last_run,
 		   w.rounds, w.naptime, w.last_purged, w.last_error, w.last_error_at
 	  FROM @extschema@._workers() w

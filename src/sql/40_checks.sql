@@ -22,12 +22,14 @@
 -- purged_pkey, events_pkey, events_command_id_key) when one side is small.
 -- No check is a nested loop of scans; the cost grows linearly.
 -- The views use only pg_catalog functions, so pg_monitor needs nothing but
--- SELECT on them; they never show a payload.
+-- SELECT on them; they never show a payload.  Every view that filters rows
+-- is a security_barrier view: a reader's own function in a WHERE clause
+-- runs only on the rows the view returns, never on those it filters out.
 
 
 -- Invariant 1: every event that decided a command has that command, or the
 -- tombstone the purge left for exactly that event's command.
-CREATE VIEW @extschema@.check_decisions_without_command AS
+CREATE VIEW @extschema@.check_decisions_without_command WITH (security_barrier) AS
 SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
   FROM @extschema@.events e
  WHERE e.command_id IS NOT NULL
@@ -44,7 +46,7 @@ COMMENT ON VIEW @extschema@.check_decisions_without_command
 -- names this command.  events.command_id is unique, so "the event
 -- (run_id, seq) names c" is the same as "the event naming c is
 -- (run_id, seq)": the anti-join runs on command_id.
-CREATE VIEW @extschema@.check_orphan_commands AS
+CREATE VIEW @extschema@.check_orphan_commands WITH (security_barrier) AS
 SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS status,
 	   e.command_id AS event_command_id,
 	   CASE WHEN e.run_id IS NULL THEN 'event_missing'
@@ -67,7 +69,7 @@ COMMENT ON COLUMN @extschema@.check_orphan_commands.problem
 -- removes a receipt with its command, so a tombstone does not excuse one;
 -- the purged column tells a receipt the purge left behind from one that
 -- never had a command.
-CREATE VIEW @extschema@.check_orphan_receipts AS
+CREATE VIEW @extschema@.check_orphan_receipts WITH (security_barrier) AS
 SELECT r.command_id, r.outcome, r.completed_at,
 	   EXISTS (SELECT 1 FROM @extschema@.purged p
 				WHERE p.command_id OPERATOR(pg_catalog.=) r.command_id) AS purged
@@ -97,7 +99,7 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 -- The flags are computed in the subquery; their disjunction filters the scan
 -- and the rules array is built for the offending rows only.  Tombstones are
 -- hashed and probed by the one scan of commands.
-CREATE VIEW @extschema@.check_state AS
+CREATE VIEW @extschema@.check_state WITH (security_barrier) AS
 SELECT f.command_id, f.status::pg_catalog.text AS status,
 	   pg_catalog.array_remove(ARRAY[
 		   CASE WHEN f.r1 THEN 'sending_without_owner' END,
@@ -148,7 +150,7 @@ COMMENT ON COLUMN @extschema@.check_state.rules
 -- that a value from the configuration is still seen (as written, a bare
 -- number meaning seconds), and without any the threshold is one hour.  It is
 -- computed once per query (an uncorrelated subquery), not once per row.
-CREATE VIEW @extschema@.check_receipt_overdue AS
+CREATE VIEW @extschema@.check_receipt_overdue WITH (security_barrier) AS
 SELECT c.command_id, c.run_id, c.seq, c.kind, c.owner, c.published_at,
 	   pg_catalog.now() OPERATOR(pg_catalog.-) c.published_at AS waiting
   FROM @extschema@.commands c
@@ -168,7 +170,7 @@ COMMENT ON VIEW @extschema@.check_receipt_overdue
 -- and is read once (a materialized CTE):
 -- violations counts its rows, sample holds up to five of the offending
 -- command ids, smallest first.
-CREATE VIEW @extschema@.conservation AS
+CREATE VIEW @extschema@.conservation WITH (security_barrier) AS
 WITH d AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_decisions_without_command v),
 	 o AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_orphan_commands v),
 	 r AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_orphan_receipts v),
@@ -272,7 +274,7 @@ COMMENT ON VIEW @extschema@.backlog
 -- left (negative: expired that long ago).  takeover says what happens to an
 -- expired lease: auto (the next claim takes it over) or manual (the worker
 -- moves it to uncertain).
-CREATE VIEW @extschema@.leases AS
+CREATE VIEW @extschema@.leases WITH (security_barrier) AS
 SELECT c.command_id, c.kind, c.owner AS holder, c.version::pg_catalog.int8 AS version,
 	   c.deliveries::pg_catalog.int4 AS deliveries, c.lease_until,
 	   c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now() AS expired,
@@ -286,7 +288,7 @@ COMMENT ON VIEW @extschema@.leases
 
 -- Commands that need a human: dead (deliveries used up or a fatal failure)
 -- and uncertain (an expired lease of a manual-takeover kind).
-CREATE VIEW @extschema@.dead_letters AS
+CREATE VIEW @extschema@.dead_letters WITH (security_barrier) AS
 SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS status,
 	   c.deliveries::pg_catalog.int4 AS deliveries, c.version::pg_catalog.int8 AS version,
 	   c.owner, c.last_error, c.created_at, c.available_at
@@ -300,7 +302,7 @@ COMMENT ON VIEW @extschema@.dead_letters
 -- transactions and replication slots with an xmin, oldest first.  While one
 -- of them lives, vacuum cannot remove the dead row versions that claims and
 -- acks leave behind, and the claim index grows.
-CREATE VIEW @extschema@.horizon AS
+CREATE VIEW @extschema@.horizon WITH (security_barrier) AS
 SELECT 'transaction'::pg_catalog.text AS source, a.pid::pg_catalog.text AS holder,
 	   a.usename::pg_catalog.text AS role, a.datname::pg_catalog.text AS database,
 	   a.state::pg_catalog.text AS state, pg_catalog.age(a.backend_xmin) AS xmin_age,

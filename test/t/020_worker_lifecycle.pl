@@ -175,7 +175,7 @@ is($node->safe_psql('app', q{
 	SELECT outbox.commit_decision('np', 1, 'e', 'np-1', 'k', '{}');
 	SELECT count(*) FROM outbox.ack('w', (SELECT token FROM outbox.claim('w', 10, NULL, ARRAY['k'])));
 	SELECT status || ' ' || outbox.preloaded() FROM outbox.commands WHERE command_id = 'np-1'}),
-	"\n1\npublished false", 'without preloading the API works');
+	"t\n1\npublished false", 'without preloading the API works');
 is($node->safe_psql('app', q{
 	SELECT database || ' | ' || state || ' | ' || last_error || ' | ' || (pid IS NULL)
 	  FROM outbox.workers}),

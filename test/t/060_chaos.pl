@@ -71,6 +71,8 @@ log_min_messages = warning
 ));
 $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+# The receiver's consumer name belongs to the role it connects as.
+$node->safe_psql('postgres', q{SELECT outbox.register_consumer('chaos', current_user::text::regrole)});
 $node->safe_psql('postgres', 'CREATE EXTENSION amcheck');
 $node->safe_psql('postgres',
 	'CREATE TABLE biz (command_id text NOT NULL, payload jsonb, applied_at timestamptz DEFAULT clock_timestamp())');
