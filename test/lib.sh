@@ -65,6 +65,9 @@ OUTBOX_TEST_PACKAGES=(
 	postgresql-server-dev-all
 	postgresql-common
 	git
+	python3-psycopg
+	nodejs
+	npm
 )
 
 # The programs the scripts, the Makefile and the tests run, and the files
@@ -74,7 +77,8 @@ OUTBOX_TEST_PACKAGES=(
 # looked up in PG_CONFIG's bindir, the rest on PATH.
 OUTBOX_TOOLS=(bash gcc make perl prove pg_prove runuser tar curl man
 	dpkg-buildpackage dpkg-deb dh pg_buildext fakeroot lintian apt-cache
-	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot git)
+	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot git
+	node npm)
 OUTBOX_PG_TOOLS=(pg_config postgres initdb pg_ctl psql createdb dropdb pgbench pg_dump pg_restore)
 OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
 
@@ -82,9 +86,15 @@ OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
 # root), then build and install (with warnings as errors when OUTBOX_WERROR
 # is set; outbox-relay under OUTBOX_RELAY_PREFIX).
 outbox_setup() {
-	local missing=() p
+	local missing=() p provided
+	# A name is also met by an installed package that provides it (a
+	# Node.js build that bundles npm provides npm and conflicts with it).
+	provided=$(dpkg-query -W -f='${db:Status-Abbrev}${Provides}\n' 2>/dev/null | sed -n 's/^ii *//p' |
+		tr ',' '\n' | sed 's/^ *//; s/ .*//')
 	for p in "${OUTBOX_PACKAGES[@]}" "$@"; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && continue
+		grep -qx "$p" <<<"$provided" && continue
+		missing+=("$p")
 	done
 	if [ ${#missing[@]} -gt 0 ]; then
 		if [ "$(id -u)" -ne 0 ]; then

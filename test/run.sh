@@ -162,6 +162,9 @@ run_deps() {
 			"${name//:://}.pm" 2>/dev/null)
 		need "Perl module $name" "$path"
 	done
+	# The Python module of the examples' test (test/t/055_examples.pl), with
+	# Debian's interpreter.
+	need "Python module psycopg" "$(/usr/bin/python3 -c 'import psycopg; print(psycopg.__file__)' 2>/dev/null)" python3-psycopg
 	echo "$CP programs, headers and modules from listed packages"
 	record deps "$CP" "$CF"
 }
