@@ -456,6 +456,7 @@ citus_start() {
 		if ! outbox_start_cluster "$CITUS_DIR/$name" "$port" "listen_addresses = '127.0.0.1'
 shared_preload_libraries = 'citus,outbox'
 max_prepared_transactions = 20
+max_worker_processes = 32
 wal_level = logical
 citus.node_conninfo = 'sslmode=disable'" >>"$CITUS_DIR/start.log" 2>&1; then
 			echo "could not start the Citus $name:"

@@ -16,8 +16,8 @@ use IPC::Run ();
 use Test::More;
 use Time::HiRes ();
 
-our @EXPORT = qw(@NODES node_name citus_database psql safe_psql on_all
-  poll_until log_has wait_for_log);
+our @EXPORT = qw(@NODES node_name node_of_port citus_database psql safe_psql
+  on_all poll_until log_has wait_for_log session session_query session_end);
 
 my @ports = split ' ', ($ENV{CITUS_PORTS} // '');
 die "CITUS_PORTS must name three ports (test/run.sh citus sets it)\n"
@@ -28,6 +28,15 @@ my @names = qw(coordinator worker1 worker2);
 our @NODES = (0, 1, 2);
 
 sub node_name { return $names[ $_[0] ] }
+
+# The node listening on a port.
+sub node_of_port
+{
+	my ($port) = @_;
+	my ($node) = grep { $ports[$_] == $port } @NODES;
+	die "no node listens on port $port\n" unless defined $node;
+	return $node;
+}
 
 # Run SQL on a node through psql (unaligned, tuples only); returns
 # (exit code, stdout, stderr), stdout without its last newline.
@@ -127,6 +136,43 @@ sub wait_for_log
 	}
 	diag(node_name($node) . ": no log line matches $re");
 	return 0;
+}
+
+# A psql session kept open (to hold a transaction while another runs).
+sub session
+{
+	my ($node, $db) = @_;
+	my $s = { in => '', out => '', err => '' };
+	$s->{timer} = IPC::Run::timeout(30);
+	$s->{h} = IPC::Run::start(
+		[
+			"$ENV{PGBIN}/psql", '-X', '-A', '-t', '-q',
+			'-h', '127.0.0.1', '-p', $ports[$node], '-U', 'postgres',
+			'-d', $db, '-f', '-'
+		],
+		'<', \$s->{in}, '>', \$s->{out}, '2>', \$s->{err}, $s->{timer});
+	return $s;
+}
+
+# Run SQL in a session and wait for its output (without the last newline).
+sub session_query
+{
+	my ($s, $sql) = @_;
+	$s->{out} = '';
+	$s->{in} .= "$sql\n\\echo __done__\n";
+	$s->{timer}->start(30);
+	$s->{h}->pump until $s->{out} =~ /__done__\n/;
+	(my $out = $s->{out}) =~ s/__done__\n//;
+	chomp $out;
+	return $out;
+}
+
+# End a session.
+sub session_end
+{
+	my ($s) = @_;
+	$s->{in} .= "\\q\n";
+	$s->{h}->finish;
 }
 
 1;
