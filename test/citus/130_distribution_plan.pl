@@ -6,6 +6,8 @@
 #    by run_id: their keys lack it, or they have no run_id.
 #  - The planned shape (every key starting with run_id; scratch tables in
 #    schema plan) distributes co-located, policies as a reference table.
+#  - The coordinator's own relation of a distributed table holds no rows
+#    (a direct index scan of it, as le_any_expired does, finds nothing).
 #  - With generic plans (the extension saves every plan generic), Citus
 #    refuses multi-shard parameterised SELECTs and the claim's locking
 #    subquery, but runs single-table statements with run_id = $n (its fast
@@ -16,7 +18,8 @@
 #  - A business row and a decision of one run commit on one node with one
 #    plain COMMIT (delegated function or coordinator transaction); two runs
 #    on two nodes take two-phase commit.
-#  - Distributing an extension table by hand breaks the background worker,
+#  - Distributing an extension table by hand hides the rows a worker's own
+#    copy held, breaks the background worker,
 #    undistribute_table refuses it, and DROP EXTENSION then leaves its
 #    shards behind, which block the next CREATE EXTENSION.
 use strict;
@@ -102,6 +105,8 @@ safe_psql(0, $db, q{
 	INSERT INTO plan.commands (command_id, run_id, seq, kind, available_at, due_at, payload)
 	SELECT 'k' || i, 'run-' || (i % 40), i, 'mail', now(), now(), '{}'
 	  FROM generate_series(1, 200) i});
+is(safe_psql(0, $db, q{SELECT pg_relation_size('plan.commands') || '|' || count(*) FROM plan.commands}),
+	'0|200', "the coordinator's own relation of a distributed table is empty: the rows are in the shards");
 is(generic(q{(text, text) AS INSERT INTO plan.events (run_id, seq, kind, command_id)
 	VALUES ($1, 1, 'placed', $2)}, q{EXECUTE s('run-1', 'k1');}),
 	'ok:', 'a parameterised single-row INSERT runs');
@@ -258,10 +263,15 @@ is(scalar(() = $err =~ /issuing PREPARE TRANSACTION/g), 2,
 
 # --- an extension table distributed by hand ------------------------------------------------------
 my $hand = citus_database('citus_by_hand');
-safe_psql(0, $hand, q{CREATE EXTENSION outbox;
-	SET citus.shard_count = 4;
+safe_psql(0, $hand, 'CREATE EXTENSION outbox');
+# a row in worker1's own copy of receipts, written there before
+safe_psql(1, $hand, q{INSERT INTO outbox.receipts (command_id, outcome) VALUES ('local-1', 'done')});
+safe_psql(0, $hand, q{SET citus.shard_count = 4;
 	SELECT create_distributed_table('outbox.receipts', 'command_id');
 	SELECT create_reference_table('outbox.policies');});
+is(safe_psql(1, $hand, q{SELECT count(*) || '|' || (pg_relation_size('outbox.receipts') > 0)
+	FROM outbox.receipts}), '0|true',
+	"distributed, receipts on worker1 reads the shards: the row of worker1's own copy is hidden, not moved");
 for my $node (@NODES)
 {
 	ok(poll_until($node, $hand, q{SELECT last_error FROM outbox.workers
