@@ -5,7 +5,11 @@
 # every node; DROP EXTENSION stops them and leaves each node's catalog as it
 # was before (no relation, type or function left behind); installed again
 # after that, when each node's launcher waits for a request rather than
-# probing, the worker nodes' workers are started by COMMIT PREPARED alone.
+# probing, the worker nodes' workers are started by the request the install
+# left at PREPARE TRANSACTION: published right after COMMIT PREPARED by the
+# utility hook of src/shared.c, or at the launcher's next wake-up, which
+# looks for finished prepared transactions too.  (Either path alone passes
+# this test; with both disabled it fails.)
 use strict;
 use warnings;
 use FindBin;
@@ -95,8 +99,8 @@ for my $node (@NODES)
 # --- installed again: the workers start from COMMIT PREPARED --------------------------------
 # Each launcher now waits for a request naming the database (it does not
 # probe a database whose worker found the extension dropped), so on the
-# worker nodes only the request kept at PREPARE TRANSACTION and published
-# at COMMIT PREPARED can start a worker.
+# worker nodes only the request kept at PREPARE TRANSACTION, published once
+# COMMIT PREPARED has committed it, can start a worker.
 ($rc, $out, $err) = psql(0, $db,
 	"SET citus.log_remote_commands = on;\nCREATE EXTENSION outbox;");
 is($rc, 0, 'CREATE EXTENSION outbox again') or diag($err);

@@ -11,7 +11,8 @@
 #  - With generic plans (the extension saves every plan generic), Citus
 #    refuses multi-shard parameterised SELECTs and the claim's locking
 #    subquery, but runs single-table statements with run_id = $n (its fast
-#    path); so does a two-step claim of one run.
+#    path); so does a two-step claim of one run.  Custom plans route more,
+#    but not row locks over several shards.
 #  - Directly on a worker's shard, the two-step claim skips exactly the rows
 #    another session holds; a function delegated by an anchor key runs it
 #    on the node owning that shard, one statement from the coordinator.
@@ -94,9 +95,10 @@ is(safe_psql(0, $db, q{SELECT partmethod FROM pg_dist_partition WHERE logicalrel
 # as the extension's saved plans are, and executes it.
 sub generic
 {
-	my ($decl, $exec) = @_;
+	my ($decl, $exec, $mode) = @_;
+	$mode //= 'force_generic_plan';
 	my ($rc, $out, $err) = psql(0, $db, qq{\\set VERBOSITY terse
-		SET plan_cache_mode = force_generic_plan;
+		SET plan_cache_mode = $mode;
 		PREPARE s$decl;
 		$exec});
 	return $rc == 0 ? "ok:$out" : $err;
@@ -160,6 +162,18 @@ like(generic(q{(text, text[]) AS UPDATE plan.commands SET owner = 'x'
 	q{EXECUTE s('run-8', '{k8}');}),
 	qr/could not create distributed plan/,
 	'but not with a RETURNING expression that calls a stable function (text || int8) on its columns');
+
+# Custom plans (values in place of the parameters) route the statement
+# with a subquery, but still refuse row locks over several shards.
+is(generic(q{(text, int) AS SELECT count(*) FROM (SELECT command_id
+	FROM plan.commands WHERE run_id = $1 LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED) s},
+	q{EXECUTE s('run-2', 10);}, 'force_custom_plan'),
+	'ok:5', 'with custom plans, the statement with a subquery and run_id = $1 runs');
+like(generic(q{(timestamptz, int) AS SELECT command_id FROM plan.commands
+	WHERE due_at <= $1 ORDER BY priority DESC, due_at LIMIT $2 FOR NO KEY UPDATE SKIP LOCKED},
+	q{EXECUTE s(now(), 10);}, 'force_custom_plan'),
+	qr{could not run distributed query with FOR UPDATE/SHARE commands},
+	"with custom plans, the claim's locking scan over every shard is still refused");
 
 # --- one shard at a time -----------------------------------------------------------------------
 my $shardid = safe_psql(0, $db, q{
