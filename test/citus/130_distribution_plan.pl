@@ -19,6 +19,8 @@
 #  - A business row and a decision of one run commit on one node with one
 #    plain COMMIT (delegated function or coordinator transaction); two runs
 #    on two nodes take two-phase commit.
+#  - The conservation checks' anti-joins run across the cluster on
+#    (run_id, command_id), not on command_id alone.
 #  - Distributing an extension table by hand hides the rows a worker's own
 #    copy held, breaks the background worker,
 #    undistribute_table refuses it, and DROP EXTENSION then leaves its
@@ -252,6 +254,10 @@ safe_psql(0, $db, q{
 my @issued = ($err =~ /issuing ([A-Z]+[^\n]*)/g);
 is(scalar(@issued) . ':' . ($issued[0] =~ /^SELECT plan\.place_order/ ? 'call' : $issued[0]),
 	'1:call', 'a distributed function writes the order and the decision on its node in one call');
+is(safe_psql(0, $db, q{SELECT (SELECT count(*) FROM orders WHERE run_id = 'fn-1') || '|' ||
+	(SELECT count(*) FROM plan.events WHERE run_id = 'fn-1') || '|' ||
+	(SELECT count(*) FROM plan.commands WHERE run_id = 'fn-1')}), '1|1|1',
+	'... and they are committed there');
 ($rc, $out, $err) = psql(0, $db, q{SET citus.log_remote_commands = on;
 	BEGIN;
 	INSERT INTO public.orders VALUES ('tx-1', 10);
@@ -274,6 +280,21 @@ my @two = split /\n/, safe_psql(0, $db, q{
 	COMMIT;});
 is(scalar(() = $err =~ /issuing PREPARE TRANSACTION/g), 2,
 	'two runs on two nodes in one transaction take two-phase commit');
+
+# --- joins of the conservation checks ----------------------------------------------------------
+# one event that names a command that does not exist
+safe_psql(0, $db, q{INSERT INTO plan.events (run_id, seq, kind, command_id)
+	VALUES ('run-3', 9, 'placed', 'missing')});
+(undef, undef, $err) = psql(0, $db, q{SELECT count(*) FROM plan.events e
+	WHERE e.command_id IS NOT NULL
+	  AND NOT EXISTS (SELECT 1 FROM plan.commands c WHERE c.command_id = e.command_id)});
+like($err, qr/complex joins are only supported when all distributed tables are co-located and joined on their distribution columns/,
+	'an anti-join of events and commands on command_id alone is refused');
+is(safe_psql(0, $db, q{SELECT count(*) FROM plan.events e
+	WHERE e.command_id IS NOT NULL
+	  AND NOT EXISTS (SELECT 1 FROM plan.commands c
+					   WHERE c.run_id = e.run_id AND c.command_id = e.command_id)}),
+	'1', 'on (run_id, command_id) it runs across the cluster (the one event without a command)');
 
 # --- an extension table distributed by hand ------------------------------------------------------
 my $hand = citus_database('citus_by_hand');
