@@ -13,6 +13,7 @@
 #    subquery, but runs single-table statements with run_id = $n (its fast
 #    path); so does a two-step claim of one run.  Custom plans route more,
 #    but not row locks over several shards.
+#  - A worker node lists its own shards from Citus's metadata.
 #  - Directly on a worker's shard, the two-step claim skips exactly the rows
 #    another session holds; a function delegated by an anchor key runs it
 #    on the node owning that shard, one statement from the coordinator.
@@ -202,6 +203,24 @@ is(scalar(@rest), $due - 5, 'another session gets all the others');
 is(scalar(grep { $held{$_} } @rest), 0, '... and none of those the first holds');
 session_query($a, 'COMMIT;');
 session_end($a);
+
+# A worker node finds its own shards in Citus's metadata (synced to it).
+my @ports = split ' ', $ENV{CITUS_PORTS};
+for my $node (1, 2)
+{
+	my $local = safe_psql($node, $db, q{
+		SELECT string_agg(shard_name('plan.commands'::regclass, s.shardid), ',' ORDER BY s.shardid)
+		  FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)
+		 WHERE s.logicalrelid = 'plan.commands'::regclass
+		   AND p.groupid = (SELECT groupid FROM pg_dist_local_group)});
+	my $placed = safe_psql(0, $db, qq{
+		SELECT string_agg(shard_name('plan.commands'::regclass, s.shardid), ',' ORDER BY s.shardid)
+		  FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid)
+		  JOIN pg_dist_node n USING (groupid)
+		 WHERE s.logicalrelid = 'plan.commands'::regclass AND n.nodeport = $ports[$node]});
+	ok($local ne '' && $local eq $placed,
+		node_name($node) . ' lists its own shards of commands from the metadata, as the coordinator places them');
+}
 
 # From the coordinator: a function delegated by an anchor key (any run_id
 # whose hash falls in the shard) runs the claim on the node owning the shard.
