@@ -70,6 +70,18 @@ OUTBOX_TEST_PACKAGES=(
 	npm
 )
 
+# Debian packages test/run.sh's citus layer builds Citus from its source
+# with: the headers and libraries its ./configure and sources use (libcurl,
+# lz4, zstd; GSSAPI, OpenSSL and ICU through PostgreSQL's own headers).
+OUTBOX_CITUS_PACKAGES=(
+	libcurl4-openssl-dev
+	liblz4-dev
+	libzstd-dev
+	libkrb5-dev
+	libssl-dev
+	libicu-dev
+)
+
 # The programs the scripts, the Makefile and the tests run, and the files
 # they build against; test/run.sh's deps layer finds the package of each and
 # fails unless one of the lists above installs it (directly or as a

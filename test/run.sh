@@ -3,8 +3,9 @@
 #
 #   bash test/run.sh                  # all layers
 #   bash test/run.sh regress tap      # only some layers (deps, regress,
-#                                     # isolation, pgtap, tap, package)
+#                                     # isolation, pgtap, tap, citus, package)
 #   TAP_FILES="020 050" bash test/run.sh tap   # only TAP files whose names contain these
+#   CITUS_FILES="110" bash test/run.sh citus   # only test/citus files whose names contain these
 #
 # On a fresh Debian 12 machine, run as root: it installs what is missing from
 # Debian's archive (test/lib.sh: OUTBOX_PACKAGES, OUTBOX_TEST_PACKAGES),
@@ -17,6 +18,12 @@
 #   isolation  make installcheck (isolation: test/isolation/specs/)
 #   pgtap      make installcheck-pgtap (test/pgtap/*.sql through pg_prove)
 #   tap        make prove_installcheck (test/t/*.pl, PostgreSQL::Test::Cluster)
+#   citus      test/citus/*.pl on a Citus cluster: Citus built from its
+#              source tarball (CITUS_TARBALL, or citus-$CITUS_VERSION.tar.gz
+#              in ../shared beside the repository) into PG_CONFIG's server,
+#              a coordinator and two workers on 127.0.0.1 (citus and outbox
+#              preloaded); "skipped: no Citus" when there is no tarball and
+#              no Citus installed
 #   package    META.json against the PGXN spec, make install DESTDIR=,
 #              man outbox-relay, the Debian packages (dpkg-buildpackage,
 #              dpkg-deb -c, lintian)
@@ -32,7 +39,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
 
 LAYERS=("$@")
-[ ${#LAYERS[@]} -eq 0 ] && LAYERS=(deps regress isolation pgtap tap package)
+[ ${#LAYERS[@]} -eq 0 ] && LAYERS=(deps regress isolation pgtap tap citus package)
 
 # The Debian clusters online now must still be online at the end.
 debian_clusters_online() {
@@ -43,7 +50,7 @@ CLUSTERS_BEFORE=$(debian_clusters_online)
 
 # OUTBOX_SKIP_BUILD=1 reuses what is installed (for quick runs while developing).
 if [ -z "${OUTBOX_SKIP_BUILD:-}" ]; then
-	OUTBOX_WERROR=1 outbox_setup "${OUTBOX_TEST_PACKAGES[@]}" ||
+	OUTBOX_WERROR=1 outbox_setup "${OUTBOX_TEST_PACKAGES[@]}" "${OUTBOX_CITUS_PACKAGES[@]}" ||
 		{ echo "setup failed"; echo "0 passed, 1 failed"; exit 1; }
 fi
 outbox_paths || { echo "no pg_config at $PG_CONFIG"; echo "0 passed, 1 failed"; exit 1; }
@@ -115,7 +122,8 @@ run_deps() {
 	allowed=$(
 		apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
 			--no-breaks --no-replaces --no-enhances \
-			"${OUTBOX_PACKAGES[@]}" "${OUTBOX_TEST_PACKAGES[@]}" 2>/dev/null | grep -v '^[ <]'
+			"${OUTBOX_PACKAGES[@]}" "${OUTBOX_TEST_PACKAGES[@]}" "${OUTBOX_CITUS_PACKAGES[@]}" \
+			2>/dev/null | grep -v '^[ <]'
 		dpkg-query -W -f='${Package} ${Essential}\n' | awk '$2 == "yes" { print $1 }'
 	)
 	# The package owning a file (a private copy of PostgreSQL maps to the
@@ -155,9 +163,10 @@ run_deps() {
 		need "header $name" "$path"
 	done
 	# The Perl modules the TAP tests load (other than the repository's own).
-	for name in $(cat "$ROOT"/test/t/*.pl "$ROOT"/test/perl/*.pm |
+	for name in $(cat "$ROOT"/test/t/*.pl "$ROOT"/test/perl/*.pm "$ROOT"/test/citus/*.p[lm] |
 		sed -n 's/^use \([A-Z][A-Za-z0-9_:]*\).*/\1/p' | sort -u); do
 		[ -f "$ROOT/test/perl/${name//:://}.pm" ] && continue
+		[ -f "$ROOT/test/citus/${name//:://}.pm" ] && continue
 		path=$(perl -I "$PGXS_DIR/src/test/perl" -e 'my $f = shift; require $f; print $INC{$f}' \
 			"${name//:://}.pm" 2>/dev/null)
 		need "Perl module $name" "$path"
@@ -367,6 +376,191 @@ run_package() {
 	record package "$CP" "$CF"
 }
 
+# citus: test/citus/*.pl (or the CITUS_FILES ones) on a Citus cluster.
+# Citus is built from its source tarball, in the run's own directory, and
+# installed into PG_CONFIG's server, unless that server has this version
+# of Citus already (CITUS_REBUILD=1 builds it again).  A coordinator and two
+# workers then listen on 127.0.0.1 on ports of their own, with citus and
+# outbox preloaded, and are stopped by their pids at the end.  Without the
+# tarball and without an installed Citus the layer says "skipped: no
+# Citus"; a tarball that does not build fails.
+CITUS_VERSION=${CITUS_VERSION:-13.0.5}
+CITUS_DIR=
+CITUS_PORTS=
+
+# The tarball: CITUS_TARBALL, or citus-$CITUS_VERSION.tar.gz in the shared/
+# directory beside the repository or beside its parent directory (a
+# worktree).  Prints nothing when there is none.
+citus_tarball() {
+	local dir
+	if [ -n "${CITUS_TARBALL:-}" ]; then
+		echo "$CITUS_TARBALL"
+		return
+	fi
+	for dir in "$ROOT/../shared" "$ROOT/../../shared"; do
+		if [ -f "$dir/citus-$CITUS_VERSION.tar.gz" ]; then
+			readlink -f "$dir/citus-$CITUS_VERSION.tar.gz"
+			return
+		fi
+	done
+}
+
+# Whether PG_CONFIG's server has Citus $CITUS_VERSION installed.
+citus_installed() {
+	local so
+	so="$("$PG_CONFIG" --pkglibdir)/citus.so"
+	[ -f "$so" ] && [ -f "$("$PG_CONFIG" --sharedir)/extension/citus.control" ] &&
+		grep -aq "Citus $CITUS_VERSION on" "$so"
+}
+
+# Build the tarball in $WORK/citus-build and install it into PG_CONFIG's
+# server; the log is $WORK/citus-build.log.
+citus_build() {
+	local dir="$WORK/citus-build"
+	mkdir -p "$dir"
+	tar -C "$dir" --strip-components=1 -xzf "$1" >"$WORK/citus-build.log" 2>&1 &&
+		(cd "$dir" && ./configure PG_CONFIG="$PG_CONFIG" &&
+			make -j"$(nproc)" autodepend=yes && make install) >>"$WORK/citus-build.log" 2>&1
+}
+
+# Every system header the Citus build included comes from a package that
+# test/lib.sh installs (OUTBOX_PACKAGES, OUTBOX_CITUS_PACKAGES, their
+# dependencies, or an essential package).
+citus_check_headers() {
+	local allowed header pkg bad=()
+	allowed=$(
+		apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
+			--no-breaks --no-replaces --no-enhances \
+			"${OUTBOX_PACKAGES[@]}" "${OUTBOX_CITUS_PACKAGES[@]}" 2>/dev/null | grep -v '^[ <]'
+		dpkg-query -W -f='${Package} ${Essential}\n' | awk '$2 == "yes" { print $1 }'
+	)
+	while read -r header; do
+		[ -n "$header" ] || continue
+		pkg=$(dpkg-query -S "$header" 2>/dev/null | grep -v '^diversion' | head -1 | sed 's/[:,].*//')
+		[ -n "$pkg" ] || pkg=$(dpkg-query -S "$(readlink -f "$header")" 2>/dev/null | head -1 | sed 's/[:,].*//')
+		grep -qx "${pkg:-none}" <<<"$allowed" || bad+=("$header (${pkg:-no package})")
+	done <<<"$(find "$WORK/citus-build" -path '*/.deps/*.Po' ! -name '*.sql.Po' -exec cat {} + |
+		tr ' \\' '\n\n' | grep '^/usr/include/' | sort -u)"
+	if [ ${#bad[@]} -eq 0 ]; then
+		check OK "Citus's build uses headers of listed packages only"
+	else
+		check FAIL "Citus's build uses headers of listed packages only" \
+			"not installed by test/lib.sh: ${bad[*]}"
+	fi
+}
+
+# Start the coordinator and the two workers; sets CITUS_PORTS.
+citus_start() {
+	local name port
+	CITUS_DIR="$WORK/citus"
+	mkdir -p "$CITUS_DIR"
+	outbox_give_to_pg_user "$CITUS_DIR"
+	for name in coordinator worker1 worker2; do
+		port=$(outbox_free_port)
+		if ! outbox_start_cluster "$CITUS_DIR/$name" "$port" "listen_addresses = '127.0.0.1'
+shared_preload_libraries = 'citus,outbox'
+max_prepared_transactions = 20
+max_worker_processes = 32
+wal_level = logical
+citus.node_conninfo = 'sslmode=disable'" >>"$CITUS_DIR/start.log" 2>&1; then
+			echo "could not start the Citus $name:"
+			tail -20 "$CITUS_DIR/start.log" "$CITUS_DIR/$name/server.log" 2>/dev/null
+			return 1
+		fi
+		CITUS_PORTS="$CITUS_PORTS${CITUS_PORTS:+ }$port"
+	done
+}
+
+# Stop every node started by citus_start: SIGINT (fast shutdown) to the
+# postmaster pid of its data directory, SIGQUIT if it is still there after
+# 30 seconds.
+citus_stop() {
+	local pidf pid data i
+	[ -n "$CITUS_DIR" ] || return 0
+	for pidf in "$CITUS_DIR"/*/postmaster.pid; do
+		[ -f "$pidf" ] || continue
+		data=$(dirname "$pidf")
+		pid=$(head -1 "$pidf")
+		# only a postmaster of that data directory
+		tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$data" || continue
+		kill -INT "$pid" 2>/dev/null || continue
+		for i in $(seq 300); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.1
+		done
+		kill -QUIT "$pid" 2>/dev/null
+	done
+	return 0
+}
+
+run_citus() {
+	local tarball file name want pat out rc p f start n
+	CP=0 CF=0
+	tarball=$(citus_tarball)
+	if [ -z "$tarball" ] && ! citus_installed; then
+		echo "skipped: no Citus (no citus-$CITUS_VERSION.tar.gz in ../shared beside the repository, no CITUS_TARBALL, and $PG_CONFIG's server has no Citus $CITUS_VERSION)"
+		SUMMARY+=("$(printf '%-10s skipped: no Citus' citus)")
+		return
+	fi
+	if [ -n "$tarball" ] && ! [ -f "$tarball" ]; then
+		check FAIL "Citus tarball" "CITUS_TARBALL names $tarball, which does not exist"
+		record citus "$CP" "$CF"
+		return
+	fi
+	if [ -n "$tarball" ] && { [ -n "${CITUS_REBUILD:-}" ] || ! citus_installed; }; then
+		start=$SECONDS
+		if citus_build "$tarball"; then
+			echo "Citus $CITUS_VERSION built from $tarball and installed in $((SECONDS - start)) s"
+			check OK "Citus $CITUS_VERSION builds and installs"
+			citus_check_headers
+		else
+			check FAIL "Citus $CITUS_VERSION builds and installs" "$(tail -30 "$WORK/citus-build.log")"
+			record citus "$CP" "$CF"
+			return
+		fi
+	else
+		echo "Citus $CITUS_VERSION is installed in $PG_CONFIG's server already (CITUS_REBUILD=1 builds it again)"
+	fi
+	if ! citus_installed; then
+		check FAIL "Citus $CITUS_VERSION installed" "$("$PG_CONFIG" --pkglibdir)/citus.so is not Citus $CITUS_VERSION"
+		record citus "$CP" "$CF"
+		return
+	fi
+	if ! citus_start; then
+		citus_stop
+		check FAIL "Citus cluster starts"
+		record citus "$CP" "$CF"
+		return
+	fi
+	for file in "$WORK"/src/test/citus/*.pl; do
+		[ -f "$file" ] || continue
+		name=$(basename "$file")
+		if [ -n "${CITUS_FILES:-}" ]; then
+			want=0
+			for pat in $CITUS_FILES; do case "$name" in *"$pat"*) want=1 ;; esac; done
+			[ $want -eq 1 ] || continue
+		fi
+		out=$(as_pg "cd '$WORK/src' && CITUS_PORTS='$CITUS_PORTS' CITUS_DATA='$CITUS_DIR' PGBIN='$PGBIN' prove -v --merge 'test/citus/$name'" 2>&1)
+		rc=$?
+		p=$(grep -cE '^ok [0-9]+' <<<"$out")
+		f=$(grep -cE '^not ok [0-9]+' <<<"$out")
+		[ $rc -ne 0 ] && [ "$f" -eq 0 ] && f=1
+		[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && f=1
+		printf '%-40s %4d passed, %d failed\n' "$name" "$p" "$f"
+		if [ "$f" -gt 0 ]; then
+			echo "$out" | tail -60
+			for n in coordinator worker1 worker2; do
+				echo "---- $n server.log (tail)"
+				tail -15 "$CITUS_DIR/$n/server.log"
+			done
+		fi
+		CP=$((CP + p))
+		CF=$((CF + f))
+	done
+	citus_stop
+	record citus "$CP" "$CF"
+}
+
 # Last: nothing the run started is still running, and every Debian cluster
 # online before it is online after it.
 run_hygiene() {
@@ -400,6 +594,7 @@ for layer in "${LAYERS[@]}"; do
 		isolation) run_installcheck isolation REGRESS= "$WORK/src/test/isolation/output_iso/regression.diffs" ;;
 		pgtap) run_pgtap ;;
 		tap) run_tap ;;
+		citus) run_citus ;;
 		package) run_package ;;
 		*) echo "unknown layer $layer"; record "$layer" 0 1 ;;
 	esac

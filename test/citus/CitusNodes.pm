@@ -1,0 +1,178 @@
+# Helpers of the TAP tests in test/citus: the three nodes test/run.sh's
+# citus layer started (a coordinator and two workers on 127.0.0.1, citus and
+# outbox preloaded), named by the environment:
+#   CITUS_PORTS  "coordinator-port worker1-port worker2-port"
+#   CITUS_DATA   the directory holding their data directories
+#                (coordinator, worker1, worker2; each has server.log)
+#   PGBIN        the directory of psql
+# Each test file works in databases of its own, made with citus_database(),
+# so that the files do not depend on one another's leftovers.
+package CitusNodes;
+
+use strict;
+use warnings;
+use Exporter 'import';
+use IPC::Run ();
+use Test::More;
+use Time::HiRes ();
+
+our @EXPORT = qw(@NODES node_name node_of_port citus_database psql safe_psql
+  on_all poll_until log_has wait_for_log session session_query session_end);
+
+my @ports = split ' ', ($ENV{CITUS_PORTS} // '');
+die "CITUS_PORTS must name three ports (test/run.sh citus sets it)\n"
+  unless @ports == 3;
+my @names = qw(coordinator worker1 worker2);
+
+# Node indexes: 0 the coordinator, 1 and 2 the workers.
+our @NODES = (0, 1, 2);
+
+sub node_name { return $names[ $_[0] ] }
+
+# The node listening on a port.
+sub node_of_port
+{
+	my ($port) = @_;
+	my ($node) = grep { $ports[$_] == $port } @NODES;
+	die "no node listens on port $port\n" unless defined $node;
+	return $node;
+}
+
+# Run SQL on a node through psql (unaligned, tuples only); returns
+# (exit code, stdout, stderr), stdout without its last newline.
+sub psql
+{
+	my ($node, $db, $sql) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run(
+		[
+			"$ENV{PGBIN}/psql", '-X', '-A', '-t', '-q',
+			'-v', 'ON_ERROR_STOP=1',
+			'-h', '127.0.0.1', '-p', $ports[$node], '-U', 'postgres',
+			'-d', $db, '-f', '-'
+		],
+		'<', \$sql, '>', \$out, '2>', \$err);
+	my $rc = $? >> 8;
+	chomp $out;
+	return ($rc, $out, $err);
+}
+
+# Run SQL that must succeed; returns its output (dies with the error).
+sub safe_psql
+{
+	my ($node, $db, $sql) = @_;
+	my ($rc, $out, $err) = psql($node, $db, $sql);
+	die "psql on " . node_name($node) . " ($db) failed: $err\nSQL: $sql\n"
+	  if $rc != 0;
+	return $out;
+}
+
+# Run SQL on every node; returns the outputs, node by node.
+sub on_all
+{
+	my ($db, $sql) = @_;
+	return map { safe_psql($_, $db, $sql) } @NODES;
+}
+
+# A new database on every node with the citus extension, the coordinator
+# knowing both workers.
+sub citus_database
+{
+	my ($db) = @_;
+	for my $node (@NODES)
+	{
+		safe_psql($node, 'postgres', qq{CREATE DATABASE "$db"});
+		safe_psql($node, $db, 'CREATE EXTENSION citus');
+	}
+	safe_psql(0, $db,
+		"SELECT citus_set_coordinator_host('127.0.0.1', $ports[0])");
+	safe_psql(0, $db, "SELECT citus_add_node('127.0.0.1', $ports[$_])")
+	  for (1, 2);
+	return $db;
+}
+
+# Poll a query on a node until it returns $want (30 seconds at most).
+sub poll_until
+{
+	my ($node, $db, $sql, $want) = @_;
+	my $got;
+	for (1 .. 300)
+	{
+		my ($rc, $out) = psql($node, $db, $sql);
+		$got = $out;
+		return 1 if $rc == 0 && $out eq $want;
+		Time::HiRes::usleep(100_000);
+	}
+	diag(node_name($node) . ": $sql gave '" . ($got // '') . "', not '$want'");
+	return 0;
+}
+
+# Whether a node's server log has a line matching $re.
+sub log_has
+{
+	my ($node, $re) = @_;
+	my $file = "$ENV{CITUS_DATA}/" . node_name($node) . "/server.log";
+	open(my $fh, '<', $file) or die "$file: $!";
+	while (my $line = <$fh>)
+	{
+		if ($line =~ $re)
+		{
+			close $fh;
+			return 1;
+		}
+	}
+	close $fh;
+	return 0;
+}
+
+# Wait until a node's server log has a line matching $re (30 seconds at most).
+sub wait_for_log
+{
+	my ($node, $re) = @_;
+	for (1 .. 300)
+	{
+		return 1 if log_has($node, $re);
+		Time::HiRes::usleep(100_000);
+	}
+	diag(node_name($node) . ": no log line matches $re");
+	return 0;
+}
+
+# A psql session kept open (to hold a transaction while another runs).
+sub session
+{
+	my ($node, $db) = @_;
+	my $s = { in => '', out => '', err => '' };
+	$s->{timer} = IPC::Run::timeout(30);
+	$s->{h} = IPC::Run::start(
+		[
+			"$ENV{PGBIN}/psql", '-X', '-A', '-t', '-q',
+			'-h', '127.0.0.1', '-p', $ports[$node], '-U', 'postgres',
+			'-d', $db, '-f', '-'
+		],
+		'<', \$s->{in}, '>', \$s->{out}, '2>', \$s->{err}, $s->{timer});
+	return $s;
+}
+
+# Run SQL in a session and wait for its output (without the last newline).
+sub session_query
+{
+	my ($s, $sql) = @_;
+	$s->{out} = '';
+	$s->{in} .= "$sql\n\\echo __done__\n";
+	$s->{timer}->start(30);
+	$s->{h}->pump until $s->{out} =~ /__done__\n/;
+	(my $out = $s->{out}) =~ s/__done__\n//;
+	chomp $out;
+	return $out;
+}
+
+# End a session.
+sub session_end
+{
+	my ($s) = @_;
+	$s->{in} .= "\\q\n";
+	$s->{h}->finish;
+}
+
+1;
