@@ -114,6 +114,12 @@ src/outbox-relay: $(RELAY_SRCS) $(wildcard src/relay/*.h) outbox.control src/rel
 		-DRELAY_SINKS='$(foreach s,$(RELAY_SINKS),X($(s)))' -o $@ $(RELAY_SRCS) \
 		$(LDFLAGS) -pthread $(RELAY_LIBS) -lcurl $(if $(RELAY_PKGS),$(shell $(PKG_CONFIG) --libs $(RELAY_PKGS)))
 	@echo 'outbox-relay: built with sinks: $(strip $(RELAY_SINKS))$(if $(RELAY_MISSING_SINKS),; not built (no client library found by $(PKG_CONFIG)): $(foreach s,$(RELAY_MISSING_SINKS),$(s) ($(RELAY_PKG_$(s)))))'
+# The Kafka mock cluster of the relay's Kafka test (built, not installed).
+ifneq ($(filter kafka,$(RELAY_FOUND_SINKS)),)
+all: test/kafka-mock
+endif
+test/kafka-mock: test/kafka_mock.c
+	$(CC) $(RELAY_CFLAGS) -o $@ $< $(LDFLAGS) $(shell $(PKG_CONFIG) --libs rdkafka)
 # make install RELAY_INSTALL=no installs the extension only (the Debian
 # packaging puts the relay in a package of its own).
 ifneq ($(RELAY_INSTALL),no)
@@ -138,7 +144,7 @@ src/outbox-receiver: $(RECEIVER_SRCS)
 	$(CC) $(RELAY_CFLAGS) -pthread -o $@ $(RECEIVER_SRCS) $(LDFLAGS) $(RELAY_LIBS)
 clean: clean-relay
 clean-relay:
-	rm -f src/outbox-relay src/outbox-receiver src/relay/sinks.stamp
+	rm -f src/outbox-relay src/outbox-receiver src/relay/sinks.stamp test/kafka-mock
 
 # The monitoring files (docs/monitoring.md): queries of
 # prometheus-postgres-exporter, Prometheus configuration, alert rules and
