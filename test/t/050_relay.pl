@@ -115,6 +115,8 @@ program_version_ok('outbox-relay');
 	like($out, qr/--dsn=CONNINFO.*--sink=SINK.*--batch=N.*--lease=SECONDS.*--kinds=K1,K2.*--worker=NAME.*--poll=SECONDS/s,
 		'--help lists the documented options');
 	like($out, qr/Exit status:.*\b0\b.*\b1\b.*\b2\b/s, '--help documents the exit codes');
+	like($out, qr/^Sinks \(built with: stdout file http\b[^)]*\):\n  stdout .*^  file:PATH .*^  http\(s\):\/\/URL /ms,
+		'--help lists the sinks built in, each with its URL form');
 
 	($rc, $out, $err) = run_relay('--dsn', $dsn);
 	is($rc, 2, 'no --sink: exit 2');
