@@ -61,6 +61,19 @@ sub wait_file
 	return 0;
 }
 
+# Wait until a file matches a pattern.
+sub wait_match
+{
+	my ($path, $re) = @_;
+	my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
+	while (time() < $deadline)
+	{
+		return 1 if -e $path && slurp_file($path) =~ $re;
+		usleep(50_000);
+	}
+	return 0;
+}
+
 # Run outbox-relay to completion; returns (exit code, stdout, stderr).
 sub run_relay
 {
@@ -330,25 +343,14 @@ produce(map { [ "conc-$_", 'conc', '{"test_sleep_ms": 1500}' ] } 1 .. 4);
 	cmp_ok($t[-1] - $t[0], '<', 1500, '--concurrency 4: the requests were in flight together');
 }
 
-# Wait until a file matches a pattern.
-sub wait_match
-{
-	my ($path, $re) = @_;
-	my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
-	while (time() < $deadline)
-	{
-		return 1 if -e $path && slurp_file($path) =~ $re;
-		usleep(50_000);
-	}
-	return 0;
-}
-
-# The endpoint is unreachable, or refuses the relay (401, 403, 404): no
-# delivery is spent on it.  The relay holds the batch (renewing its
-# leases), stops claiming, logs one line and retries with backoff; on
-# SIGTERM it hands the commands back as retryable.
+# The endpoint is unreachable: the command fails (retryable) and the relay
+# backs off instead of spinning.
 produce([ 'down-1', 'down', '{}' ], [ 'down-2', 'down', '{}' ]);
 {
+	# No delivery is spent on an endpoint that is unreachable or refuses
+	# the relay (401, 403, 404): the relay holds the batch (renewing its
+	# leases), stops claiming, logs one line and retries with backoff; on
+	# SIGTERM it hands the commands back as retryable.
 	my $deadport = PostgreSQL::Test::Cluster::get_free_port();
 	my $err = "$tmp/relay-down.err";
 	my $pid = spawn("$tmp/relay-down.out", $err, 'outbox-relay', '--dsn', $dsn,
