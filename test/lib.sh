@@ -47,6 +47,9 @@ OUTBOX_PACKAGES=(
 	libpq-dev
 	libcurl4-openssl-dev
 	curl
+	pkg-config
+	librdkafka-dev
+	libhiredis-dev
 	prometheus
 	prometheus-postgres-exporter
 	gnuplot-nox
@@ -62,6 +65,9 @@ OUTBOX_TEST_PACKAGES=(
 	dpkg-dev
 	fakeroot
 	lintian
+	kcat
+	redis-server
+	redis-tools
 	postgresql-server-dev-all
 	postgresql-common
 	git
@@ -90,9 +96,10 @@ OUTBOX_CITUS_PACKAGES=(
 OUTBOX_TOOLS=(bash gcc make perl prove pg_prove runuser tar curl man
 	dpkg-buildpackage dpkg-deb dh pg_buildext fakeroot lintian apt-cache
 	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot git
-	node npm)
+	node npm pkg-config kcat redis-server redis-cli)
 OUTBOX_PG_TOOLS=(pg_config postgres initdb pg_ctl psql createdb dropdb pgbench pg_dump pg_restore)
-OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
+OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h internal/pqexpbuffer.h
+	librdkafka/rdkafka.h librdkafka/rdkafka_mock.h hiredis/hiredis.h)
 
 # Install the missing packages of OUTBOX_PACKAGES and of the arguments (as
 # root), then build and install (with warnings as errors when OUTBOX_WERROR
