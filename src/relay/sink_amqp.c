@@ -66,6 +66,7 @@ typedef struct AmqpSink
 	char	   *routing_key;
 	long		window;
 	amqp_connection_state_t conn;	/* NULL: not connected */
+	uint64_t	next_tag;		/* delivery tag of the channel's next publish */
 	char	   *shown;
 } AmqpSink;
 
@@ -84,6 +85,7 @@ typedef struct AmqpRound
 	AmqpSink   *sink;
 	RelayBatch *batch;
 	AmqpPending *pending;		/* by command index */
+	uint64_t	first_tag;		/* the channel's delivery tag of by_tag[0] */
 	int		   *by_tag;			/* command index of delivery tag first_tag + i */
 	int			ntags;
 	int			inflight;
@@ -123,7 +125,7 @@ amqp_open(const char *url, Sink **out, char **err)
 	SinkHost   *hosts = NULL;
 	AmqpSink   *s;
 	const char *v;
-	int			n;
+	int			n = 0;
 	PQExpBufferData shown;
 
 	if (!sink_url_parse(url, &u, err))
@@ -319,6 +321,7 @@ amqp_connect(AmqpSink *s, char *msg, size_t size)
 		snprintf(msg, size, "could not enable publisher confirms: %s", amqp_reply_text(r, buf, sizeof(buf)));
 		goto fail;
 	}
+	s->next_tag = 1;
 	relay_debug("connected to %s", s->shown);
 	return true;
 
@@ -389,6 +392,7 @@ amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 		return false;
 	}
 	rd->by_tag[rd->ntags++] = i;
+	s->next_tag++;
 	rd->pending[i] = AP_WAIT;
 	rd->inflight++;
 	return true;
@@ -428,15 +432,16 @@ amqp_settle_all(AmqpRound *rd, SinkResult r, const char *error)
 	rd->low = rd->ntags;
 }
 
-/* A basic.ack or basic.nack for delivery tag `tag` (1-based), maybe multiple. */
+/* A basic.ack or basic.nack for the channel's delivery tag `tag`, maybe multiple. */
 static void
 amqp_confirmed(AmqpRound *rd, uint64_t tag, bool multiple, SinkResult r)
 {
-	int			t = (int) tag - 1;
+	int			t;
 	int			j;
 
-	if (tag == 0 || t >= rd->ntags)
-		return;					/* not ours: cannot happen on a fresh channel */
+	if (tag < rd->first_tag || tag - rd->first_tag >= (uint64_t) rd->ntags)
+		return;					/* not of this round: cannot happen */
+	t = (int) (tag - rd->first_tag);
 	if (multiple)
 	{
 		for (j = rd->low; j <= t; j++)
@@ -597,6 +602,7 @@ amqp_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	memset(&rd, 0, sizeof(rd));
 	rd.sink = s;
 	rd.batch = batch;
+	rd.first_tag = s->next_tag;
 	rd.pending = relay_malloc(sizeof(AmqpPending) * (batch->n + 1));
 	rd.by_tag = relay_malloc(sizeof(int) * (batch->n + 1));
 	memset(rd.pending, 0, sizeof(AmqpPending) * (batch->n + 1));
@@ -718,9 +724,10 @@ amqp_describe(Sink *sink)
 const SinkOps sink_amqp_ops = {
 	.name = "amqp",
 	.schemes = amqp_schemes,
-	.usage = "  amqp://USER@HOST[:PORT][/VHOST]?exchange=X&routing_key=K[&window=N][&password_file=PATH]\n"
-	"                         RabbitMQ: persistent, mandatory, publisher confirms\n"
-	"                         (password: password_file or OUTBOX_RELAY_AMQP_PASSWORD)\n",
+	.usage = "  amqp://[USER@]HOST[:PORT][/VHOST]?exchange=X&routing_key=K[&window=N][&password_file=PATH]\n"
+	"                      RabbitMQ: persistent, mandatory, ack after the publisher\n"
+	"                      confirm; password from password_file or\n"
+	"                      OUTBOX_RELAY_AMQP_PASSWORD, never in the URL\n",
 	.open = amqp_open,
 	.deliver = amqp_deliver,
 	.confirm = NULL,

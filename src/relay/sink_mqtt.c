@@ -106,6 +106,9 @@ mqtt_on_connect(struct mosquitto *mosq, void *obj, int rc, int flags,
 {
 	MqttSink   *s = obj;
 
+	(void) mosq;
+	(void) flags;
+	(void) props;
 	s->connack = rc;
 	s->connected = (rc == 0);
 }
@@ -117,6 +120,9 @@ mqtt_on_disconnect(struct mosquitto *mosq, void *obj, int rc,
 {
 	MqttSink   *s = obj;
 
+	(void) mosq;
+	(void) rc;
+	(void) props;
 	s->connected = false;
 	if (s->batch != NULL)
 		s->lost = true;
@@ -131,6 +137,8 @@ mqtt_on_publish(struct mosquitto *mosq, void *obj, int mid, int reason,
 	int			n;
 	int			k;
 
+	(void) mosq;
+	(void) props;
 	if (s->batch == NULL)
 		return;
 	n = s->batch->n;
@@ -585,8 +593,9 @@ const SinkOps sink_mqtt_ops = {
 	.name = "mqtt",
 	.schemes = mqtt_schemes,
 	.usage = "  mqtt://[USER@]HOST[:PORT]/TOPIC[?qos=1|2][&window=N][&client_id=ID][&password_file=PATH]\n"
-	"                         MQTT 5: ack after PUBACK/PUBCOMP, metadata as user properties\n"
-	"                         (password: password_file or OUTBOX_RELAY_MQTT_PASSWORD)\n",
+	"                      MQTT 5, QoS 1 or 2: ack after PUBACK/PUBCOMP; metadata\n"
+	"                      as user properties; password from password_file or\n"
+	"                      OUTBOX_RELAY_MQTT_PASSWORD\n",
 	.open = mqtt_open,
 	.deliver = mqtt_deliver,
 	.confirm = NULL,

@@ -230,6 +230,7 @@ nats_ack_handler(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *cl
 	NatsRound  *rd;
 	int			i;
 
+	(void) js;
 	pthread_mutex_lock(&s->lock);
 	rd = s->round;
 	if (rd != NULL && (i = nats_find(rd, m)) >= 0)
@@ -647,8 +648,9 @@ const SinkOps sink_nats_ops = {
 	.name = "nats",
 	.schemes = nats_schemes,
 	.usage = "  nats://[USER@]HOST[:PORT]/SUBJECT[?window=N]\n"
-	"                         NATS JetStream: Nats-Msg-Id = command_id, ack after the PubAck\n"
-	"                         (OUTBOX_RELAY_NATS_PASSWORD, OUTBOX_RELAY_NATS_TOKEN)\n",
+	"                      JetStream publish, Nats-Msg-Id: <command_id>; ack after\n"
+	"                      the PubAck; a subject no stream captures exits 2;\n"
+	"                      OUTBOX_RELAY_NATS_PASSWORD, OUTBOX_RELAY_NATS_TOKEN\n",
 	.open = nats_open,
 	.deliver = nats_deliver,
 	.confirm = NULL,

@@ -28,6 +28,7 @@ use POSIX qw(WNOHANG);
 use Time::HiRes qw(usleep time);
 use HTTP::Tiny;
 use IPC::Run;
+use PostgreSQL::Test::Cluster;
 
 my $timeout = $ENV{PG_TEST_TIMEOUT_DEFAULT} // 180;
 my @running;
@@ -501,6 +502,121 @@ sub monitor
 	  ->get("http://127.0.0.1:$self->{monitor_port}$path");
 	croak "monitor $path: $r->{status} $r->{reason}" unless $r->{success};
 	return decode_json($r->{content});
+}
+
+# ---------------------------------------------------------------------------
+# What the three sink tests share: a cluster, commands, relays.
+# ---------------------------------------------------------------------------
+
+# A started cluster preloading outbox, with short backoffs, the extension created.
+sub sink_test_node
+{
+	my ($name) = @_;
+	my $node = PostgreSQL::Test::Cluster->new($name);
+	$node->init;
+	$node->append_conf('postgresql.conf', qq(
+shared_preload_libraries = 'outbox'
+outbox.backoff_base = 100
+outbox.backoff_max = 400
+));
+	$node->start;
+	$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+	return $node;
+}
+
+# Commit $n commands of run $run (seq 1..$n), ids "$run-00001"..., kind $kind.
+sub produce
+{
+	my ($node, $run, $n, $kind) = @_;
+	$kind //= 'broker';
+	$node->safe_psql('postgres', qq{
+		SELECT outbox.commit_decision('$run', s, 'decided', format('%s-%s', '$run', lpad(s::text, 5, '0')),
+			'$kind', jsonb_build_object('n', s))
+		FROM generate_series(1, $n) s});
+}
+
+# Start outbox-relay in the background: (pid, stderr file).
+sub relay_start
+{
+	my ($dir, $name, @args) = @_;
+	my $err = "$dir/$name.err";
+	my $pid = fork() // croak "fork: $!";
+	if ($pid == 0)
+	{
+		open(STDIN, '<', '/dev/null') or POSIX::_exit(127);
+		open(STDOUT, '>>', "$dir/$name.out") or POSIX::_exit(127);
+		open(STDERR, '>>', $err) or POSIX::_exit(127);
+		exec('outbox-relay', '--worker', $name, @args) or POSIX::_exit(127);
+	}
+	return ($pid, $err);
+}
+
+# Wait for a child to exit: its exit code, or undef (killed) after the timeout.
+sub wait_exit
+{
+	my ($pid, $secs) = @_;
+	my $deadline = time() + ($secs // $timeout);
+	while (time() < $deadline)
+	{
+		return $? >> 8 if waitpid($pid, WNOHANG) == $pid;
+		usleep(50_000);
+	}
+	kill 'KILL', $pid;
+	waitpid($pid, 0);
+	return undef;
+}
+
+# Wait until $sql returns 't': true, or false after the timeout.
+sub wait_sql
+{
+	my ($node, $sql) = @_;
+	my $deadline = time() + $timeout;
+	while (time() < $deadline)
+	{
+		return 1 if $node->safe_psql('postgres', $sql) eq 't';
+		usleep(100_000);
+	}
+	return 0;
+}
+
+# Run outbox-relay to its end: (exit code, stderr).
+sub relay_run
+{
+	my (@args) = @_;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ 'outbox-relay', @args ], '<', \undef, '>', \$out, '2>', \$err,
+		IPC::Run::timeout($timeout));
+	return ($? >> 8, $err);
+}
+
+# The text of a file.
+sub slurp
+{
+	my ($path) = @_;
+	open(my $fh, '<', $path) or return '';
+	local $/;
+	my $t = <$fh>;
+	close($fh);
+	return $t;
+}
+
+# Published, dead and other commands of runs LIKE $pattern: "P D O".
+sub run_states
+{
+	my ($node, $pattern) = @_;
+	return $node->safe_psql('postgres', qq{
+		SELECT count(*) FILTER (WHERE status = 'published') || ' ' ||
+		       count(*) FILTER (WHERE status = 'dead') || ' ' ||
+		       count(*) FILTER (WHERE status NOT IN ('published', 'dead'))
+		FROM outbox.commands WHERE run_id LIKE '$pattern'});
+}
+
+# The command_ids of a run's published commands.
+sub published_ids
+{
+	my ($node, $run) = @_;
+	return split(/\n/, $node->safe_psql('postgres',
+		"SELECT command_id FROM outbox.commands WHERE run_id = '$run' AND status = 'published' ORDER BY 1"));
 }
 
 END

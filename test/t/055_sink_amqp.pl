@@ -1,0 +1,162 @@
+# outbox-relay's AMQP sink against a real RabbitMQ (Debian's rabbitmq-server,
+# started by the test on loopback ports of its own): 2,000 commands from
+# two relays read back with amqp-consume, each exactly once; the broker
+# killed in the middle of a batch (nothing unconfirmed acked, nothing dead,
+# recovery when it returns); the exchange deleted under the relays (an
+# outage: commands held, not failed) and an unroutable routing key (a
+# retryable failure of the command); configuration errors at start-up;
+# outbox.verify() clean at the end.
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Time::HiRes qw(usleep);
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxBroker;
+
+my ($rc, $err) = OutboxBroker::relay_run('--help');
+plan skip_all => 'outbox-relay was built without the amqp sink (librabbitmq-dev)'
+  unless $err . `outbox-relay --help 2>&1` =~ m{amqp://};
+
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+my $node = OutboxBroker::sink_test_node('amqp');
+my $dsn = $node->connstr('postgres');
+
+my $mq = OutboxBroker->new('rabbitmq', "$tmp/rabbitmq");
+$mq->start;
+$mq->rabbit_declare([ [ 'outbox', 'direct' ] ], [ ['commands'] ],
+	[ [ 'outbox', 'commands', 'cmd' ] ]);
+my $port = $mq->port;
+my $sink = "amqp://guest\@127.0.0.1:$port?exchange=outbox&routing_key=cmd";
+$ENV{OUTBOX_RELAY_AMQP_PASSWORD} = 'guest';
+
+# Every message of the queue, consumed: command_id => count.
+sub consume_all
+{
+	my ($expect) = @_;
+	my $n = $mq->rabbit_queue_length('commands');
+	my %seen;
+	for my $body ($mq->rabbit_consume('commands', $n))
+	{
+		$seen{$1}++ if $body =~ /"command_id":\s*"([^"]+)"/;
+	}
+	return \%seen;
+}
+
+# ---------------------------------------------------------------------------
+# Configuration errors: exit 2, one line, before any delivery
+# ---------------------------------------------------------------------------
+for my $case (
+	[ "amqp://guest\@127.0.0.1:$port?routing_key=cmd", qr/option "exchange" is required/ ],
+	[ "amqp://guest:secret\@127.0.0.1:$port?exchange=outbox&routing_key=cmd",
+		qr/password must not be in the URL/ ],
+	[ "amqp://127.0.0.1:$port?exchange=outbox&routing_key=cmd&window=0",
+		qr/option "window" must be an integer/ ],
+	[ "amqp://127.0.0.1:$port?exchange=outbox&routing_key=cmd&bogus=1", qr/unknown option "bogus"/ ])
+{
+	my ($url, $re) = @$case;
+	($rc, $err) = OutboxBroker::relay_run('--dsn', $dsn, '--sink', $url, '--drain');
+	is($rc, 2, "bad URL exits 2: $re");
+	like($err, $re, "bad URL says why: $re");
+	unlike($err, qr/secret/, 'the password is not repeated') if $url =~ /secret/;
+}
+
+# ---------------------------------------------------------------------------
+# 2,000 commands, 2 relays: each exactly once in the queue
+# ---------------------------------------------------------------------------
+OutboxBroker::produce($node, 'amqp-a', 2000);
+my @relays = map { [ OutboxBroker::relay_start($tmp, "a$_", '--dsn', $dsn, '--sink', $sink,
+			'--batch', 100, '--drain') ] } 1 .. 2;
+is(OutboxBroker::wait_exit($_->[0]), 0, 'relay drained and exited 0') for @relays;
+is(OutboxBroker::run_states($node, 'amqp-a'), '2000 0 0', 'all 2,000 commands published');
+my $seen = consume_all();
+is(scalar(keys %$seen), 2000, 'the queue holds 2,000 distinct commands');
+is(scalar(grep { $seen->{$_} != 1 } keys %$seen), 0, 'each exactly once');
+is(join(',', grep { !$seen->{$_} } OutboxBroker::published_ids($node, 'amqp-a')), '',
+	'every published command is in the queue');
+is($node->safe_psql('postgres', "SELECT max(deliveries) FROM outbox.commands WHERE run_id = 'amqp-a'"),
+	'1', 'one delivery each');
+
+# ---------------------------------------------------------------------------
+# The broker killed mid-batch, restarted: nothing unconfirmed acked,
+# nothing dead, recovery
+# ---------------------------------------------------------------------------
+OutboxBroker::produce($node, 'amqp-b', 2000);
+@relays = map { [ OutboxBroker::relay_start($tmp, "b$_", '--dsn', $dsn, '--sink', $sink,
+			'--batch', 100, '--drain', '--timeout', 3) ] } 1 .. 2;
+ok(OutboxBroker::wait_sql($node,
+	"SELECT count(*) >= 200 FROM outbox.commands WHERE run_id = 'amqp-b' AND status = 'published'"),
+	'relays publishing run b');
+$mq->kill9;
+my @acked_before = OutboxBroker::published_ids($node, 'amqp-b');
+# the relays notice, hold their batches and back off
+ok(OutboxBroker::wait_sql($node,
+	"SELECT count(*) = 0 FROM outbox.commands WHERE run_id = 'amqp-b' AND status = 'dead'"),
+	'nothing dead while the broker is down');
+usleep(1_500_000);
+my ($p_down) = split / /, OutboxBroker::run_states($node, 'amqp-b');
+cmp_ok($p_down, '<', 2000, 'not everything was published before the kill');
+$mq->start;
+is(OutboxBroker::wait_exit($_->[0]), 0, 'relay recovered, drained and exited 0') for @relays;
+is(OutboxBroker::run_states($node, 'amqp-b'), '2000 0 0', 'run b: all published, none dead');
+like(OutboxBroker::slurp($relays[0][1]) . OutboxBroker::slurp($relays[1][1]),
+	qr/sink unavailable: .*(connection|connect)/, 'the outage was logged as such');
+$seen = consume_all();
+is(join(',', grep { !$seen->{$_} } OutboxBroker::published_ids($node, 'amqp-b')), '',
+	'every published command of run b is in the queue (acked only after the confirm)');
+is(join(',', grep { !$seen->{$_} } @acked_before), '',
+	'including those acked before the kill (persisted)');
+is(scalar(grep { !/^amqp-b-\d{5}$/ } keys %$seen), 0, 'nothing else in the queue');
+cmp_ok($node->safe_psql('postgres',
+	"SELECT max(deliveries) FROM outbox.commands WHERE run_id = 'amqp-b'"), '<=', 2,
+	'the outage spent no deliveries (at most one more than a clean run)');
+
+# ---------------------------------------------------------------------------
+# Broker-side errors: the exchange deleted (an outage), an unroutable key
+# (a retryable failure of the command)
+# ---------------------------------------------------------------------------
+OutboxBroker::produce($node, 'amqp-c', 600);
+$mq->rabbit_delete_exchange('outbox');
+my ($pid_c, $err_c) = OutboxBroker::relay_start($tmp, 'c1', '--dsn', $dsn, '--sink', $sink,
+	'--batch', 50, '--drain', '--kinds', 'broker');
+my $logged = 0;
+for (1 .. 300)
+{
+	$logged = 1, last if OutboxBroker::slurp($err_c) =~ /sink unavailable: .*404/;
+	usleep(100_000);
+}
+ok($logged, 'a deleted exchange is an outage (404 NOT_FOUND), logged once')
+  or diag(OutboxBroker::slurp($err_c));
+is($node->safe_psql('postgres',
+	"SELECT count(*) FROM outbox.commands WHERE run_id = 'amqp-c' AND status = 'dead'"), '0',
+	'no command dead-lettered for it');
+$mq->rabbit_declare([ [ 'outbox', 'direct' ] ], [ ['commands'] ],
+	[ [ 'outbox', 'commands', 'cmd' ] ]);
+is(OutboxBroker::wait_exit($pid_c), 0, 'the relay recovered once the exchange was back');
+is(OutboxBroker::run_states($node, 'amqp-c'), '600 0 0', 'run c: all published');
+like(OutboxBroker::slurp($err_c), qr/available again/, 'the recovery was logged');
+$seen = consume_all();
+is(join(',', grep { !$seen->{$_} } OutboxBroker::published_ids($node, 'amqp-c')), '',
+	'every command of run c is in the queue');
+
+OutboxBroker::produce($node, 'amqp-d', 3, 'lost');
+($rc, $err) = OutboxBroker::relay_run('--dsn', $dsn, '--kinds', 'lost', '--drain', '--worker', 'd1',
+	'--sink', "amqp://guest\@127.0.0.1:$port?exchange=outbox&routing_key=nowhere");
+is($rc, 0, 'relay with an unroutable key exits 0');
+is($node->safe_psql('postgres',
+	"SELECT string_agg(DISTINCT status::text || ' ' || (last_error LIKE 'unroutable:%')::text, ',') FROM outbox.commands WHERE run_id = 'amqp-d'"),
+	'pending true', 'an unroutable message is a retryable failure (basic.return), not an ack');
+is($mq->rabbit_queue_length('commands'), '0', 'and nothing reached the queue');
+
+# ---------------------------------------------------------------------------
+# Conservation
+# ---------------------------------------------------------------------------
+is($node->psql('postgres', 'SELECT outbox.verify()'), 0, 'outbox.verify() is clean');
+
+$mq->stop;
+ok(!$mq->running, 'broker stopped');
+$node->stop;
+done_testing();
