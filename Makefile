@@ -88,13 +88,41 @@ installcheck-pgtap: installcheck-server
 RELAY_PREFIX ?= /usr/local
 RELAY_BINDIR ?= $(RELAY_PREFIX)/bin
 RELAY_MANDIR ?= $(RELAY_PREFIX)/share/man
-RELAY_SRCS = $(wildcard src/relay/*.c)
-RELAY_CFLAGS = $(filter -D_FORTIFY_SOURCE%,$(CPPFLAGS)) $(CFLAGS) -Wall -Wextra $(RELAY_WFLAGS) -I$(shell $(PG_CONFIG) --includedir)
+# Sinks (src/relay/sink.h): stdout, file and http are always built; a
+# broker's sink src/relay/sink_NAME.c is built when pkg-config finds its
+# client library, named by one line RELAY_PKG_NAME = MODULE.
+RELAY_PKG_amqp = librabbitmq
+RELAY_PKG_mqtt = libmosquitto
+RELAY_PKG_nats = libnats
+RELAY_PKG_kafka = rdkafka
+RELAY_PKG_redis = hiredis
+PKG_CONFIG ?= pkg-config
+RELAY_BUILTIN_SINKS = stdout file http
+RELAY_BROKER_SINKS = $(foreach s,$(sort $(patsubst RELAY_PKG_%,%,$(filter RELAY_PKG_%,$(.VARIABLES)))),$(if $(wildcard src/relay/sink_$(s).c),$(s)))
+RELAY_FOUND_SINKS := $(foreach s,$(RELAY_BROKER_SINKS),$(if $(shell $(PKG_CONFIG) --exists $(RELAY_PKG_$(s)) && echo yes),$(s)))
+RELAY_MISSING_SINKS = $(filter-out $(RELAY_FOUND_SINKS),$(RELAY_BROKER_SINKS))
+RELAY_SINKS = $(RELAY_BUILTIN_SINKS) $(RELAY_FOUND_SINKS)
+RELAY_PKGS = $(foreach s,$(RELAY_FOUND_SINKS),$(RELAY_PKG_$(s)))
+RELAY_SRCS = $(filter-out src/relay/sink_%.c,$(wildcard src/relay/*.c)) $(patsubst %,src/relay/sink_%.c,$(RELAY_SINKS))
+RELAY_CFLAGS = $(filter -D_FORTIFY_SOURCE%,$(CPPFLAGS)) $(CFLAGS) -Wall -Wextra $(RELAY_WFLAGS) -I$(shell $(PG_CONFIG) --includedir) \
+	-I$(shell $(PG_CONFIG) --includedir)/internal \
+	$(if $(RELAY_PKGS),$(shell $(PKG_CONFIG) --cflags $(RELAY_PKGS)))
 RELAY_LIBS = -L$(shell $(PG_CONFIG) --libdir) -lpq
 all: src/outbox-relay
-src/outbox-relay: $(RELAY_SRCS) $(wildcard src/relay/*.h) outbox.control
-	$(CC) $(RELAY_CFLAGS) -DRELAY_VERSION='"$(EXTVERSION)"' -o $@ $(RELAY_SRCS) \
-		$(LDFLAGS) -pthread $(RELAY_LIBS) -lcurl
+FORCE:
+src/relay/sinks.stamp: FORCE
+	@echo '$(RELAY_SINKS)' | cmp -s - $@ || echo '$(RELAY_SINKS)' > $@
+src/outbox-relay: $(RELAY_SRCS) $(wildcard src/relay/*.h) outbox.control src/relay/sinks.stamp
+	$(CC) $(RELAY_CFLAGS) -DRELAY_VERSION='"$(EXTVERSION)"' \
+		-DRELAY_SINKS='$(foreach s,$(RELAY_SINKS),X($(s)))' -o $@ $(RELAY_SRCS) \
+		$(LDFLAGS) -pthread $(RELAY_LIBS) -lcurl $(if $(RELAY_PKGS),$(shell $(PKG_CONFIG) --libs $(RELAY_PKGS)))
+	@echo 'outbox-relay: built with sinks: $(strip $(RELAY_SINKS))$(if $(RELAY_MISSING_SINKS),; not built (no client library found by $(PKG_CONFIG)): $(foreach s,$(RELAY_MISSING_SINKS),$(s) ($(RELAY_PKG_$(s)))))'
+# The Kafka mock cluster of the relay's Kafka test (built, not installed).
+ifneq ($(filter kafka,$(RELAY_FOUND_SINKS)),)
+all: test/kafka-mock
+endif
+test/kafka-mock: test/kafka_mock.c
+	$(CC) $(RELAY_CFLAGS) -o $@ $< $(LDFLAGS) $(shell $(PKG_CONFIG) --libs rdkafka)
 # make install RELAY_INSTALL=no installs the extension only (the Debian
 # packaging puts the relay in a package of its own).
 ifneq ($(RELAY_INSTALL),no)
@@ -119,7 +147,7 @@ src/outbox-receiver: $(RECEIVER_SRCS)
 	$(CC) $(RELAY_CFLAGS) -pthread -o $@ $(RECEIVER_SRCS) $(LDFLAGS) $(RELAY_LIBS)
 clean: clean-relay
 clean-relay:
-	rm -f src/outbox-relay src/outbox-receiver
+	rm -f src/outbox-relay src/outbox-receiver src/relay/sinks.stamp test/kafka-mock
 
 # The monitoring files (docs/monitoring.md): queries of
 # prometheus-postgres-exporter, Prometheus configuration, alert rules and
@@ -130,4 +158,4 @@ install-monitoring:
 	$(MKDIR_P) '$(DESTDIR)$(datadir)/extension/outbox/monitoring'
 	$(if $(MONITORING_FILES),$(INSTALL_DATA) $(MONITORING_FILES) '$(DESTDIR)$(datadir)/extension/outbox/monitoring/')
 
-.PHONY: install-relay uninstall-relay clean-relay install-monitoring
+.PHONY: install-relay uninstall-relay clean-relay install-monitoring FORCE

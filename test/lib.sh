@@ -47,6 +47,9 @@ OUTBOX_PACKAGES=(
 	libpq-dev
 	libcurl4-openssl-dev
 	curl
+	pkg-config
+	librdkafka-dev
+	libhiredis-dev
 	prometheus
 	prometheus-postgres-exporter
 	gnuplot-nox
@@ -62,6 +65,9 @@ OUTBOX_TEST_PACKAGES=(
 	dpkg-dev
 	fakeroot
 	lintian
+	kcat
+	redis-server
+	redis-tools
 	postgresql-server-dev-all
 	postgresql-common
 )
@@ -73,9 +79,11 @@ OUTBOX_TEST_PACKAGES=(
 # looked up in PG_CONFIG's bindir, the rest on PATH.
 OUTBOX_TOOLS=(bash gcc make perl prove pg_prove runuser tar curl man
 	dpkg-buildpackage dpkg-deb dh pg_buildext fakeroot lintian apt-cache
-	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot)
+	ctags cscope promtool prometheus prometheus-postgres-exporter gnuplot
+	pkg-config kcat redis-server redis-cli)
 OUTBOX_PG_TOOLS=(pg_config postgres initdb pg_ctl psql createdb dropdb pgbench)
-OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h)
+OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h internal/pqexpbuffer.h
+	librdkafka/rdkafka.h librdkafka/rdkafka_mock.h hiredis/hiredis.h)
 
 # The AMQP, NATS JetStream and MQTT sinks (built when their library is
 # present) and their TAP tests' brokers and client tools.

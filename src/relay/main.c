@@ -4,9 +4,9 @@
  *		outbox-relay: command line, the claim/deliver/report loop, signals
  *		and reconnection.
  *
- * The loop.  Claim up to --batch commands with a lease; deliver them to
- * the sink (one by one, or up to --concurrency HTTP requests at a time);
- * report the batch (one array ack for the delivered
+ * The loop.  Claim up to --batch commands with a lease; have the sink
+ * deliver them (sink.h: it returns once the broker confirmed or refused
+ * each one); report the batch (one array ack for the delivered
  * commands, one fail per failed command); claim again at once.  When a
  * claim finds nothing, wait for a notification on outbox.notify_channel
  * (sent by the extension's background worker after producers commit) or
@@ -17,6 +17,16 @@
  * passed and commands of the batch are still undelivered (the delivered
  * ones are acked first).  A renewal refused with lease_not_owned drops the
  * command from the batch: someone else owns it now.
+ *
+ * Outages.  When the sink finds its broker down or refusing the relay
+ * (no connection, authentication, HTTP 401/403/404), the commands it could
+ * not deliver are held, not failed: no delivery is spent on an outage.
+ * The relay reports what has an outcome, logs one line, stops claiming,
+ * and tries the held commands again after a backoff (0.5 s doubling to
+ * 30 s), renewing their leases meanwhile; it logs one line again when the
+ * sink is back.  A stop request during an outage hands the held commands
+ * back as retryable failures.  A sink URL that is wrong ends the relay at
+ * start-up with exit 2.
  *
  * Failures.  A lost connection is re-established with exponential backoff
  * (0.1 s doubling to 10 s, with jitter).  Outcomes of a batch that could
@@ -32,6 +42,7 @@
  *
  *-------------------------------------------------------------------------
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -42,13 +53,14 @@
 
 #include <curl/curl.h>
 
-#include "relay.h"
+#include "sink.h"
 
 static Sink *sink = NULL;
 static int	exit_code = RELAY_EXIT_OK;
 static bool sink_broken = false;
 static double backoff = 0;		/* current reconnect/retry backoff */
 static bool ever_connected = false;
+static double outage_since = 0; /* monotonic time the sink went down, or 0 */
 
 /* Print --help. */
 static void
@@ -59,7 +71,7 @@ usage(void)
 		   "  %s --sink SINK [--dsn CONNINFO] [OPTION]...\n\n", RELAY_NAME);
 	printf("Options:\n"
 		   "  -d, --dsn=CONNINFO        libpq connection string or URI (default: PG* environment)\n"
-		   "  -s, --sink=SINK           stdout | file:PATH | http://... | https://...\n"
+		   "  -s, --sink=SINK           where to publish: a URL (see Sinks below)\n"
 		   "  -b, --batch=N             commands claimed per batch (default 100)\n"
 		   "  -l, --lease=SECONDS       lease per claim (default: the kind's policy or\n"
 		   "                            outbox.default_lease)\n"
@@ -76,12 +88,10 @@ usage(void)
 		   "  -v, --verbose             log every batch\n"
 		   "  -V, --version             print the version and exit\n"
 		   "  -h, --help                print this help and exit\n\n");
-	printf("Sinks:\n"
-		   "  stdout, file:PATH   one JSON object per line (NDJSON):\n"
-		   "                      {\"command_id\",\"run_id\",\"kind\",\"payload\",\"deliveries\"}\n"
-		   "  http(s)://URL       POST of that object, header Idempotency-Key: <command_id>;\n"
-		   "                      2xx acks; 408, 429, 5xx, timeouts and network errors retry\n"
-		   "                      with backoff; any other 4xx is fatal (the command goes dead)\n\n");
+	printf("Sinks (built with: %s):\n", sink_names());
+	sink_print_usage(stdout);
+	printf("  A sink that is down or refuses the relay holds the batch (no delivery is\n"
+		   "  spent), pauses claiming and retries with backoff; a bad URL exits 2.\n\n");
 	printf("Signals:\n"
 		   "  SIGTERM, SIGINT     stop claiming, finish the batch in flight, exit 0;\n"
 		   "                      a second one fails what is left of the batch (retryable)\n"
@@ -90,7 +100,7 @@ usage(void)
 		   "  0  stopped by a signal, or --drain found nothing to claim\n"
 		   "  1  runtime error: the database refused the relay (extension missing,\n"
 		   "     privileges, bad settings) or the sink could not be written\n"
-		   "  2  usage error\n");
+		   "  2  usage error: a bad option, DSN or sink URL\n");
 }
 
 /* Report a usage error and exit 2. */
@@ -152,6 +162,41 @@ parse_kinds(const char *arg)
 	}
 	sb_puts(&sb, "}");
 	return sb.data;
+}
+
+/*
+ * libpq checks the port only when it connects, and the relay would retry
+ * that forever: check it here (a comma-separated list, empty items allowed).
+ */
+static void
+check_dsn_ports(PQconninfoOption *opts)
+{
+	PQconninfoOption *o;
+
+	for (o = opts; o->keyword != NULL; o++)
+	{
+		const char *p;
+
+		if (strcmp(o->keyword, "port") != 0 || o->val == NULL)
+			continue;
+		for (p = o->val; *p;)
+		{
+			size_t		len = strcspn(p, ",");
+			char	   *end;
+			long		v;
+
+			if (len > 0)
+			{
+				errno = 0;
+				v = strtol(p, &end, 10);
+				if (errno != 0 || end != p + len || v < 1 || v > 65535 || !isdigit((unsigned char) *p))
+					usage_error("invalid --dsn: invalid port number \"%s\"", o->val);
+			}
+			p += len;
+			if (*p == ',')
+				p++;
+		}
+	}
 }
 
 /* Parse the command line into relay_opts. */
@@ -271,12 +316,6 @@ parse_options(int argc, char **argv)
 		usage_error("unexpected argument \"%s\"", argv[optind]);
 	if (relay_opts.sink == NULL)
 		usage_error("%s", "no sink given: --sink is required");
-	if (strcmp(relay_opts.sink, "stdout") != 0 &&
-		!(strncmp(relay_opts.sink, "file:", 5) == 0 && relay_opts.sink[5] != '\0') &&
-		strncmp(relay_opts.sink, "http://", 7) != 0 &&
-		strncmp(relay_opts.sink, "https://", 8) != 0)
-		usage_error("invalid sink \"%s\": expected stdout, file:PATH, or an http:// or https:// URL",
-					relay_opts.sink);
 	if (relay_opts.dsn != NULL)
 	{
 		char	   *err = NULL;
@@ -293,6 +332,7 @@ parse_options(int argc, char **argv)
 				msg[--l] = '\0';
 			usage_error("invalid --dsn: %s", msg);
 		}
+		check_dsn_ports(opts);
 		PQconninfoFree(opts);
 	}
 	if (relay_opts.worker == NULL)
@@ -354,19 +394,19 @@ connect_loop(double give_up_at)
 }
 
 /*
- * Push what an NDJSON sink buffered out of the process: nothing may be
- * acked before that.  If the output is broken, what was written since the
- * last flush is failed instead (retryable) and the relay will exit 1.
+ * Have the sink confirm what it buffered (stdout, a file): nothing may be
+ * acked before that.  If the output is broken, what was delivered since
+ * the last confirm is failed instead (retryable) and the relay will exit 1.
  */
 static void
-flush_sink(RelayBatch *batch)
+confirm_sink(RelayBatch *batch)
 {
 	char	   *err = NULL;
 	int			i;
 
-	if (sink_flush(sink, &err))
+	if (sink_confirm(sink, &err))
 		return;
-	relay_log("%s", err);
+	relay_log("%s", err ? err : "the sink could not be written");
 	sink_broken = true;
 	for (i = 0; i < batch->n; i++)
 	{
@@ -377,9 +417,10 @@ flush_sink(RelayBatch *batch)
 		cmd->state = CMD_FAILED;
 		cmd->fatal = false;
 		free(cmd->error);
-		cmd->error = relay_clean_error(err, 900);
+		cmd->error = relay_clean_error(err ? err : "the sink could not be written", 900);
 		relay_stats.delivered--;
 	}
+	free(err);
 }
 
 /* Report what is finished and renew the rest (during a slow delivery). */
@@ -388,7 +429,7 @@ renew_batch(RelayBatch *batch)
 {
 	DbResult	r;
 
-	flush_sink(batch);
+	confirm_sink(batch);
 	r = db_report(batch);
 
 	if (r == DB_OK)
@@ -410,7 +451,7 @@ maybe_renew(RelayBatch *batch)
 	renew_batch(batch);
 }
 
-/* Called by the HTTP sink while requests are in flight; false interrupts. */
+/* Called by the sink while deliveries are in flight; false interrupts. */
 static bool
 relay_tick(void *arg)
 {
@@ -423,81 +464,25 @@ relay_tick(void *arg)
 }
 
 /*
- * Deliver a claimed batch and report its outcome.  Returns true when the
- * endpoint was unreachable (the caller backs off before claiming again).
+ * Report the outcomes the batch has, reconnecting as often as needed.
+ * False when the relay gave up (it is stopping, or a fatal error).
  */
 static bool
-process_batch(RelayBatch *batch)
+report_batch(RelayBatch *batch)
 {
-	bool		unavailable = false;
-	const char *skip_reason = NULL;
 	int			i;
 
-	if (sink_is_http(sink))
-	{
-		unavailable = sink_deliver_batch(sink, batch, relay_tick, batch);
-		if (unavailable)
-			skip_reason = "delivery not attempted: the endpoint was unavailable";
-		else if (relay_stop >= 2)
-			skip_reason = "delivery not attempted: the relay was interrupted";
-		i = 0;
-	}
-	else
-	{
-		for (i = 0; i < batch->n; i++)
-		{
-			RelayCommand *cmd = &batch->cmds[i];
-			SinkResult	r;
-
-			if (relay_stop >= 2)
-			{
-				skip_reason = "delivery not attempted: the relay was interrupted";
-				break;
-			}
-			maybe_renew(batch);
-			if (cmd->state != CMD_TODO)
-				continue;		/* lease lost */
-			r = sink_deliver(sink, cmd);
-			if (r == SINK_OK)
-			{
-				cmd->state = CMD_DELIVERED;
-				relay_stats.delivered++;
-			}
-			else
-			{
-				cmd->state = CMD_FAILED;
-				cmd->fatal = false;
-			}
-		}
-	}
-	/* what was not attempted goes back, retryable */
-	for (; i < batch->n; i++)
-	{
-		RelayCommand *cmd = &batch->cmds[i];
-
-		if (cmd->state != CMD_TODO)
-			continue;
-		cmd->state = CMD_FAILED;
-		cmd->fatal = false;
-		free(cmd->error);
-		cmd->error = relay_strdup(skip_reason ? skip_reason : "delivery not attempted");
-	}
-
-	/* an NDJSON line counts as delivered once it is out of the process */
-	flush_sink(batch);
-
-	/* report, reconnecting as often as needed */
 	for (;;)
 	{
 		DbResult	r = db_report(batch);
 		int			left = 0;
 
 		if (r == DB_OK)
-			break;
+			return true;
 		if (r == DB_FATAL)
 		{
 			exit_code = RELAY_EXIT_RUNTIME;
-			break;
+			return false;
 		}
 		if (db_connected())
 		{
@@ -512,10 +497,127 @@ process_batch(RelayBatch *batch)
 				left++;
 		relay_log("giving up reporting %d outcome%s; their leases will expire and the commands will be delivered again",
 				  left, left == 1 ? "" : "s");
-		break;
+		return false;
 	}
+}
+
+/* The number of commands of the batch still CMD_TODO, and the first one. */
+static int
+count_todo(RelayBatch *batch, RelayCommand **first)
+{
+	int			n = 0;
+	int			i;
+
+	*first = NULL;
+	for (i = 0; i < batch->n; i++)
+		if (batch->cmds[i].state == CMD_TODO)
+		{
+			if (n++ == 0)
+				*first = &batch->cmds[i];
+		}
+	return n;
+}
+
+/*
+ * Wait `seconds` during an outage, renewing the held leases.  False when
+ * a stop was requested meanwhile.
+ */
+static bool
+outage_wait(RelayBatch *batch, double seconds)
+{
+	double		until = relay_now() + seconds;
+
+	for (;;)
+	{
+		double		left = until - relay_now();
+
+		if (relay_stop || exit_code != RELAY_EXIT_OK)
+			return false;
+		if (left <= 0)
+			return true;
+		relay_sleep(left < 0.25 ? left : 0.25);
+		maybe_renew(batch);
+		metrics_publish();
+	}
+}
+
+/*
+ * Deliver a claimed batch and report its outcome.  While the sink is
+ * unavailable, the commands it could not deliver are held and tried again
+ * after a backoff (see the file header).
+ */
+static void
+process_batch(RelayBatch *batch)
+{
+	double		pause = 0;
+	const char *reason = NULL;
+	char	   *held_error = NULL;
+	RelayCommand *first;
+	int			held;
+	int			i;
+
+	for (;;)
+	{
+		SinkResult	r = sink_deliver(sink, batch, relay_tick, batch);
+
+		confirm_sink(batch);
+		if (r != SINK_UNAVAILABLE)
+		{
+			if (outage_since > 0)
+				relay_log("sink %s is available again after %.1fs",
+						  sink_describe(sink), relay_now() - outage_since);
+			outage_since = 0;
+			if (relay_stop >= 2)
+				reason = "delivery not attempted: the relay was interrupted";
+			break;
+		}
+		held = count_todo(batch, &first);
+		free(held_error);
+		held_error = relay_strdup(first && first->error ? first->error : "the sink is unavailable");
+		/* report what has an outcome; the held leases are renewed */
+		if (!report_batch(batch))
+			break;
+		if (outage_since <= 0)
+		{
+			outage_since = relay_now();
+			relay_log("sink unavailable: %s; holding %d command%s, claiming paused, retrying with backoff",
+					  held_error, held, held == 1 ? "" : "s");
+		}
+		if (held == 0)
+			break;
+		pause = pause <= 0 ? 0.5 : pause * 2;
+		if (pause > 30)
+			pause = 30;
+		relay_debug("sink unavailable; pausing %.1fs", pause);
+		if (!outage_wait(batch, pause))
+		{
+			reason = "delivery not attempted: the sink was unavailable";
+			break;
+		}
+		/* the held commands are delivered again under the same leases */
+	}
+
+	/* what was not delivered goes back, retryable */
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *cmd = &batch->cmds[i];
+		char		msg[1100];
+
+		if (cmd->state != CMD_TODO)
+			continue;
+		cmd->state = CMD_FAILED;
+		cmd->fatal = false;
+		if (held_error != NULL && reason != NULL)
+			snprintf(msg, sizeof(msg), "%s: %s", reason, held_error);
+		else
+			snprintf(msg, sizeof(msg), "%s", reason ? reason : "delivery not attempted");
+		free(cmd->error);
+		cmd->error = relay_clean_error(msg, 900);
+	}
+	free(held_error);
+
+	(void) report_batch(batch);
 	relay_debug("batch of %d done", batch->n);
-	return unavailable;
 }
 
 /* The summary line. */
@@ -537,8 +639,8 @@ int
 main(int argc, char **argv)
 {
 	double		started = relay_now();
-	double		unavailable_backoff = 0;
 	char	   *err = NULL;
+	SinkOpenResult opened;
 	bool		stop_logged = false;
 
 	parse_options(argc, argv);
@@ -549,11 +651,13 @@ main(int argc, char **argv)
 		relay_log("could not initialize libcurl");
 		return RELAY_EXIT_RUNTIME;
 	}
-	sink = sink_open(relay_opts.sink, &err);
-	if (sink == NULL)
+	opened = sink_open(relay_opts.sink, &sink, &err);
+	if (opened != SINK_OPEN_OK)
 	{
 		relay_log("%s", err);
-		return RELAY_EXIT_RUNTIME;
+		free(err);
+		curl_global_cleanup();
+		return opened == SINK_OPEN_CONFIG ? RELAY_EXIT_USAGE : RELAY_EXIT_RUNTIME;
 	}
 	relay_log("starting: worker \"%s\", sink %s, batch %d", relay_opts.worker,
 			  sink_describe(sink), relay_opts.batch);
@@ -569,7 +673,6 @@ main(int argc, char **argv)
 		RelayBatch	batch;
 		DbResult	r;
 		double		claimed_at;
-		bool		unavailable;
 
 		metrics_publish();
 		if (relay_stop)
@@ -590,7 +693,8 @@ main(int argc, char **argv)
 			relay_reopen = 0;
 			if (!sink_reopen(sink, &err))
 			{
-				relay_log("%s", err);
+				relay_log("%s", err ? err : "could not reopen the sink");
+				free(err);
 				exit_code = RELAY_EXIT_RUNTIME;
 				break;
 			}
@@ -624,18 +728,8 @@ main(int argc, char **argv)
 		relay_debug("claimed %d", batch.n);
 		claimed_at = relay_now();
 		metrics_claimed(batch.n);
-		unavailable = process_batch(&batch);
+		process_batch(&batch);
 		metrics_batch_done(relay_now() - claimed_at);
-		if (unavailable)
-		{
-			unavailable_backoff = unavailable_backoff <= 0 ? 0.5 : unavailable_backoff * 2;
-			if (unavailable_backoff > 30)
-				unavailable_backoff = 30;
-			relay_log("endpoint unavailable; pausing %.1fs", unavailable_backoff);
-			relay_sleep(unavailable_backoff);
-		}
-		else
-			unavailable_backoff = 0;
 		batch_free(&batch);
 		if (exit_code != RELAY_EXIT_OK)
 			break;

@@ -5,10 +5,10 @@
  *		outbox extension.
  *
  * The relay is one single-threaded process: one libpq connection (claim,
- * ack, fail, renew, LISTEN) and one sink (stdout, a file, or an HTTP(S)
- * endpoint through libcurl's multi interface).  It claims a batch, delivers
- * its commands (in claim order, or up to --concurrency HTTP requests at
- * once), and reports the outcome of the whole batch: one array ack for the
+ * ack, fail, renew, LISTEN) and one sink (a module behind the interface of
+ * sink.h: stdout, a file, an HTTP(S) endpoint, or a message broker).  It
+ * claims a batch, has the sink deliver its commands, and reports the
+ * outcome of the whole batch: one array ack for the
  * delivered commands and one fail per failed command.  Every call carries
  * the token (command_id, version) the claim returned, so a relay whose
  * lease was taken over is refused and changes nothing.
@@ -34,7 +34,7 @@
 /* Exit codes (documented in --help and in the README). */
 #define RELAY_EXIT_OK		0	/* stopped by a signal, or --drain found no work */
 #define RELAY_EXIT_RUNTIME	1	/* fatal database error, or the sink broke */
-#define RELAY_EXIT_USAGE	2	/* bad command line */
+#define RELAY_EXIT_USAGE	2	/* bad command line or sink URL */
 
 /* A growable string. */
 typedef struct StrBuf
@@ -48,7 +48,7 @@ typedef struct StrBuf
 typedef struct RelayOptions
 {
 	const char *dsn;			/* libpq conninfo, NULL: PG* environment */
-	const char *sink;			/* stdout, file:PATH, http(s)://... */
+	const char *sink;			/* the sink's URL (sink.h) */
 	int			batch;			/* claim batch size */
 	double		lease;			/* lease in seconds, 0: server default */
 	const char *kinds;			/* text[] literal, NULL: all kinds */
@@ -67,7 +67,7 @@ typedef struct RelayOptions
 /* Where one claimed command stands within its batch. */
 typedef enum CmdState
 {
-	CMD_TODO,					/* not delivered yet */
+	CMD_TODO,					/* not delivered yet (or held: sink down) */
 	CMD_DELIVERED,				/* the sink accepted it: ack it */
 	CMD_FAILED,					/* the sink refused it: fail it */
 	CMD_DONE					/* outcome reported, or the lease was lost */
@@ -112,20 +112,6 @@ typedef struct RelayStats
 	long long	wakeups;
 } RelayStats;
 
-/* Result of an attempt to deliver one command. */
-typedef enum SinkResult
-{
-	SINK_OK,					/* delivered (2xx, or written) */
-	SINK_RETRY,					/* failed; retry after a backoff */
-	SINK_FATAL,					/* refused; do not retry */
-	SINK_UNAVAILABLE			/* the endpoint is unreachable: stop the batch */
-} SinkResult;
-
-typedef struct Sink Sink;
-
-/* Called while HTTP deliveries are in progress; false aborts them. */
-typedef bool (*SinkTick) (void *arg);
-
 /* util.c */
 extern RelayOptions relay_opts;
 extern RelayStats relay_stats;
@@ -168,15 +154,7 @@ extern DbResult db_renew(RelayBatch *batch);
 extern bool db_wait(double timeout);
 extern void batch_free(RelayBatch *batch);
 
-/* sink.c */
-extern Sink *sink_open(const char *spec, char **errmsg);
-extern bool sink_is_http(Sink *sink);
-extern SinkResult sink_deliver(Sink *sink, RelayCommand *cmd);
-extern bool sink_deliver_batch(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
-extern bool sink_flush(Sink *sink, char **errmsg);
-extern bool sink_reopen(Sink *sink, char **errmsg);
-extern void sink_close(Sink *sink);
-extern const char *sink_describe(Sink *sink);
+/* sink.c and the sink modules: see sink.h */
 
 /* metrics.c */
 extern bool metrics_parse(const char *spec, char **host, char **port);

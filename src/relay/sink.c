@@ -1,503 +1,729 @@
 /*-------------------------------------------------------------------------
  *
  * sink.c
- *		Where outbox-relay delivers: stdout, a file (NDJSON, one object per
- *		command), or an HTTP(S) endpoint (one POST per command, libcurl).
+ *		outbox-relay's sink registry, and the helpers every sink module
+ *		shares: outcomes, the message body, URL parsing.
  *
- * NDJSON sinks buffer the lines of a batch and flush them (and, for a
- * file, fdatasync it) before the batch is acked: a line is "delivered" only
- * once it is out of the process.  If the flush fails, the batch is failed
- * as retryable and the relay exits 1.
- *
- * The HTTP sink POSTs the same JSON object with an Idempotency-Key header
- * holding the command_id, through libcurl's multi interface: up to
- * --concurrency requests of a batch in flight at once (default 1: one at a
- * time, in claim order), over reused keep-alive connections.  A 2xx answer
- * is a delivery; 408, 429, 5xx, a timeout or a network error are retryable
- * failures; any other 4xx is fatal (the endpoint refuses the command
- * itself); redirects are not followed and count as retryable.  When the
- * endpoint cannot be reached at all, no further request of the batch is
- * started (the rest is reported as not attempted).  Between two polls of
- * the transfers (at most 100 ms apart) the sink calls back into the relay,
- * which renews the leases of a slow batch and lets a second SIGTERM
- * interrupt the requests in flight.
+ * The registry is the list of modules the relay was built with:
+ * RELAY_SINKS, set by the Makefile to X(stdout) X(file) X(http) followed
+ * by X(NAME) for every broker whose client library it found.  sink_open
+ * picks the module whose scheme begins the URL.  The interface itself is
+ * described in sink.h.
  *
  *-------------------------------------------------------------------------
  */
+#include <ctype.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <curl/curl.h>
+#include "sink.h"
 
-#include "relay.h"
-
-typedef enum SinkType
-{
-	SINK_STDOUT,
-	SINK_FILE,
-	SINK_HTTP
-} SinkType;
-
-/* One HTTP request slot of the multi handle. */
-typedef struct HttpSlot
-{
-	CURL	   *easy;
-	struct curl_slist *headers;
-	StrBuf		body;
-	char		errbuf[CURL_ERROR_SIZE];
-	char		resp[256];
-	size_t		resp_len;
-	int			cmd;			/* index in the batch; -1 when free */
-} HttpSlot;
-
-struct Sink
-{
-	SinkType	type;
-	char	   *spec;
-	char	   *path;			/* SINK_FILE */
-	FILE	   *fp;				/* SINK_STDOUT, SINK_FILE */
-	StrBuf		body;
-	/* SINK_HTTP */
-	CURLM	   *multi;
-	HttpSlot   *slots;
-	int			nslots;
-};
-
-/* Open (or reopen) the file of a file sink. */
-static bool
-sink_open_file(Sink *sink, char **errmsg)
-{
-	static char msg[1024];
-
-	sink->fp = fopen(sink->path, "a");
-	if (sink->fp == NULL)
-	{
-		snprintf(msg, sizeof(msg), "could not open file \"%s\": %s",
-				 sink->path, strerror(errno));
-		*errmsg = msg;
-		return false;
-	}
-	setvbuf(sink->fp, NULL, _IOFBF, 1 << 16);
-	return true;
-}
-
-/* libcurl write callback: keep the start of the response body. */
-static size_t
-http_write(char *ptr, size_t size, size_t nmemb, void *userdata)
-{
-	HttpSlot   *slot = userdata;
-	size_t		len = size * nmemb;
-	size_t		room = sizeof(slot->resp) - 1 - slot->resp_len;
-
-	if (room > len)
-		room = len;
-	memcpy(slot->resp + slot->resp_len, ptr, room);
-	slot->resp_len += room;
-	slot->resp[slot->resp_len] = '\0';
-	return len;
-}
-
-/* Create the easy handle of one slot, with the options every request shares. */
-static bool
-http_slot_init(Sink *sink, HttpSlot *slot)
-{
-	CURL	   *c = curl_easy_init();
-
-	if (c == NULL)
-		return false;
-	slot->easy = c;
-	slot->cmd = -1;
-	sb_init(&slot->body);
-	curl_easy_setopt(c, CURLOPT_URL, sink->spec);
-#if LIBCURL_VERSION_NUM >= 0x075500
-	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-#else
-	curl_easy_setopt(c, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
+#ifndef RELAY_SINKS
+#error "RELAY_SINKS must be defined (the Makefile sets it to the sinks it builds)"
 #endif
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(c, CURLOPT_POST, 1L);
-	curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
-	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long) (relay_opts.connect_timeout * 1000));
-	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long) (relay_opts.timeout * 1000));
-	curl_easy_setopt(c, CURLOPT_USERAGENT, RELAY_NAME "/" RELAY_VERSION);
-	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, slot->errbuf);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, http_write);
-	curl_easy_setopt(c, CURLOPT_WRITEDATA, slot);
-	curl_easy_setopt(c, CURLOPT_PRIVATE, slot);
-	return true;
+
+#define X(name) extern const SinkOps sink_##name##_ops;
+RELAY_SINKS
+#undef X
+
+#define X(name) &sink_##name##_ops,
+static const SinkOps *const sink_registry[] = {
+	RELAY_SINKS
+	NULL
+};
+#undef X
+
+/* A malloc'd message, formatted. */
+char *
+sink_errorf(const char *fmt,...)
+{
+	char		buf[1024];
+	va_list		ap;
+
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	return relay_strdup(buf);
+}
+
+/* The names of the sinks built in, separated by spaces. */
+const char *
+sink_names(void)
+{
+	static char names[512];
+	int			i;
+
+	if (names[0] != '\0')
+		return names;
+	for (i = 0; sink_registry[i] != NULL; i++)
+	{
+		if (i > 0)
+			strncat(names, " ", sizeof(names) - strlen(names) - 1);
+		strncat(names, sink_registry[i]->name, sizeof(names) - strlen(names) - 1);
+	}
+	return names;
+}
+
+/* Print the usage lines of every sink built in (for --help). */
+void
+sink_print_usage(FILE *out)
+{
+	int			i;
+
+	for (i = 0; sink_registry[i] != NULL; i++)
+		fputs(sink_registry[i]->usage, out);
+}
+
+/* The module serving url, or NULL. */
+static const SinkOps *
+sink_lookup(const char *url)
+{
+	int			i;
+	int			j;
+
+	for (i = 0; sink_registry[i] != NULL; i++)
+	{
+		const SinkOps *ops = sink_registry[i];
+
+		for (j = 0; ops->schemes[j] != NULL; j++)
+		{
+			const char *s = ops->schemes[j];
+			size_t		len = strlen(s);
+
+			if (strcmp(s, "stdout") == 0)
+			{
+				if (strcmp(url, "stdout") == 0)
+					return ops;
+				continue;
+			}
+			if (strncmp(url, s, len) != 0 || url[len] != ':')
+				continue;
+			if (strcmp(s, "file") == 0 || strncmp(url + len, "://", 3) == 0)
+				return ops;
+		}
+	}
+	return NULL;
+}
+
+/* The URL with the password of its userinfo replaced by "***". */
+static char *
+sink_mask_url(const char *url)
+{
+	const char *sep = strstr(url, "://");
+	const char *at;
+	const char *colon;
+	const char *end;
+	PQExpBufferData buf;
+	char	   *out;
+
+	if (sep == NULL)
+		return relay_strdup(url);
+	end = sep + 3 + strcspn(sep + 3, "/?#");
+	at = NULL;
+	for (colon = sep + 3; colon < end; colon++)
+		if (*colon == '@')
+			at = colon;
+	if (at == NULL)
+		return relay_strdup(url);
+	colon = memchr(sep + 3, ':', at - (sep + 3));
+	if (colon == NULL)
+		return relay_strdup(url);
+	initPQExpBuffer(&buf);
+	appendBinaryPQExpBuffer(&buf, url, colon - url);
+	appendPQExpBufferStr(&buf, ":***");
+	appendPQExpBufferStr(&buf, at);
+	out = relay_strdup(buf.data);
+	termPQExpBuffer(&buf);
+	return out;
 }
 
 /*
- * Open the sink named by spec: "stdout", "file:PATH", or an http:// or
- * https:// URL.  NULL with *errmsg set on failure.
+ * Open the sink for url.  SINK_OPEN_CONFIG for a URL no module serves or
+ * that its module refuses; *err is then a malloc'd message.
  */
-Sink *
-sink_open(const char *spec, char **errmsg)
+SinkOpenResult
+sink_open(const char *url, Sink **sink, char **err)
 {
-	Sink	   *sink = relay_malloc(sizeof(Sink));
-	int			i;
+	const SinkOps *ops = sink_lookup(url);
+	SinkOpenResult r;
 
-	memset(sink, 0, sizeof(Sink));
-	sink->spec = relay_strdup(spec);
-	sb_init(&sink->body);
+	*sink = NULL;
+	*err = NULL;
+	if (ops == NULL)
+	{
+		char	   *shown = sink_mask_url(url);
 
-	if (strcmp(spec, "stdout") == 0)
-	{
-		sink->type = SINK_STDOUT;
-		sink->fp = stdout;
-		setvbuf(stdout, NULL, _IOFBF, 1 << 16);
-		return sink;
+		*err = sink_errorf("invalid sink \"%s\": expected one of: %s (the sinks this relay was built with)",
+						   shown, sink_names());
+		free(shown);
+		return SINK_OPEN_CONFIG;
 	}
-	if (strncmp(spec, "file:", 5) == 0)
+	r = ops->open(url, sink, err);
+	if (r != SINK_OPEN_OK)
 	{
-		sink->type = SINK_FILE;
-		sink->path = relay_strdup(spec + 5);
-		if (!sink_open_file(sink, errmsg))
-			return NULL;
-		return sink;
+		if (*err == NULL)
+			*err = sink_errorf("could not open the %s sink", ops->name);
+		*sink = NULL;
+		return r;
 	}
-
-	sink->type = SINK_HTTP;
-	sink->multi = curl_multi_init();
-	sink->nslots = relay_opts.concurrency > 0 ? relay_opts.concurrency : 1;
-	sink->slots = relay_malloc(sizeof(HttpSlot) * sink->nslots);
-	memset(sink->slots, 0, sizeof(HttpSlot) * sink->nslots);
-	if (sink->multi == NULL)
-	{
-		*errmsg = "could not initialize libcurl";
-		return NULL;
-	}
-	for (i = 0; i < sink->nslots; i++)
-	{
-		if (!http_slot_init(sink, &sink->slots[i]))
-		{
-			*errmsg = "could not initialize libcurl";
-			return NULL;
-		}
-	}
-	return sink;
+	(*sink)->ops = ops;
+	(*sink)->url = relay_strdup(url);
+	(*sink)->shown = sink_mask_url(url);
+	return SINK_OPEN_OK;
 }
 
-/* True for an HTTP(S) sink, which delivers whole batches (sink_deliver_batch). */
-bool
-sink_is_http(Sink *sink)
+/* Deliver the batch's CMD_TODO commands (sink.h). */
+SinkResult
+sink_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 {
-	return sink->type == SINK_HTTP;
+	return sink->ops->deliver(sink, batch, tick, arg);
+}
+
+/* Push buffered deliveries out (sink.h). */
+bool
+sink_confirm(Sink *sink, char **err)
+{
+	*err = NULL;
+	if (sink->ops->confirm == NULL)
+		return true;
+	return sink->ops->confirm(sink, err);
+}
+
+/* Reopen after SIGHUP (sink.h). */
+bool
+sink_reopen(Sink *sink, char **err)
+{
+	*err = NULL;
+	if (sink->ops->reopen == NULL)
+		return true;
+	return sink->ops->reopen(sink, err);
+}
+
+/* Close and free the sink. */
+void
+sink_close(Sink *sink)
+{
+	char	   *url;
+	char	   *shown;
+
+	if (sink == NULL)
+		return;
+	url = sink->url;
+	shown = sink->shown;
+	sink->ops->close(sink);
+	free(url);
+	free(shown);
 }
 
 /* What the sink is, for the logs. */
 const char *
 sink_describe(Sink *sink)
 {
-	return sink->spec;
-}
-
-/* True when s can go into an HTTP header value as is. */
-static bool
-header_safe(const char *s)
-{
-	for (; *s; s++)
-		if ((unsigned char) *s < 0x20 || *s == 0x7f)
-			return false;
-	return true;
-}
-
-/* Set cmd's error text (printable, bounded). */
-static void
-set_error(RelayCommand *cmd, const char *msg)
-{
-	free(cmd->error);
-	cmd->error = relay_clean_error(msg, 900);
-}
-
-/* Start the POST of one command in a free slot. */
-static void
-http_start(Sink *sink, HttpSlot *slot, RelayCommand *cmd, int index)
-{
-	StrBuf		key;
-	int			i;
-
-	sb_reset(&slot->body);
-	relay_command_json(&slot->body, cmd);
-
-	sb_init(&key);
-	sb_printf(&key, "Idempotency-Key: %s", cmd->command_id);
-	slot->headers = curl_slist_append(NULL, "Content-Type: application/json");
-	slot->headers = curl_slist_append(slot->headers, "Expect:");
-	for (i = 0; i < relay_opts.nheaders; i++)
-		slot->headers = curl_slist_append(slot->headers, relay_opts.headers[i]);
-	slot->headers = curl_slist_append(slot->headers, key.data);
-	sb_free(&key);
-	if (slot->headers == NULL)
-	{
-		relay_log("out of memory");
-		exit(RELAY_EXIT_RUNTIME);
-	}
-
-	curl_easy_setopt(slot->easy, CURLOPT_HTTPHEADER, slot->headers);
-	curl_easy_setopt(slot->easy, CURLOPT_POSTFIELDS, slot->body.data);
-	curl_easy_setopt(slot->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) slot->body.len);
-	slot->errbuf[0] = '\0';
-	slot->resp_len = 0;
-	slot->resp[0] = '\0';
-	slot->cmd = index;
-	curl_multi_add_handle(sink->multi, slot->easy);
-}
-
-/* Take a slot's request out of the multi handle and free the slot. */
-static void
-http_release(Sink *sink, HttpSlot *slot)
-{
-	curl_multi_remove_handle(sink->multi, slot->easy);
-	curl_easy_setopt(slot->easy, CURLOPT_HTTPHEADER, NULL);
-	curl_slist_free_all(slot->headers);
-	slot->headers = NULL;
-	slot->cmd = -1;
-}
-
-/* Sort out a finished request. */
-static SinkResult
-http_result(Sink *sink, HttpSlot *slot, CURLcode rc, RelayCommand *cmd)
-{
-	long		status = 0;
-	char		msg[1200];
-
-	if (rc == CURLE_OK)
-	{
-		curl_easy_getinfo(slot->easy, CURLINFO_RESPONSE_CODE, &status);
-		if (status >= 200 && status < 300)
-			return SINK_OK;
-		snprintf(msg, sizeof(msg), "HTTP %ld from %s%s%s", status, sink->spec,
-				 slot->resp_len > 0 ? ": " : "", slot->resp);
-		set_error(cmd, msg);
-		if (status >= 400 && status < 500 && status != 408 && status != 429)
-			return SINK_FATAL;
-		return SINK_RETRY;
-	}
-
-	snprintf(msg, sizeof(msg), "%s: %s", curl_easy_strerror(rc),
-			 slot->errbuf[0] ? slot->errbuf : sink->spec);
-	set_error(cmd, msg);
-	switch (rc)
-	{
-		case CURLE_COULDNT_CONNECT:
-		case CURLE_COULDNT_RESOLVE_HOST:
-		case CURLE_COULDNT_RESOLVE_PROXY:
-			return SINK_UNAVAILABLE;
-		default:
-			return SINK_RETRY;
-	}
-}
-
-/* Record the outcome of one delivery in its command. */
-static void
-set_outcome(RelayCommand *cmd, SinkResult r)
-{
-	/* a command whose lease was lost meanwhile is no longer ours */
-	if (cmd->state != CMD_TODO)
-		return;
-	if (r == SINK_OK)
-	{
-		cmd->state = CMD_DELIVERED;
-		relay_stats.delivered++;
-		return;
-	}
-	cmd->state = CMD_FAILED;
-	cmd->fatal = (r == SINK_FATAL);
+	if (sink->ops->describe != NULL)
+		return sink->ops->describe(sink);
+	return sink->shown;
 }
 
 /*
- * Deliver the batch's CMD_TODO commands over HTTP, up to nslots at a time,
- * setting each one's state.  `tick` is called at least every 100 ms; when
- * it returns false, the requests in flight are aborted (failed, retryable)
- * and no more are started.  Returns true when the endpoint was unreachable.
- * Commands left CMD_TODO were not attempted.
+ * Record the outcome of one delivery in its command (sink.h).  A command
+ * that is no longer CMD_TODO (its lease was lost meanwhile) is left alone.
  */
-bool
-sink_deliver_batch(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+void
+sink_outcome(RelayCommand *cmd, SinkResult r, const char *error)
 {
-	int			next = 0;
-	int			active = 0;
-	bool		unavailable = false;
-	bool		stop = false;
-	int			i;
-
-	for (;;)
+	if (cmd->state != CMD_TODO)
+		return;
+	if (r != SINK_OK)
 	{
-		CURLMsg    *msg;
-		int			queued;
-		int			running;
-
-		/* fill the free slots */
-		while (!unavailable && !stop && active < sink->nslots && next < batch->n)
-		{
-			RelayCommand *cmd = &batch->cmds[next];
-			HttpSlot   *slot = NULL;
-
-			if (cmd->state != CMD_TODO)
-			{
-				next++;
-				continue;
-			}
-			if (!header_safe(cmd->command_id))
-			{
-				set_error(cmd, "command_id contains characters that cannot be sent in an Idempotency-Key header");
-				set_outcome(cmd, SINK_FATAL);
-				next++;
-				continue;
-			}
-			for (i = 0; i < sink->nslots; i++)
-				if (sink->slots[i].cmd < 0)
-				{
-					slot = &sink->slots[i];
-					break;
-				}
-			http_start(sink, slot, cmd, next);
-			next++;
-			active++;
-		}
-		if (active == 0)
-			break;
-
-		curl_multi_perform(sink->multi, &running);
-		while ((msg = curl_multi_info_read(sink->multi, &queued)) != NULL)
-		{
-			HttpSlot   *slot = NULL;
-			RelayCommand *cmd;
-			SinkResult	r;
-
-			if (msg->msg != CURLMSG_DONE)
-				continue;
-			curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **) &slot);
-			cmd = &batch->cmds[slot->cmd];
-			r = http_result(sink, slot, msg->data.result, cmd);
-			http_release(sink, slot);
-			active--;
-			if (r == SINK_UNAVAILABLE)
-			{
-				unavailable = true;
-				r = SINK_RETRY;
-			}
-			set_outcome(cmd, r);
-		}
-		if (active == 0)
-			continue;
-
-		if (!stop && tick != NULL && !tick(arg))
-		{
-			/* interrupted: abort what is in flight */
-			stop = true;
-			for (i = 0; i < sink->nslots; i++)
-			{
-				HttpSlot   *slot = &sink->slots[i];
-				RelayCommand *cmd;
-
-				if (slot->cmd < 0)
-					continue;
-				cmd = &batch->cmds[slot->cmd];
-				http_release(sink, slot);
-				active--;
-				set_error(cmd, "delivery interrupted: the relay was stopped");
-				set_outcome(cmd, SINK_RETRY);
-			}
-			continue;
-		}
-		curl_multi_poll(sink->multi, NULL, 0, 100, NULL);
+		free(cmd->error);
+		cmd->error = relay_clean_error(error ? error : "delivery failed", 900);
 	}
-	return unavailable;
+	switch (r)
+	{
+		case SINK_OK:
+			cmd->state = CMD_DELIVERED;
+			relay_stats.delivered++;
+			break;
+		case SINK_RETRY:
+		case SINK_FATAL:
+			cmd->state = CMD_FAILED;
+			cmd->fatal = (r == SINK_FATAL);
+			break;
+		case SINK_UNAVAILABLE:
+			/* held by the relay; delivered again once the broker is back */
+			break;
+	}
 }
 
-/* Write one command as an NDJSON line (buffered until sink_flush). */
-SinkResult
-sink_deliver(Sink *sink, RelayCommand *cmd)
+/* Append the command's JSON object (the message body) to buf. */
+void
+sink_command_json(PQExpBuffer buf, const RelayCommand *cmd)
 {
-	sb_reset(&sink->body);
-	relay_command_json(&sink->body, cmd);
-	sb_append(&sink->body, "\n", 1);
-	if (fwrite(sink->body.data, 1, sink->body.len, sink->fp) != sink->body.len)
-	{
-		char		msg[256];
+	StrBuf		sb;
 
-		snprintf(msg, sizeof(msg), "could not write to %s: %s", sink->spec, strerror(errno));
-		set_error(cmd, msg);
-		return SINK_RETRY;
+	sb_init(&sb);
+	relay_command_json(&sb, cmd);
+	appendBinaryPQExpBuffer(buf, sb.data, sb.len);
+	sb_free(&sb);
+}
+
+/* Value of a hex digit, or -1. */
+static int
+hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* A malloc'd percent-decoded copy of s[0..len), or NULL if malformed. */
+static char *
+url_decode(const char *s, size_t len)
+{
+	char	   *out = relay_malloc(len + 1);
+	size_t		i;
+	size_t		o = 0;
+
+	for (i = 0; i < len; i++)
+	{
+		if (s[i] == '%')
+		{
+			int			h;
+			int			l;
+
+			if (i + 2 >= len)
+			{
+				free(out);
+				return NULL;
+			}
+			h = hexval(s[i + 1]);
+			l = hexval(s[i + 2]);
+			if (h < 0 || l < 0 || (h == 0 && l == 0))
+			{
+				free(out);
+				return NULL;
+			}
+			out[o++] = (char) (h * 16 + l);
+			i += 2;
+		}
+		else
+			out[o++] = s[i];
 	}
+	out[o] = '\0';
+	return out;
+}
+
+/*
+ * Take url apart (SinkUrl).  False with a malloc'd *err when it is not of
+ * the form scheme://[user[:password]@]hosts[/path][?key=value[&...]], has
+ * no host, or has a malformed escape.  The message never repeats the URL
+ * (it may hold a password).
+ */
+bool
+sink_url_parse(const char *url, SinkUrl *u, char **err)
+{
+	const char *p = strstr(url, "://");
+	const char *auth;
+	const char *auth_end;
+	const char *at = NULL;
+	const char *q;
+	const char *path_end;
+
+	memset(u, 0, sizeof(SinkUrl));
+	*err = NULL;
+	if (p == NULL || p == url)
+	{
+		*err = sink_errorf("invalid sink URL: scheme://HOST:PORT... is expected");
+		return false;
+	}
+	u->scheme = relay_malloc(p - url + 1);
+	memcpy(u->scheme, url, p - url);
+	u->scheme[p - url] = '\0';
+
+	auth = p + 3;
+	auth_end = auth + strcspn(auth, "/?#");
+	if (*auth_end == '#')
+	{
+		*err = sink_errorf("invalid %s sink URL: a fragment (#) is not allowed", u->scheme);
+		goto fail;
+	}
+	for (q = auth; q < auth_end; q++)
+		if (*q == '@')
+			at = q;
+	if (at != NULL)
+	{
+		const char *colon = memchr(auth, ':', at - auth);
+
+		u->user = url_decode(auth, (colon ? colon : at) - auth);
+		if (colon != NULL)
+			u->password = url_decode(colon + 1, at - colon - 1);
+		if (u->user == NULL || (colon != NULL && u->password == NULL))
+		{
+			*err = sink_errorf("invalid %s sink URL: malformed %%-escape in the user or password", u->scheme);
+			goto fail;
+		}
+		auth = at + 1;
+	}
+	if (auth == auth_end)
+	{
+		*err = sink_errorf("invalid %s sink URL: no host given", u->scheme);
+		goto fail;
+	}
+	u->hosts = relay_malloc(auth_end - auth + 1);
+	memcpy(u->hosts, auth, auth_end - auth);
+	u->hosts[auth_end - auth] = '\0';
+
+	p = auth_end;
+	path_end = p + strcspn(p, "?#");
+	if (*p == '/')
+	{
+		u->path = url_decode(p + 1, path_end - p - 1);
+		if (u->path == NULL)
+		{
+			*err = sink_errorf("invalid %s sink URL: malformed %%-escape in the path", u->scheme);
+			goto fail;
+		}
+	}
+	else
+		u->path = relay_strdup("");
+	p = path_end;
+	if (*p == '#')
+	{
+		*err = sink_errorf("invalid %s sink URL: a fragment (#) is not allowed", u->scheme);
+		goto fail;
+	}
+	if (*p == '?')
+	{
+		int			max = 1;
+
+		for (q = p; *q; q++)
+			if (*q == '&')
+				max++;
+		u->keys = relay_malloc(sizeof(char *) * max);
+		u->values = relay_malloc(sizeof(char *) * max);
+		p++;
+		while (*p)
+		{
+			size_t		len = strcspn(p, "&#");
+			const char *eq = memchr(p, '=', len);
+
+			if (p[len] == '#')
+			{
+				*err = sink_errorf("invalid %s sink URL: a fragment (#) is not allowed", u->scheme);
+				goto fail;
+			}
+			if (len == 0)
+			{
+				p++;
+				continue;
+			}
+			if (eq == NULL || eq == p)
+			{
+				*err = sink_errorf("invalid %s sink URL: option \"%.*s\" is not of the form key=value",
+								   u->scheme, (int) (eq == p ? 0 : len > 40 ? 40 : len), p);
+				goto fail;
+			}
+			u->keys[u->nopts] = url_decode(p, eq - p);
+			u->values[u->nopts] = url_decode(eq + 1, p + len - eq - 1);
+			if (u->keys[u->nopts] == NULL || u->values[u->nopts] == NULL)
+			{
+				free(u->keys[u->nopts]);
+				free(u->values[u->nopts]);
+				*err = sink_errorf("invalid %s sink URL: malformed %%-escape in an option", u->scheme);
+				goto fail;
+			}
+			u->nopts++;
+			p += len;
+			if (*p == '&')
+				p++;
+		}
+	}
+	return true;
+
+fail:
+	sink_url_free(u);
+	return false;
+}
+
+/*
+ * Check that every option of u is one of `allowed` (NULL-terminated) and
+ * given once.  False with *err naming the first one that is not.
+ */
+bool
+sink_url_check_options(const SinkUrl *u, const char *const *allowed, char **err)
+{
+	int			i;
+	int			j;
+
+	for (i = 0; i < u->nopts; i++)
+	{
+		bool		known = false;
+
+		for (j = 0; allowed[j] != NULL; j++)
+			if (strcmp(u->keys[i], allowed[j]) == 0)
+				known = true;
+		if (!known)
+		{
+			PQExpBufferData list;
+
+			initPQExpBuffer(&list);
+			for (j = 0; allowed[j] != NULL; j++)
+				appendPQExpBuffer(&list, "%s%s", j > 0 ? ", " : "", allowed[j]);
+			*err = sink_errorf("invalid %s sink URL: unknown option \"%.40s\" (known: %s)",
+							   u->scheme, u->keys[i], list.len > 0 ? list.data : "none");
+			termPQExpBuffer(&list);
+			return false;
+		}
+		for (j = 0; j < i; j++)
+			if (strcmp(u->keys[i], u->keys[j]) == 0)
+			{
+				*err = sink_errorf("invalid %s sink URL: option \"%s\" given twice",
+								   u->scheme, u->keys[i]);
+				return false;
+			}
+	}
+	return true;
+}
+
+/* The value of option key, or NULL. */
+const char *
+sink_url_option(const SinkUrl *u, const char *key)
+{
+	int			i;
+
+	for (i = 0; i < u->nopts; i++)
+		if (strcmp(u->keys[i], key) == 0)
+			return u->values[i];
+	return NULL;
+}
+
+/*
+ * Integer option key in [min, max] into *value (left alone when absent).
+ * False with *err when present but not such an integer.
+ */
+bool
+sink_url_int_option(const SinkUrl *u, const char *key, long min, long max,
+					long *value, char **err)
+{
+	const char *s = sink_url_option(u, key);
+	char	   *end;
+	long		v;
+
+	if (s == NULL)
+		return true;
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno != 0 || end == s || *end != '\0' || v < min || v > max)
+	{
+		*err = sink_errorf("invalid %s sink URL: option \"%s\" must be an integer from %ld to %ld",
+						   u->scheme, key, min, max);
+		return false;
+	}
+	*value = v;
+	return true;
+}
+
+/*
+ * Split u->hosts ("HOST[:PORT][,HOST[:PORT]...]", IPv6 in brackets) into
+ * *hosts; a host without a port gets default_port (0: a port is required).
+ * Returns the number of hosts, or -1 with *err.
+ */
+int
+sink_url_hosts(const SinkUrl *u, int default_port, SinkHost **hosts, char **err)
+{
+	int			n = 1;
+	int			i = 0;
+	const char *p;
+
+	for (p = u->hosts; *p; p++)
+		if (*p == ',')
+			n++;
+	*hosts = relay_malloc(sizeof(SinkHost) * n);
+	memset(*hosts, 0, sizeof(SinkHost) * n);
+	p = u->hosts;
+	for (i = 0; i < n; i++)
+	{
+		size_t		len = strcspn(p, ",");
+		const char *hend;
+		const char *port = NULL;
+		const char *hstart = p;
+		long		portnum = default_port;
+
+		if (len == 0)
+		{
+			*err = sink_errorf("invalid %s sink URL: empty host in the host list", u->scheme);
+			goto fail;
+		}
+		if (*p == '[')
+		{
+			const char *close = memchr(p, ']', len);
+
+			if (close == NULL)
+			{
+				*err = sink_errorf("invalid %s sink URL: unterminated [ in a host", u->scheme);
+				goto fail;
+			}
+			hstart = p + 1;
+			hend = close;
+			if (close + 1 < p + len)
+			{
+				if (close[1] != ':')
+				{
+					*err = sink_errorf("invalid %s sink URL: malformed host", u->scheme);
+					goto fail;
+				}
+				port = close + 2;
+			}
+		}
+		else
+		{
+			const char *colon = memchr(p, ':', len);
+
+			hend = colon ? colon : p + len;
+			if (colon != NULL)
+				port = colon + 1;
+		}
+		if (hend == hstart)
+		{
+			*err = sink_errorf("invalid %s sink URL: empty host name", u->scheme);
+			goto fail;
+		}
+		if (port != NULL)
+		{
+			char	   *end;
+
+			errno = 0;
+			portnum = strtol(port, &end, 10);
+			if (errno != 0 || end == port || end != p + len || portnum < 1 || portnum > 65535)
+			{
+				*err = sink_errorf("invalid %s sink URL: the port must be a number from 1 to 65535",
+								   u->scheme);
+				goto fail;
+			}
+		}
+		else if (default_port == 0)
+		{
+			*err = sink_errorf("invalid %s sink URL: HOST:PORT is expected (no port given)", u->scheme);
+			goto fail;
+		}
+		(*hosts)[i].host = relay_malloc(hend - hstart + 1);
+		memcpy((*hosts)[i].host, hstart, hend - hstart);
+		(*hosts)[i].host[hend - hstart] = '\0';
+		(*hosts)[i].port = (int) portnum;
+		p += len;
+		if (*p == ',')
+			p++;
+	}
+	return n;
+
+fail:
+	sink_hosts_free(*hosts, n);
+	*hosts = NULL;
+	return -1;
+}
+
+/* Free what sink_url_parse allocated. */
+void
+sink_url_free(SinkUrl *u)
+{
+	int			i;
+
+	for (i = 0; i < u->nopts; i++)
+	{
+		free(u->keys[i]);
+		free(u->values[i]);
+	}
+	free(u->keys);
+	free(u->values);
+	free(u->scheme);
+	free(u->user);
+	free(u->password);
+	free(u->hosts);
+	free(u->path);
+	memset(u, 0, sizeof(SinkUrl));
+}
+
+/* Free what sink_url_hosts allocated. */
+void
+sink_hosts_free(SinkHost *hosts, int n)
+{
+	int			i;
+
+	if (hosts == NULL)
+		return;
+	for (i = 0; i < n; i++)
+		free(hosts[i].host);
+	free(hosts);
+}
+
+/*
+ * NDJSON (stdout and file sinks): write one line per CMD_TODO command of
+ * the batch to fp, buffered until sink_ndjson_flush.  tick is called
+ * before each line; false stops the writing (the rest stays CMD_TODO).
+ */
+SinkResult
+sink_ndjson_deliver(FILE *fp, const char *what, RelayBatch *batch,
+					SinkTick tick, void *arg)
+{
+	PQExpBufferData line;
+	int			i;
+
+	initPQExpBuffer(&line);
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *cmd = &batch->cmds[i];
+
+		if (tick != NULL && !tick(arg))
+			break;
+		if (cmd->state != CMD_TODO)
+			continue;			/* lease lost */
+		resetPQExpBuffer(&line);
+		sink_command_json(&line, cmd);
+		appendPQExpBufferChar(&line, '\n');
+		if (PQExpBufferDataBroken(line))
+		{
+			relay_log("out of memory");
+			exit(RELAY_EXIT_RUNTIME);
+		}
+		if (fwrite(line.data, 1, line.len, fp) != line.len)
+		{
+			char		msg[256];
+
+			snprintf(msg, sizeof(msg), "could not write to %s: %s", what, strerror(errno));
+			sink_outcome(cmd, SINK_RETRY, msg);
+		}
+		else
+			sink_outcome(cmd, SINK_OK, NULL);
+	}
+	termPQExpBuffer(&line);
 	return SINK_OK;
 }
 
 /*
- * Push what the NDJSON sinks buffered out of the process (and to disk for
- * a file).  False, with *errmsg, when the output is broken.
+ * Push what sink_ndjson_deliver buffered out of the process, and to disk
+ * when sync is set.  False with a malloc'd *err when the output is broken.
  */
 bool
-sink_flush(Sink *sink, char **errmsg)
+sink_ndjson_flush(FILE *fp, const char *what, bool sync, char **err)
 {
-	static char msg[512];
-
-	if (sink->type == SINK_HTTP)
-		return true;
-	if (fflush(sink->fp) != 0 || ferror(sink->fp))
+	if (fflush(fp) != 0 || ferror(fp))
 	{
-		snprintf(msg, sizeof(msg), "could not write to %s: %s", sink->spec, strerror(errno));
-		*errmsg = msg;
+		*err = sink_errorf("could not write to %s: %s", what, strerror(errno));
 		return false;
 	}
 	/* pipes and terminals cannot be synced; that is not an error */
-	if (sink->type == SINK_FILE && fdatasync(fileno(sink->fp)) != 0 &&
-		errno != EINVAL && errno != EROFS)
+	if (sync && fdatasync(fileno(fp)) != 0 && errno != EINVAL && errno != EROFS)
 	{
-		snprintf(msg, sizeof(msg), "could not sync %s: %s", sink->spec, strerror(errno));
-		*errmsg = msg;
+		*err = sink_errorf("could not sync %s: %s", what, strerror(errno));
 		return false;
 	}
 	return true;
-}
-
-/* Reopen a file sink (after SIGHUP, e.g. for log rotation). */
-bool
-sink_reopen(Sink *sink, char **errmsg)
-{
-	if (sink->type != SINK_FILE)
-		return true;
-	if (!sink_flush(sink, errmsg))
-		return false;
-	fclose(sink->fp);
-	return sink_open_file(sink, errmsg);
-}
-
-/* Close the sink. */
-void
-sink_close(Sink *sink)
-{
-	if (sink == NULL)
-		return;
-	if (sink->type == SINK_FILE && sink->fp != NULL)
-		fclose(sink->fp);
-	else if (sink->type == SINK_STDOUT)
-		fflush(stdout);
-	if (sink->type == SINK_HTTP)
-	{
-		int			i;
-
-		for (i = 0; i < sink->nslots; i++)
-		{
-			if (sink->slots[i].easy == NULL)
-				continue;
-			if (sink->slots[i].cmd >= 0)
-				http_release(sink, &sink->slots[i]);
-			curl_easy_cleanup(sink->slots[i].easy);
-			sb_free(&sink->slots[i].body);
-		}
-		free(sink->slots);
-		if (sink->multi != NULL)
-			curl_multi_cleanup(sink->multi);
-	}
-	sb_free(&sink->body);
-	free(sink->path);
-	free(sink->spec);
-	free(sink);
 }

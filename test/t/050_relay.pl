@@ -253,7 +253,6 @@ produce(
 	[ 'h-429', 'hook', '{"test_status": 429, "test_times": 1}' ],
 	[ 'h-408', 'hook', '{"test_status": 408, "test_times": 1}' ],
 	[ 'h-timeout', 'hook', '{"test_sleep_ms": 2500, "test_times": 1}' ],
-	[ 'h-404', 'hook', '{"test_status": 404}' ],
 	[ 'h-422', 'hook', '{"test_status": 422}' ],
 	[ 'h-301', 'hook', '{"test_status": 301, "test_times": 1}' ]);
 {
@@ -261,7 +260,7 @@ produce(
 	my $pid = spawn("$tmp/relay-http.out", $err, 'outbox-relay', '--dsn', $dsn,
 		'--sink', $url, '--timeout', '1', '--poll', '0.2', '--kinds', 'hook', '--worker', 'http-relay');
 	ok($node->poll_query_until('postgres',
-		"SELECT count(*) FILTER (WHERE status IN ('published', 'dead')) = 10 FROM outbox.commands WHERE kind = 'hook'"),
+		"SELECT count(*) FILTER (WHERE status IN ('published', 'dead')) = 9 FROM outbox.commands WHERE kind = 'hook'"),
 		'HTTP: every command settled');
 	kill 'TERM', $pid;
 	is(wait_exit($pid), 0, 'HTTP relay: SIGTERM exits 0');
@@ -278,10 +277,9 @@ produce(
 	is($st{'h-408'}, 'published 2', '408: retried');
 	is($st{'h-301'}, 'published 2', 'a redirect is not followed and is retried');
 	is($st{'h-timeout'}, 'published 2', 'timeout: retried');
-	is($st{'h-404'}, 'dead 1', '404: fatal, dead at once');
 	is($st{'h-422'}, 'dead 1', '422: fatal, dead at once');
-	like(sq("SELECT last_error FROM outbox.commands WHERE command_id = 'h-404'"),
-		qr/^HTTP 404 from \Q$url\E/, '404: last_error names the status');
+	like(sq("SELECT last_error FROM outbox.commands WHERE command_id = 'h-422'"),
+		qr/^HTTP 422 from \Q$url\E/, '422: last_error names the status');
 	like(sq("SELECT last_error FROM outbox.commands WHERE command_id = 'h-timeout'"),
 		qr/[Tt]imeout/, 'timeout: last_error says so');
 	like(sq("SELECT last_error FROM outbox.commands WHERE command_id = 'h-503'"),
@@ -297,7 +295,7 @@ produce(
 	my @log = map { [ split /\t/ ] } split /\n/, slurp_file($rlog);
 	my %key_seen = map { $_->[0] => 1 } @log;
 	is_deeply([ sort keys %key_seen ],
-		[ sort qw(h-ok-1 h-ok-2 h-503 h-500 h-429 h-408 h-timeout h-404 h-422 h-301) ],
+		[ sort qw(h-ok-1 h-ok-2 h-503 h-500 h-429 h-408 h-timeout h-422 h-301) ],
 		'Idempotency-Key carried the command_id of every delivery');
 	my %deliveries_logged;
 	$deliveries_logged{ $_->[0] }{ $_->[1] }++ for @log;
@@ -328,24 +326,93 @@ produce(map { [ "conc-$_", 'conc', '{"test_sleep_ms": 1500}' ] } 1 .. 4);
 	cmp_ok($t[-1] - $t[0], '<', 1500, '--concurrency 4: the requests were in flight together');
 }
 
-# The endpoint is unreachable: the command fails (retryable) and the relay
-# backs off instead of spinning.
+# Wait until a file matches a pattern.
+sub wait_match
+{
+	my ($path, $re) = @_;
+	my $deadline = time() + $PostgreSQL::Test::Utils::timeout_default;
+	while (time() < $deadline)
+	{
+		return 1 if -e $path && slurp_file($path) =~ $re;
+		usleep(50_000);
+	}
+	return 0;
+}
+
+# The endpoint is unreachable, or refuses the relay (401, 403, 404): no
+# delivery is spent on it.  The relay holds the batch (renewing its
+# leases), stops claiming, logs one line and retries with backoff; on
+# SIGTERM it hands the commands back as retryable.
 produce([ 'down-1', 'down', '{}' ], [ 'down-2', 'down', '{}' ]);
 {
 	my $deadport = PostgreSQL::Test::Cluster::get_free_port();
 	my $err = "$tmp/relay-down.err";
 	my $pid = spawn("$tmp/relay-down.out", $err, 'outbox-relay', '--dsn', $dsn,
-		'--sink', "http://127.0.0.1:$deadport/", '--kinds', 'down', '--poll', '0.2');
+		'--sink', "http://127.0.0.1:$deadport/", '--kinds', 'down', '--poll', '0.2',
+		'--lease', '1');
+	ok(wait_match($err, qr/sink unavailable: .*Couldn't connect to server.*holding 2 commands, claiming paused/),
+		'unreachable endpoint: one line says the sink is unavailable and the batch is held');
+	# the held leases outlive their 1 s by being renewed
 	ok($node->poll_query_until('postgres',
-		"SELECT count(last_error) = 2 FROM outbox.commands WHERE kind = 'down'"),
-		'unreachable endpoint: both commands failed');
+		"SELECT count(*) = 2 FROM outbox.commands WHERE kind = 'down' AND status = 'sending' AND lease_until > created_at + interval '4 seconds'"),
+		'unreachable endpoint: the held leases are renewed');
+	is(sq("SELECT count(*) FROM outbox.commands WHERE kind = 'down' AND (deliveries <> 1 OR last_error IS NOT NULL)"),
+		'0', 'unreachable endpoint: no delivery spent, nothing failed while held');
 	kill 'TERM', $pid;
 	is(wait_exit($pid), 0, 'unreachable endpoint: SIGTERM exits 0');
-	like(slurp_file($err), qr/endpoint unavailable; pausing/, 'unreachable endpoint: relay pauses');
-	is(sq("SELECT count(*) FROM outbox.commands WHERE kind = 'down' AND status = 'pending'"),
-		'2', 'unreachable endpoint: commands stay pending for a retry');
+	my $log = slurp_file($err);
+	is(scalar(() = $log =~ /sink unavailable/g), 1, 'unreachable endpoint: the outage is logged once');
+	is(sq("SELECT count(*) FROM outbox.commands WHERE kind = 'down' AND status = 'pending' AND deliveries = 1"),
+		'2', 'unreachable endpoint: released on SIGTERM, pending for a retry');
 	like(sq("SELECT string_agg(last_error, '|') FROM outbox.commands WHERE kind = 'down'"),
 		qr/Couldn't connect to server/, 'unreachable endpoint: the connection error is recorded');
+}
+
+# 401 and 404 are about the relay (credentials, the URL), not the command:
+# held like an outage, never dead, and delivered once the endpoint answers
+# again.  The receiver answers auth-1's first delivery with 401 and
+# auth-2's first two with 404.
+produce([ 'auth-1', 'auth', '{"test_status": 401, "test_times": 1}' ],
+	[ 'auth-2', 'auth', '{"test_status": 404, "test_times": 2}' ]);
+{
+	my $states = "SELECT string_agg(status || ' ' || deliveries, ',' ORDER BY command_id) FROM outbox.commands WHERE kind = 'auth'";
+	my $err = "$tmp/relay-401.err";
+	my $pid = spawn("$tmp/relay-401.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', $url, '--kinds', 'auth', '--poll', '0.2');
+	ok(wait_match($err, qr/sink unavailable: HTTP 401 from/), '401: the sink is unavailable');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, '401: SIGTERM exits 0');
+	is(sq($states), 'pending 1,pending 1', '401: nothing dead, both back to pending after one delivery');
+
+	$err = "$tmp/relay-404.err";
+	$pid = spawn("$tmp/relay-404.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', $url, '--kinds', 'auth', '--poll', '0.2');
+	ok(wait_match($err, qr/sink unavailable: HTTP 404 from/), '404: the sink is unavailable');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, '404: SIGTERM exits 0');
+	is(sq($states), 'published 2,pending 2', '404: auth-1 published, auth-2 held and released, not dead');
+
+	$err = "$tmp/relay-auth.err";
+	$pid = spawn("$tmp/relay-auth.out", $err, 'outbox-relay', '--dsn', $dsn,
+		'--sink', $url, '--kinds', 'auth', '--poll', '0.2');
+	ok($node->poll_query_until('postgres', "SELECT count(*) = 2 FROM outbox.commands WHERE kind = 'auth' AND status = 'published'"),
+		'endpoint answering again: both published');
+	kill 'TERM', $pid;
+	is(wait_exit($pid), 0, 'endpoint answering again: SIGTERM exits 0');
+	is(sq($states), 'published 2,published 3', 'endpoint answering again: no delivery lost or spent twice');
+}
+
+# Sink URLs that cannot work end the relay at start-up: exit 2, one line.
+for my $bad ('http://', 'http://[::1', 'ftp://x', 'file:')
+{
+	my ($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', $bad);
+	is($rc, 2, "--sink '$bad': exit 2");
+	is(scalar(split /\n/, $err), 1, "--sink '$bad': one line") or diag($err);
+}
+{
+	my ($rc, $out, $err) = run_relay('--sink', 'stdout', '--dsn', 'port=abc');
+	is($rc, 2, "--dsn 'port=abc': exit 2");
+	like($err, qr/invalid port number "abc"/, "--dsn 'port=abc': says so");
 }
 
 # ---------------------------------------------------------------------------

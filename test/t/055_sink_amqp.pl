@@ -15,17 +15,18 @@ use Test::More;
 use Time::HiRes qw(usleep);
 use FindBin;
 use lib "$FindBin::RealBin/../perl";
-use OutboxBroker;
+use OutboxBrokerServer;
+use OutboxBroker qw(relay_has_sink conservation_clean);
 
-my ($rc, $err) = OutboxBroker::relay_run('--help');
+my ($rc, $err) = OutboxBrokerServer::relay_run('--help');
 plan skip_all => 'outbox-relay was built without the amqp sink (librabbitmq-dev)'
   unless $err . `outbox-relay --help 2>&1` =~ m{amqp://};
 
 my $tmp = PostgreSQL::Test::Utils::tempdir;
-my $node = OutboxBroker::sink_test_node('amqp');
+my $node = OutboxBrokerServer::sink_test_node('amqp');
 my $dsn = $node->connstr('postgres');
 
-my $mq = OutboxBroker->new('rabbitmq', "$tmp/rabbitmq");
+my $mq = OutboxBrokerServer->new('rabbitmq', "$tmp/rabbitmq");
 $mq->start;
 $mq->rabbit_declare([ [ 'outbox', 'direct' ] ], [ ['commands'] ],
 	[ [ 'outbox', 'commands', 'cmd' ] ]);
@@ -58,7 +59,7 @@ for my $case (
 	[ "amqp://127.0.0.1:$port?exchange=outbox&routing_key=cmd&bogus=1", qr/unknown option "bogus"/ ])
 {
 	my ($url, $re) = @$case;
-	($rc, $err) = OutboxBroker::relay_run('--dsn', $dsn, '--sink', $url, '--drain');
+	($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--sink', $url, '--drain');
 	is($rc, 2, "bad URL exits 2: $re");
 	like($err, $re, "bad URL says why: $re");
 	unlike($err, qr/secret/, 'the password is not repeated') if $url =~ /secret/;
@@ -67,15 +68,15 @@ for my $case (
 # ---------------------------------------------------------------------------
 # 2,000 commands, 2 relays: each exactly once in the queue
 # ---------------------------------------------------------------------------
-OutboxBroker::produce($node, 'amqp-a', 2000);
-my @relays = map { [ OutboxBroker::relay_start($tmp, "a$_", '--dsn', $dsn, '--sink', $sink,
+OutboxBrokerServer::produce($node, 'amqp-a', 2000);
+my @relays = map { [ OutboxBrokerServer::relay_start($tmp, "a$_", '--dsn', $dsn, '--sink', $sink,
 			'--batch', 100, '--drain') ] } 1 .. 2;
-is(OutboxBroker::wait_exit($_->[0]), 0, 'relay drained and exited 0') for @relays;
-is(OutboxBroker::run_states($node, 'amqp-a'), '2000 0 0', 'all 2,000 commands published');
+is(OutboxBrokerServer::wait_exit($_->[0]), 0, 'relay drained and exited 0') for @relays;
+is(OutboxBrokerServer::run_states($node, 'amqp-a'), '2000 0 0', 'all 2,000 commands published');
 my $seen = consume_all();
 is(scalar(keys %$seen), 2000, 'the queue holds 2,000 distinct commands');
 is(scalar(grep { $seen->{$_} != 1 } keys %$seen), 0, 'each exactly once');
-is(join(',', grep { !$seen->{$_} } OutboxBroker::published_ids($node, 'amqp-a')), '',
+is(join(',', grep { !$seen->{$_} } OutboxBrokerServer::published_ids($node, 'amqp-a')), '',
 	'every published command is in the queue');
 is($node->safe_psql('postgres', "SELECT max(deliveries) FROM outbox.commands WHERE run_id = 'amqp-a'"),
 	'1', 'one delivery each');
@@ -84,28 +85,28 @@ is($node->safe_psql('postgres', "SELECT max(deliveries) FROM outbox.commands WHE
 # The broker killed mid-batch, restarted: nothing unconfirmed acked,
 # nothing dead, recovery
 # ---------------------------------------------------------------------------
-OutboxBroker::produce($node, 'amqp-b', 2000);
-@relays = map { [ OutboxBroker::relay_start($tmp, "b$_", '--dsn', $dsn, '--sink', $sink,
+OutboxBrokerServer::produce($node, 'amqp-b', 2000);
+@relays = map { [ OutboxBrokerServer::relay_start($tmp, "b$_", '--dsn', $dsn, '--sink', $sink,
 			'--batch', 100, '--drain', '--timeout', 3) ] } 1 .. 2;
-ok(OutboxBroker::wait_sql($node,
+ok(OutboxBrokerServer::wait_sql($node,
 	"SELECT count(*) >= 200 FROM outbox.commands WHERE run_id = 'amqp-b' AND status = 'published'"),
 	'relays publishing run b');
 $mq->kill9;
-my @acked_before = OutboxBroker::published_ids($node, 'amqp-b');
+my @acked_before = OutboxBrokerServer::published_ids($node, 'amqp-b');
 # the relays notice, hold their batches and back off
-ok(OutboxBroker::wait_sql($node,
+ok(OutboxBrokerServer::wait_sql($node,
 	"SELECT count(*) = 0 FROM outbox.commands WHERE run_id = 'amqp-b' AND status = 'dead'"),
 	'nothing dead while the broker is down');
 usleep(1_500_000);
-my ($p_down) = split / /, OutboxBroker::run_states($node, 'amqp-b');
+my ($p_down) = split / /, OutboxBrokerServer::run_states($node, 'amqp-b');
 cmp_ok($p_down, '<', 2000, 'not everything was published before the kill');
 $mq->start;
-is(OutboxBroker::wait_exit($_->[0]), 0, 'relay recovered, drained and exited 0') for @relays;
-is(OutboxBroker::run_states($node, 'amqp-b'), '2000 0 0', 'run b: all published, none dead');
-like(OutboxBroker::slurp($relays[0][1]) . OutboxBroker::slurp($relays[1][1]),
+is(OutboxBrokerServer::wait_exit($_->[0]), 0, 'relay recovered, drained and exited 0') for @relays;
+is(OutboxBrokerServer::run_states($node, 'amqp-b'), '2000 0 0', 'run b: all published, none dead');
+like(OutboxBrokerServer::slurp($relays[0][1]) . OutboxBrokerServer::slurp($relays[1][1]),
 	qr/sink unavailable: .*(connection|connect)/, 'the outage was logged as such');
 $seen = consume_all();
-is(join(',', grep { !$seen->{$_} } OutboxBroker::published_ids($node, 'amqp-b')), '',
+is(join(',', grep { !$seen->{$_} } OutboxBrokerServer::published_ids($node, 'amqp-b')), '',
 	'every published command of run b is in the queue (acked only after the confirm)');
 is(join(',', grep { !$seen->{$_} } @acked_before), '',
 	'including those acked before the kill (persisted)');
@@ -118,32 +119,32 @@ cmp_ok($node->safe_psql('postgres',
 # Broker-side errors: the exchange deleted (an outage), an unroutable key
 # (a retryable failure of the command)
 # ---------------------------------------------------------------------------
-OutboxBroker::produce($node, 'amqp-c', 600);
+OutboxBrokerServer::produce($node, 'amqp-c', 600);
 $mq->rabbit_delete_exchange('outbox');
-my ($pid_c, $err_c) = OutboxBroker::relay_start($tmp, 'c1', '--dsn', $dsn, '--sink', $sink,
+my ($pid_c, $err_c) = OutboxBrokerServer::relay_start($tmp, 'c1', '--dsn', $dsn, '--sink', $sink,
 	'--batch', 50, '--drain', '--kinds', 'broker');
 my $logged = 0;
 for (1 .. 300)
 {
-	$logged = 1, last if OutboxBroker::slurp($err_c) =~ /sink unavailable: .*404/;
+	$logged = 1, last if OutboxBrokerServer::slurp($err_c) =~ /sink unavailable: .*404/;
 	usleep(100_000);
 }
 ok($logged, 'a deleted exchange is an outage (404 NOT_FOUND), logged once')
-  or diag(OutboxBroker::slurp($err_c));
+  or diag(OutboxBrokerServer::slurp($err_c));
 is($node->safe_psql('postgres',
 	"SELECT count(*) FROM outbox.commands WHERE run_id = 'amqp-c' AND status = 'dead'"), '0',
 	'no command dead-lettered for it');
 $mq->rabbit_declare([ [ 'outbox', 'direct' ] ], [ ['commands'] ],
 	[ [ 'outbox', 'commands', 'cmd' ] ]);
-is(OutboxBroker::wait_exit($pid_c), 0, 'the relay recovered once the exchange was back');
-is(OutboxBroker::run_states($node, 'amqp-c'), '600 0 0', 'run c: all published');
-like(OutboxBroker::slurp($err_c), qr/available again/, 'the recovery was logged');
+is(OutboxBrokerServer::wait_exit($pid_c), 0, 'the relay recovered once the exchange was back');
+is(OutboxBrokerServer::run_states($node, 'amqp-c'), '600 0 0', 'run c: all published');
+like(OutboxBrokerServer::slurp($err_c), qr/available again/, 'the recovery was logged');
 $seen = consume_all();
-is(join(',', grep { !$seen->{$_} } OutboxBroker::published_ids($node, 'amqp-c')), '',
+is(join(',', grep { !$seen->{$_} } OutboxBrokerServer::published_ids($node, 'amqp-c')), '',
 	'every command of run c is in the queue');
 
-OutboxBroker::produce($node, 'amqp-d', 3, 'lost');
-($rc, $err) = OutboxBroker::relay_run('--dsn', $dsn, '--kinds', 'lost', '--drain', '--worker', 'd1',
+OutboxBrokerServer::produce($node, 'amqp-d', 3, 'lost');
+($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--kinds', 'lost', '--drain', '--worker', 'd1',
 	'--sink', "amqp://guest\@127.0.0.1:$port?exchange=outbox&routing_key=nowhere");
 is($rc, 0, 'relay with an unroutable key exits 0');
 is($node->safe_psql('postgres',

@@ -1,0 +1,499 @@
+/*-------------------------------------------------------------------------
+ *
+ * sink_kafka.c
+ *		The Kafka sink (librdkafka): kafka://HOST:PORT[,HOST:PORT...]/TOPIC.
+ *
+ * One idempotent producer (enable.idempotence, so acks=all and a bounded,
+ * ordered, duplicate-free retry of every message inside librdkafka).  Each
+ * command is one message: the key is its run_id, so one run's commands go
+ * to one partition in the order the relay produced them; the value is the
+ * command's JSON object; the headers are command_id, run_id, kind and
+ * deliveries.  A batch is produced at once (at most `window` messages in
+ * flight) and deliver returns once librdkafka has settled every message
+ * with a delivery report: a command is delivered only when its report is
+ * a success.  --timeout bounds the wait for one message
+ * (message.timeout.ms).
+ *
+ * Delivery reports that fail are sorted:
+ *	 the broker is unreachable, the message timed out, the topic does not
+ *	 exist, authentication or authorization failed, the producer hit a
+ *	 fatal error (it is then recreated)		unavailable: the batch is held;
+ *	 the message itself is refused (too large, invalid or corrupt record)
+ *											fatal;
+ *	 anything else							retryable.
+ * librdkafka's own log goes to the relay's debug log (-v); its errors
+ * are kept for the messages of the failed commands.
+ *
+ * Options (?key=value): config=PATH, a file of librdkafka properties
+ * (key=value lines, # comments) for TLS and SASL, so that secrets stay
+ * off the command line; window=N, messages in flight (default 10000).
+ *
+ * The relay stays single-threaded: librdkafka runs threads of its own,
+ * but its callbacks run in rd_kafka_poll, called from the relay's thread.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <librdkafka/rdkafka.h>
+
+#include "sink.h"
+
+typedef struct KafkaSink
+{
+	Sink		base;
+	rd_kafka_t *rk;
+	char	   *brokers;
+	char	   *topic;
+	char	   *config;			/* path of a properties file, or NULL */
+	long		window;
+	uint32_t	gen;			/* batch generation, in each message's opaque */
+	RelayBatch *batch;			/* the batch being delivered */
+	int			pending;		/* messages of the batch not settled yet */
+	bool		unavailable;	/* a report said the broker is unavailable */
+	bool		fatal;			/* the producer hit a fatal error */
+	char		lasterr[512];	/* the last error librdkafka reported */
+	char		shown[600];		/* describe() */
+} KafkaSink;
+
+static const char *const kafka_schemes[] = {"kafka", NULL};
+static const char *const kafka_options[] = {"config", "window", NULL};
+
+/* Set one property; false with *err. */
+static bool
+kafka_set(rd_kafka_conf_t *conf, const char *key, const char *value, const char *where, char **err)
+{
+	char		errstr[512];
+
+	if (rd_kafka_conf_set(conf, key, value, errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK)
+	{
+		*err = sink_errorf("invalid kafka sink configuration%s%s: %s", where ? " in " : "",
+						   where ? where : "", errstr);
+		return false;
+	}
+	return true;
+}
+
+/* Read a properties file into conf; false with *err. */
+static bool
+kafka_read_config(rd_kafka_conf_t *conf, const char *path, char **err)
+{
+	FILE	   *f = fopen(path, "r");
+	char		line[4096];
+	int			lineno = 0;
+
+	if (f == NULL)
+	{
+		*err = sink_errorf("invalid kafka sink URL: could not open config file \"%s\": %s",
+						   path, strerror(errno));
+		return false;
+	}
+	while (fgets(line, sizeof(line), f) != NULL)
+	{
+		char	   *p = line;
+		char	   *eq;
+		char	   *end;
+		char		where[600];
+
+		lineno++;
+		while (isspace((unsigned char) *p))
+			p++;
+		end = p + strlen(p);
+		while (end > p && isspace((unsigned char) end[-1]))
+			*--end = '\0';
+		if (*p == '\0' || *p == '#')
+			continue;
+		eq = strchr(p, '=');
+		snprintf(where, sizeof(where), "\"%s\" line %d", path, lineno);
+		if (eq == NULL)
+		{
+			fclose(f);
+			*err = sink_errorf("invalid kafka sink configuration in %s: key=value expected", where);
+			return false;
+		}
+		*eq = '\0';
+		end = eq;
+		while (end > p && isspace((unsigned char) end[-1]))
+			*--end = '\0';
+		eq++;
+		while (isspace((unsigned char) *eq))
+			eq++;
+		if (!kafka_set(conf, p, eq, where, err))
+		{
+			fclose(f);
+			return false;
+		}
+	}
+	fclose(f);
+	return true;
+}
+
+/* Sort a failed delivery (or produce call) out. */
+static SinkResult
+kafka_classify(rd_kafka_resp_err_t err)
+{
+	switch (err)
+	{
+		case RD_KAFKA_RESP_ERR_NO_ERROR:
+			return SINK_OK;
+
+			/* the message itself */
+		case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+		case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+		case RD_KAFKA_RESP_ERR_INVALID_MSG:
+		case RD_KAFKA_RESP_ERR__BAD_MSG:
+		case RD_KAFKA_RESP_ERR__INVALID_ARG:
+			return SINK_FATAL;
+
+			/* the broker, the topic or the relay's rights */
+		case RD_KAFKA_RESP_ERR__MSG_TIMED_OUT:
+		case RD_KAFKA_RESP_ERR__TIMED_OUT:
+		case RD_KAFKA_RESP_ERR__TIMED_OUT_QUEUE:
+		case RD_KAFKA_RESP_ERR__TRANSPORT:
+		case RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN:
+		case RD_KAFKA_RESP_ERR__RESOLVE:
+		case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+		case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+		case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+		case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+		case RD_KAFKA_RESP_ERR_SASL_AUTHENTICATION_FAILED:
+		case RD_KAFKA_RESP_ERR__AUTHENTICATION:
+		case RD_KAFKA_RESP_ERR__SSL:
+		case RD_KAFKA_RESP_ERR__FATAL:
+		case RD_KAFKA_RESP_ERR__FENCED:
+		case RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH:
+		case RD_KAFKA_RESP_ERR_PRODUCER_FENCED:
+		case RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER:
+		case RD_KAFKA_RESP_ERR_UNKNOWN_PRODUCER_ID:
+		case RD_KAFKA_RESP_ERR_TOPIC_DELETION_DISABLED:
+		case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+			return SINK_UNAVAILABLE;
+
+		default:
+			return SINK_RETRY;
+	}
+}
+
+/* librdkafka's log: the relay's debug log. */
+static void
+kafka_log_cb(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+	(void) rk;
+	(void) level;
+	relay_debug("kafka: %s: %s", fac, buf);
+}
+
+/* librdkafka's errors: remember the last one; a fatal one dooms the producer. */
+static void
+kafka_error_cb(rd_kafka_t *rk, int err, const char *reason, void *opaque)
+{
+	KafkaSink  *s = opaque;
+
+	snprintf(s->lasterr, sizeof(s->lasterr), "%s", reason);
+	relay_debug("kafka: error: %s", reason);
+	if (err == RD_KAFKA_RESP_ERR__FATAL)
+	{
+		char		buf[512];
+
+		rd_kafka_fatal_error(rk, buf, sizeof(buf));
+		snprintf(s->lasterr, sizeof(s->lasterr), "fatal producer error: %s", buf);
+		s->fatal = true;
+	}
+}
+
+/* Delivery report of one message: the outcome of its command. */
+static void
+kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+	KafkaSink  *s = opaque;
+	uintptr_t	tag = (uintptr_t) m->_private;
+	uint32_t	gen = (uint32_t) (tag >> 32);
+	int			index = (int) (tag & 0xffffffff);
+	RelayCommand *cmd;
+	SinkResult	r;
+	char		msg[1024];
+
+	(void) rk;
+	if (s->batch == NULL || gen != s->gen || index < 0 || index >= s->batch->n)
+		return;					/* a report of an earlier, abandoned batch */
+	s->pending--;
+	cmd = &s->batch->cmds[index];
+	r = kafka_classify(m->err);
+	if (r == SINK_OK)
+	{
+		sink_outcome(cmd, SINK_OK, NULL);
+		return;
+	}
+	if (m->err == RD_KAFKA_RESP_ERR__PURGE_QUEUE || m->err == RD_KAFKA_RESP_ERR__PURGE_INFLIGHT)
+	{
+		sink_outcome(cmd, SINK_RETRY, "delivery interrupted: the relay was stopped");
+		return;
+	}
+	snprintf(msg, sizeof(msg), "kafka %s: %s%s%s", s->topic, rd_kafka_err2str(m->err),
+			 s->lasterr[0] && r == SINK_UNAVAILABLE ? " (last error: " : "",
+			 s->lasterr[0] && r == SINK_UNAVAILABLE ? s->lasterr : "");
+	if (s->lasterr[0] && r == SINK_UNAVAILABLE)
+		strncat(msg, ")", sizeof(msg) - strlen(msg) - 1);
+	if (r == SINK_UNAVAILABLE)
+		s->unavailable = true;
+	sink_outcome(cmd, r, msg);
+}
+
+/* Create the producer; NULL with *err. */
+static rd_kafka_t *
+kafka_producer(KafkaSink *s, char **err)
+{
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	rd_kafka_t *rk;
+	char		errstr[512];
+	char		timeout[32];
+
+	snprintf(timeout, sizeof(timeout), "%ld", (long) (relay_opts.timeout * 1000));
+	if (!kafka_set(conf, "bootstrap.servers", s->brokers, NULL, err) ||
+		!kafka_set(conf, "client.id", RELAY_NAME, NULL, err) ||
+		(s->config != NULL && !kafka_read_config(conf, s->config, err)) ||
+		/* after the file: these are not up to it */
+		!kafka_set(conf, "enable.idempotence", "true", NULL, err) ||
+		!kafka_set(conf, "acks", "all", NULL, err) ||
+		!kafka_set(conf, "message.timeout.ms", timeout, NULL, err) ||
+		!kafka_set(conf, "linger.ms", "2", NULL, err))
+	{
+		rd_kafka_conf_destroy(conf);
+		return NULL;
+	}
+	rd_kafka_conf_set_opaque(conf, s);
+	rd_kafka_conf_set_dr_msg_cb(conf, kafka_dr_cb);
+	rd_kafka_conf_set_error_cb(conf, kafka_error_cb);
+	rd_kafka_conf_set_log_cb(conf, kafka_log_cb);
+	rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
+	if (rk == NULL)
+	{
+		rd_kafka_conf_destroy(conf);
+		*err = sink_errorf("invalid kafka sink configuration: %s", errstr);
+		return NULL;
+	}
+	return rk;
+}
+
+/* True when name is a legal Kafka topic name. */
+static bool
+kafka_topic_ok(const char *name)
+{
+	const char *p;
+
+	if (name[0] == '\0' || strlen(name) > 249 || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return false;
+	for (p = name; *p; p++)
+		if (!isalnum((unsigned char) *p) && *p != '.' && *p != '_' && *p != '-')
+			return false;
+	return true;
+}
+
+/* Open kafka://HOST:PORT[,...]/TOPIC[?config=PATH&window=N]. */
+static SinkOpenResult
+kafka_open(const char *url, Sink **sink, char **err)
+{
+	SinkUrl		u;
+	SinkHost   *hosts = NULL;
+	int			nhosts;
+	KafkaSink  *s;
+	PQExpBufferData list;
+	int			i;
+	long		window = 10000;
+
+	if (!sink_url_parse(url, &u, err))
+		return SINK_OPEN_CONFIG;
+	if (!sink_url_check_options(&u, kafka_options, err) ||
+		!sink_url_int_option(&u, "window", 1, 1000000, &window, err))
+		goto config;
+	if (u.user != NULL)
+	{
+		*err = sink_errorf("invalid kafka sink URL: no user or password in the URL; put SASL settings in a config=PATH file");
+		goto config;
+	}
+	if (!kafka_topic_ok(u.path))
+	{
+		*err = sink_errorf("invalid kafka sink URL: kafka://HOST:PORT[,HOST:PORT...]/TOPIC is expected, with a topic of letters, digits, '.', '_' and '-'");
+		goto config;
+	}
+	nhosts = sink_url_hosts(&u, 9092, &hosts, err);
+	if (nhosts < 0)
+		goto config;
+
+	s = relay_malloc(sizeof(KafkaSink));
+	memset(s, 0, sizeof(KafkaSink));
+	initPQExpBuffer(&list);
+	for (i = 0; i < nhosts; i++)
+		appendPQExpBuffer(&list, "%s%s%s%s:%d", i > 0 ? "," : "",
+						  strchr(hosts[i].host, ':') ? "[" : "", hosts[i].host,
+						  strchr(hosts[i].host, ':') ? "]" : "", hosts[i].port);
+	s->brokers = relay_strdup(list.data);
+	termPQExpBuffer(&list);
+	sink_hosts_free(hosts, nhosts);
+	s->topic = relay_strdup(u.path);
+	s->config = sink_url_option(&u, "config") ? relay_strdup(sink_url_option(&u, "config")) : NULL;
+	s->window = window;
+	sink_url_free(&u);
+	snprintf(s->shown, sizeof(s->shown), "kafka://%s/%s (librdkafka %s, idempotent, acks=all)",
+			 s->brokers, s->topic, rd_kafka_version_str());
+
+	s->rk = kafka_producer(s, err);
+	if (s->rk == NULL)
+	{
+		free(s->brokers);
+		free(s->topic);
+		free(s->config);
+		free(s);
+		return SINK_OPEN_CONFIG;
+	}
+	*sink = &s->base;
+	return SINK_OPEN_OK;
+
+config:
+	sink_url_free(&u);
+	return SINK_OPEN_CONFIG;
+}
+
+/* Produce one command's message; a librdkafka error code. */
+static rd_kafka_resp_err_t
+kafka_produce(KafkaSink *s, RelayCommand *cmd, int index, PQExpBuffer body)
+{
+	char		deliveries[16];
+	uintptr_t	tag = ((uintptr_t) s->gen << 32) | (uintptr_t) index;
+
+	resetPQExpBuffer(body);
+	sink_command_json(body, cmd);
+	snprintf(deliveries, sizeof(deliveries), "%d", cmd->deliveries);
+	return rd_kafka_producev(s->rk,
+							 RD_KAFKA_V_TOPIC(s->topic),
+							 RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+							 RD_KAFKA_V_KEY(cmd->run_id, strlen(cmd->run_id)),
+							 RD_KAFKA_V_VALUE(body->data, body->len),
+							 RD_KAFKA_V_HEADER("command_id", cmd->command_id, -1),
+							 RD_KAFKA_V_HEADER("run_id", cmd->run_id, -1),
+							 RD_KAFKA_V_HEADER("kind", cmd->kind, -1),
+							 RD_KAFKA_V_HEADER("deliveries", deliveries, -1),
+							 RD_KAFKA_V_HEADER("content-type", "application/json", -1),
+							 RD_KAFKA_V_OPAQUE((void *) tag),
+							 RD_KAFKA_V_END);
+}
+
+/* Deliver the batch: produce it, then wait for every delivery report. */
+static SinkResult
+kafka_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	KafkaSink  *s = (KafkaSink *) base;
+	PQExpBufferData body;
+	bool		stop = false;
+	int			next = 0;
+
+	if (s->fatal)
+	{
+		char	   *err = NULL;
+
+		/* a producer that hit a fatal error is useless: start a new one */
+		rd_kafka_destroy(s->rk);
+		s->rk = kafka_producer(s, &err);
+		if (s->rk == NULL)
+		{
+			relay_log("%s", err);
+			exit(RELAY_EXIT_RUNTIME);
+		}
+		s->fatal = false;
+	}
+	s->gen++;
+	s->batch = batch;
+	s->pending = 0;
+	s->unavailable = false;
+	s->lasterr[0] = '\0';
+	initPQExpBuffer(&body);
+
+	for (;;)
+	{
+		/* produce while the window allows */
+		while (!stop && !s->unavailable && next < batch->n && s->pending < s->window)
+		{
+			RelayCommand *cmd = &batch->cmds[next];
+			rd_kafka_resp_err_t e;
+
+			if (cmd->state != CMD_TODO)
+			{
+				next++;
+				continue;
+			}
+			e = kafka_produce(s, cmd, next, &body);
+			if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+				break;			/* poll, then try again */
+			if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+			{
+				char		msg[512];
+				SinkResult	r = kafka_classify(e);
+
+				snprintf(msg, sizeof(msg), "kafka %s: %s", s->topic, rd_kafka_err2str(e));
+				if (r == SINK_UNAVAILABLE)
+					s->unavailable = true;
+				sink_outcome(cmd, r, msg);
+			}
+			else
+				s->pending++;
+			next++;
+		}
+		if (s->pending == 0 && (stop || s->unavailable || next >= batch->n))
+			break;
+		rd_kafka_poll(s->rk, 100);
+		if (!stop && tick != NULL && !tick(arg))
+		{
+			/* interrupted: purge what librdkafka still holds */
+			stop = true;
+			rd_kafka_purge(s->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+		}
+	}
+	termPQExpBuffer(&body);
+	s->batch = NULL;
+	return s->unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/* Flush what is left (briefly) and destroy the producer. */
+static void
+kafka_close(Sink *base)
+{
+	KafkaSink  *s = (KafkaSink *) base;
+
+	if (s->rk != NULL)
+	{
+		rd_kafka_flush(s->rk, 1000);
+		rd_kafka_destroy(s->rk);
+	}
+	free(s->brokers);
+	free(s->topic);
+	free(s->config);
+	free(s);
+}
+
+/* What the sink is, for the logs. */
+static const char *
+kafka_describe(Sink *base)
+{
+	return ((KafkaSink *) base)->shown;
+}
+
+const SinkOps sink_kafka_ops = {
+	.name = "kafka",
+	.schemes = kafka_schemes,
+	.usage =
+	"  kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?config=PATH&window=N]\n"
+	"                      idempotent producer, acks=all; key = run_id; headers\n"
+	"                      command_id, run_id, kind, deliveries; acked on a\n"
+	"                      successful delivery report (--timeout bounds the wait)\n",
+	.open = kafka_open,
+	.deliver = kafka_deliver,
+	.close = kafka_close,
+	.describe = kafka_describe,
+};
