@@ -292,6 +292,14 @@ sub kill9
 	$self->_stop('TERM');
 }
 
+# Freeze the broker (SIGSTOP): connections stay open, nothing is answered;
+# kill9 ends it from there.
+sub freeze
+{
+	my ($self) = @_;
+	kill 'STOP', -$self->{pids}[-1];
+}
+
 sub running { return scalar @{ $_[0]{pids} }; }
 
 # Run a RabbitMQ tool (rabbitmqctl by default) against the node: (exit code, output).
@@ -379,12 +387,14 @@ sub rabbit_queue_length
 	return undef;
 }
 
-# NATS: one request to the server (a JetStream API subject), its reply
-# decoded.  A new connection each time keeps the client trivial.
+# NATS: one request to the server (a JetStream API subject, or a subject a
+# stream captures: the reply is then its PubAck), its reply decoded; $req is
+# a hash (sent as JSON) or a string, $headers an optional hash of headers.
+# A new connection each time keeps the client trivial.
 sub js_request
 {
-	my ($self, $subject, $req) = @_;
-	my $body = defined $req ? encode_json($req) : '';
+	my ($self, $subject, $req, $headers) = @_;
+	my $body = !defined $req ? '' : ref $req ? encode_json($req) : $req;
 	my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1',
 		PeerPort => $self->{port}, Proto => 'tcp', Timeout => 10)
 	  or croak "nats connect: $!";
@@ -392,19 +402,30 @@ sub js_request
 	my $buf = '';
 	_nats_line($s, \$buf);    # INFO
 	print $s 'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true}'
-	  . "\r\nSUB _INBOX.outbox.test 1\r\n"
-	  . "PUB $subject _INBOX.outbox.test " . length($body) . "\r\n$body\r\n";
+	  . "\r\nSUB _INBOX.outbox.test 1\r\n";
+	if ($headers)
+	{
+		my $h = "NATS/1.0\r\n" . join('', map { "$_: $headers->{$_}\r\n" } sort keys %$headers) . "\r\n";
+		print $s "HPUB $subject _INBOX.outbox.test " . length($h) . ' '
+		  . (length($h) + length($body)) . "\r\n$h$body\r\n";
+	}
+	else
+	{
+		print $s "PUB $subject _INBOX.outbox.test " . length($body) . "\r\n$body\r\n";
+	}
 	for (;;)
 	{
 		my $line = _nats_line($s, \$buf);
 		if ($line =~ /^PING/) { print $s "PONG\r\n"; next; }
 		croak "nats: $line" if $line =~ /^-ERR/;
-		if ($line =~ /^(H?)MSG \S+ \S+ (?:\S+ )?(?:(\d+) )?(\d+)$/)
+		if ($line =~ /^(H?)MSG /)
 		{
-			my $total = $3;
+			my @f = split(/ /, $line);
+			my $total = $f[-1];
+			my $hlen = $1 ? $f[-2] : 0;
 			my $data = _nats_read($s, \$buf, $total + 2);
 			close($s);
-			$data = substr($data, $2, $total - $2) if $1;
+			$data = substr($data, $hlen);
 			croak "nats: no responder for $subject" if $data eq '';
 			return decode_json($data);
 		}
@@ -524,15 +545,18 @@ outbox.backoff_max = 400
 	return $node;
 }
 
-# Commit $n commands of run $run (seq 1..$n), ids "$run-00001"..., kind $kind.
+# Commit $n commands of run $run (seq $first.. , 1 by default), ids
+# "$run-00001"..., kind $kind.
 sub produce
 {
-	my ($node, $run, $n, $kind) = @_;
+	my ($node, $run, $n, $kind, $first) = @_;
 	$kind //= 'broker';
+	$first //= 1;
+	my $last = $first + $n - 1;
 	$node->safe_psql('postgres', qq{
 		SELECT outbox.commit_decision('$run', s, 'decided', format('%s-%s', '$run', lpad(s::text, 5, '0')),
 			'$kind', jsonb_build_object('n', s))
-		FROM generate_series(1, $n) s});
+		FROM generate_series($first, $last) s});
 }
 
 # Start outbox-relay in the background: (pid, stderr file).
