@@ -16,7 +16,9 @@
  *	PUBACK (QoS 1) or PUBCOMP (QoS 2), reason < 0x80
  *						SINK_OK (0x10 "no matching subscribers" included: the
  *						broker took it)
- *	reason 0x87 (not authorized), 0x90 (topic name invalid)
+ *	reason 0x87 (not authorized), 0x90 (topic name invalid), in the PUBACK
+ *	or in a DISCONNECT (Mosquitto disconnects an MQTT 5 client whose publish
+ *	its ACL denies)
  *						SINK_UNAVAILABLE: the broker refuses the relay
  *	reason 0x95 (packet too large), 0x99 (payload format invalid), or a
  *	message the library cannot send at all (too large)
@@ -71,6 +73,7 @@ typedef struct MqttSink
 	long		window;
 	struct mosquitto *mosq;
 	bool		connected;		/* CONNACK accepted, not disconnected since */
+	int			disconnect_reason;	/* of the broker's DISCONNECT, or 0 */
 	int			connack;		/* -1: no CONNACK yet */
 	char	   *shown;
 	/* the round being delivered */
@@ -121,8 +124,10 @@ mqtt_on_disconnect(struct mosquitto *mosq, void *obj, int rc,
 	MqttSink   *s = obj;
 
 	(void) mosq;
-	(void) rc;
 	(void) props;
+	/* an MQTT 5 reason code of the broker's DISCONNECT, else a MOSQ_ERR_* */
+	if (rc >= 0x80)
+		s->disconnect_reason = rc;
 	s->connected = false;
 	if (s->batch != NULL)
 		s->lost = true;
@@ -395,6 +400,23 @@ mqtt_connect(MqttSink *s, SinkTick tick, void *arg, char *msg, size_t size)
 	return true;
 }
 
+/*
+ * Describe a broken connection into msg: the reason of the broker's
+ * DISCONNECT when it sent one (read what is left to read first), else err.
+ */
+static void
+mqtt_lost(MqttSink *s, const char *what, int err, char *msg, size_t size)
+{
+	mosquitto_loop(s->mosq, 0, 1);
+	if (s->disconnect_reason != 0)
+		snprintf(msg, size, "the broker at %s:%d disconnected the relay: %s (reason 0x%02x)",
+				 s->host, s->port, mosquitto_reason_string(s->disconnect_reason),
+				 s->disconnect_reason);
+	else
+		snprintf(msg, size, "%s %s:%d: %s", what, s->host, s->port,
+				 err == MOSQ_ERR_ERRNO ? strerror(errno) : mosquitto_strerror(err));
+}
+
 /* Publish command i.  A mosquitto error code. */
 static int
 mqtt_publish(MqttSink *s, int i, PQExpBuffer body)
@@ -463,6 +485,7 @@ mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	s->mid = relay_malloc(sizeof(int) * (batch->n + 1));
 	s->inflight = 0;
 	s->cursor = 0;
+	s->disconnect_reason = 0;
 	s->lost = false;
 	s->refused = false;
 	initPQExpBuffer(&body);
@@ -490,8 +513,7 @@ mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 			}
 			else if (rc != MOSQ_ERR_SUCCESS)
 			{
-				snprintf(msg, sizeof(msg), "could not publish to %s:%d: %s", s->host, s->port,
-						 mosquitto_strerror(rc));
+				mqtt_lost(s, "could not publish to", rc, msg, sizeof(msg));
 				s->lost = true;
 				break;
 			}
@@ -503,8 +525,8 @@ mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 		rc = mosquitto_loop(s->mosq, 100, 1);
 		if (rc != MOSQ_ERR_SUCCESS || s->lost)
 		{
-			snprintf(msg, sizeof(msg), "lost the connection to %s:%d: %s", s->host, s->port,
-					 mosquitto_strerror(rc != MOSQ_ERR_SUCCESS ? rc : MOSQ_ERR_CONN_LOST));
+			mqtt_lost(s, "lost the connection to", rc != MOSQ_ERR_SUCCESS ? rc : MOSQ_ERR_CONN_LOST,
+					  msg, sizeof(msg));
 			s->lost = true;
 			break;
 		}

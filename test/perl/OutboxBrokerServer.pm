@@ -73,9 +73,10 @@ sub port_open
 }
 
 # A broker of the given kind (rabbitmq, nats, mosquitto) under $dir.
+# Mosquitto takes an optional acl => TEXT (its acl_file).
 sub new
 {
-	my ($class, $kind, $dir) = @_;
+	my ($class, $kind, $dir, %opt) = @_;
 	croak "unknown broker $kind" unless $kind =~ /^(rabbitmq|nats|mosquitto)$/;
 	mkdir $dir or croak "mkdir $dir: $!" unless -d $dir;
 	my $self = bless { kind => $kind, dir => $dir, pids => [],
@@ -113,6 +114,13 @@ log_type error
 log_type warning
 log_type notice
 EOF
+		if (defined $opt{acl})
+		{
+			_write("$dir/acl", $opt{acl});
+			open(my $fh, '>>', "$dir/mosquitto.conf") or croak "open: $!";
+			print $fh "acl_file $dir/acl\n";
+			close($fh);
+		}
 	}
 	return $self;
 }
@@ -276,8 +284,17 @@ sub _stop
 	$self->{pids} = [];
 }
 
-# Stop the broker cleanly.
-sub stop { $_[0]->_stop('TERM'); }
+# Stop the broker cleanly (a frozen one too: it is woken up to stop).
+sub stop
+{
+	my ($self) = @_;
+	if (@{ $self->{pids} })
+	{
+		kill 'TERM', $self->{pids}[-1];
+		kill 'CONT', -$self->{pids}[-1];
+	}
+	$self->_stop('TERM');
+}
 
 # Kill the broker at once (its epmd too, cleanly).
 sub kill9
@@ -327,6 +344,13 @@ sub _run
 	IPC::Run::run(\@cmd, '<', \undef, '>', \$out, '2>&1',
 		IPC::Run::timeout($timeout));
 	return ($? >> 8, $out);
+}
+
+# Mosquitto: run mosquitto_sub against the broker with @args: (exit code, output).
+sub mqtt_sub
+{
+	my ($self, @args) = @_;
+	return _run({}, 'mosquitto_sub', '-h', '127.0.0.1', '-p', $self->{port}, '-V', '5', @args);
 }
 
 # RabbitMQ: declare durable exchanges, queues and bindings through
@@ -646,7 +670,7 @@ sub published_ids
 END
 {
 	my $rc = $?;
-	$_->_stop('TERM') for grep { $_->running } @running;
+	$_->stop for grep { $_->running } @running;
 	$? = $rc;
 }
 

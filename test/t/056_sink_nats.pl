@@ -84,7 +84,7 @@ my ($seen, $bad) = stream_ids();
 is(scalar(keys %$seen), 2000, 'the stream holds 2,000 distinct commands');
 is(scalar(grep { $seen->{$_} != 1 } keys %$seen), 0, 'each exactly once');
 is($bad, 0, 'each with Nats-Msg-Id and Outbox-* headers matching its body');
-is(join(',', grep { !$seen->{$_} } OutboxBrokerServer::published_ids($node, 'nats-a')), '',
+is(scalar(grep { !$seen->{$_} } OutboxBrokerServer::published_ids($node, 'nats-a')), 0,
 	'every published command is in the stream');
 
 # the duplicate window: the same Nats-Msg-Id again is dropped
@@ -126,9 +126,9 @@ cmp_ok($node->safe_psql('postgres',
 	"SELECT max(deliveries) FROM outbox.commands WHERE run_id = 'nats-b'"), '<=', 2,
 	'the outage spent no deliveries');
 ($seen, $bad) = stream_ids();
-is(join(',', grep { !$seen->{$_} } OutboxBrokerServer::published_ids($node, 'nats-b')), '',
+is(scalar(grep { !$seen->{$_} } OutboxBrokerServer::published_ids($node, 'nats-b')), 0,
 	'every published command of run b is in the stream (acked only after the PubAck)');
-is(join(',', grep { !$seen->{$_} } @acked_before), '', 'including those acked before the kill');
+is(scalar(grep { !$seen->{$_} } @acked_before), 0, 'including those acked before the kill');
 is(scalar(grep { /^nats-b/ && $seen->{$_} != 1 } keys %$seen), 0,
 	'each exactly once: republished ones dropped by Nats-Msg-Id');
 is($bad, 0, 'headers match');
@@ -155,7 +155,7 @@ ok(wait_match($err_c, qr/available again/), 'the recovery was logged');
 kill 'TERM', $pid_c;
 is(OutboxBrokerServer::wait_exit($pid_c), 0, 'relay c1 exits 0 on SIGTERM');
 ($seen, $bad) = stream_ids();
-is(join(',', grep { ($seen->{$_} // 0) != 1 } OutboxBrokerServer::published_ids($node, 'nats-c')), '',
+is(scalar(grep { ($seen->{$_} // 0) != 1 } OutboxBrokerServer::published_ids($node, 'nats-c')), 0,
 	'every command of run c is in the new stream, once');
 is($node->safe_psql('postgres',
 	"SELECT count(*) FROM outbox.commands WHERE run_id LIKE 'nats-%' AND status = 'dead'"), '0',
