@@ -1,6 +1,8 @@
 # Behaviour of outbox-relay, the reference publisher: NDJSON sinks (stdout,
 # file), the HTTP sink (Idempotency-Key, 2xx ack, 408/429/5xx/timeouts
-# retried through outbox.fail with backoff, other 4xx fatal), the kinds
+# retried through outbox.fail with backoff, 401/404 and an unreachable
+# endpoint holding the batch without spending deliveries, other 4xx
+# fatal), sink URLs that exit 2, the kinds
 # filter, lease renewal during a slow delivery, SIGTERM (finish the batch
 # in flight, exit 0), reconnection after a server restart, --help and the
 # exit codes.
