@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include <amqp.h>
@@ -294,11 +295,16 @@ amqp_connect(AmqpSink *s, char *msg, size_t size)
 				 amqp_error_string2(rc));
 		goto fail;
 	}
-	/* the broker's replies to login and the channel calls are bounded too */
+	/*
+	 * The broker's replies to login and the channel calls are bounded too,
+	 * and so is a write to a broker that stopped reading (librabbitmq's
+	 * sends block): it fails instead of hanging the relay.
+	 */
 	tv.tv_sec = (long) relay_opts.timeout;
 	tv.tv_usec = (long) ((relay_opts.timeout - tv.tv_sec) * 1e6);
 	amqp_set_handshake_timeout(s->conn, &tv);
 	amqp_set_rpc_timeout(s->conn, &tv);
+	(void) setsockopt(amqp_get_sockfd(s->conn), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	r = amqp_login(s->conn, s->vhost, 0, AMQP_DEFAULT_FRAME_SIZE, 0,
 				   AMQP_SASL_METHOD_PLAIN, s->user, s->password);
 	if (r.reply_type != AMQP_RESPONSE_NORMAL)

@@ -481,6 +481,9 @@ nats_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	int			next = 0;
 	int			i;
 
+	/* a connection the server closed while the relay was idle */
+	if (s->nc != NULL && natsConnection_IsClosed(s->nc))
+		nats_drop(s);
 	if (s->nc == NULL)
 	{
 		bool		no_stream;
