@@ -31,8 +31,10 @@
  *						off and calls again; the sink reconnects
  *
  * The session is clean: what was unacknowledged when the connection broke
- * is published again on the next connection (at least once, same
- * command_id).  The network loop runs in the relay's thread
+ * is published again by the relay on the next connection (at least once,
+ * same command_id), from a new libmosquitto client, so that the old one
+ * does not resend it as well.  The client id is outbox-relay-WORKER (the
+ * --worker name), unique per relay unless client_id says otherwise.  The network loop runs in the relay's thread
  * (mosquitto_loop), so the callbacks need no locking; keepalive pings are
  * sent while a batch is delivered, and a connection the broker dropped
  * while the relay was idle is reopened before the next batch.
@@ -225,6 +227,36 @@ mqtt_free(MqttSink *s)
 	free(s);
 }
 
+/*
+ * (Re)create the libmosquitto client: a new one after a broken connection,
+ * so that nothing it still queued from the old one is sent again under
+ * message ids of its own.  False with *why (SINK_OPEN_CONFIG: a user name
+ * that is not UTF-8; SINK_OPEN_FAILED: out of memory).
+ */
+static bool
+mqtt_client_new(MqttSink *s, SinkOpenResult *why)
+{
+	if (s->mosq != NULL)
+		mosquitto_destroy(s->mosq);
+	s->connected = false;
+	s->mosq = mosquitto_new(s->client_id, true, s);
+	*why = SINK_OPEN_FAILED;
+	if (s->mosq == NULL)
+		return false;
+	mosquitto_int_option(s->mosq, MOSQ_OPT_PROTOCOL_VERSION, MQTT_PROTOCOL_V5);
+	mosquitto_int_option(s->mosq, MOSQ_OPT_SEND_MAXIMUM, (int) s->window);
+	mosquitto_connect_v5_callback_set(s->mosq, mqtt_on_connect);
+	mosquitto_disconnect_v5_callback_set(s->mosq, mqtt_on_disconnect);
+	mosquitto_publish_v5_callback_set(s->mosq, mqtt_on_publish);
+	if (s->user != NULL &&
+		mosquitto_username_pw_set(s->mosq, s->user, s->password) != MOSQ_ERR_SUCCESS)
+	{
+		*why = SINK_OPEN_CONFIG;
+		return false;
+	}
+	return true;
+}
+
 /* Parse and check the URL; create the client (sink.h: open). */
 static SinkOpenResult
 mqtt_open(const char *url, Sink **out, char **err)
@@ -235,6 +267,7 @@ mqtt_open(const char *url, Sink **out, char **err)
 	const char *v;
 	int			n = 0;
 	PQExpBufferData buf;
+	SinkOpenResult rc_open;
 
 	if (!sink_url_parse(url, &u, err))
 		return SINK_OPEN_CONFIG;
@@ -284,9 +317,10 @@ mqtt_open(const char *url, Sink **out, char **err)
 		s->client_id = relay_strdup(v);
 	else
 	{
-		char		id[64];
+		char		id[512];
 
-		snprintf(id, sizeof(id), "%s-%d", RELAY_NAME, (int) getpid());
+		/* the worker name (HOST:PID by default) is unique per relay */
+		snprintf(id, sizeof(id), "%s-%s", RELAY_NAME, relay_opts.worker ? relay_opts.worker : "");
 		s->client_id = relay_strdup(id);
 	}
 	if ((v = sink_url_option(&u, "password_file")) != NULL)
@@ -319,24 +353,14 @@ mqtt_open(const char *url, Sink **out, char **err)
 	sink_url_free(&u);
 
 	mosquitto_lib_init();
-	s->mosq = mosquitto_new(s->client_id, true, s);
-	if (s->mosq == NULL)
+	if (!mqtt_client_new(s, &rc_open))
 	{
-		*err = sink_errorf("could not create an MQTT client: %s", strerror(errno));
+		if (rc_open == SINK_OPEN_CONFIG)
+			*err = sink_errorf("invalid mqtt sink URL: the user name is not valid UTF-8");
+		else
+			*err = sink_errorf("could not create an MQTT client: %s", strerror(errno));
 		mqtt_free(s);
-		return SINK_OPEN_FAILED;
-	}
-	mosquitto_int_option(s->mosq, MOSQ_OPT_PROTOCOL_VERSION, MQTT_PROTOCOL_V5);
-	mosquitto_int_option(s->mosq, MOSQ_OPT_SEND_MAXIMUM, (int) s->window);
-	mosquitto_connect_v5_callback_set(s->mosq, mqtt_on_connect);
-	mosquitto_disconnect_v5_callback_set(s->mosq, mqtt_on_disconnect);
-	mosquitto_publish_v5_callback_set(s->mosq, mqtt_on_publish);
-	if (s->user != NULL &&
-		mosquitto_username_pw_set(s->mosq, s->user, s->password) != MOSQ_ERR_SUCCESS)
-	{
-		*err = sink_errorf("invalid mqtt sink URL: the user name is not valid UTF-8");
-		mqtt_free(s);
-		return SINK_OPEN_CONFIG;
+		return rc_open;
 	}
 	*out = &s->base;
 	return SINK_OPEN_OK;
@@ -468,6 +492,7 @@ mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	int			next = 0;
 	int			i;
 	int			rc;
+	SinkOpenResult why;
 
 	/* notice a connection the broker closed while the relay was idle */
 	if (s->connected && mosquitto_loop(s->mosq, 0, 1) != MOSQ_ERR_SUCCESS)
@@ -571,9 +596,15 @@ mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 		for (i = 0; i < batch->n; i++)
 			if (s->state[i] == MP_WAIT)
 				sink_outcome(&batch->cmds[i], stopped ? SINK_RETRY : SINK_UNAVAILABLE, msg);
-		/* a clean session forgets them; a new connection starts afresh */
+		/* a clean session forgets them; a new client starts afresh */
 		mosquitto_disconnect(s->mosq);
 		s->connected = false;
+		s->batch = NULL;
+		if (!mqtt_client_new(s, &why))
+		{
+			relay_log("could not create an MQTT client: %s", strerror(errno));
+			exit(RELAY_EXIT_RUNTIME);
+		}
 		relay_debug("mqtt: %s", msg);
 	}
 	if (unavailable)
