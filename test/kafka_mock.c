@@ -11,6 +11,7 @@
  * a command, answered by "ok N" (N: the line's number) on stdout:
  *		down					all brokers drop their connections and refuse new ones
  *		up						they accept connections again
+ *		rtt MS					they answer every request MS milliseconds late
  *		error API CODE COUNT	the next COUNT requests of Kafka API key API
  *								(0: Produce) fail with error CODE
  * The mock's brokers keep what was produced while they are down.
@@ -66,12 +67,15 @@ main(int argc, char **argv)
 		int			api;
 		int			code;
 		int			count;
+		int			ms;
 
 		lineno++;
 		if (strncmp(line, "down", 4) == 0)
 			rd_kafka_mock_broker_set_down(mc, -1);
 		else if (strncmp(line, "up", 2) == 0)
 			rd_kafka_mock_broker_set_up(mc, -1);
+		else if (sscanf(line, "rtt %d", &ms) == 1 && ms >= 0)
+			rd_kafka_mock_broker_set_rtt(mc, -1, ms);
 		else if (sscanf(line, "error %d %d %d", &api, &code, &count) == 3 && count > 0)
 		{
 			rd_kafka_resp_err_t *errs = calloc(count, sizeof(rd_kafka_resp_err_t));

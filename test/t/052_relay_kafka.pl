@@ -133,6 +133,11 @@ produce_runs($node, 'k2', 600, 6, q{'kd'});
 	ok($node->poll_query_until('postgres',
 		"SELECT count(*) >= 100 FROM outbox.commands WHERE kind = 'kd' AND status = 'published'"),
 		'down: the relay is publishing');
+	# slow answers keep each batch in flight long enough to fail it midway
+	ok(mock('rtt 300'), 'down: the broker answers 300 ms late');
+	ok($node->poll_query_until('postgres',
+		"SELECT count(*) > 0 FROM outbox.commands WHERE kind = 'kd' AND status = 'sending'"),
+		'down: a batch is in flight');
 	ok(mock('down'), 'down: the broker is down');
 	ok(wait_match($err, qr/sink unavailable: kafka outbox: .*holding \d+ commands?, claiming paused/),
 		'down: the outage is logged');
@@ -147,7 +152,7 @@ produce_runs($node, 'k2', 600, 6, q{'kd'});
 		$acked, 'down: nothing acked while the broker cannot confirm');
 	is(sq("SELECT count(*) FROM outbox.commands WHERE kind = 'kd' AND (status = 'dead' OR deliveries > 1)"),
 		'0', 'down: nothing dead, no delivery spent');
-	ok(mock('up'), 'down: the broker is back');
+	ok(mock('rtt 0') && mock('up'), 'down: the broker is back');
 	ok($node->poll_query_until('postgres',
 		"SELECT count(*) = 600 FROM outbox.commands WHERE kind = 'kd' AND status = 'published'"),
 		'down: all published after the broker returned');
