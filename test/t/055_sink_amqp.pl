@@ -3,8 +3,9 @@
 # two relays read back with amqp-consume, each exactly once; the broker
 # killed in the middle of a batch (nothing unconfirmed acked, nothing dead,
 # recovery when it returns); the exchange deleted under the relays (an
-# outage: commands held, not failed) and an unroutable routing key (a
-# retryable failure of the command); configuration errors at start-up;
+# outage: commands held, not failed), a refused login (an outage as well)
+# and an unroutable routing key (a retryable failure of the command);
+# configuration errors at start-up;
 # outbox.verify() clean at the end.
 
 use strict;
@@ -16,7 +17,7 @@ use Time::HiRes qw(usleep);
 use FindBin;
 use lib "$FindBin::RealBin/../perl";
 use OutboxBrokerServer;
-use OutboxBroker qw(relay_has_sink conservation_clean);
+use OutboxBroker qw(relay_has_sink conservation_clean wait_match);
 
 plan skip_all => 'outbox-relay was built without the amqp sink (librabbitmq-dev)'
   unless relay_has_sink('amqp');
@@ -149,9 +150,30 @@ $seen = consume_all();
 is(scalar(grep { !$seen->{$_} } OutboxBrokerServer::published_ids($node, 'amqp-c')), 0,
 	'every command of run c is in the queue');
 
+# a refused login is an outage too: nothing is spent on it
+OutboxBrokerServer::produce($node, 'amqp-e', 3, 'login');
+open(my $pw, '>', "$tmp/wrong.pw") or die;
+print $pw "not-the-password\n";
+close($pw);
+my ($pid_e, $err_e) = OutboxBrokerServer::relay_start($tmp, 'e1', '--dsn', $dsn, '--kinds', 'login',
+	'--sink', "amqp://guest\@127.0.0.1:$port?exchange=outbox&routing_key=cmd&password_file=$tmp/wrong.pw");
+ok(wait_match($err_e, qr/sink unavailable: could not log in to 127.0.0.1:\d+ as "guest"/),
+	'a refused login is an outage, logged')
+  or diag(OutboxBrokerServer::slurp($err_e));
+unlike(OutboxBrokerServer::slurp($err_e), qr/not-the-password/, 'the password is not logged');
+kill 'TERM', $pid_e;
+is(OutboxBrokerServer::wait_exit($pid_e), 0, 'relay e1 exits 0 on SIGTERM');
+is($node->safe_psql('postgres',
+	"SELECT string_agg(DISTINCT status::text || ' ' || deliveries, ',') FROM outbox.commands WHERE run_id = 'amqp-e'"),
+	'pending 1', 'held and handed back: pending, one delivery, not dead');
+
+# the password from a file; an unroutable routing key
+open($pw, '>', "$tmp/guest.pw") or die;
+print $pw "guest\n";
+close($pw);
 OutboxBrokerServer::produce($node, 'amqp-d', 3, 'lost');
 ($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--kinds', 'lost', '--drain', '--worker', 'd1',
-	'--sink', "amqp://guest\@127.0.0.1:$port?exchange=outbox&routing_key=nowhere");
+	'--sink', "amqp://guest\@127.0.0.1:$port?exchange=outbox&routing_key=nowhere&password_file=$tmp/guest.pw");
 is($rc, 0, 'relay with an unroutable key exits 0');
 is($node->safe_psql('postgres',
 	"SELECT string_agg(DISTINCT status::text || ' ' || (last_error LIKE 'unroutable:%')::text, ',') FROM outbox.commands WHERE run_id = 'amqp-d'"),
