@@ -89,7 +89,7 @@ OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h internal/pqexpbuffer.h
 # present) and their TAP tests' brokers and client tools.
 OUTBOX_TEST_PACKAGES+=(librabbitmq-dev libnats-dev libmosquitto-dev
 	rabbitmq-server amqp-tools nats-server mosquitto mosquitto-clients)
-OUTBOX_TOOLS+=(epmd rabbitmqctl amqp-consume nats-server mosquitto mosquitto_sub)
+OUTBOX_TOOLS+=(epmd rabbitmqctl amqp-consume nats-server mosquitto mosquitto_sub mosquitto_passwd)
 OUTBOX_HEADERS+=(amqp.h nats/nats.h mosquitto.h)
 
 # Install the missing packages of OUTBOX_PACKAGES and of the arguments (as

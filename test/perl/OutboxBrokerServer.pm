@@ -73,7 +73,9 @@ sub port_open
 }
 
 # A broker of the given kind (rabbitmq, nats, mosquitto) under $dir.
-# Mosquitto takes an optional acl => TEXT (its acl_file).
+# Mosquitto takes an optional acl => TEXT (its acl_file) and users =>
+# { NAME => PASSWORD } (then no anonymous client is let in); NATS takes
+# jetstream => 0 (a plain NATS server).
 sub new
 {
 	my ($class, $kind, $dir, %opt) = @_;
@@ -99,6 +101,7 @@ sub new
 	elsif ($kind eq 'nats')
 	{
 		$self->{monitor_port} = free_port();
+		$self->{jetstream} = $opt{jetstream} // 1;
 	}
 	else
 	{
@@ -120,6 +123,19 @@ EOF
 			open(my $fh, '>>', "$dir/mosquitto.conf") or croak "open: $!";
 			print $fh "acl_file $dir/acl\n";
 			close($fh);
+		}
+		if ($opt{users})
+		{
+			_write("$dir/passwd", '');
+			for my $u (sort keys %{ $opt{users} })
+			{
+				my ($rc, $out) = _run({}, _which('mosquitto_passwd'), '-b', "$dir/passwd",
+					$u, $opt{users}{$u});
+				croak "mosquitto_passwd: $out" if $rc != 0;
+			}
+			my $conf = slurp("$dir/mosquitto.conf");
+			$conf =~ s/^allow_anonymous true$/allow_anonymous false\npassword_file $dir\/passwd/m;
+			_write("$dir/mosquitto.conf", $conf);
 		}
 	}
 	return $self;
@@ -214,8 +230,9 @@ sub start
 	{
 		push @{ $self->{pids} },
 		  _spawn({}, "$d/server.log", _which('nats-server'), '-a', '127.0.0.1',
-			'-p', $self->{port}, '-m', $self->{monitor_port}, '-js',
-			'-sd', "$d/store", '-n', "outbox-test-$self->{port}");
+			'-p', $self->{port}, '-m', $self->{monitor_port},
+			($self->{jetstream} ? ('-js', '-sd', "$d/store") : ()),
+			'-n', "outbox-test-$self->{port}");
 	}
 	else
 	{

@@ -6,8 +6,9 @@
 # stream's window; the server killed in the middle of a batch (nothing
 # unconfirmed acked, nothing dead, recovery, still each exactly once); the
 # stream removed under a running relay (an outage: commands held, not
-# failed, recovery when it is back); a subject no stream captures refused
-# at start-up; outbox.verify() clean at the end.
+# failed, recovery when it is back); a subject no stream captures, and a
+# server without JetStream, refused at start-up; outbox.verify() clean at
+# the end.
 
 use strict;
 use warnings;
@@ -68,6 +69,15 @@ for my $case (
 	like($err, $re, "says why: $re");
 	unlike($err, qr/\n./, 'in one line');
 }
+
+# a server without JetStream: every publish would be lost, exit 2 too
+my $plain = OutboxBrokerServer->new('nats', "$tmp/nats-plain", jetstream => 0);
+$plain->start;
+($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--drain',
+	'--sink', 'nats://127.0.0.1:' . $plain->port . '/outbox.commands');
+is($rc, 2, 'a server without JetStream: exit 2');
+like($err, qr/has no JetStream/, 'a server without JetStream: says so');
+$plain->stop;
 
 # ---------------------------------------------------------------------------
 # 2,000 commands, 2 relays: each exactly once in the stream

@@ -5,8 +5,9 @@
 # user properties matching the body; QoS 2 (PUBCOMP); the broker stopped in
 # the middle of a batch (nothing unconfirmed acked, nothing dead, recovery
 # when it returns, every command at least once); a topic the broker's ACL
-# denies (an outage: commands held, not failed); configuration errors at
-# start-up; outbox.verify() clean at the end.
+# denies and a wrong password (outages: commands held, not failed), the
+# password from the environment; configuration errors at start-up;
+# outbox.verify() clean at the end.
 
 use strict;
 use warnings;
@@ -170,6 +171,38 @@ is(OutboxBrokerServer::wait_exit($pid_d), 0, 'relay d1 exits 0 on SIGTERM');
 is($node->safe_psql('postgres',
 	"SELECT string_agg(DISTINCT status::text, ',') FROM outbox.commands WHERE run_id = 'mqtt-d'"),
 	'pending', 'the held commands went back, retryable');
+
+# ---------------------------------------------------------------------------
+# Authentication: the password from the environment; a wrong one is an
+# outage (CONNACK refused), not the commands' fault
+# ---------------------------------------------------------------------------
+my $mq_auth = OutboxBrokerServer->new('mosquitto', "$tmp/mosquitto-auth",
+	users => { relay => 'right-password' });
+$mq_auth->start;
+my $auth_sink = 'mqtt://relay@127.0.0.1:' . $mq_auth->port . '/outbox/commands';
+OutboxBrokerServer::produce($node, 'mqtt-e', 3, 'login');
+{
+	local $ENV{OUTBOX_RELAY_MQTT_PASSWORD} = 'wrong-password';
+	my ($pid_e, $err_e) = OutboxBrokerServer::relay_start($tmp, 'e1', '--dsn', $dsn, '--kinds', 'login',
+		'--sink', $auth_sink);
+	ok(wait_match($err_e, qr/sink unavailable: the broker at \S+ refused the connection: Not authori[sz]ed/i),
+		'a wrong password is an outage (CONNACK refused), logged')
+	  or diag(OutboxBrokerServer::slurp($err_e));
+	unlike(OutboxBrokerServer::slurp($err_e), qr/wrong-password/, 'the password is not logged');
+	kill 'TERM', $pid_e;
+	is(OutboxBrokerServer::wait_exit($pid_e), 0, 'relay e1 exits 0 on SIGTERM');
+	is($node->safe_psql('postgres',
+		"SELECT string_agg(DISTINCT status::text || ' ' || deliveries, ',') FROM outbox.commands WHERE run_id = 'mqtt-e'"),
+		'pending 1', 'held and handed back: pending, one delivery, not dead');
+}
+{
+	local $ENV{OUTBOX_RELAY_MQTT_PASSWORD} = 'right-password';
+	($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--kinds', 'login', '--drain',
+		'--worker', 'e2', '--sink', $auth_sink);
+	is($rc, 0, 'with the right password from the environment: exit 0');
+	is(OutboxBrokerServer::run_states($node, 'mqtt-e'), '3 0 0', 'and published');
+}
+$mq_auth->stop;
 
 conservation_clean($node, 'after the MQTT runs');
 
