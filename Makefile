@@ -102,6 +102,9 @@ RELAY_MANDIR ?= $(RELAY_PREFIX)/share/man
 # Sinks (src/relay/sink.h): stdout, file and http are always built; a
 # broker's sink src/relay/sink_NAME.c is built when pkg-config finds its
 # client library, named by one line RELAY_PKG_NAME = MODULE.
+RELAY_PKG_amqp = librabbitmq
+RELAY_PKG_mqtt = libmosquitto
+RELAY_PKG_nats = libnats
 RELAY_PKG_kafka = rdkafka
 RELAY_PKG_redis = hiredis
 PKG_CONFIG ?= pkg-config

@@ -101,6 +101,13 @@ OUTBOX_PG_TOOLS=(pg_config postgres initdb pg_ctl psql createdb dropdb pgbench p
 OUTBOX_HEADERS=(libpq-fe.h curl/curl.h postgres.h internal/pqexpbuffer.h
 	librdkafka/rdkafka.h librdkafka/rdkafka_mock.h hiredis/hiredis.h)
 
+# The AMQP, NATS JetStream and MQTT sinks (built when their library is
+# present) and their TAP tests' brokers and client tools.
+OUTBOX_TEST_PACKAGES+=(librabbitmq-dev libnats-dev libmosquitto-dev
+	rabbitmq-server amqp-tools nats-server mosquitto mosquitto-clients)
+OUTBOX_TOOLS+=(epmd rabbitmqctl amqp-consume nats-server mosquitto mosquitto_sub mosquitto_passwd)
+OUTBOX_HEADERS+=(amqp.h nats/nats.h mosquitto.h)
+
 # Install the missing packages of OUTBOX_PACKAGES and of the arguments (as
 # root), then build and install (with warnings as errors when OUTBOX_WERROR
 # is set; outbox-relay under OUTBOX_RELAY_PREFIX).

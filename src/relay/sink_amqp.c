@@ -1,0 +1,743 @@
+/*-------------------------------------------------------------------------
+ *
+ * sink_amqp.c
+ *		The AMQP 0-9-1 sink (RabbitMQ) of outbox-relay, through librabbitmq:
+ *		amqp://USER@HOST[:PORT][/VHOST]?exchange=X&routing_key=K
+ *
+ * One connection and one channel in confirm mode.  Each command is a
+ * persistent message (delivery_mode 2) published with the mandatory flag,
+ * its message_id the command_id, its type the kind, and command_id, run_id,
+ * kind and deliveries in its headers table; the body is the command's JSON
+ * object.  Up to `window` messages are unconfirmed at once; the batch
+ * returns once every one of them is settled:
+ *
+ *	basic.ack			SINK_OK (the broker has taken responsibility: for a
+ *						durable queue, written it to disk)
+ *	basic.return		SINK_RETRY: unroutable (no queue bound for the routing
+ *						key); the ack that follows it does not count
+ *	basic.nack			SINK_RETRY: the broker could not store it
+ *	channel closed		404 (no such exchange), 403 (access refused): the
+ *						broker refuses the relay, SINK_UNAVAILABLE; any other
+ *						code: SINK_RETRY for what was unconfirmed
+ *	connection lost, refused, login refused, no confirm within --timeout
+ *						SINK_UNAVAILABLE: the relay holds the batch, backs
+ *						off and calls again; the sink reconnects
+ *
+ * A message that was published but not confirmed when the connection broke
+ * may have reached the queue: it is published again later, with the same
+ * message_id (at least once).  Deliveries of one batch never cross into
+ * the next: when deliver returns, nothing is unconfirmed (after a timeout
+ * or an interruption the connection is dropped, so late confirms cannot be
+ * mistaken for those of the next batch).
+ *
+ * The password is never in the URL (ps would show it): it is read from the
+ * file named by password_file=PATH, or from OUTBOX_RELAY_AMQP_PASSWORD.
+ * Heartbeats are off (the relay's one thread cannot answer them while it
+ * waits on the database); a dead peer is found by the socket or by the
+ * confirm timeout.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <amqp.h>
+#include <amqp_framing.h>
+#include <amqp_tcp_socket.h>
+
+#include "sink.h"
+
+#define AMQP_DEFAULT_PORT	5672
+#define AMQP_CHANNEL		1
+#define AMQP_NHEADERS		4
+
+typedef struct AmqpSink
+{
+	Sink		base;
+	char	   *host;
+	int			port;
+	char	   *vhost;
+	char	   *user;
+	char	   *password;
+	char	   *exchange;
+	char	   *routing_key;
+	long		window;
+	amqp_connection_state_t conn;	/* NULL: not connected */
+	uint64_t	next_tag;		/* delivery tag of the channel's next publish */
+	char	   *shown;
+} AmqpSink;
+
+/* Where each command of the batch being delivered stands. */
+typedef enum AmqpPending
+{
+	AP_NONE,					/* not published in this call */
+	AP_WAIT,					/* published, not confirmed */
+	AP_RETURNED,				/* returned as unroutable; its ack follows */
+	AP_SETTLED
+} AmqpPending;
+
+/* Per-call state of deliver. */
+typedef struct AmqpRound
+{
+	AmqpSink   *sink;
+	RelayBatch *batch;
+	AmqpPending *pending;		/* by command index */
+	uint64_t	first_tag;		/* the channel's delivery tag of by_tag[0] */
+	int		   *by_tag;			/* command index of delivery tag first_tag + i */
+	int			ntags;
+	int			inflight;
+	int			low;			/* lowest tag offset maybe unsettled */
+} AmqpRound;
+
+static const char *const amqp_schemes[] = {"amqp", NULL};
+static const char *const amqp_options[] = {"exchange", "routing_key", "window",
+"password_file", NULL};
+
+/* Read a secret from a file (its first line). NULL with *err. */
+static char *
+amqp_read_secret(const char *path, char **err)
+{
+	FILE	   *fp = fopen(path, "r");
+	char		buf[1024];
+	size_t		len;
+
+	if (fp == NULL)
+	{
+		*err = sink_errorf("could not open the amqp sink's password_file: %s", strerror(errno));
+		return NULL;
+	}
+	if (fgets(buf, sizeof(buf), fp) == NULL)
+		buf[0] = '\0';
+	fclose(fp);
+	len = strcspn(buf, "\r\n");
+	buf[len] = '\0';
+	return relay_strdup(buf);
+}
+
+/* Parse and check the URL (sink.h: open). */
+static SinkOpenResult
+amqp_open(const char *url, Sink **out, char **err)
+{
+	SinkUrl		u;
+	SinkHost   *hosts = NULL;
+	AmqpSink   *s;
+	const char *v;
+	int			n = 0;
+	PQExpBufferData shown;
+
+	if (!sink_url_parse(url, &u, err))
+		return SINK_OPEN_CONFIG;
+	if (!sink_url_check_options(&u, amqp_options, err))
+		goto config;
+	if (u.password != NULL)
+	{
+		*err = sink_errorf("invalid amqp sink URL: a password must not be in the URL (ps shows it): "
+						   "use password_file=PATH or OUTBOX_RELAY_AMQP_PASSWORD");
+		goto config;
+	}
+	n = sink_url_hosts(&u, AMQP_DEFAULT_PORT, &hosts, err);
+	if (n < 0)
+		goto config;
+	if (n != 1)
+	{
+		*err = sink_errorf("invalid amqp sink URL: exactly one HOST:PORT is expected");
+		goto config;
+	}
+	if (sink_url_option(&u, "exchange") == NULL)
+	{
+		*err = sink_errorf("invalid amqp sink URL: option \"exchange\" is required (\"exchange=\" for the default exchange)");
+		goto config;
+	}
+	if (sink_url_option(&u, "routing_key") == NULL)
+	{
+		*err = sink_errorf("invalid amqp sink URL: option \"routing_key\" is required");
+		goto config;
+	}
+	if (strlen(sink_url_option(&u, "exchange")) > 255 ||
+		strlen(sink_url_option(&u, "routing_key")) > 255 ||
+		strlen(u.path) > 255 || (u.user && strlen(u.user) > 255))
+	{
+		*err = sink_errorf("invalid amqp sink URL: exchange, routing_key, vhost and user are at most 255 bytes");
+		goto config;
+	}
+
+	s = relay_malloc(sizeof(AmqpSink));
+	memset(s, 0, sizeof(AmqpSink));
+	s->window = 256;
+	if (!sink_url_int_option(&u, "window", 1, 65535, &s->window, err))
+	{
+		free(s);
+		goto config;
+	}
+	s->host = relay_strdup(hosts[0].host);
+	s->port = hosts[0].port;
+	/* no path is vhost "/", as RabbitMQ's clients have it; else the path */
+	s->vhost = relay_strdup(u.path[0] != '\0' ? u.path : "/");
+	s->user = relay_strdup(u.user != NULL ? u.user : "guest");
+	s->exchange = relay_strdup(sink_url_option(&u, "exchange"));
+	s->routing_key = relay_strdup(sink_url_option(&u, "routing_key"));
+	if ((v = sink_url_option(&u, "password_file")) != NULL)
+	{
+		s->password = amqp_read_secret(v, err);
+		if (s->password == NULL)
+		{
+			free(s);
+			sink_hosts_free(hosts, n);
+			sink_url_free(&u);
+			return SINK_OPEN_FAILED;
+		}
+	}
+	else if ((v = getenv("OUTBOX_RELAY_AMQP_PASSWORD")) != NULL)
+		s->password = relay_strdup(v);
+	else
+		s->password = relay_strdup(u.user != NULL ? "" : "guest");
+
+	initPQExpBuffer(&shown);
+	appendPQExpBuffer(&shown, "amqp://%s@%s:%d vhost \"%s\" exchange \"%s\" routing_key \"%s\"",
+					  s->user, s->host, s->port, s->vhost, s->exchange, s->routing_key);
+	s->shown = relay_strdup(shown.data);
+	termPQExpBuffer(&shown);
+
+	sink_hosts_free(hosts, n);
+	sink_url_free(&u);
+	*out = &s->base;
+	return SINK_OPEN_OK;
+
+config:
+	if (hosts != NULL)
+		sink_hosts_free(hosts, n);
+	sink_url_free(&u);
+	return SINK_OPEN_CONFIG;
+}
+
+/* Drop the connection (without waiting for the broker). */
+static void
+amqp_drop(AmqpSink *s)
+{
+	if (s->conn == NULL)
+		return;
+	amqp_destroy_connection(s->conn);
+	s->conn = NULL;
+}
+
+/* Text of a failed RPC reply, into buf. */
+static const char *
+amqp_reply_text(amqp_rpc_reply_t r, char *buf, size_t size)
+{
+	switch (r.reply_type)
+	{
+		case AMQP_RESPONSE_NORMAL:
+			snprintf(buf, size, "no error");
+			break;
+		case AMQP_RESPONSE_NONE:
+			snprintf(buf, size, "no reply from the broker");
+			break;
+		case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+			snprintf(buf, size, "%s", amqp_error_string2(r.library_error));
+			break;
+		case AMQP_RESPONSE_SERVER_EXCEPTION:
+			if (r.reply.id == AMQP_CONNECTION_CLOSE_METHOD)
+			{
+				amqp_connection_close_t *c = r.reply.decoded;
+
+				snprintf(buf, size, "connection closed by the broker: %d %.*s", c->reply_code,
+						 (int) c->reply_text.len, (char *) c->reply_text.bytes);
+			}
+			else if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD)
+			{
+				amqp_channel_close_t *c = r.reply.decoded;
+
+				snprintf(buf, size, "channel closed by the broker: %d %.*s", c->reply_code,
+						 (int) c->reply_text.len, (char *) c->reply_text.bytes);
+			}
+			else
+				snprintf(buf, size, "broker error (method 0x%08X)", r.reply.id);
+			break;
+	}
+	return buf;
+}
+
+/*
+ * Connect, log in, open the channel and put it in confirm mode.  False
+ * with msg set when the broker cannot be had.
+ */
+static bool
+amqp_connect(AmqpSink *s, char *msg, size_t size)
+{
+	amqp_socket_t *sock;
+	struct timeval tv;
+	amqp_rpc_reply_t r;
+	char		buf[512];
+	int			rc;
+
+	s->conn = amqp_new_connection();
+	if (s->conn == NULL)
+	{
+		snprintf(msg, size, "could not allocate an AMQP connection");
+		return false;
+	}
+	sock = amqp_tcp_socket_new(s->conn);
+	if (sock == NULL)
+	{
+		snprintf(msg, size, "could not allocate an AMQP socket");
+		goto fail;
+	}
+	tv.tv_sec = (long) relay_opts.connect_timeout;
+	tv.tv_usec = (long) ((relay_opts.connect_timeout - tv.tv_sec) * 1e6);
+	rc = amqp_socket_open_noblock(sock, s->host, s->port, &tv);
+	if (rc != AMQP_STATUS_OK)
+	{
+		snprintf(msg, size, "could not connect to %s:%d: %s", s->host, s->port,
+				 amqp_error_string2(rc));
+		goto fail;
+	}
+	/*
+	 * The broker's replies to login and the channel calls are bounded too,
+	 * and so is a write to a broker that stopped reading (librabbitmq's
+	 * sends block): it fails instead of hanging the relay.
+	 */
+	tv.tv_sec = (long) relay_opts.timeout;
+	tv.tv_usec = (long) ((relay_opts.timeout - tv.tv_sec) * 1e6);
+	amqp_set_handshake_timeout(s->conn, &tv);
+	amqp_set_rpc_timeout(s->conn, &tv);
+	(void) setsockopt(amqp_get_sockfd(s->conn), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	r = amqp_login(s->conn, s->vhost, 0, AMQP_DEFAULT_FRAME_SIZE, 0,
+				   AMQP_SASL_METHOD_PLAIN, s->user, s->password);
+	if (r.reply_type != AMQP_RESPONSE_NORMAL)
+	{
+		snprintf(msg, size, "could not log in to %s:%d as \"%s\" (vhost \"%s\"): %s",
+				 s->host, s->port, s->user, s->vhost, amqp_reply_text(r, buf, sizeof(buf)));
+		goto fail;
+	}
+	amqp_channel_open(s->conn, AMQP_CHANNEL);
+	r = amqp_get_rpc_reply(s->conn);
+	if (r.reply_type != AMQP_RESPONSE_NORMAL)
+	{
+		snprintf(msg, size, "could not open a channel: %s", amqp_reply_text(r, buf, sizeof(buf)));
+		goto fail;
+	}
+	amqp_confirm_select(s->conn, AMQP_CHANNEL);
+	r = amqp_get_rpc_reply(s->conn);
+	if (r.reply_type != AMQP_RESPONSE_NORMAL)
+	{
+		snprintf(msg, size, "could not enable publisher confirms: %s", amqp_reply_text(r, buf, sizeof(buf)));
+		goto fail;
+	}
+	s->next_tag = 1;
+	relay_debug("connected to %s", s->shown);
+	return true;
+
+fail:
+	amqp_drop(s);
+	return false;
+}
+
+/* A string field of the headers table. */
+static void
+amqp_header_str(amqp_table_entry_t *e, const char *key, const char *value)
+{
+	e->key = amqp_cstring_bytes(key);
+	e->value.kind = AMQP_FIELD_KIND_UTF8;
+	e->value.value.bytes = amqp_cstring_bytes(value ? value : "");
+}
+
+/* The bytes of a buffer, for librabbitmq. */
+static amqp_bytes_t
+amqp_buffer_bytes(PQExpBuffer buf)
+{
+	amqp_bytes_t b;
+
+	b.len = buf->len;
+	b.bytes = buf->data;
+	return b;
+}
+
+/* Publish command i of the round.  False when the connection broke. */
+static bool
+amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
+{
+	AmqpSink   *s = rd->sink;
+	RelayCommand *cmd = &rd->batch->cmds[i];
+	amqp_basic_properties_t props;
+	amqp_table_entry_t headers[AMQP_NHEADERS];
+	int			rc;
+
+	resetPQExpBuffer(body);
+	sink_command_json(body, cmd);
+
+	amqp_header_str(&headers[0], "command_id", cmd->command_id);
+	amqp_header_str(&headers[1], "run_id", cmd->run_id);
+	amqp_header_str(&headers[2], "kind", cmd->kind);
+	headers[3].key = amqp_cstring_bytes("deliveries");
+	headers[3].value.kind = AMQP_FIELD_KIND_I32;
+	headers[3].value.value.i32 = cmd->deliveries;
+
+	memset(&props, 0, sizeof(props));
+	props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
+		AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TYPE_FLAG | AMQP_BASIC_APP_ID_FLAG |
+		AMQP_BASIC_HEADERS_FLAG;
+	props.content_type = amqp_cstring_bytes("application/json");
+	props.delivery_mode = AMQP_DELIVERY_PERSISTENT;
+	props.message_id = amqp_cstring_bytes(cmd->command_id);
+	props.type = amqp_cstring_bytes(cmd->kind ? cmd->kind : "");
+	props.app_id = amqp_cstring_bytes(RELAY_NAME);
+	props.headers.num_entries = AMQP_NHEADERS;
+	props.headers.entries = headers;
+
+	rc = amqp_basic_publish(s->conn, AMQP_CHANNEL, amqp_cstring_bytes(s->exchange),
+							amqp_cstring_bytes(s->routing_key), 1, 0, &props,
+							amqp_buffer_bytes(body));
+	if (rc != AMQP_STATUS_OK)
+	{
+		snprintf(msg, size, "could not publish to %s:%d: %s", s->host, s->port,
+				 amqp_error_string2(rc));
+		return false;
+	}
+	rd->by_tag[rd->ntags++] = i;
+	s->next_tag++;
+	rd->pending[i] = AP_WAIT;
+	rd->inflight++;
+	return true;
+}
+
+/* Settle the message of tag offset t with result r. */
+static void
+amqp_settle(AmqpRound *rd, int t, SinkResult r, const char *error)
+{
+	int			i = rd->by_tag[t];
+	RelayCommand *cmd = &rd->batch->cmds[i];
+	char	   *saved = NULL;
+
+	if (rd->pending[i] == AP_SETTLED || rd->pending[i] == AP_NONE)
+		return;
+	if (rd->pending[i] == AP_RETURNED && r == SINK_OK)
+	{
+		/* the ack of a returned message: it was not routed (error set) */
+		r = SINK_RETRY;
+		saved = relay_strdup(cmd->error);
+		error = saved;
+	}
+	sink_outcome(cmd, r, error);
+	free(saved);
+	rd->pending[i] = AP_SETTLED;
+	rd->inflight--;
+}
+
+/* Settle every unsettled message of the round with r. */
+static void
+amqp_settle_all(AmqpRound *rd, SinkResult r, const char *error)
+{
+	int			t;
+
+	for (t = rd->low; t < rd->ntags; t++)
+		amqp_settle(rd, t, r, error);
+	rd->low = rd->ntags;
+}
+
+/* A basic.ack or basic.nack for the channel's delivery tag `tag`, maybe multiple. */
+static void
+amqp_confirmed(AmqpRound *rd, uint64_t tag, bool multiple, SinkResult r)
+{
+	int			t;
+	int			j;
+
+	if (tag < rd->first_tag || tag - rd->first_tag >= (uint64_t) rd->ntags)
+		return;					/* not of this round: cannot happen */
+	t = (int) (tag - rd->first_tag);
+	if (multiple)
+	{
+		for (j = rd->low; j <= t; j++)
+			amqp_settle(rd, j, r, r == SINK_OK ? NULL : "the broker refused the message (basic.nack)");
+	}
+	else
+		amqp_settle(rd, t, r, r == SINK_OK ? NULL : "the broker refused the message (basic.nack)");
+	while (rd->low < rd->ntags && rd->pending[rd->by_tag[rd->low]] == AP_SETTLED)
+		rd->low++;
+}
+
+/* A basic.return: find the command by message_id and mark it returned. */
+static bool
+amqp_returned(AmqpRound *rd, amqp_basic_return_t *ret, char *msg, size_t size)
+{
+	AmqpSink   *s = rd->sink;
+	amqp_message_t m;
+	amqp_rpc_reply_t r;
+	char		err[600];
+	int			t;
+
+	snprintf(err, sizeof(err), "unroutable: exchange \"%s\" returned the message (%d %.*s) for routing key \"%s\"",
+			 s->exchange, ret->reply_code, (int) ret->reply_text.len,
+			 (char *) ret->reply_text.bytes, s->routing_key);
+	r = amqp_read_message(s->conn, AMQP_CHANNEL, &m, 0);
+	if (r.reply_type != AMQP_RESPONSE_NORMAL)
+	{
+		amqp_reply_text(r, msg, size);
+		return false;
+	}
+	for (t = rd->low; t < rd->ntags; t++)
+	{
+		int			i = rd->by_tag[t];
+		RelayCommand *cmd = &rd->batch->cmds[i];
+
+		if (rd->pending[i] == AP_WAIT &&
+			(m.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) &&
+			m.properties.message_id.len == strlen(cmd->command_id) &&
+			memcmp(m.properties.message_id.bytes, cmd->command_id, m.properties.message_id.len) == 0)
+		{
+			rd->pending[i] = AP_RETURNED;
+			free(cmd->error);
+			cmd->error = relay_clean_error(err, 900);
+			break;
+		}
+	}
+	amqp_destroy_message(&m);
+	return true;
+}
+
+/*
+ * Wait up to `wait` seconds for one frame and handle it.  Returns 1 when a
+ * frame was handled, 0 on timeout, -1 when the connection or channel broke
+ * (msg set, *unavailable set when the broker refuses the relay).
+ */
+static int
+amqp_poll(AmqpRound *rd, double wait, char *msg, size_t size, bool *unavailable)
+{
+	AmqpSink   *s = rd->sink;
+	amqp_frame_t frame;
+	struct timeval tv;
+	int			rc;
+
+	tv.tv_sec = (long) wait;
+	tv.tv_usec = (long) ((wait - tv.tv_sec) * 1e6);
+	rc = amqp_simple_wait_frame_noblock(s->conn, &frame, &tv);
+	if (rc == AMQP_STATUS_TIMEOUT)
+		return 0;
+	if (rc != AMQP_STATUS_OK)
+	{
+		snprintf(msg, size, "lost the connection to %s:%d: %s", s->host, s->port,
+				 amqp_error_string2(rc));
+		*unavailable = true;
+		return -1;
+	}
+	if (frame.frame_type != AMQP_FRAME_METHOD)
+		return 1;
+	switch (frame.payload.method.id)
+	{
+		case AMQP_BASIC_ACK_METHOD:
+			{
+				amqp_basic_ack_t *a = frame.payload.method.decoded;
+
+				amqp_confirmed(rd, a->delivery_tag, a->multiple, SINK_OK);
+				break;
+			}
+		case AMQP_BASIC_NACK_METHOD:
+			{
+				amqp_basic_nack_t *a = frame.payload.method.decoded;
+
+				amqp_confirmed(rd, a->delivery_tag, a->multiple, SINK_RETRY);
+				break;
+			}
+		case AMQP_BASIC_RETURN_METHOD:
+			if (!amqp_returned(rd, frame.payload.method.decoded, msg, size))
+			{
+				*unavailable = true;
+				return -1;
+			}
+			break;
+		case AMQP_CHANNEL_CLOSE_METHOD:
+			{
+				amqp_channel_close_t *c = frame.payload.method.decoded;
+				amqp_channel_close_ok_t ok;
+
+				snprintf(msg, size, "the broker closed the channel: %d %.*s",
+						 c->reply_code, (int) c->reply_text.len, (char *) c->reply_text.bytes);
+				/* 404: no such exchange; 403: not allowed; 320/5xx: going away */
+				*unavailable = (c->reply_code == AMQP_NOT_FOUND ||
+								c->reply_code == AMQP_ACCESS_REFUSED ||
+								c->reply_code == AMQP_CONNECTION_FORCED ||
+								c->reply_code >= 500);
+				memset(&ok, 0, sizeof(ok));
+				amqp_send_method(s->conn, AMQP_CHANNEL, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok);
+				return -1;
+			}
+		case AMQP_CONNECTION_CLOSE_METHOD:
+			{
+				amqp_connection_close_t *c = frame.payload.method.decoded;
+				amqp_connection_close_ok_t ok;
+
+				snprintf(msg, size, "the broker closed the connection: %d %.*s",
+						 c->reply_code, (int) c->reply_text.len, (char *) c->reply_text.bytes);
+				*unavailable = true;
+				memset(&ok, 0, sizeof(ok));
+				amqp_send_method(s->conn, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+				return -1;
+			}
+		default:
+			break;
+	}
+	return 1;
+}
+
+/* Deliver the batch's CMD_TODO commands (sink.h: deliver). */
+static SinkResult
+amqp_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	AmqpSink   *s = (AmqpSink *) sink;
+	AmqpRound	rd;
+	PQExpBufferData body;
+	char		msg[1024];
+	bool		unavailable = false;
+	bool		broken = false;
+	bool		stopped = false;
+	double		last_progress;
+	double		last_tick;
+	int			next = 0;
+	int			i;
+
+	if (s->conn == NULL && !amqp_connect(s, msg, sizeof(msg)))
+	{
+		for (i = 0; i < batch->n; i++)
+			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
+		return SINK_UNAVAILABLE;
+	}
+
+	memset(&rd, 0, sizeof(rd));
+	rd.sink = s;
+	rd.batch = batch;
+	rd.first_tag = s->next_tag;
+	rd.pending = relay_malloc(sizeof(AmqpPending) * (batch->n + 1));
+	rd.by_tag = relay_malloc(sizeof(int) * (batch->n + 1));
+	memset(rd.pending, 0, sizeof(AmqpPending) * (batch->n + 1));
+	initPQExpBuffer(&body);
+	last_progress = last_tick = relay_now();
+
+	for (;;)
+	{
+		int			got;
+
+		/* fill the window */
+		while (!broken && !stopped && rd.inflight < s->window && next < batch->n)
+		{
+			RelayCommand *cmd = &batch->cmds[next];
+
+			if (cmd->state != CMD_TODO)
+			{
+				next++;
+				continue;
+			}
+			if (strlen(cmd->command_id) > 255)
+			{
+				sink_outcome(cmd, SINK_FATAL, "command_id is longer than an AMQP message_id (255 bytes)");
+				next++;
+				continue;
+			}
+			if (!amqp_publish(&rd, next, &body, msg, sizeof(msg)))
+			{
+				broken = true;
+				unavailable = true;
+				break;
+			}
+			next++;
+		}
+		if (broken || rd.inflight == 0)
+			break;
+
+		got = amqp_poll(&rd, 0.1, msg, sizeof(msg), &unavailable);
+		if (got < 0)
+		{
+			broken = true;
+			break;
+		}
+		if (got > 0)
+			last_progress = relay_now();
+		else if (relay_now() - last_progress > relay_opts.timeout)
+		{
+			snprintf(msg, sizeof(msg), "no publisher confirm from %s:%d within %g s",
+					 s->host, s->port, relay_opts.timeout);
+			broken = true;
+			unavailable = true;
+			break;
+		}
+		if (tick != NULL && relay_now() - last_tick >= 0.1)
+		{
+			last_tick = relay_now();
+			if (!tick(arg))
+			{
+				snprintf(msg, sizeof(msg), "delivery interrupted: the relay was stopped");
+				stopped = true;
+				broken = true;
+				break;
+			}
+		}
+	}
+
+	if (broken)
+	{
+		/* what is unconfirmed has an unknown fate: publish it again later */
+		amqp_settle_all(&rd, unavailable && !stopped ? SINK_UNAVAILABLE : SINK_RETRY, msg);
+		if (unavailable && !stopped)
+		{
+			for (i = next; i < batch->n; i++)
+				sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
+		}
+		amqp_drop(s);
+		relay_debug("amqp: %s", msg);
+	}
+	else
+		amqp_maybe_release_buffers(s->conn);
+
+	termPQExpBuffer(&body);
+	free(rd.pending);
+	free(rd.by_tag);
+	return unavailable && !stopped ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/* Close the connection and free the sink. */
+static void
+amqp_close(Sink *sink)
+{
+	AmqpSink   *s = (AmqpSink *) sink;
+
+	if (s->conn != NULL)
+	{
+		amqp_channel_close(s->conn, AMQP_CHANNEL, AMQP_REPLY_SUCCESS);
+		amqp_connection_close(s->conn, AMQP_REPLY_SUCCESS);
+		amqp_drop(s);
+	}
+	free(s->host);
+	free(s->vhost);
+	free(s->user);
+	if (s->password != NULL)
+		memset(s->password, 0, strlen(s->password));
+	free(s->password);
+	free(s->exchange);
+	free(s->routing_key);
+	free(s->shown);
+	free(s);
+}
+
+/* What the sink is, for the logs (no password). */
+static const char *
+amqp_describe(Sink *sink)
+{
+	return ((AmqpSink *) sink)->shown;
+}
+
+const SinkOps sink_amqp_ops = {
+	.name = "amqp",
+	.schemes = amqp_schemes,
+	.usage = "  amqp://[USER@]HOST[:PORT][/VHOST]?exchange=X&routing_key=K[&window=N][&password_file=PATH]\n"
+	"                      RabbitMQ: persistent, mandatory, ack after the publisher\n"
+	"                      confirm; password from password_file or\n"
+	"                      OUTBOX_RELAY_AMQP_PASSWORD, never in the URL\n",
+	.open = amqp_open,
+	.deliver = amqp_deliver,
+	.confirm = NULL,
+	.reopen = NULL,
+	.close = amqp_close,
+	.describe = amqp_describe,
+};

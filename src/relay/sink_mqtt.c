@@ -1,0 +1,658 @@
+/*-------------------------------------------------------------------------
+ *
+ * sink_mqtt.c
+ *		The MQTT sink of outbox-relay, through libmosquitto:
+ *		mqtt://[USER@]HOST[:PORT]/TOPIC[?qos=1|2][&window=N][&client_id=ID]
+ *
+ * MQTT 5.  Each command is a PUBLISH to TOPIC at QoS 1 (or 2), not
+ * retained, with the command's JSON object as its payload, content type
+ * application/json, and the MQTT 5 user properties command_id, run_id,
+ * kind and deliveries (MQTT has no message id of its own: a consumer
+ * detects a duplicate by the command_id property).  Up to `window`
+ * messages are unacknowledged at once (libmosquitto holds back what the
+ * broker's Receive Maximum does not allow yet); the batch returns once each
+ * one is settled:
+ *
+ *	PUBACK (QoS 1) or PUBCOMP (QoS 2), reason < 0x80
+ *						SINK_OK (0x10 "no matching subscribers" included: the
+ *						broker took it)
+ *	reason 0x87 (not authorized), 0x90 (topic name invalid), in the PUBACK
+ *	or in a DISCONNECT (Mosquitto disconnects an MQTT 5 client whose publish
+ *	its ACL denies)
+ *						SINK_UNAVAILABLE: the broker refuses the relay
+ *	reason 0x95 (packet too large), 0x99 (payload format invalid), or a
+ *	message the library cannot send at all (too large)
+ *						SINK_FATAL: the command itself
+ *	any other reason >= 0x80
+ *						SINK_RETRY
+ *	connection refused or lost, CONNACK refused (e.g. bad user or
+ *	password), no PUBACK within --timeout
+ *						SINK_UNAVAILABLE: the relay holds the batch, backs
+ *						off and calls again; the sink reconnects
+ *
+ * The session is clean: what was unacknowledged when the connection broke
+ * is published again by the relay on the next connection (at least once,
+ * same command_id), from a new libmosquitto client, so that the old one
+ * does not resend it as well.  The client id is outbox-relay-WORKER (the
+ * --worker name), unique per relay unless client_id says otherwise.  The network loop runs in the relay's thread
+ * (mosquitto_loop), so the callbacks need no locking; keepalive pings are
+ * sent while a batch is delivered, and a connection the broker dropped
+ * while the relay was idle is reopened before the next batch.
+ *
+ * The password is never in the URL: OUTBOX_RELAY_MQTT_PASSWORD, or the
+ * file named by password_file=PATH.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <mosquitto.h>
+#include <mqtt_protocol.h>
+
+#include "sink.h"
+
+#define MQTT_DEFAULT_PORT	1883
+#define MQTT_KEEPALIVE		60
+
+#define MP_NONE		0			/* not published in this round */
+#define MP_WAIT		1			/* published, awaiting PUBACK/PUBCOMP */
+#define MP_SETTLED	2
+
+typedef struct MqttSink
+{
+	Sink		base;
+	char	   *host;
+	int			port;
+	char	   *user;
+	char	   *password;
+	char	   *topic;
+	char	   *client_id;
+	long		qos;
+	long		window;
+	struct mosquitto *mosq;
+	bool		connected;		/* CONNACK accepted, not disconnected since */
+	int			disconnect_reason;	/* of the broker's DISCONNECT, or 0 */
+	int			connack;		/* -1: no CONNACK yet */
+	char	   *shown;
+	/* the round being delivered */
+	RelayBatch *batch;
+	char	   *state;			/* MP_* by command index */
+	int		   *mid;			/* message id by command index */
+	int			inflight;
+	int			cursor;
+	bool		lost;			/* the connection broke during the round */
+	bool		refused;		/* a PUBACK said the broker refuses the relay */
+	char		refused_msg[512];
+} MqttSink;
+
+static const char *const mqtt_schemes[] = {"mqtt", NULL};
+static const char *const mqtt_options[] = {"qos", "window", "client_id", "password_file", NULL};
+
+/* True when s is a topic one can publish to (no wildcards). */
+static bool
+mqtt_topic_ok(const char *s)
+{
+	if (*s == '\0' || strlen(s) > 65535)
+		return false;
+	for (; *s; s++)
+		if (*s == '+' || *s == '#')
+			return false;
+	return true;
+}
+
+/* libmosquitto: CONNACK. */
+static void
+mqtt_on_connect(struct mosquitto *mosq, void *obj, int rc, int flags,
+				const mosquitto_property *props)
+{
+	MqttSink   *s = obj;
+
+	(void) mosq;
+	(void) flags;
+	(void) props;
+	s->connack = rc;
+	s->connected = (rc == 0);
+}
+
+/* libmosquitto: the connection ended. */
+static void
+mqtt_on_disconnect(struct mosquitto *mosq, void *obj, int rc,
+				   const mosquitto_property *props)
+{
+	MqttSink   *s = obj;
+
+	(void) mosq;
+	(void) props;
+	/* an MQTT 5 reason code of the broker's DISCONNECT, else a MOSQ_ERR_* */
+	if (rc >= 0x80)
+		s->disconnect_reason = rc;
+	s->connected = false;
+	if (s->batch != NULL)
+		s->lost = true;
+}
+
+/* libmosquitto: PUBACK (QoS 1) or PUBCOMP (QoS 2) of message mid. */
+static void
+mqtt_on_publish(struct mosquitto *mosq, void *obj, int mid, int reason,
+				const mosquitto_property *props)
+{
+	MqttSink   *s = obj;
+	int			n;
+	int			k;
+
+	(void) mosq;
+	(void) props;
+	if (s->batch == NULL)
+		return;
+	n = s->batch->n;
+	for (k = 0; k < n; k++)
+	{
+		int			i = (s->cursor + k) % n;
+		RelayCommand *cmd;
+		char		err[600];
+		SinkResult	r;
+
+		if (s->state[i] != MP_WAIT || s->mid[i] != mid)
+			continue;
+		s->cursor = (i + 1) % n;
+		cmd = &s->batch->cmds[i];
+		s->state[i] = MP_SETTLED;
+		s->inflight--;
+		if (reason < 0x80)
+		{
+			sink_outcome(cmd, SINK_OK, NULL);
+			return;
+		}
+		snprintf(err, sizeof(err), "the broker refused the message: %s (reason 0x%02x)",
+				 mosquitto_reason_string(reason), reason);
+		switch (reason)
+		{
+			case MQTT_RC_NOT_AUTHORIZED:
+			case MQTT_RC_TOPIC_NAME_INVALID:
+				r = SINK_UNAVAILABLE;
+				if (!s->refused)
+				{
+					s->refused = true;
+					snprintf(s->refused_msg, sizeof(s->refused_msg), "%s", err);
+				}
+				break;
+			case MQTT_RC_PACKET_TOO_LARGE:
+			case MQTT_RC_PAYLOAD_FORMAT_INVALID:
+				r = SINK_FATAL;
+				break;
+			default:
+				r = SINK_RETRY;
+				break;
+		}
+		sink_outcome(cmd, r, err);
+		return;
+	}
+}
+
+/* Read a secret from a file (its first line).  NULL with *err. */
+static char *
+mqtt_read_secret(const char *path, char **err)
+{
+	FILE	   *fp = fopen(path, "r");
+	char		buf[1024];
+
+	if (fp == NULL)
+	{
+		*err = sink_errorf("could not open the mqtt sink's password_file: %s", strerror(errno));
+		return NULL;
+	}
+	if (fgets(buf, sizeof(buf), fp) == NULL)
+		buf[0] = '\0';
+	fclose(fp);
+	buf[strcspn(buf, "\r\n")] = '\0';
+	return relay_strdup(buf);
+}
+
+/* Free the sink's own fields. */
+static void
+mqtt_free(MqttSink *s)
+{
+	if (s->mosq != NULL)
+		mosquitto_destroy(s->mosq);
+	free(s->host);
+	free(s->user);
+	free(s->password);
+	free(s->topic);
+	free(s->client_id);
+	free(s->shown);
+	free(s);
+}
+
+/*
+ * (Re)create the libmosquitto client: a new one after a broken connection,
+ * so that nothing it still queued from the old one is sent again under
+ * message ids of its own.  False with *why (SINK_OPEN_CONFIG: a user name
+ * that is not UTF-8; SINK_OPEN_FAILED: out of memory).
+ */
+static bool
+mqtt_client_new(MqttSink *s, SinkOpenResult *why)
+{
+	if (s->mosq != NULL)
+		mosquitto_destroy(s->mosq);
+	s->connected = false;
+	s->mosq = mosquitto_new(s->client_id, true, s);
+	*why = SINK_OPEN_FAILED;
+	if (s->mosq == NULL)
+		return false;
+	mosquitto_int_option(s->mosq, MOSQ_OPT_PROTOCOL_VERSION, MQTT_PROTOCOL_V5);
+	mosquitto_int_option(s->mosq, MOSQ_OPT_SEND_MAXIMUM, (int) s->window);
+	mosquitto_connect_v5_callback_set(s->mosq, mqtt_on_connect);
+	mosquitto_disconnect_v5_callback_set(s->mosq, mqtt_on_disconnect);
+	mosquitto_publish_v5_callback_set(s->mosq, mqtt_on_publish);
+	if (s->user != NULL &&
+		mosquitto_username_pw_set(s->mosq, s->user, s->password) != MOSQ_ERR_SUCCESS)
+	{
+		*why = SINK_OPEN_CONFIG;
+		return false;
+	}
+	return true;
+}
+
+/* Parse and check the URL; create the client (sink.h: open). */
+static SinkOpenResult
+mqtt_open(const char *url, Sink **out, char **err)
+{
+	SinkUrl		u;
+	SinkHost   *hosts = NULL;
+	MqttSink   *s;
+	const char *v;
+	int			n = 0;
+	PQExpBufferData buf;
+	SinkOpenResult rc_open;
+
+	if (!sink_url_parse(url, &u, err))
+		return SINK_OPEN_CONFIG;
+	if (!sink_url_check_options(&u, mqtt_options, err))
+		goto config;
+	if (u.password != NULL)
+	{
+		*err = sink_errorf("invalid mqtt sink URL: a password must not be in the URL (ps shows it): "
+						   "use password_file=PATH or OUTBOX_RELAY_MQTT_PASSWORD");
+		goto config;
+	}
+	n = sink_url_hosts(&u, MQTT_DEFAULT_PORT, &hosts, err);
+	if (n < 0)
+		goto config;
+	if (n != 1)
+	{
+		*err = sink_errorf("invalid mqtt sink URL: exactly one HOST:PORT is expected");
+		goto config;
+	}
+	if (!mqtt_topic_ok(u.path))
+	{
+		*err = sink_errorf("invalid mqtt sink URL: the path must be a topic to publish to (not empty, no + or # wildcards)");
+		goto config;
+	}
+
+	s = relay_malloc(sizeof(MqttSink));
+	memset(s, 0, sizeof(MqttSink));
+	s->qos = 1;
+	s->window = 256;
+	s->connack = -1;
+	if (!sink_url_int_option(&u, "qos", 1, 2, &s->qos, err) ||
+		!sink_url_int_option(&u, "window", 1, 65535, &s->window, err))
+	{
+		if (sink_url_option(&u, "qos") != NULL && strcmp(sink_url_option(&u, "qos"), "0") == 0)
+		{
+			free(*err);
+			*err = sink_errorf("invalid mqtt sink URL: qos=0 is refused (the broker would confirm nothing); use qos=1 or qos=2");
+		}
+		free(s);
+		goto config;
+	}
+	s->host = relay_strdup(hosts[0].host);
+	s->port = hosts[0].port;
+	s->topic = relay_strdup(u.path);
+	s->user = u.user ? relay_strdup(u.user) : NULL;
+	if ((v = sink_url_option(&u, "client_id")) != NULL)
+		s->client_id = relay_strdup(v);
+	else
+	{
+		char		id[512];
+
+		/* the worker name (HOST:PID by default) is unique per relay */
+		snprintf(id, sizeof(id), "%s-%s", RELAY_NAME, relay_opts.worker ? relay_opts.worker : "");
+		s->client_id = relay_strdup(id);
+	}
+	if ((v = sink_url_option(&u, "password_file")) != NULL)
+	{
+		s->password = mqtt_read_secret(v, err);
+		if (s->password == NULL)
+		{
+			mqtt_free(s);
+			sink_hosts_free(hosts, n);
+			sink_url_free(&u);
+			return SINK_OPEN_FAILED;
+		}
+	}
+	else if ((v = getenv("OUTBOX_RELAY_MQTT_PASSWORD")) != NULL)
+		s->password = relay_strdup(v);
+	if (s->password != NULL && s->user == NULL)
+	{
+		*err = sink_errorf("invalid mqtt sink URL: a password needs a user (mqtt://USER@HOST...)");
+		mqtt_free(s);
+		goto config;
+	}
+
+	initPQExpBuffer(&buf);
+	appendPQExpBuffer(&buf, "mqtt://%s%s%s:%d topic \"%s\" (QoS %ld, client id \"%s\")",
+					  s->user ? s->user : "", s->user ? "@" : "", s->host, s->port,
+					  s->topic, s->qos, s->client_id);
+	s->shown = relay_strdup(buf.data);
+	termPQExpBuffer(&buf);
+	sink_hosts_free(hosts, n);
+	sink_url_free(&u);
+
+	mosquitto_lib_init();
+	if (!mqtt_client_new(s, &rc_open))
+	{
+		if (rc_open == SINK_OPEN_CONFIG)
+			*err = sink_errorf("invalid mqtt sink URL: the user name is not valid UTF-8");
+		else
+			*err = sink_errorf("could not create an MQTT client: %s", strerror(errno));
+		mqtt_free(s);
+		return rc_open;
+	}
+	*out = &s->base;
+	return SINK_OPEN_OK;
+
+config:
+	if (hosts != NULL)
+		sink_hosts_free(hosts, n);
+	sink_url_free(&u);
+	return SINK_OPEN_CONFIG;
+}
+
+/* Connect and wait for the CONNACK.  False with msg set. */
+static bool
+mqtt_connect(MqttSink *s, SinkTick tick, void *arg, char *msg, size_t size)
+{
+	double		deadline = relay_now() + relay_opts.connect_timeout;
+	int			rc;
+
+	mosquitto_disconnect(s->mosq);
+	s->connected = false;
+	s->connack = -1;
+	rc = mosquitto_connect_bind_v5(s->mosq, s->host, s->port, MQTT_KEEPALIVE, NULL, NULL);
+	if (rc != MOSQ_ERR_SUCCESS)
+	{
+		snprintf(msg, size, "could not connect to %s:%d: %s", s->host, s->port,
+				 rc == MOSQ_ERR_ERRNO ? strerror(errno) : mosquitto_strerror(rc));
+		return false;
+	}
+	while (s->connack < 0)
+	{
+		rc = mosquitto_loop(s->mosq, 100, 1);
+		if (rc != MOSQ_ERR_SUCCESS && s->connack < 0)
+		{
+			snprintf(msg, size, "lost the connection to %s:%d before its CONNACK: %s",
+					 s->host, s->port, mosquitto_strerror(rc));
+			return false;
+		}
+		if (s->connack < 0 && relay_now() > deadline)
+		{
+			snprintf(msg, size, "no CONNACK from %s:%d within %g s", s->host, s->port,
+					 relay_opts.connect_timeout);
+			mosquitto_disconnect(s->mosq);
+			return false;
+		}
+		if (tick != NULL && !tick(arg))
+		{
+			snprintf(msg, size, "delivery interrupted: the relay was stopped");
+			mosquitto_disconnect(s->mosq);
+			return false;
+		}
+	}
+	if (s->connack != 0)
+	{
+		snprintf(msg, size, "the broker at %s:%d refused the connection: %s",
+				 s->host, s->port, mosquitto_reason_string(s->connack));
+		mosquitto_disconnect(s->mosq);
+		s->connected = false;
+		return false;
+	}
+	relay_debug("connected to %s", s->shown);
+	return true;
+}
+
+/*
+ * Describe a broken connection into msg: the reason of the broker's
+ * DISCONNECT when it sent one (read what is left to read first), else err.
+ */
+static void
+mqtt_lost(MqttSink *s, const char *what, int err, char *msg, size_t size)
+{
+	mosquitto_loop(s->mosq, 0, 1);
+	if (s->disconnect_reason != 0)
+		snprintf(msg, size, "the broker at %s:%d disconnected the relay: %s (reason 0x%02x)",
+				 s->host, s->port, mosquitto_reason_string(s->disconnect_reason),
+				 s->disconnect_reason);
+	else
+		snprintf(msg, size, "%s %s:%d: %s", what, s->host, s->port,
+				 err == MOSQ_ERR_ERRNO ? strerror(errno) : mosquitto_strerror(err));
+}
+
+/* Publish command i.  A mosquitto error code. */
+static int
+mqtt_publish(MqttSink *s, int i, PQExpBuffer body)
+{
+	RelayCommand *cmd = &s->batch->cmds[i];
+	mosquitto_property *props = NULL;
+	char		deliveries[16];
+	int			mid = 0;
+	int			rc;
+
+	resetPQExpBuffer(body);
+	sink_command_json(body, cmd);
+	snprintf(deliveries, sizeof(deliveries), "%d", cmd->deliveries);
+	rc = mosquitto_property_add_string(&props, MQTT_PROP_CONTENT_TYPE, "application/json");
+	if (rc == MOSQ_ERR_SUCCESS)
+		rc = mosquitto_property_add_byte(&props, MQTT_PROP_PAYLOAD_FORMAT_INDICATOR, 1);
+	if (rc == MOSQ_ERR_SUCCESS)
+		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "command_id", cmd->command_id);
+	if (rc == MOSQ_ERR_SUCCESS)
+		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "run_id", cmd->run_id ? cmd->run_id : "");
+	if (rc == MOSQ_ERR_SUCCESS)
+		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "kind", cmd->kind ? cmd->kind : "");
+	if (rc == MOSQ_ERR_SUCCESS)
+		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "deliveries", deliveries);
+	if (rc == MOSQ_ERR_SUCCESS)
+		rc = mosquitto_publish_v5(s->mosq, &mid, s->topic, (int) body->len, body->data,
+								  (int) s->qos, false, props);
+	mosquitto_property_free_all(&props);
+	if (rc == MOSQ_ERR_SUCCESS)
+	{
+		s->mid[i] = mid;
+		s->state[i] = MP_WAIT;
+		s->inflight++;
+	}
+	return rc;
+}
+
+/* Deliver the batch's CMD_TODO commands (sink.h: deliver). */
+static SinkResult
+mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	MqttSink   *s = (MqttSink *) sink;
+	PQExpBufferData body;
+	char		msg[1024];
+	bool		unavailable = false;
+	bool		stopped = false;
+	double		last_progress;
+	int			last_inflight;
+	int			next = 0;
+	int			i;
+	int			rc;
+	SinkOpenResult why;
+
+	/* notice a connection the broker closed while the relay was idle */
+	if (s->connected && mosquitto_loop(s->mosq, 0, 1) != MOSQ_ERR_SUCCESS)
+		s->connected = false;
+	if (!s->connected && !mqtt_connect(s, tick, arg, msg, sizeof(msg)))
+	{
+		for (i = 0; i < batch->n; i++)
+			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
+		return SINK_UNAVAILABLE;
+	}
+
+	s->batch = batch;
+	s->state = relay_malloc(batch->n + 1);
+	memset(s->state, MP_NONE, batch->n + 1);
+	s->mid = relay_malloc(sizeof(int) * (batch->n + 1));
+	s->inflight = 0;
+	s->cursor = 0;
+	s->disconnect_reason = 0;
+	s->lost = false;
+	s->refused = false;
+	initPQExpBuffer(&body);
+	last_progress = relay_now();
+	last_inflight = 0;
+
+	for (;;)
+	{
+		while (!s->lost && !s->refused && s->inflight < s->window && next < batch->n)
+		{
+			RelayCommand *cmd = &batch->cmds[next];
+
+			if (cmd->state != CMD_TODO)
+			{
+				next++;
+				continue;
+			}
+			rc = mqtt_publish(s, next, &body);
+			if (rc == MOSQ_ERR_PAYLOAD_SIZE || rc == MOSQ_ERR_OVERSIZE_PACKET ||
+				rc == MOSQ_ERR_MALFORMED_UTF8)
+			{
+				snprintf(msg, sizeof(msg), "the message cannot be sent over MQTT: %s",
+						 mosquitto_strerror(rc));
+				sink_outcome(cmd, SINK_FATAL, msg);
+			}
+			else if (rc != MOSQ_ERR_SUCCESS)
+			{
+				mqtt_lost(s, "could not publish to", rc, msg, sizeof(msg));
+				s->lost = true;
+				break;
+			}
+			next++;
+		}
+		if (s->lost || s->refused || s->inflight == 0)
+			break;
+
+		rc = mosquitto_loop(s->mosq, 100, 1);
+		if (rc != MOSQ_ERR_SUCCESS || s->lost)
+		{
+			mqtt_lost(s, "lost the connection to", rc != MOSQ_ERR_SUCCESS ? rc : MOSQ_ERR_CONN_LOST,
+					  msg, sizeof(msg));
+			s->lost = true;
+			break;
+		}
+		if (s->inflight != last_inflight)
+		{
+			last_inflight = s->inflight;
+			last_progress = relay_now();
+		}
+		else if (relay_now() - last_progress > relay_opts.timeout)
+		{
+			snprintf(msg, sizeof(msg), "no PUBACK from %s:%d within %g s", s->host, s->port,
+					 relay_opts.timeout);
+			s->lost = true;
+			break;
+		}
+		if (tick != NULL && !tick(arg))
+		{
+			snprintf(msg, sizeof(msg), "delivery interrupted: the relay was stopped");
+			stopped = true;
+			s->lost = true;
+			break;
+		}
+	}
+
+	if (s->refused && !s->lost)
+	{
+		/* settle what is in flight, briefly, then hold the rest */
+		double		deadline = relay_now() + relay_opts.timeout;
+
+		while (s->inflight > 0 && relay_now() < deadline &&
+			   mosquitto_loop(s->mosq, 100, 1) == MOSQ_ERR_SUCCESS && !s->lost)
+			;
+		snprintf(msg, sizeof(msg), "%s", s->refused_msg);
+		unavailable = true;
+		if (s->inflight > 0)
+			s->lost = true;
+	}
+	if (s->lost)
+	{
+		unavailable = !stopped;
+		/* unacknowledged: its fate is unknown, publish it again later */
+		for (i = 0; i < batch->n; i++)
+			if (s->state[i] == MP_WAIT)
+				sink_outcome(&batch->cmds[i], stopped ? SINK_RETRY : SINK_UNAVAILABLE, msg);
+		/* a clean session forgets them; a new client starts afresh */
+		mosquitto_disconnect(s->mosq);
+		s->connected = false;
+		s->batch = NULL;
+		if (!mqtt_client_new(s, &why))
+		{
+			relay_log("could not create an MQTT client: %s", strerror(errno));
+			exit(RELAY_EXIT_RUNTIME);
+		}
+		relay_debug("mqtt: %s", msg);
+	}
+	if (unavailable)
+		for (i = next; i < batch->n; i++)
+			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
+
+	s->batch = NULL;
+	free(s->state);
+	free(s->mid);
+	s->state = NULL;
+	s->mid = NULL;
+	termPQExpBuffer(&body);
+	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/* Disconnect and free the sink. */
+static void
+mqtt_close(Sink *sink)
+{
+	MqttSink   *s = (MqttSink *) sink;
+
+	if (s->connected)
+	{
+		mosquitto_disconnect(s->mosq);
+		mosquitto_loop(s->mosq, 100, 1);
+	}
+	mqtt_free(s);
+	mosquitto_lib_cleanup();
+}
+
+/* What the sink is, for the logs. */
+static const char *
+mqtt_describe(Sink *sink)
+{
+	return ((MqttSink *) sink)->shown;
+}
+
+const SinkOps sink_mqtt_ops = {
+	.name = "mqtt",
+	.schemes = mqtt_schemes,
+	.usage = "  mqtt://[USER@]HOST[:PORT]/TOPIC[?qos=1|2][&window=N][&client_id=ID][&password_file=PATH]\n"
+	"                      MQTT 5, QoS 1 or 2: ack after PUBACK/PUBCOMP; metadata\n"
+	"                      as user properties; password from password_file or\n"
+	"                      OUTBOX_RELAY_MQTT_PASSWORD\n",
+	.open = mqtt_open,
+	.deliver = mqtt_deliver,
+	.confirm = NULL,
+	.reopen = NULL,
+	.close = mqtt_close,
+	.describe = mqtt_describe,
+};

@@ -1,0 +1,663 @@
+/*-------------------------------------------------------------------------
+ *
+ * sink_nats.c
+ *		The NATS JetStream sink of outbox-relay, through libnats (cnats):
+ *		nats://[USER@]HOST[:PORT]/SUBJECT[?window=N]
+ *
+ * Each command is a JetStream publish to SUBJECT with the header
+ * Nats-Msg-Id = command_id, so that the stream's duplicate window drops a
+ * redelivery, and Outbox-Command-Id, Outbox-Run-Id, Outbox-Kind and
+ * Outbox-Deliveries; the body is the command's JSON object.  Publishes are
+ * asynchronous, up to `window` of them awaiting their PubAck at once; the
+ * batch returns once each one is settled:
+ *
+ *	PubAck (also a Duplicate one)	SINK_OK: the stream stored it
+ *	no responders					SINK_UNAVAILABLE: no stream captures the
+ *									subject (it was removed)
+ *	no PubAck within --timeout, connection lost or refused, authorization
+ *									SINK_UNAVAILABLE: the relay holds the batch
+ *	JetStream error 10054 (message exceeds the stream's maximum size), or
+ *	a body over the server's max_payload
+ *									SINK_FATAL: the command itself
+ *	any other JetStream error		SINK_RETRY
+ *
+ * At start-up (open) the sink connects once and asks the server which
+ * streams capture SUBJECT ($JS.API.STREAM.NAMES): none is a configuration
+ * error (exit 2), since every publish would fail.  A server that cannot be
+ * reached then is an outage, not an error: the check is repeated at each
+ * connection and its failure held as an outage.
+ *
+ * Locking: libnats calls the PubAck handler from its own thread.  The
+ * round being delivered (the outcome of each command and the number in
+ * flight) is shared with that thread under `lock`; the relay's thread waits
+ * on `cond` for acks, at most 100 ms at a time so that it can tick.  A
+ * round that is abandoned (timeout, interruption, lost connection) is
+ * detached under the lock before the connection is destroyed, so that a
+ * late PubAck can never settle a command of a later batch.
+ *
+ * Passwords and tokens are never in the URL: OUTBOX_RELAY_NATS_PASSWORD
+ * (with a user in the URL) or OUTBOX_RELAY_NATS_TOKEN.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <nats/nats.h>
+
+#include "sink.h"
+
+#define NATS_DEFAULT_PORT	4222
+
+/* Per-command state of the round (NatsRound.state). */
+#define NP_NONE		0			/* not published in this round */
+#define NP_WAIT		1			/* published, awaiting its PubAck */
+#define NP_SETTLED	2
+
+/* One call of deliver, shared with libnats' thread under NatsSink.lock. */
+typedef struct NatsRound
+{
+	RelayBatch *batch;
+	char	   *state;			/* NP_* by command index */
+	int			inflight;
+	int			cursor;			/* where the next PubAck is looked for */
+	bool		unavailable;	/* a PubAck error said the stream is gone */
+	char		unavailable_msg[512];
+} NatsRound;
+
+typedef struct NatsSink
+{
+	Sink		base;
+	char	   *server;			/* nats://HOST:PORT */
+	char	   *user;
+	char	   *password;
+	char	   *token;
+	char	   *subject;
+	long		window;
+	natsConnection *nc;			/* NULL: not connected */
+	jsCtx	   *js;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	NatsRound  *round;			/* under lock; NULL between rounds */
+	char	   *shown;
+} NatsSink;
+
+static const char *const nats_schemes[] = {"nats", NULL};
+static const char *const nats_options[] = {"window", NULL};
+
+/* True when s is a subject one can publish to (no wildcards, no spaces). */
+static bool
+nats_subject_ok(const char *s)
+{
+	const char *p;
+	bool		token_start = true;
+
+	if (*s == '\0')
+		return false;
+	for (p = s; *p; p++)
+	{
+		if (*p == '.')
+		{
+			if (token_start)
+				return false;
+			token_start = true;
+			continue;
+		}
+		if ((unsigned char) *p <= ' ' || *p == 0x7f || *p == '*' || *p == '>' ||
+			*p == '"' || *p == '\\')
+			return false;
+		token_start = false;
+	}
+	return !token_start;
+}
+
+/* True when s can be a NATS header value (no control characters). */
+static bool
+nats_header_ok(const char *s)
+{
+	for (; s && *s; s++)
+		if ((unsigned char) *s < 0x20 || *s == 0x7f)
+			return false;
+	return true;
+}
+
+/*
+ * Connect and check that a stream captures the subject.  False with msg
+ * set; *no_stream is set when the server answered that none does.
+ */
+static bool
+nats_connect(NatsSink *s, char *msg, size_t size, bool *no_stream)
+{
+	natsOptions *opts = NULL;
+	natsStatus	st;
+	natsMsg    *reply = NULL;
+	char		req[1024];
+	const char *data;
+
+	*no_stream = false;
+	if (natsOptions_Create(&opts) != NATS_OK ||
+		natsOptions_SetURL(opts, s->server) != NATS_OK ||
+		natsOptions_SetTimeout(opts, (int64_t) (relay_opts.connect_timeout * 1000)) != NATS_OK ||
+		natsOptions_SetAllowReconnect(opts, false) != NATS_OK ||
+		natsOptions_SetName(opts, RELAY_NAME) != NATS_OK ||
+		(s->user != NULL &&
+		 natsOptions_SetUserInfo(opts, s->user, s->password ? s->password : "") != NATS_OK) ||
+		(s->token != NULL && natsOptions_SetToken(opts, s->token) != NATS_OK))
+	{
+		snprintf(msg, size, "could not set up the NATS connection options");
+		natsOptions_Destroy(opts);
+		return false;
+	}
+	st = natsConnection_Connect(&s->nc, opts);
+	natsOptions_Destroy(opts);
+	if (st != NATS_OK)
+	{
+		snprintf(msg, size, "could not connect to %s: %s", s->server, natsStatus_GetText(st));
+		s->nc = NULL;
+		return false;
+	}
+
+	snprintf(req, sizeof(req), "{\"subject\":\"%s\"}", s->subject);
+	st = natsConnection_RequestString(&reply, s->nc, "$JS.API.STREAM.NAMES", req,
+									  (int64_t) (relay_opts.timeout * 1000));
+	if (st == NATS_NO_RESPONDERS)
+	{
+		snprintf(msg, size, "the NATS server at %s has no JetStream (start it with -js)", s->server);
+		*no_stream = true;
+		goto fail;
+	}
+	if (st != NATS_OK)
+	{
+		snprintf(msg, size, "could not list the JetStream streams of %s: %s", s->server,
+				 natsStatus_GetText(st));
+		goto fail;
+	}
+	data = natsMsg_GetData(reply);
+	if (data == NULL || strstr(data, "\"error\"") != NULL)
+	{
+		snprintf(msg, size, "could not list the JetStream streams of %s: %.300s", s->server,
+				 data ? data : "empty reply");
+		goto fail;
+	}
+	if (strstr(data, "\"streams\":null") != NULL || strstr(data, "\"streams\":[]") != NULL)
+	{
+		snprintf(msg, size, "no JetStream stream captures subject \"%s\" on %s: a plain NATS subject is refused (create a stream for it)",
+				 s->subject, s->server);
+		*no_stream = true;
+		goto fail;
+	}
+	natsMsg_Destroy(reply);
+	return true;
+
+fail:
+	natsMsg_Destroy(reply);
+	natsConnection_Destroy(s->nc);
+	s->nc = NULL;
+	return false;
+}
+
+/* Find the command of a PubAck: by its Nats-Msg-Id, from the cursor on. */
+static int
+nats_find(NatsRound *rd, natsMsg *m)
+{
+	const char *id = NULL;
+	int			n = rd->batch->n;
+	int			k;
+
+	if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) != NATS_OK || id == NULL)
+		return -1;
+	for (k = 0; k < n; k++)
+	{
+		int			i = (rd->cursor + k) % n;
+
+		if (rd->state[i] == NP_WAIT && strcmp(rd->batch->cmds[i].command_id, id) == 0)
+		{
+			rd->cursor = (i + 1) % n;
+			return i;
+		}
+	}
+	return -1;
+}
+
+/* libnats' PubAck handler (its thread): settle one command. */
+static void
+nats_ack_handler(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *closure)
+{
+	NatsSink   *s = closure;
+	NatsRound  *rd;
+	int			i;
+
+	(void) js;
+	pthread_mutex_lock(&s->lock);
+	rd = s->round;
+	if (rd != NULL && (i = nats_find(rd, m)) >= 0)
+	{
+		RelayCommand *cmd = &rd->batch->cmds[i];
+
+		if (pa != NULL)
+			sink_outcome(cmd, SINK_OK, NULL);
+		else
+		{
+			char		err[600];
+			SinkResult	r;
+			natsStatus	st = pae ? pae->Err : NATS_ERR;
+			int			code = pae ? (int) pae->ErrCode : 0;
+
+			if (st == NATS_NO_RESPONDERS)
+			{
+				snprintf(err, sizeof(err), "no JetStream stream captures subject \"%s\" (no responders)",
+						 s->subject);
+				r = SINK_UNAVAILABLE;
+			}
+			else if (st == NATS_TIMEOUT || st == NATS_CONNECTION_CLOSED ||
+					 st == NATS_CONNECTION_DISCONNECTED || st == NATS_STALE_CONNECTION)
+			{
+				snprintf(err, sizeof(err), "no PubAck from %s: %s", s->server, natsStatus_GetText(st));
+				r = SINK_UNAVAILABLE;
+			}
+			else
+			{
+				snprintf(err, sizeof(err), "JetStream refused the message: %s%s%s (error %d)",
+						 natsStatus_GetText(st), pae && pae->ErrText ? ": " : "",
+						 pae && pae->ErrText ? pae->ErrText : "", code);
+				r = (code == 10054) ? SINK_FATAL : SINK_RETRY;
+			}
+			if (r == SINK_UNAVAILABLE && !rd->unavailable)
+			{
+				rd->unavailable = true;
+				snprintf(rd->unavailable_msg, sizeof(rd->unavailable_msg), "%s", err);
+			}
+			sink_outcome(cmd, r, err);
+		}
+		rd->state[i] = NP_SETTLED;
+		rd->inflight--;
+		pthread_cond_signal(&s->cond);
+	}
+	pthread_mutex_unlock(&s->lock);
+	natsMsg_Destroy(m);
+}
+
+/* Open the JetStream context of a new connection. */
+static bool
+nats_jetstream(NatsSink *s, char *msg, size_t size)
+{
+	jsOptions	jo;
+	natsStatus	st;
+
+	jsOptions_Init(&jo);
+	jo.Wait = (int64_t) (relay_opts.timeout * 1000);
+	jo.PublishAsync.AckHandler = nats_ack_handler;
+	jo.PublishAsync.AckHandlerClosure = s;
+	st = natsConnection_JetStream(&s->js, s->nc, &jo);
+	if (st != NATS_OK)
+	{
+		snprintf(msg, size, "could not open a JetStream context: %s", natsStatus_GetText(st));
+		return false;
+	}
+	return true;
+}
+
+/* Drop the connection; the round, if any, must be detached already. */
+static void
+nats_drop(NatsSink *s)
+{
+	if (s->js != NULL)
+		jsCtx_Destroy(s->js);
+	s->js = NULL;
+	if (s->nc != NULL)
+		natsConnection_Destroy(s->nc);
+	s->nc = NULL;
+}
+
+/* Parse the URL; connect once to check the subject's stream (sink.h: open). */
+static SinkOpenResult
+nats_open(const char *url, Sink **out, char **err)
+{
+	SinkUrl		u;
+	SinkHost   *hosts = NULL;
+	NatsSink   *s;
+	const char *v;
+	int			n = 0;
+	char		msg[1024];
+	bool		no_stream;
+	PQExpBufferData buf;
+
+	if (!sink_url_parse(url, &u, err))
+		return SINK_OPEN_CONFIG;
+	if (!sink_url_check_options(&u, nats_options, err))
+		goto config;
+	if (u.password != NULL)
+	{
+		*err = sink_errorf("invalid nats sink URL: a password must not be in the URL (ps shows it): "
+						   "use OUTBOX_RELAY_NATS_PASSWORD");
+		goto config;
+	}
+	n = sink_url_hosts(&u, NATS_DEFAULT_PORT, &hosts, err);
+	if (n < 0)
+		goto config;
+	if (n != 1)
+	{
+		*err = sink_errorf("invalid nats sink URL: exactly one HOST:PORT is expected");
+		goto config;
+	}
+	if (!nats_subject_ok(u.path))
+	{
+		*err = sink_errorf("invalid nats sink URL: the path must be a subject to publish to (tokens separated by dots, no wildcards, no spaces)");
+		goto config;
+	}
+
+	s = relay_malloc(sizeof(NatsSink));
+	memset(s, 0, sizeof(NatsSink));
+	s->window = 256;
+	if (!sink_url_int_option(&u, "window", 1, 65535, &s->window, err))
+	{
+		free(s);
+		goto config;
+	}
+	initPQExpBuffer(&buf);
+	if (strchr(hosts[0].host, ':') != NULL)
+		appendPQExpBuffer(&buf, "nats://[%s]:%d", hosts[0].host, hosts[0].port);
+	else
+		appendPQExpBuffer(&buf, "nats://%s:%d", hosts[0].host, hosts[0].port);
+	s->server = relay_strdup(buf.data);
+	resetPQExpBuffer(&buf);
+	s->subject = relay_strdup(u.path);
+	s->user = u.user ? relay_strdup(u.user) : NULL;
+	if (s->user != NULL && (v = getenv("OUTBOX_RELAY_NATS_PASSWORD")) != NULL)
+		s->password = relay_strdup(v);
+	if ((v = getenv("OUTBOX_RELAY_NATS_TOKEN")) != NULL && *v != '\0')
+		s->token = relay_strdup(v);
+	appendPQExpBuffer(&buf, "%s subject \"%s\" (JetStream)", s->server, s->subject);
+	s->shown = relay_strdup(buf.data);
+	termPQExpBuffer(&buf);
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	sink_hosts_free(hosts, n);
+	sink_url_free(&u);
+	*out = &s->base;
+
+	if (nats_connect(s, msg, sizeof(msg), &no_stream))
+	{
+		if (!nats_jetstream(s, msg, sizeof(msg)))
+			nats_drop(s);
+	}
+	else if (no_stream)
+	{
+		*err = relay_strdup(msg);
+		nats_drop(s);
+		free(s->server);
+		free(s->subject);
+		free(s->user);
+		free(s->password);
+		free(s->token);
+		free(s->shown);
+		free(s);
+		*out = NULL;
+		return SINK_OPEN_CONFIG;
+	}
+	else
+		relay_debug("%s (will retry)", msg);
+	return SINK_OPEN_OK;
+
+config:
+	if (hosts != NULL)
+		sink_hosts_free(hosts, n);
+	sink_url_free(&u);
+	return SINK_OPEN_CONFIG;
+}
+
+/* Build and publish the message of command i.  False with msg set on a failure. */
+static natsStatus
+nats_publish(NatsSink *s, NatsRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
+{
+	RelayCommand *cmd = &rd->batch->cmds[i];
+	natsMsg    *m = NULL;
+	natsStatus	st;
+	char		deliveries[16];
+	jsPubOptions po;
+
+	resetPQExpBuffer(body);
+	sink_command_json(body, cmd);
+	snprintf(deliveries, sizeof(deliveries), "%d", cmd->deliveries);
+	st = natsMsg_Create(&m, s->subject, NULL, body->data, (int) body->len);
+	if (st == NATS_OK)
+		st = natsMsgHeader_Set(m, "Nats-Msg-Id", cmd->command_id);
+	if (st == NATS_OK)
+		st = natsMsgHeader_Set(m, "Content-Type", "application/json");
+	if (st == NATS_OK)
+		st = natsMsgHeader_Set(m, "Outbox-Command-Id", cmd->command_id);
+	if (st == NATS_OK)
+		st = natsMsgHeader_Set(m, "Outbox-Run-Id", cmd->run_id ? cmd->run_id : "");
+	if (st == NATS_OK)
+		st = natsMsgHeader_Set(m, "Outbox-Kind", cmd->kind ? cmd->kind : "");
+	if (st == NATS_OK)
+		st = natsMsgHeader_Set(m, "Outbox-Deliveries", deliveries);
+	if (st != NATS_OK)
+	{
+		snprintf(msg, size, "could not build a NATS message: %s", natsStatus_GetText(st));
+		natsMsg_Destroy(m);
+		return st;
+	}
+	jsPubOptions_Init(&po);
+	po.MaxWait = (int64_t) (relay_opts.timeout * 1000);
+
+	/* the handler may run before js_PublishMsgAsync returns */
+	pthread_mutex_lock(&s->lock);
+	rd->state[i] = NP_WAIT;
+	rd->inflight++;
+	pthread_mutex_unlock(&s->lock);
+	st = js_PublishMsgAsync(s->js, &m, &po);
+	natsMsg_Destroy(m);			/* no-op when the library took it */
+	if (st != NATS_OK)
+	{
+		pthread_mutex_lock(&s->lock);
+		if (rd->state[i] == NP_WAIT)
+		{
+			rd->state[i] = NP_NONE;
+			rd->inflight--;
+		}
+		pthread_mutex_unlock(&s->lock);
+		snprintf(msg, size, "could not publish to %s: %s", s->server, natsStatus_GetText(st));
+	}
+	return st;
+}
+
+/* Deliver the batch's CMD_TODO commands (sink.h: deliver). */
+static SinkResult
+nats_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	NatsSink   *s = (NatsSink *) sink;
+	NatsRound	rd;
+	PQExpBufferData body;
+	char		msg[1024];
+	bool		unavailable = false;
+	bool		broken = false;
+	bool		stopped = false;
+	double		last_progress;
+	int			last_inflight = -1;
+	int			next = 0;
+	int			i;
+
+	/* a connection the server closed while the relay was idle */
+	if (s->nc != NULL && natsConnection_IsClosed(s->nc))
+		nats_drop(s);
+	if (s->nc == NULL)
+	{
+		bool		no_stream;
+
+		if (!nats_connect(s, msg, sizeof(msg), &no_stream) ||
+			!nats_jetstream(s, msg, sizeof(msg)))
+		{
+			nats_drop(s);
+			for (i = 0; i < batch->n; i++)
+				sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
+			return SINK_UNAVAILABLE;
+		}
+	}
+
+	memset(&rd, 0, sizeof(rd));
+	rd.batch = batch;
+	rd.state = relay_malloc(batch->n + 1);
+	memset(rd.state, NP_NONE, batch->n + 1);
+	initPQExpBuffer(&body);
+	pthread_mutex_lock(&s->lock);
+	s->round = &rd;
+	pthread_mutex_unlock(&s->lock);
+	last_progress = relay_now();
+
+	pthread_mutex_lock(&s->lock);
+	for (;;)
+	{
+		struct timespec ts;
+
+		/* fill the window (publishing without the lock) */
+		while (!broken && !rd.unavailable && rd.inflight < s->window && next < batch->n)
+		{
+			RelayCommand *cmd = &batch->cmds[next];
+			natsStatus	st;
+
+			if (cmd->state != CMD_TODO)
+			{
+				next++;
+				continue;
+			}
+			if (!nats_header_ok(cmd->command_id) || !nats_header_ok(cmd->run_id) ||
+				!nats_header_ok(cmd->kind))
+			{
+				sink_outcome(cmd, SINK_FATAL, "command_id, run_id or kind contains characters that cannot be sent in a NATS header");
+				next++;
+				continue;
+			}
+			pthread_mutex_unlock(&s->lock);
+			st = nats_publish(s, &rd, next, &body, msg, sizeof(msg));
+			pthread_mutex_lock(&s->lock);
+			if (st == NATS_MAX_PAYLOAD)
+				sink_outcome(cmd, SINK_FATAL, msg);
+			else if (st != NATS_OK)
+			{
+				broken = true;
+				unavailable = true;
+				break;
+			}
+			next++;
+		}
+		if (rd.unavailable && !broken)
+		{
+			snprintf(msg, sizeof(msg), "%s", rd.unavailable_msg);
+			unavailable = true;
+			/* wait for what is in flight, then stop */
+			if (rd.inflight == 0)
+				break;
+		}
+		if (broken || rd.inflight == 0)
+			break;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 100 * 1000 * 1000;
+		if (ts.tv_nsec >= 1000000000)
+		{
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+		if (rd.inflight != last_inflight)
+		{
+			last_inflight = rd.inflight;
+			last_progress = relay_now();
+		}
+		else if (relay_now() - last_progress > relay_opts.timeout + 1)
+		{
+			snprintf(msg, sizeof(msg), "no PubAck from %s within %g s", s->server, relay_opts.timeout);
+			broken = true;
+			unavailable = true;
+			break;
+		}
+		if (natsConnection_Status(s->nc) == NATS_CONN_STATUS_CLOSED)
+		{
+			snprintf(msg, sizeof(msg), "lost the connection to %s", s->server);
+			broken = true;
+			unavailable = true;
+			break;
+		}
+		if (tick != NULL)
+		{
+			bool		go;
+
+			pthread_mutex_unlock(&s->lock);
+			go = tick(arg);
+			pthread_mutex_lock(&s->lock);
+			if (!go)
+			{
+				snprintf(msg, sizeof(msg), "delivery interrupted: the relay was stopped");
+				stopped = true;
+				broken = true;
+				break;
+			}
+		}
+	}
+
+	/* detach the round: no PubAck settles anything of it from now on */
+	for (i = 0; i < batch->n; i++)
+	{
+		if (rd.state[i] != NP_WAIT)
+			continue;
+		sink_outcome(&batch->cmds[i], stopped ? SINK_RETRY : SINK_UNAVAILABLE, msg);
+	}
+	if (unavailable && !stopped)
+		for (i = next; i < batch->n; i++)
+			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
+	s->round = NULL;
+	pthread_mutex_unlock(&s->lock);
+	if (broken)
+	{
+		relay_debug("nats: %s", msg);
+		nats_drop(s);
+	}
+
+	termPQExpBuffer(&body);
+	free(rd.state);
+	return unavailable && !stopped ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/* Close the connection and free the sink. */
+static void
+nats_close(Sink *sink)
+{
+	NatsSink   *s = (NatsSink *) sink;
+
+	nats_drop(s);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s->server);
+	free(s->subject);
+	free(s->user);
+	free(s->password);
+	free(s->token);
+	free(s->shown);
+	free(s);
+}
+
+/* What the sink is, for the logs. */
+static const char *
+nats_describe(Sink *sink)
+{
+	return ((NatsSink *) sink)->shown;
+}
+
+const SinkOps sink_nats_ops = {
+	.name = "nats",
+	.schemes = nats_schemes,
+	.usage = "  nats://[USER@]HOST[:PORT]/SUBJECT[?window=N]\n"
+	"                      JetStream publish, Nats-Msg-Id: <command_id>; ack after\n"
+	"                      the PubAck; a subject no stream captures exits 2;\n"
+	"                      OUTBOX_RELAY_NATS_PASSWORD, OUTBOX_RELAY_NATS_TOKEN\n",
+	.open = nats_open,
+	.deliver = nats_deliver,
+	.confirm = NULL,
+	.reopen = NULL,
+	.close = nats_close,
+	.describe = nats_describe,
+};
