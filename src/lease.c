@@ -303,16 +303,31 @@ le_arg_token(FunctionCallInfo fcinfo, int argno, LeToken *tok)
 /*
  * outbox._lease_secret(): the secret of a new lease, 128 bits of
  * pg_strong_random, as a uuid (16 bytes, stored without a length header).
+ * The random bytes are drawn LE_SECRETS_AHEAD secrets at a time into a
+ * buffer of this backend, so a claim of a batch does not make one call of
+ * the random source per row.
  */
+#define LE_SECRETS_AHEAD	64
+
 Datum
 outbox_lease_secret(PG_FUNCTION_ARGS)
 {
+	static unsigned char pool[LE_SECRETS_AHEAD * UUID_LEN];
+	static int	left = 0;
 	pg_uuid_t  *u = palloc(sizeof(pg_uuid_t));
 
-	if (!pg_strong_random(u->data, UUID_LEN))
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not generate a random lease secret")));
+	if (left == 0)
+	{
+		if (!pg_strong_random(pool, sizeof(pool)))
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("could not generate a random lease secret")));
+		left = LE_SECRETS_AHEAD;
+	}
+	left--;
+	memcpy(u->data, pool + left * UUID_LEN, UUID_LEN);
+	/* a secret is handed out once */
+	memset(pool + left * UUID_LEN, 0, UUID_LEN);
 	PG_RETURN_UUID_P(u);
 }
 
@@ -752,8 +767,9 @@ le_cmp_taken(const void *a, const void *b)
  * tokens and not with its square:
  *
  * - up to LE_ACK_MANY_SMALL tokens, each row's secret and run_id are looked
- *   up in the arrays (= ANY: at most that many comparisons a row, cheaper
- *   than setting up a join; a row whose secret is in the call is the
+ *   up in the arrays (= ANY: at most that many comparisons a row, which up
+ *   to this size cost less than setting up a join; a row whose secret is in
+ *   the call is the
  *   caller's, and its run_id must be one of the call's);
  * - more than that, the rows are joined to the tokens on all three as a
  *   hash join (see OutboxExecuteHashJoin): each side read once.
@@ -767,7 +783,7 @@ le_cmp_taken(const void *a, const void *b)
  * commands_lease_idx, and the planner could read the rows from a scan of
  * that whole index.
  */
-#define LE_ACK_MANY_SMALL	16
+#define LE_ACK_MANY_SMALL	128
 
 static Datum
 le_ack_many(FunctionCallInfo fcinfo, Oid caller)
