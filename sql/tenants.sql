@@ -42,6 +42,16 @@ SELECT md5(concat_ws('|',
 	(SELECT string_agg(t::text, ',' ORDER BY t::text) FROM outbox.policies t)))
 $$;
 
+-- A kind without deciders is open to every producer; once set_policy lists
+-- them, the same session's next decision of the kind is refused.
+SET ROLE regress_checkout;
+SELECT outbox.commit_decision('order-40', 1, 'payout_requested', 'payout-40', 'payout', '{}');
+RESET ROLE;
+SELECT outbox.set_policy('payout', deciders => '{regress_refunds}');
+SET ROLE regress_checkout;
+SELECT pg_temp.try($$SELECT outbox.commit_decision('order-40', 2, 'payout_requested', 'payout-40b', 'payout', '{}')$$) AS decide_payout_after_policy;
+RESET ROLE;
+
 -- The administrator's setup: each consumer name belongs to its service,
 -- refunds are decided by the refunds service only, and mail is completed
 -- by the mailer only.

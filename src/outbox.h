@@ -232,6 +232,7 @@ extern Oid	OutboxDatabaseRole(const char *capability);
 extern bool OutboxIsAdmin(Oid caller);
 extern bool OutboxMay(ArrayType *roles, Oid caller);
 extern void OutboxCheckClaimable(ArrayType *kinds, Oid caller);
+extern bool OutboxAnyDeciders(void);
 
 /* plans.c */
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,

@@ -49,6 +49,7 @@ PG_FUNCTION_INFO_V1(outbox_commit_decisions);
 PG_FUNCTION_INFO_V1(outbox_record_event);
 
 static SPIPlanPtr plan_decide = NULL;
+static SPIPlanPtr plan_decide_open = NULL;
 static SPIPlanPtr plan_decide_why = NULL;
 static SPIPlanPtr plan_batch_why = NULL;
 static SPIPlanPtr plan_event = NULL;
@@ -242,6 +243,27 @@ pr_raise_conflict(const char *command_id, int elem)
 	"                AND e.command_id OPERATOR(pg_catalog.=) c.command_id))"
 
 /*
+ * The single decision's statement: insert the command unless its id is
+ * stored (or kind_filter, the deciders probe, says no), then its event.
+ * Without any deciders in the policies the probe is left out
+ * (OutboxAnyDeciders).
+ */
+#define PR_DECIDE(kind_filter) \
+	"WITH c AS (" \
+	"  INSERT INTO outbox.commands" \
+	"    (command_id, run_id, seq, kind, payload, priority," \
+	"     available_at, due_at, decided_by)" \
+	"  SELECT $4, $1, $2, $5, $6, $9," \
+	"         COALESCE($8, pg_catalog.now())," \
+	"         COALESCE($8, pg_catalog.now()), $10" \
+	"   WHERE NOT EXISTS (SELECT 1 FROM outbox.commands x" \
+	"                      WHERE x.command_id OPERATOR(pg_catalog.=) $4)" \
+	kind_filter \
+	"  RETURNING 1)" \
+	"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)" \
+	"SELECT $1, $2, $3, $7, $4 FROM c"
+
+/*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
  *						  payload, event_payload, not_before, priority)
  *
@@ -300,24 +322,14 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	what.command_id = command_id;
 	what.rows = 1;
 	SPI_connect();
-	if (pr_insert(OutboxPrepare(&plan_decide,
-								"WITH c AS ("
-								"  INSERT INTO outbox.commands"
-								"    (command_id, run_id, seq, kind, payload, priority,"
-								"     available_at, due_at, decided_by)"
-								"  SELECT $4, $1, $2, $5, $6, $9,"
-								"         COALESCE($8, pg_catalog.now()),"
-								"         COALESCE($8, pg_catalog.now()), $10"
-								"   WHERE NOT EXISTS (SELECT 1 FROM outbox.commands x"
-								"                      WHERE x.command_id OPERATOR(pg_catalog.=) $4)"
-								"     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
-								"                      WHERE p.kind OPERATOR(pg_catalog.=) $5"
-								"                        AND p.deciders IS NOT NULL"
-								"                        AND NOT outbox._may(p.deciders, $10))"
-								"  RETURNING 1)"
-								"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
-								"SELECT $1, $2, $3, $7, $4 FROM c",
-								10, argtypes),
+	if (pr_insert(OutboxAnyDeciders() ?
+				  OutboxPrepare(&plan_decide,
+								PR_DECIDE("     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
+										  "                      WHERE p.kind OPERATOR(pg_catalog.=) $5"
+										  "                        AND p.deciders IS NOT NULL"
+										  "                        AND NOT outbox._may(p.deciders, $10))"),
+								10, argtypes) :
+				  OutboxPrepare(&plan_decide_open, PR_DECIDE(""), 10, argtypes),
 				  args, nulls, &what, true))
 	{
 		SPI_finish();

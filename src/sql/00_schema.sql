@@ -137,6 +137,9 @@ CREATE TABLE @extschema@.policies (
 -- The paused kinds and the kinds with claimers, read once by every claim.
 CREATE INDEX policies_paused_idx ON @extschema@.policies (kind) WHERE paused;
 CREATE INDEX policies_claimers_idx ON @extschema@.policies (kind) WHERE claimers IS NOT NULL;
+-- Whether any kind has deciders, read once per backend by the producer
+-- until set_policy says the policies changed.
+CREATE INDEX policies_deciders_idx ON @extschema@.policies (kind) WHERE deciders IS NOT NULL;
 
 -- Consumer names, each registered to the role whose members may use it in
 -- inbox_accept.

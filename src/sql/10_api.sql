@@ -43,6 +43,15 @@ AS 'MODULE_PATHNAME', 'outbox_commit_decisions';
 COMMENT ON FUNCTION @extschema@.commit_decisions(pg_catalog.jsonb)
 	IS 'record many decisions (a JSON array of objects) in one call; all or none; a row per decision';
 
+-- Internal: tell every backend, at commit, that the policies changed (the
+-- producer keeps whether any kind has deciders until then).
+CREATE FUNCTION @extschema@._policies_changed()
+RETURNS void
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'outbox_policies_changed';
+COMMENT ON FUNCTION @extschema@._policies_changed()
+	IS 'internal: a relcache invalidation of outbox.policies at commit (set_policy calls it)';
+
 -- Internal: whether a role may act on a kind whose policy lists roles.
 CREATE FUNCTION @extschema@._may(roles pg_catalog.regrole[], caller pg_catalog.oid)
 RETURNS pg_catalog.bool

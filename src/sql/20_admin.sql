@@ -225,6 +225,9 @@ BEGIN
 		   deciders = COALESCE(EXCLUDED.deciders, p.deciders),
 		   claimers = COALESCE(EXCLUDED.claimers, p.claimers),
 		   completers = COALESCE(EXCLUDED.completers, p.completers);
+	IF deciders IS NOT NULL THEN
+		PERFORM @extschema@._policies_changed();
+	END IF;
 END;
 $$;
 COMMENT ON FUNCTION @extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[])

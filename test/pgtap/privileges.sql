@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(132);
+SELECT plan(134);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -111,6 +111,9 @@ INSERT INTO expected VALUES
 	('outbox._lease_secret()',
 	 'function', '{}', false,
 	 $$SELECT outbox._lease_secret()$$),
+	('outbox._policies_changed()',
+	 'function', '{}', false,
+	 $$SELECT outbox._policies_changed()$$),
 	('outbox._may(regrole[],oid)',
 	 'function', '{}', false,
 	 $$SELECT outbox._may('{}', 0)$$),

@@ -44,7 +44,7 @@ SELECT ok((SELECT reloptions @> ARRAY['fillfactor=80'] FROM pg_class WHERE oid =
 	'commands leaves room for new row versions');
 
 -- receipts, inbox, policies, purged
-SELECT indexes_are('outbox', 'policies', ARRAY['policies_pkey', 'policies_paused_idx', 'policies_claimers_idx'],
+SELECT indexes_are('outbox', 'policies', ARRAY['policies_pkey', 'policies_paused_idx', 'policies_claimers_idx', 'policies_deciders_idx'],
 	'policies: the key, and the paused and restricted kinds every claim reads');
 SELECT col_is_pk('outbox', 'receipts', 'command_id', 'col_is_pk outbox, receipts, command_id');
 SELECT col_not_null('outbox', 'receipts', 'outcome', 'col_not_null outbox, receipts, outcome');
