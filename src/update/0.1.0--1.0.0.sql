@@ -222,8 +222,10 @@ ALTER TABLE @extschema@.policies
 COMMENT ON COLUMN @extschema@.policies.deciders IS 'roles whose members may decide commands of the kind (NULL: every producer; empty: admins only)';
 COMMENT ON COLUMN @extschema@.policies.claimers IS 'roles whose members may claim commands of the kind (NULL: every publisher; empty: admins only)';
 COMMENT ON COLUMN @extschema@.policies.completers IS 'roles whose members may complete commands of the kind (NULL: every consumer; empty: admins only)';
--- The kinds with claimers, read by every claim (no 0.1.0 policy has any).
+-- The kinds with claimers, read by every claim, and with deciders, read
+-- by the producer's cache (no 0.1.0 policy has any).
 CREATE INDEX policies_claimers_idx ON @extschema@.policies (kind) WHERE claimers IS NOT NULL;
+CREATE INDEX policies_deciders_idx ON @extschema@.policies (kind) WHERE deciders IS NOT NULL;
 
 -- Consumer names (the names 0.1.0's inbox holds are registered by the last
 -- part, once this database's consumer role exists).
