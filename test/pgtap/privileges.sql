@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(116);
+SELECT plan(122);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -88,6 +88,9 @@ INSERT INTO expected VALUES
 	('outbox.metrics_backlog()',
 	 'function', '{outbox_admin,pg_monitor}', true,
 	 $$SELECT count(*) FROM outbox.metrics_backlog()$$),
+	('outbox.metrics_checks()',
+	 'function', '{outbox_admin,pg_monitor}', true,
+	 $$SELECT count(*) FROM outbox.metrics_checks()$$),
 	('outbox.preloaded()',
 	 'function', '{outbox_producer,outbox_publisher,outbox_consumer,outbox_admin,pg_monitor}', false,
 	 $$SELECT outbox.preloaded()$$),
@@ -114,6 +117,9 @@ INSERT INTO expected VALUES
 	('outbox._request_worker()',
 	 'function', '{}', false,
 	 $$SELECT outbox._request_worker()$$),
+	('outbox._check_run(integer)',
+	 'function', '{}', false,
+	 $$SELECT outbox._check_run(99)$$),
 	-- tables: nobody but the owner reads or writes them
 	('outbox.events', 'relation', '{}', NULL,
 	 $$WITH d AS (DELETE FROM outbox.events RETURNING 1) SELECT count(*) FROM d$$),
@@ -127,6 +133,8 @@ INSERT INTO expected VALUES
 	 $$WITH d AS (DELETE FROM outbox.policies RETURNING 1) SELECT count(*) FROM d$$),
 	('outbox.purged', 'relation', '{}', NULL,
 	 $$WITH d AS (DELETE FROM outbox.purged RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.check_results', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.check_results RETURNING 1) SELECT count(*) FROM d$$),
 	-- views: monitoring roles read them
 	('outbox.stats', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.stats$$),
