@@ -36,7 +36,9 @@
 # one per transaction with outbox.commit_decision, then claims and acks
 # them in batches of 10 (outbox.claim, outbox.ack), with the index and
 # with it dropped; the median of the repeats' ratios with / without, and
-# the WAL written per command.
+# the WAL written per command.  WSYNC=off runs the cells with
+# synchronous_commit off (CPU rather than fsync bound: a steadier ratio on
+# a busy machine).
 # WRITE_COST=0 skips it.
 # Run as root on a fresh machine or as postgres.
 set -euo pipefail
@@ -51,6 +53,7 @@ WRITE_COST=${WRITE_COST:-1}
 WREPEATS=${WREPEATS:-5}
 WDURATION=${WDURATION:-6}
 CLIENTS=${CLIENTS:-4}
+WSYNC=${WSYNC:-on}
 
 outbox_bench_start bench-monitoring "outbox.naptime = 3600000
 outbox.check_interval = 3600000" || { echo "cluster failed to start" >&2; exit 1; }
@@ -218,10 +221,10 @@ measure() {
 # WAL written per command (which does not depend on the machine's load).
 write_cost() {
 	local wpsql="'$PGBIN/psql' -X -q -h '$DATA' -p $PORT -d wcost -v ON_ERROR_STOP=1"
-	local pgb="'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $CLIENTS -j $CLIENTS"
+	local pgb="PGOPTIONS='-c synchronous_commit=$WSYNC' '$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $CLIENTS -j $CLIENTS"
 	local r v p c n tx l0 l1 l2 order
 	echo
-	echo "######## write cost of commands_unfinished_idx: $CLIENTS clients, $WDURATION s cells, $WREPEATS repeats"
+	echo "######## write cost of commands_unfinished_idx: $CLIENTS clients, $WDURATION s cells, $WREPEATS repeats, synchronous_commit $WSYNC"
 	as_pg "$PSQL -c 'CREATE DATABASE wcost'"
 	as_pg "$wpsql -c 'CREATE EXTENSION outbox' -c 'CREATE SEQUENCE bench_seq'"
 	: > "$WORK/wcost.txt"
