@@ -34,7 +34,9 @@
  *				conservation check into outbox.check_results (SQL
  *				outbox._check_run), one check per step and transaction, so that
  *				wake-ups and signals are answered between two checks; the
- *				metrics read the counts (outbox.metrics_checks).
+ *				metrics read the counts (outbox.metrics_checks).  A count
+ *				reads its tables whole (under a second per million
+ *				commands): DDL that comes during one waits for that one.
  * notify		Send the pending wake-up: one NOTIFY on outbox.notify_channel
  *				from the worker's own transaction, at most one per
  *				outbox.notify_interval (a commit arriving sooner leaves the
