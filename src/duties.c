@@ -74,8 +74,8 @@
  * Locking.  RowExclusiveLock on commands, receipts and purged and
  * AccessShareLock on policies (sweep, purge), AccessShareLock on commands
  * (due), AccessShareLock on events, commands, receipts and purged and
- * RowExclusiveLock on check_results (checks), all conditional; OutboxShared->lock, briefly, to write the slot's
- * last_purged.  wake_pending and due_floor are atomics of the slot.
+ * RowExclusiveLock on check_results (checks), all conditional;
+ * OutboxShared->lock, briefly, to write the slot's last_purged.  wake_pending and due_floor are atomics of the slot.
  *
  *-------------------------------------------------------------------------
  */
@@ -595,8 +595,9 @@ du_index_stop(void)
 }
 
 /*
- * checks, one step: take the locks without waiting, count the next check
- * (turn->steps + 1) into check_results.  *total is the number of checks.
+ * checks, one step: take the locks without waiting, count check io[0]
+ * (1-based, by name) into check_results; io[1] is set to the number of
+ * checks.
  */
 static bool
 du_check_txn(void *arg)
