@@ -30,6 +30,13 @@
  *				tables rows leave and start an upkeep worker when one is
  *				mostly empty (upkeep.c); while it runs, stop it when anyone
  *				waits for a lock it holds.
+ * checks		Every outbox.check_interval, count the rows of each
+ *				conservation check into outbox.check_results (SQL
+ *				outbox._check_run), one check per step and transaction, so that
+ *				wake-ups and signals are answered between two checks; the
+ *				metrics read the counts (outbox.metrics_checks).  A count
+ *				reads its tables whole (under a second per million
+ *				commands): DDL that comes during one waits for that one.
  * notify		Send the pending wake-up: one NOTIFY on outbox.notify_channel
  *				from the worker's own transaction, at most one per
  *				outbox.notify_interval (a commit arriving sooner leaves the
@@ -66,8 +73,9 @@
  *
  * Locking.  RowExclusiveLock on commands, receipts and purged and
  * AccessShareLock on policies (sweep, purge), AccessShareLock on commands
- * (due), all conditional; OutboxShared->lock, briefly, to write the slot's
- * last_purged.  wake_pending and due_floor are atomics of the slot.
+ * (due), AccessShareLock on events, commands, receipts and purged and
+ * RowExclusiveLock on check_results (checks), all conditional;
+ * OutboxShared->lock, briefly, to write the slot's last_purged.  wake_pending and due_floor are atomics of the slot.
  *
  *-------------------------------------------------------------------------
  */
@@ -92,11 +100,14 @@
 
 #define DU_CHECK_MS			500		/* longest time between two due checks */
 #define WK_PURGE_IDLE_ROUNDS 10		/* naps between purges that find nothing */
+#define DU_CHECKS_MAX		64		/* steps of a checks turn (more than the
+									 * checks there are) */
 
 static SPIPlanPtr du_plan_sweep = NULL;
 static SPIPlanPtr du_plan_purge = NULL;
 static SPIPlanPtr du_plan_due = NULL;
 static SPIPlanPtr du_plan_prepared = NULL;
+static SPIPlanPtr du_plan_check = NULL;
 
 static TimestampTz du_last_notify = 0;
 static TimestampTz du_last_due_check = 0;
@@ -583,6 +594,49 @@ du_index_stop(void)
 		TerminateBackgroundWorker(du_upkeep);
 }
 
+/*
+ * checks, one step: take the locks without waiting, count check io[0]
+ * (1-based, by name) into check_results; io[1] is set to the number of
+ * checks.
+ */
+static bool
+du_check_txn(void *arg)
+{
+	static const char *const names[] = {"events", "commands", "receipts", "purged",
+	"check_results"};
+	const int	nnames = (int) lengthof(names);
+	int32	   *io = (int32 *) arg;
+	Oid			nsp;
+	int			i;
+
+	nsp = get_namespace_oid("outbox", true);
+	if (!OidIsValid(nsp))
+		return false;
+	for (i = 0; i < nnames; i++)
+	{
+		LOCKMODE	mode = (i == nnames - 1) ? RowExclusiveLock : AccessShareLock;
+		Oid			relid = get_relname_relid(names[i], nsp);
+
+		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, mode))
+			return false;
+	}
+	io[1] = du_exec_int(&du_plan_check, "SELECT outbox._check_run($1)", io[0]);
+	return true;
+}
+
+/* checks: count one conservation check; more while checks remain. */
+static bool
+du_checks(OutboxTurn *turn)
+{
+	int32		io[2];
+
+	io[0] = turn->steps + 1;
+	io[1] = 0;
+	return OutboxRunTransaction("outbox: counting the conservation checks",
+								du_check_txn, io) &&
+		io[0] < io[1];
+}
+
 /* ----------------------------------------------------------------
  * The table
  * ----------------------------------------------------------------
@@ -595,6 +649,7 @@ const OutboxDuty OutboxDuties[] = {
 	{"due", &outbox_naptime_ms, DU_CHECK_MS, du_due, 1, false, true},
 	{"index", &outbox_index_check_interval_ms, 0, du_index, 1, false, false,
 	du_index_watch, du_index_stop},
+	{"checks", &outbox_check_interval_ms, 0, du_checks, DU_CHECKS_MAX, false, false},
 	{"notify", NULL, 0, du_wakeups, 1, false, false},
 };
 

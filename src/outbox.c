@@ -42,6 +42,7 @@ char	   *outbox_databases = NULL;
 int			outbox_notify_interval_ms = 10;
 double		outbox_index_bloat = 3.0;
 int			outbox_index_check_interval_ms = 60000;
+int			outbox_check_interval_ms = 300000;
 
 void		_PG_init(void);
 static bool ob_check_channel(char **newval, void **extra, GucSource source);
@@ -181,6 +182,14 @@ _PG_init(void)
 							NULL,
 							&outbox_index_check_interval_ms,
 							60000, 1000, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.check_interval",
+							"How often the background worker counts the conservation checks into outbox.check_results.",
+							NULL,
+							&outbox_check_interval_ms,
+							300000, 1000, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 

@@ -92,6 +92,7 @@ extern char *outbox_databases;
 extern int	outbox_notify_interval_ms;
 extern double outbox_index_bloat;
 extern int	outbox_index_check_interval_ms;
+extern int	outbox_check_interval_ms;
 
 /* Cumulative counters kept in shared memory (outbox.stats). */
 typedef enum OutboxCounter

@@ -83,18 +83,20 @@ CREATE INDEX commands_claim_idx ON @extschema@.commands
 CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until)
 	WHERE status OPERATOR(pg_catalog.=) 'sending';
 
--- Commands that need a human, by kind and status (the key holds both, in
--- the "C" collation like every text key of the extension, so
--- outbox.metrics_backlog() of part 45 counts them with an index-only
--- scan).  Only dead and uncertain rows have an entry, so claims and acks never write to this
--- index: a command enters it when it goes dead or uncertain and leaves it
--- when it is requeued or resolved.  (status is already part of
--- commands_lease_idx's predicate, so this index makes no update that was
--- HOT non-HOT.)
-CREATE INDEX commands_held_idx ON @extschema@.commands (kind, status COLLATE pg_catalog."C")
-	WHERE status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[]);
-COMMENT ON INDEX @extschema@.commands_held_idx
-	IS 'dead and uncertain commands by kind and status (read by outbox.metrics_backlog)';
+-- Every command that is not published, by kind, status, availability and
+-- lease end: the one index outbox.metrics_backlog() of part 45 reads, with an index-only scan
+-- (every column it needs is in the key, and status is in the predicate).
+-- A published command has no entry, so the index grows with the backlog,
+-- never with the retained history.  Writes: one entry when a command is
+-- decided, requeued or claimed (those updates change due_at, lease_until
+-- or status, which other indexes already hold, so they were not HOT
+-- before), none for an ack or a purge.  status sorts in the "C" collation
+-- like every text key of the extension.
+CREATE INDEX commands_unfinished_idx ON @extschema@.commands
+	(kind, status COLLATE pg_catalog."C", due_at, lease_until)
+	WHERE status OPERATOR(pg_catalog.<>) 'published';
+COMMENT ON INDEX @extschema@.commands_unfinished_idx
+	IS 'commands not published by kind, status, due_at and lease_until (read by outbox.metrics_backlog with an index-only scan)';
 
 -- One completion receipt per command.
 CREATE TABLE @extschema@.receipts (
@@ -163,6 +165,27 @@ CREATE TABLE @extschema@.purged (
 	purged_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
 	CONSTRAINT purged_pkey PRIMARY KEY (command_id)
 );
+
+-- The conservation checks as the background worker last counted them
+-- (outbox.metrics_checks() and _check_run() of part 45 say how).  One row
+-- per check view of part 40.  Not dumped: a restored database has NULL
+-- counts until its worker counts again.
+CREATE TABLE @extschema@.check_results (
+	check_name	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	severity	pg_catalog.text NOT NULL,
+	violations	pg_catalog.int8,
+	computed_at pg_catalog.timestamptz,
+	duration_seconds pg_catalog.float8,
+	CONSTRAINT check_results_pkey PRIMARY KEY (check_name)
+);
+COMMENT ON TABLE @extschema@.check_results
+	IS 'per conservation check: violations counted by the background worker, when, and how long the count took';
+INSERT INTO @extschema@.check_results (check_name, severity) VALUES
+	('decisions_without_command', 'error'),
+	('orphan_commands', 'error'),
+	('orphan_receipts', 'error'),
+	('state', 'error'),
+	('receipt_overdue', 'warning');
 
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.events', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.commands', '');

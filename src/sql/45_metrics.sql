@@ -3,29 +3,27 @@
 -- The DBA views of part 40 (backlog, leases, dead_letters) aggregate the
 -- whole of outbox.commands; on a table of ten million mostly finished
 -- commands a scrape every 15 seconds cannot afford that.
--- outbox.metrics_backlog() gives the same figures from the partial indexes,
--- so that its cost grows
--- with the commands that are not finished (the backlog) and never with the
--- published history:
---
---   pending rows       commands_claim_idx  (due_at IS NOT NULL)
---   sending rows       commands_lease_idx  (status = 'sending')
---   dead and uncertain commands_held_idx   (part 00)
+-- outbox.metrics_backlog() gives the same figures from one partial index
+-- of the unfinished commands (commands_unfinished_idx, below), so that its
+-- cost grows with the commands that are not finished (the backlog) and
+-- never with the published history.  outbox.metrics_checks() gives the
+-- conservation checks as the background worker last counted them.
 --
 -- Published commands are not counted by kind: that count would read every
 -- row that is kept for retention.  monitoring/queries.yaml (the queries of
--- prometheus-postgres-exporter) calls it; docs/monitoring.md shows its
--- plan.  It is SECURITY DEFINER because no role but the owner reads
--- outbox.commands; it returns counts and ages only, never a command's id,
--- payload or error, and is granted to pg_monitor.
+-- prometheus-postgres-exporter) calls both; docs/monitoring.md shows the
+-- plans.  They are SECURITY DEFINER because no role but the owner reads
+-- the tables; they return counts, times and check names only, never a
+-- command's id, payload or error, and are granted to pg_monitor.
 
--- commands_held_idx, the index of dead and uncertain commands that
--- metrics_backlog reads, is in part 00 with the other indexes (an update
--- script runs the parts after 00 again, and keeps the tables' indexes).
+-- commands_unfinished_idx, the index metrics_backlog reads, and the table
+-- check_results that metrics_checks reads are in part 00 with the other
+-- tables and indexes (an update script runs the parts after 00 again, and
+-- keeps the tables and their indexes).
 
 -- Per kind, status and state, the commands that are not published, and the
--- age of the oldest one where an age means something.  Each status is read
--- from its own partial index, once:
+-- age of the oldest one where an age means something, from one index-only
+-- scan of commands_unfinished_idx (in index order, so no sort):
 --
 --   status     state    commands                         oldest_age_seconds
 --   pending    ready    claimable now                    since the oldest became claimable
@@ -35,7 +33,9 @@
 --   dead       held     deliveries used up, or fatal     0
 --   uncertain  held     expired under manual takeover    0
 --
--- A (kind, status, state) with no command has no row.
+-- A (kind, status, state) with no command has no row.  The heap is read
+-- only for pages that are not all-visible in the visibility map
+-- (autovacuum sets them; "Heap Fetches" in the plan).
 CREATE FUNCTION @extschema@.metrics_backlog(
 	OUT kind pg_catalog.text,
 	OUT status pg_catalog.text,
@@ -47,51 +47,116 @@ LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 ROWS 30
 AS $$
-WITH p AS (
-	SELECT c.kind,
+WITH g AS (
+	SELECT c.kind, c.status COLLATE pg_catalog."C" AS status,
 		   pg_catalog.count(*) FILTER (WHERE c.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS ready,
 		   pg_catalog.count(*) FILTER (WHERE c.due_at OPERATOR(pg_catalog.>) pg_catalog.now()) AS delayed,
-		   pg_catalog.min(c.due_at) FILTER (WHERE c.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest
-	  FROM @extschema@.commands c
-	 WHERE c.due_at IS NOT NULL
-	 GROUP BY c.kind),
-s AS (
-	SELECT c.kind,
+		   pg_catalog.min(c.due_at) FILTER (WHERE c.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest_ready,
 		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.>) pg_catalog.now()) AS live,
 		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS expired,
-		   pg_catalog.min(c.lease_until) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest
+		   pg_catalog.min(c.lease_until) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest_expired,
+		   pg_catalog.count(*) AS n
 	  FROM @extschema@.commands c
-	 WHERE c.status OPERATOR(pg_catalog.=) 'sending'
-	 GROUP BY c.kind),
-h AS (
-	SELECT c.kind, c.status::pg_catalog.text AS status, pg_catalog.count(*) AS n
-	  FROM @extschema@.commands c
-	 WHERE c.status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[])
-	 GROUP BY c.kind, c.status)
-SELECT x.kind, x.status, x.state, x.n, COALESCE(x.age, 0)
-  FROM (SELECT p.kind, 'pending'::pg_catalog.text AS status, 'ready'::pg_catalog.text AS state,
-			   p.ready AS n,
-			   pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) p.oldest) AS age
-		  FROM p
-		UNION ALL
-		SELECT p.kind, 'pending', 'delayed', p.delayed, NULL FROM p
-		UNION ALL
-		SELECT s.kind, 'sending', 'live', s.live, NULL FROM s
-		UNION ALL
-		SELECT s.kind, 'sending', 'expired', s.expired,
-			   pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) s.oldest)
-		  FROM s
-		UNION ALL
-		SELECT h.kind, h.status, 'held', h.n, NULL FROM h) x
- WHERE x.n OPERATOR(pg_catalog.>) 0
+	 WHERE c.status OPERATOR(pg_catalog.<>) 'published'
+	 GROUP BY c.kind, c.status COLLATE pg_catalog."C")
+SELECT g.kind, g.status::pg_catalog.text, x.state, x.n,
+	   COALESCE(pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) x.since), 0)
+  FROM g
+ CROSS JOIN LATERAL (VALUES
+	('pending'::pg_catalog.text, 'ready'::pg_catalog.text, g.ready, g.oldest_ready),
+	('pending', 'delayed', g.delayed, NULL),
+	('sending', 'live', g.live, NULL),
+	('sending', 'expired', g.expired, g.oldest_expired),
+	('dead', 'held', g.n, NULL),
+	('uncertain', 'held', g.n, NULL)) AS x(status, state, n, since)
+ WHERE x.status OPERATOR(pg_catalog.=) g.status::pg_catalog.text
+   AND x.n OPERATOR(pg_catalog.>) 0
 $$;
 COMMENT ON FUNCTION @extschema@.metrics_backlog()
-	IS 'per kind, status and state (ready, delayed, live, expired, held): the commands that are not published and the age in seconds of the oldest ready command or expired lease; read from the partial indexes only';
+	IS 'per kind, status and state (ready, delayed, live, expired, held): the commands that are not published and the age in seconds of the oldest ready command or expired lease; one index-only scan of commands_unfinished_idx';
 
 REVOKE ALL ON FUNCTION @extschema@.metrics_backlog() FROM PUBLIC;
 DO $$
 BEGIN
 	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.metrics_backlog() TO pg_monitor, '
+		OPERATOR(pg_catalog.||) pg_catalog.quote_ident(@extschema@.role('admin'));
+END;
+$$;
+
+-- The conservation checks, computed by the background worker.  Each check
+-- view reads its tables whole (seconds per million commands), too much for
+-- a scrape every 15 seconds; the worker counts each check's rows every
+-- outbox.check_interval, one check per transaction (duties.c, duty
+-- "checks"), and keeps the count here with when it was computed.  The
+-- views and outbox.verify() are unchanged and always exact; these rows are
+-- as of computed_at.  One row per check, made here: a check added to
+-- outbox.conservation gets a row here too (test 095 compares the two).
+-- violations and computed_at are NULL until the first count.  Not dumped
+-- (pg_dump leaves an extension's tables out): a restored database has the
+-- NULL rows until its worker counts.
+-- (The table check_results is in part 00.)
+
+-- Count the rows of the n-th check (by name; 1-based) into check_results
+-- and return the number of checks, so that the worker knows when a turn is
+-- done; an n past the last counts nothing.  computed_at is the time just
+-- before the count's snapshot.  Called by the worker only (the owner's
+-- rights; granted to nobody).
+CREATE FUNCTION @extschema@._check_run(n pg_catalog.int4)
+RETURNS pg_catalog.int4
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	total pg_catalog.int4;
+	chk pg_catalog.text;
+	found_n pg_catalog.int8;
+	t0 pg_catalog.timestamptz;
+BEGIN
+	SELECT pg_catalog.count(*) INTO total FROM @extschema@.check_results;
+	SELECT r.check_name INTO chk FROM @extschema@.check_results r
+	 ORDER BY r.check_name OFFSET n OPERATOR(pg_catalog.-) 1 LIMIT 1;
+	IF chk IS NOT NULL THEN
+		t0 := pg_catalog.clock_timestamp();
+		EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM @extschema@.%I', 'check_' OPERATOR(pg_catalog.||) chk)
+		   INTO found_n;
+		UPDATE @extschema@.check_results r
+		   SET violations = found_n, computed_at = t0,
+			   duration_seconds = pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) t0)
+		 WHERE r.check_name OPERATOR(pg_catalog.=) chk;
+	END IF;
+	RETURN total;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@._check_run(pg_catalog.int4)
+	IS 'internal: the background worker counts the n-th conservation check into outbox.check_results';
+REVOKE ALL ON FUNCTION @extschema@._check_run(pg_catalog.int4) FROM PUBLIC;
+
+-- The worker's last counts, per check: violations (NULL before the first
+-- count), the Unix time of the count (0: never) and how long it took.
+-- Reads the five rows of check_results only.
+CREATE FUNCTION @extschema@.metrics_checks(
+	OUT check_name pg_catalog.text,
+	OUT severity pg_catalog.text,
+	OUT violations pg_catalog.int8,
+	OUT computed_timestamp_seconds pg_catalog.float8,
+	OUT duration_seconds pg_catalog.float8)
+RETURNS SETOF record
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+ROWS 5
+AS $$
+SELECT r.check_name, r.severity, r.violations,
+	   COALESCE(pg_catalog.date_part('epoch', r.computed_at), 0),
+	   COALESCE(r.duration_seconds, 0)
+  FROM @extschema@.check_results r
+ ORDER BY r.check_name
+$$;
+COMMENT ON FUNCTION @extschema@.metrics_checks()
+	IS 'per conservation check: the violations the background worker last counted (NULL: not yet), the Unix time of that count (0: never) and its duration in seconds';
+REVOKE ALL ON FUNCTION @extschema@.metrics_checks() FROM PUBLIC;
+DO $$
+BEGIN
+	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.metrics_checks() TO pg_monitor, '
 		OPERATOR(pg_catalog.||) pg_catalog.quote_ident(@extschema@.role('admin'));
 END;
 $$;

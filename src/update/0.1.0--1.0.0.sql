@@ -238,6 +238,34 @@ CREATE TABLE @extschema@.consumers (
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumers', '');
 COMMENT ON TABLE @extschema@.consumers IS 'consumer names, each registered to the role whose members may accept commands under it';
 
+-- The metrics' index: one index of the unfinished commands replaces
+-- 0.1.0's index of the dead and uncertain ones.
+DROP INDEX @extschema@.commands_held_idx;
+CREATE INDEX commands_unfinished_idx ON @extschema@.commands
+	(kind, status COLLATE pg_catalog."C", due_at, lease_until)
+	WHERE status OPERATOR(pg_catalog.<>) 'published';
+COMMENT ON INDEX @extschema@.commands_unfinished_idx
+	IS 'commands not published by kind, status, due_at and lease_until (read by outbox.metrics_backlog with an index-only scan)';
+
+-- The conservation checks as the background worker counts them (NULL
+-- until its first count after the update).
+CREATE TABLE @extschema@.check_results (
+	check_name	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	severity	pg_catalog.text NOT NULL,
+	violations	pg_catalog.int8,
+	computed_at pg_catalog.timestamptz,
+	duration_seconds pg_catalog.float8,
+	CONSTRAINT check_results_pkey PRIMARY KEY (check_name)
+);
+COMMENT ON TABLE @extschema@.check_results
+	IS 'per conservation check: violations counted by the background worker, when, and how long the count took';
+INSERT INTO @extschema@.check_results (check_name, severity) VALUES
+	('decisions_without_command', 'error'),
+	('orphan_commands', 'error'),
+	('orphan_receipts', 'error'),
+	('state', 'error'),
+	('receipt_overdue', 'warning');
+
 -- 3. The parts of src/sql/ after 00 follow: roles, functions, types,
 -- views, comments and privileges, as in a fresh install; then
 -- 0.1.0--1.0.0.after.sql.

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(134);
+SELECT plan(140);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -97,6 +97,9 @@ INSERT INTO expected VALUES
 	('outbox.role(text)',
 	 'function', '{outbox_producer,outbox_publisher,outbox_consumer,outbox_admin,pg_monitor}', false,
 	 $$SELECT outbox.role('admin')$$),
+	('outbox.metrics_checks()',
+	 'function', '{outbox_admin,pg_monitor}', true,
+	 $$SELECT count(*) FROM outbox.metrics_checks()$$),
 	('outbox.preloaded()',
 	 'function', '{outbox_producer,outbox_publisher,outbox_consumer,outbox_admin,pg_monitor}', false,
 	 $$SELECT outbox.preloaded()$$),
@@ -132,6 +135,9 @@ INSERT INTO expected VALUES
 	('outbox._request_worker()',
 	 'function', '{}', false,
 	 $$SELECT outbox._request_worker()$$),
+	('outbox._check_run(integer)',
+	 'function', '{}', false,
+	 $$SELECT outbox._check_run(99)$$),
 	-- tables: nobody but the owner reads or writes them
 	('outbox.events', 'relation', '{}', NULL,
 	 $$WITH d AS (DELETE FROM outbox.events RETURNING 1) SELECT count(*) FROM d$$),
@@ -147,6 +153,8 @@ INSERT INTO expected VALUES
 	 $$WITH d AS (DELETE FROM outbox.consumers RETURNING 1) SELECT count(*) FROM d$$),
 	('outbox.purged', 'relation', '{}', NULL,
 	 $$WITH d AS (DELETE FROM outbox.purged RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.check_results', 'relation', '{}', NULL,
+	 $$WITH d AS (DELETE FROM outbox.check_results RETURNING 1) SELECT count(*) FROM d$$),
 	-- views: monitoring roles read them
 	('outbox.stats', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.stats$$),

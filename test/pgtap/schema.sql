@@ -3,7 +3,7 @@ BEGIN;
 SELECT plan(57);
 
 SELECT has_schema('outbox');
-SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers']);
+SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results']);
 
 -- events
 SELECT columns_are('outbox', 'events', ARRAY['run_id', 'seq', 'kind', 'payload', 'command_id', 'created_at']);
@@ -31,15 +31,15 @@ SELECT col_not_null('outbox', 'commands', 'payload', 'col_not_null outbox, comma
 SELECT col_has_default('outbox', 'commands', 'status', 'col_has_default outbox, commands, status');
 SELECT col_default_is('outbox', 'commands', 'status', 'pending'::text, 'new commands are pending');
 SELECT col_type_is('outbox', 'commands', 'status', 'outbox', 'command_status', 'status is of the domain command_status');
-SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx', 'commands_held_idx']);
+SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx', 'commands_unfinished_idx']);
 SELECT is_indexed('outbox', 'commands', ARRAY['priority', 'due_at', 'created_at'], 'claim index by priority and availability');
 SELECT is_indexed('outbox', 'commands', 'lease_until', 'lease index for takeovers');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_claim_idx'::regclass),
 	'(due_at IS NOT NULL)', 'claim index holds claimable rows only');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_lease_idx'::regclass),
 	'((status)::text = ''sending''::text)', 'lease index holds sending rows only');
-SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_held_idx'::regclass),
-	'((status)::text = ANY (ARRAY[''dead''::text, ''uncertain''::text]))', 'held index holds dead and uncertain rows only');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_unfinished_idx'::regclass),
+	'((status)::text <> ''published''::text)', 'unfinished index holds the commands that are not published only');
 SELECT ok((SELECT reloptions @> ARRAY['fillfactor=80'] FROM pg_class WHERE oid = 'outbox.commands'::regclass),
 	'commands leaves room for new row versions');
 
@@ -104,7 +104,8 @@ SELECT set_eq($$SELECT c.relname || '.' || a.attname FROM pg_attribute a
 	  AND a.attcollation = 'pg_catalog."C"'::regcollation$$,
 	ARRAY['events.run_id', 'events.kind', 'events.command_id', 'commands.command_id', 'commands.run_id',
 		  'commands.kind', 'receipts.command_id', 'inbox.consumer', 'inbox.command_id', 'policies.kind',
-		  'purged.command_id', 'purged.run_id', 'purged.kind', 'consumers.consumer'],
+		  'purged.command_id', 'purged.run_id', 'purged.kind', 'consumers.consumer',
+		  'check_results.check_name'],
 	'identifier columns use the "C" collation');
 SELECT is((SELECT pg_catalog.array_agg(i.indexrelid::regclass::text ORDER BY 1) FROM pg_index i
 	JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace

@@ -3,13 +3,15 @@
 # dashboard's JSON and metric names), then a live chain runs on loopback:
 # a cluster with traffic (acked commands, a dead letter, an expired lease,
 # a stale ack, a delayed and an unclaimed command, a published command
-# without its receipt), outbox-relay --metrics, two
-# prometheus-postgres-exporters (the shipped queries.yaml and
-# queries-checks.yaml) as a role that is only a member of pg_monitor, and
-# prometheus scraping them with a copy of the shipped
-# prometheus.yml (test ports, a 1 s scrape and evaluation interval) and of
-# alerts.yml (every "for:" 0s, the age thresholds 1 s, so that alerts fire
-# within seconds).  The series and the alerts are read back through
+# without its receipt), the background worker counting the conservation
+# checks every second (outbox.check_interval), outbox-relay --metrics,
+# prometheus-postgres-exporter (the shipped queries.yaml) as a role that is
+# only a member of pg_monitor, and prometheus scraping them with a copy of
+# the shipped prometheus.yml (test ports, a 1 s scrape and evaluation
+# interval) and of alerts.yml (every "for:" 0s, the age thresholds 1 s and
+# the checks' age threshold 10 s, so that alerts fire within seconds).  At
+# the end the worker's checks are spaced an hour apart, and their counts
+# must be reported stale.  The series and the alerts are read back through
 # Prometheus's HTTP API.  Every process started here is stopped by pid at
 # the end, also on failure.
 
@@ -96,7 +98,7 @@ sub spew
 my %db_metrics;
 {
 	my ($key, $col);
-	for my $line (split /\n/, slurp_file("$mon/queries.yaml") . "\n" . slurp_file("$mon/queries-checks.yaml"))
+	for my $line (split /\n/, slurp_file("$mon/queries.yaml"))
 	{
 		if ($line =~ /^([a-z_]+):\s*$/) { $key = $1; next; }
 		if ($line =~ /^    - ([a-z_]+):\s*$/) { $col = $1; next; }
@@ -107,7 +109,7 @@ my %db_metrics;
 		}
 	}
 }
-ok(scalar(keys %db_metrics) >= 20, 'queries.yaml and queries-checks.yaml define the database metrics')
+ok(scalar(keys %db_metrics) >= 20, 'queries.yaml defines the database metrics')
   or diag(join(' ', sort keys %db_metrics));
 
 # ---------------------------------------------------------------------------
@@ -116,6 +118,7 @@ ok(scalar(keys %db_metrics) >= 20, 'queries.yaml and queries-checks.yaml define 
 my $node = outbox_node('monitoring', qq{
 outbox.naptime = '200ms'
 outbox.receipt_overdue = 1
+outbox.check_interval = '1s'
 });
 $node->safe_psql('postgres', q{
 	CREATE EXTENSION outbox;
@@ -190,17 +193,12 @@ $node->poll_query_until('postgres', q{
 # The exporter (shipped queries.yaml, a pg_monitor-only role) and prometheus
 # ---------------------------------------------------------------------------
 my $exporter_port = PostgreSQL::Test::Cluster::get_free_port();
-my $checks_port = PostgreSQL::Test::Cluster::get_free_port();
 {
 	local $ENV{DATA_SOURCE_NAME} = sprintf('host=%s port=%d user=scraper dbname=postgres sslmode=disable',
 		$node->host, $node->port);
 	$procs{exporter} = spawn("$tmp/exporter.out", "$tmp/exporter.err",
 		'prometheus-postgres-exporter', "--extend.query-path=$mon/queries.yaml",
 		"--web.listen-address=127.0.0.1:$exporter_port",
-		'--disable-default-metrics', '--disable-settings-metrics');
-	$procs{exporter_checks} = spawn("$tmp/exporter-checks.out", "$tmp/exporter-checks.err",
-		'prometheus-postgres-exporter', "--extend.query-path=$mon/queries-checks.yaml",
-		"--web.listen-address=127.0.0.1:$checks_port",
 		'--disable-default-metrics', '--disable-settings-metrics');
 }
 
@@ -209,10 +207,9 @@ my $prom_port = PostgreSQL::Test::Cluster::get_free_port();
 {
 	my $conf = slurp_file("$mon/prometheus.yml");
 	my $n = ($conf =~ s/\["127\.0\.0\.1:9187"\]/["127.0.0.1:$exporter_port"]/g);
-	$n += ($conf =~ s/\["127\.0\.0\.1:9188"\]/["127.0.0.1:$checks_port"]/g);
 	$n += ($conf =~ s/\["127\.0\.0\.1:9400"\]/["127.0.0.1:$relay_port"]/g);
 	$conf =~ s/(scrape_interval|evaluation_interval|scrape_timeout): \S+/$1: 1s/g;
-	is($n, 3, 'the shipped prometheus.yml names the two exporters and the relay');
+	is($n, 2, 'the shipped prometheus.yml names the exporter and the relay');
 	spew("$tmp/prometheus.yml", $conf);
 
 	my $rules = slurp_file("$mon/alerts.yml");
@@ -222,6 +219,8 @@ my $prom_port = PostgreSQL::Test::Cluster::get_free_port();
 		$rules =~ s/(record: outbox:threshold:$t\n\s+expr: )vector\(\d+\)/${1}vector(1)/
 		  or die "no threshold $t in alerts.yml";
 	}
+	$rules =~ s/(record: outbox:threshold:check_age_seconds\n\s+expr: )vector\(\d+\)/${1}vector(10)/
+	  or die 'no threshold check_age_seconds in alerts.yml';
 	spew("$tmp/alerts.yml", $rules);
 }
 $procs{prometheus} = spawn("$tmp/prometheus.out", "$tmp/prometheus.err", 'prometheus',
@@ -288,7 +287,6 @@ sub wait_alert
 }
 
 is(wait_value('up{job="outbox-postgres"}', 1), 1, 'prometheus scrapes the exporter');
-is(wait_value('up{job="outbox-postgres-checks"}', 1), 1, 'prometheus scrapes the exporter of the checks');
 is(wait_value('up{job="outbox-relay"}', 1), 1, 'prometheus scrapes the relay');
 is(wait_value('outbox_worker_up', 1), 1, 'outbox_worker_up is 1 (read as a pg_monitor-only role)');
 # The stale ack comes once Prometheus scrapes, so that its counter
@@ -311,11 +309,24 @@ my %stats;
 cmp_ok($stats{acked}, '>=', $n_mail, 'outbox.stats counted the acks');
 cmp_ok($stats{stale_refused}, '>=', 1, 'outbox.stats counted the stale ack');
 
-for my $e ('exporter', 'exporter-checks')
-{
-	ok(!grep({ /error/ && !/level=info/ } split /\n/, slurp_file("$tmp/$e.err")),
-		"the $e logs no query error") or diag(slurp_file("$tmp/$e.err"));
-}
+ok(!grep({ /error/ && !/level=info/ } split /\n/, slurp_file("$tmp/exporter.err")),
+	'the exporter logs no query error') or diag(slurp_file("$tmp/exporter.err"));
+
+# The worker's counts of the conservation checks: one row per check of
+# outbox.conservation with its severity, and (the state no longer
+# changes) the same violations as the views once the worker has counted.
+is(sq(q{SELECT string_agg(check_name || ':' || severity, ' ' ORDER BY check_name) FROM outbox.metrics_checks()}),
+	sq(q{SELECT string_agg(check_name || ':' || severity, ' ' ORDER BY check_name) FROM outbox.conservation}),
+	'outbox.metrics_checks() has one row per conservation check, with its severity');
+ok($node->poll_query_until('postgres', q{
+	SELECT bool_and(m.violations IS NOT DISTINCT FROM c.violations
+					AND m.computed_timestamp_seconds > date_part('epoch', now()) - 60)
+	  FROM outbox.conservation c JOIN outbox.metrics_checks() m USING (check_name)}),
+	'the worker counts every check into outbox.check_results, equal to outbox.conservation');
+is(sq(q{SELECT violations FROM outbox.metrics_checks() WHERE check_name = 'receipt_overdue'}), '1',
+	'the worker counted the overdue receipt');
+is(sq(q{SELECT count(*) FROM outbox.workers WHERE last_error IS NOT NULL}), '0',
+	'the worker\'s counts raised no error');
 
 # --- the database's series ---------------------------------------------
 is(wait_value('outbox_backlog_commands{kind="doomed",status="dead",state="held"}', 1), 1,
@@ -344,6 +355,10 @@ is(wait_value('outbox_conservation_violations{check="receipt_overdue"}', 1), 1,
 is(value1('sum(outbox_conservation_violations{severity="error"})'), 0,
 	'no error-class conservation violation');
 is(value1('count(outbox_conservation_violations)'), 5, 'one series per conservation check');
+cmp_ok(value1('min(outbox_conservation_computed_timestamp_seconds)') // 0, '>', 0,
+	'every check has the time of its last count');
+is(value1('count(outbox_conservation_duration_seconds >= 0)'), 5,
+	'every check has the duration of its last count');
 is(value1('count(outbox_horizon_xmin_age)'), 3, 'one horizon series per source');
 cmp_ok(value1('outbox_worker_last_round_timestamp_seconds') // 0, '>', 0,
 	'the worker\'s last round has a time');
@@ -416,7 +431,7 @@ for my $a ('OutboxDeadLetters{kind=doomed}', 'OutboxExpiredLeases{kind=stuck}',
 	ok(wait_alert($a), "alert $a is pending or firing");
 }
 my @wrong = grep {
-	/^(OutboxConservationViolated|OutboxWorkerDown|OutboxWorkerStalled|OutboxExporterDown|OutboxRelayDown|OutboxRelayNotAcking|OutboxBacklogTooLarge|OutboxUncertainCommands|OutboxVacuumHorizonHeld)/
+	/^(OutboxConservationViolated|OutboxConservationChecksStale|OutboxWorkerDown|OutboxWorkerStalled|OutboxExporterDown|OutboxRelayDown|OutboxRelayNotAcking|OutboxBacklogTooLarge|OutboxUncertainCommands|OutboxVacuumHorizonHeld)/
 	  || /^OutboxOldestReadyCommandTooOld\{kind=(?!parked)/
 	  || /^OutboxExpiredLeases\{kind=(?!stuck)/
 } alerts();
@@ -429,5 +444,13 @@ is($? >> 8, 0, 'the relay stopped on SIGTERM with exit 0');
 delete $procs{relay};
 is(wait_value('up{job="outbox-relay"}', 0), 0, 'prometheus sees the relay down');
 ok(wait_alert('OutboxRelayDown'), 'alert OutboxRelayDown is pending or firing');
+
+# --- counts of the checks that go stale ------------------------------------
+my $counted = sq(q{SELECT max(computed_timestamp_seconds) FROM outbox.metrics_checks()});
+$node->safe_psql('postgres', q{ALTER SYSTEM SET outbox.check_interval = '1h'; SELECT pg_reload_conf();});
+ok(wait_alert('OutboxConservationChecksStale'),
+	'alert OutboxConservationChecksStale is pending or firing once the worker counts no more');
+cmp_ok(value1('max(outbox_conservation_computed_timestamp_seconds)') // 0, '>=', $counted,
+	'the stale counts are still exported, with their time');
 
 done_testing();
