@@ -165,31 +165,52 @@ AS $$
 DECLARE
 	-- Calling into the module first defines the outbox.* settings read below.
 	loaded pg_catalog.bool := @extschema@.preloaded();
+	-- The bounds are compared on the times they lead to, as claim does:
+	-- an interval's months and days have no fixed length, so comparing
+	-- intervals ('1000 mons -29999 days' < '1 day') would count a month as
+	-- 30 days.
+	t0 pg_catalog.timestamptz := pg_catalog.now();
+	t_base pg_catalog.timestamptz;
+	t_max pg_catalog.timestamptz;
+	t_lease pg_catalog.timestamptz;
+	t_ret pg_catalog.timestamptz;
+	t_cap pg_catalog.timestamptz;
+	t_century pg_catalog.timestamptz;
 BEGIN
 	PERFORM @extschema@._require_id(kind, 'kind');
+	BEGIN
+		t_base := t0 OPERATOR(pg_catalog.+) backoff_base;
+		t_max := t0 OPERATOR(pg_catalog.+) backoff_max;
+		t_lease := t0 OPERATOR(pg_catalog.+) lease;
+		t_ret := t0 OPERATOR(pg_catalog.+) retention;
+		t_cap := t0 OPERATOR(pg_catalog.+) pg_catalog.current_setting('outbox.max_lease')::pg_catalog.interval;
+		t_century := t0 OPERATOR(pg_catalog.+) '100 years'::pg_catalog.interval;
+	EXCEPTION WHEN datetime_field_overflow THEN
+		RAISE EXCEPTION 'backoff, lease and retention must not be longer than 100 years'
+			USING ERRCODE = 'invalid_parameter_value';
+	END;
 	IF max_deliveries OPERATOR(pg_catalog.<) 1 THEN
 		RAISE EXCEPTION 'max_deliveries must be at least 1'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF backoff_base OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
-	   OR backoff_max OPERATOR(pg_catalog.<) '0'::pg_catalog.interval
-	   OR retention OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
+	IF t_base OPERATOR(pg_catalog.<) t0
+	   OR t_max OPERATOR(pg_catalog.<) t0
+	   OR t_ret OPERATOR(pg_catalog.<) t0 THEN
 		RAISE EXCEPTION 'backoff and retention must not be negative'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
 	-- Longer ones mean "never" anyway, and would overflow the time arithmetic.
-	IF backoff_base OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval
-	   OR backoff_max OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval
-	   OR retention OPERATOR(pg_catalog.>) '100 years'::pg_catalog.interval THEN
+	IF t_base OPERATOR(pg_catalog.>) t_century
+	   OR t_max OPERATOR(pg_catalog.>) t_century
+	   OR t_ret OPERATOR(pg_catalog.>) t_century THEN
 		RAISE EXCEPTION 'backoff and retention must not be longer than 100 years'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF lease OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval THEN
+	IF t_lease OPERATOR(pg_catalog.<=) t0 THEN
 		RAISE EXCEPTION 'lease must be positive'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF lease OPERATOR(pg_catalog.>)
-			pg_catalog.current_setting('outbox.max_lease')::pg_catalog.interval THEN
+	IF t_lease OPERATOR(pg_catalog.>) t_cap THEN
 		RAISE EXCEPTION 'lease is longer than outbox.max_lease'
 			USING ERRCODE = 'invalid_parameter_value';
 	END IF;
