@@ -31,8 +31,8 @@
 
 #include "outbox.h"
 
-PG_FUNCTION_INFO_V1(outbox_complete);
-PG_FUNCTION_INFO_V1(outbox_inbox_accept);
+PG_FUNCTION_INFO_V1(outbox_complete_1_0);
+PG_FUNCTION_INFO_V1(outbox_inbox_accept_1_0);
 
 static SPIPlanPtr plan_complete = NULL;
 static SPIPlanPtr plan_receipt = NULL;
@@ -176,7 +176,7 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 
 /* outbox.complete: the body, as the owner, told who called. */
 Datum
-outbox_complete(PG_FUNCTION_ARGS)
+outbox_complete_1_0(PG_FUNCTION_ARGS)
 {
 	return OutboxCallAsOwner(fcinfo, co_complete);
 }
@@ -247,7 +247,7 @@ co_inbox_accept(FunctionCallInfo fcinfo, Oid caller)
 
 /* outbox.inbox_accept: the body, as the owner, told who called. */
 Datum
-outbox_inbox_accept(PG_FUNCTION_ARGS)
+outbox_inbox_accept_1_0(PG_FUNCTION_ARGS)
 {
 	return OutboxCallAsOwner(fcinfo, co_inbox_accept);
 }

@@ -65,12 +65,12 @@
 
 #include "outbox.h"
 
-PG_FUNCTION_INFO_V1(outbox_claim);
-PG_FUNCTION_INFO_V1(outbox_ack);
+PG_FUNCTION_INFO_V1(outbox_claim_1_0);
+PG_FUNCTION_INFO_V1(outbox_ack_1_0);
 PG_FUNCTION_INFO_V1(outbox_ack_many);
 PG_FUNCTION_INFO_V1(outbox_lease_secret);
-PG_FUNCTION_INFO_V1(outbox_fail);
-PG_FUNCTION_INFO_V1(outbox_renew);
+PG_FUNCTION_INFO_V1(outbox_fail_1_0);
+PG_FUNCTION_INFO_V1(outbox_renew_1_0);
 PG_FUNCTION_INFO_V1(outbox_sweep);
 
 static SPIPlanPtr plan_claim = NULL;
@@ -684,7 +684,7 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 
 /* outbox.claim: the body, as the owner, told who called. */
 Datum
-outbox_claim(PG_FUNCTION_ARGS)
+outbox_claim_1_0(PG_FUNCTION_ARGS)
 {
 	return OutboxCallAsOwner(fcinfo, le_claim);
 }
@@ -735,7 +735,7 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 
 /* outbox.ack: the body, as the owner, told who called. */
 Datum
-outbox_ack(PG_FUNCTION_ARGS)
+outbox_ack_1_0(PG_FUNCTION_ARGS)
 {
 	return OutboxCallAsOwner(fcinfo, le_ack);
 }
@@ -1148,7 +1148,7 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 
 /* outbox.fail: the body, as the owner, told who called. */
 Datum
-outbox_fail(PG_FUNCTION_ARGS)
+outbox_fail_1_0(PG_FUNCTION_ARGS)
 {
 	return OutboxCallAsOwner(fcinfo, le_fail);
 }
@@ -1221,7 +1221,7 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 
 /* outbox.renew: the body, as the owner, told who called. */
 Datum
-outbox_renew(PG_FUNCTION_ARGS)
+outbox_renew_1_0(PG_FUNCTION_ARGS)
 {
 	return OutboxCallAsOwner(fcinfo, le_renew);
 }

@@ -206,7 +206,7 @@ extern PGDLLIMPORT OutboxSharedState *OutboxShared;
  * entry point hands its body to OutboxCallAsOwner:
  *
  *	Datum
- *	outbox_claim(PG_FUNCTION_ARGS)
+ *	outbox_claim_1_0(PG_FUNCTION_ARGS)
  *	{
  *		return OutboxCallAsOwner(fcinfo, le_claim);
  *	}

@@ -44,8 +44,8 @@
 
 #include "outbox.h"
 
-PG_FUNCTION_INFO_V1(outbox_commit_decision);
-PG_FUNCTION_INFO_V1(outbox_commit_decisions);
+PG_FUNCTION_INFO_V1(outbox_commit_decision_1_0);
+PG_FUNCTION_INFO_V1(outbox_commit_decisions_1_0);
 PG_FUNCTION_INFO_V1(outbox_record_event);
 
 static SPIPlanPtr plan_decide = NULL;
@@ -366,7 +366,7 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 
 /* outbox.commit_decision: the body, as the owner, told who called. */
 Datum
-outbox_commit_decision(PG_FUNCTION_ARGS)
+outbox_commit_decision_1_0(PG_FUNCTION_ARGS)
 {
 	return OutboxCallAsOwner(fcinfo, pr_commit_decision);
 }
@@ -907,7 +907,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 
 /* outbox.commit_decisions: the body, as the owner, told who called. */
 Datum
-outbox_commit_decisions(PG_FUNCTION_ARGS)
+outbox_commit_decisions_1_0(PG_FUNCTION_ARGS)
 {
 	return OutboxCallAsOwner(fcinfo, pr_commit_decisions);
 }

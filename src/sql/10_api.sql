@@ -7,6 +7,13 @@
 --
 -- Their statements run as saved plans through OutboxExecute (src/outbox.c),
 -- which keeps the planner on the index plans whenever a plan is (re)made.
+--
+-- A C function whose arguments or result changed between versions gets a
+-- new symbol with the version suffix (outbox_ack_1_0), as
+-- pg_stat_statements does: between the installation of a new library and
+-- ALTER EXTENSION outbox UPDATE, an older declaration then fails with
+-- "could not find function" instead of handing the new code arguments of
+-- other types.
 
 -- Producer -----------------------------------------------------------------
 
@@ -23,7 +30,7 @@ CREATE FUNCTION @extschema@.commit_decision(
 RETURNS pg_catalog.bool
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_commit_decision';
+AS 'MODULE_PATHNAME', 'outbox_commit_decision_1_0';
 COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4)
 	IS 'record an event and the command it decides, atomically, in the caller''s transaction; false when the same role recorded the same decision before';
 
@@ -39,7 +46,7 @@ RETURNS SETOF @extschema@.decision_result
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 ROWS 100
-AS 'MODULE_PATHNAME', 'outbox_commit_decisions';
+AS 'MODULE_PATHNAME', 'outbox_commit_decisions_1_0';
 COMMENT ON FUNCTION @extschema@.commit_decisions(pg_catalog.jsonb)
 	IS 'record many decisions (a JSON array of objects) in one call; all or none; a row per decision';
 
@@ -96,7 +103,7 @@ RETURNS SETOF @extschema@.lease
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 ROWS 100
-AS 'MODULE_PATHNAME', 'outbox_claim';
+AS 'MODULE_PATHNAME', 'outbox_claim_1_0';
 COMMENT ON FUNCTION @extschema@.claim(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.text[])
 	IS 'lease up to batch_size available commands (pending, or sending with an expired lease) to worker';
 
@@ -114,7 +121,7 @@ CREATE FUNCTION @extschema@.ack(
 RETURNS void
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_ack';
+AS 'MODULE_PATHNAME', 'outbox_ack_1_0';
 COMMENT ON FUNCTION @extschema@.ack(pg_catalog.text, pg_catalog.text)
 	IS 'mark a leased command published; raises OB001 (lease_not_owned) for a token the caller does not hold';
 
@@ -145,7 +152,7 @@ CREATE FUNCTION @extschema@.fail(
 RETURNS pg_catalog.text
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_fail';
+AS 'MODULE_PATHNAME', 'outbox_fail_1_0';
 COMMENT ON FUNCTION @extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.bool)
 	IS 'report a failed delivery: back to pending after a backoff, or dead; returns the new status';
 
@@ -156,7 +163,7 @@ CREATE FUNCTION @extschema@.renew(
 RETURNS pg_catalog.timestamptz
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_renew';
+AS 'MODULE_PATHNAME', 'outbox_renew_1_0';
 COMMENT ON FUNCTION @extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
 	IS 'extend a lease held with its token; returns the new lease end';
 
@@ -170,7 +177,7 @@ CREATE FUNCTION @extschema@.complete(
 RETURNS pg_catalog.bool
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_complete';
+AS 'MODULE_PATHNAME', 'outbox_complete_1_0';
 COMMENT ON FUNCTION @extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb)
 	IS 'record the completion receipt of a command; true the first time, false on a repeat';
 
@@ -181,7 +188,7 @@ CREATE FUNCTION @extschema@.inbox_accept(
 RETURNS pg_catalog.bool
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
-AS 'MODULE_PATHNAME', 'outbox_inbox_accept';
+AS 'MODULE_PATHNAME', 'outbox_inbox_accept_1_0';
 COMMENT ON FUNCTION @extschema@.inbox_accept(pg_catalog.text, pg_catalog.text, pg_catalog.text)
 	IS 'true the first time consumer (registered to a role of the caller) accepts the command, false on every redelivery';
 

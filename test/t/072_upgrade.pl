@@ -321,6 +321,25 @@ my $acl_before = sql('old', q{SELECT relacl FROM pg_class WHERE oid = 'outbox.re
 $node->stop;
 outbox_use_install($node, undef);
 $node->start;
+
+# Until the update, the 0.1.0 declarations of the functions whose arguments
+# or result changed find no symbol in this library (their 1.0 symbols carry
+# the version): a clean error, never the new code reading arguments of
+# other types.
+foreach my $call (
+	q{SELECT outbox.fail('u-1', 'w', 2, 'e')},
+	q{SELECT outbox.renew('u-1', 'w', 2)},
+	q{SELECT outbox.ack('u-1', 'w', 2)},
+	q{SELECT outbox.commit_decisions('{r}', '{1}', '{e}', '{c}', '{k}', '{"{}"}')},
+	q{SELECT count(*) FROM outbox.claim('w', 1)},
+	q{SELECT outbox.complete('u-1')},
+	q{SELECT outbox.inbox_accept('c', 'u-1')})
+{
+	my ($rc, $out, $err) = $node->psql('old', "\\set VERBOSITY verbose\n$call");
+	like($err, qr/ERROR:  42883: could not find function "outbox_\w+" in file/,
+		"before the update, 0.1.0's $call fails with 42883");
+}
+is($node->safe_psql('old', 'SELECT 1'), '1', '... and the server is still up');
 my @versions = split /\n/, sql('postgres', q{
 SELECT version FROM pg_available_extension_versions WHERE name = 'outbox'
  ORDER BY string_to_array(version, '.')::int[]});
