@@ -34,7 +34,7 @@
 # read: in one run, the two systems taking turns within each of WREPEATS
 # repeats, pgbench (CLIENTS clients, WDURATION seconds) decides commands
 # one per transaction with outbox.commit_decision, then claims and acks
-# them in batches of 10 (outbox.claim, outbox.ack), with the index and
+# them in batches of 10 (outbox.claim, outbox.ack_many), with the index and
 # with it dropped; the median of the repeats' ratios with / without, and
 # the WAL written per command.  WSYNC=off runs the cells with
 # synchronous_commit off (CPU rather than fsync bound: a steadier ratio on
@@ -114,8 +114,8 @@ cat > "$WORK/produce.sql" <<'EOF'
 SELECT outbox.commit_decision('bench-' || (s / 100), s, 'decided', 'b-' || s, 'kind-' || (s % 7), '{"to": "someone@example.org"}') FROM nextval('bench_seq') s;
 EOF
 cat > "$WORK/claimack.sql" <<'EOF'
-SELECT array_agg(command_id) AS ids, array_agg(version) AS vers FROM outbox.claim('w' || :client_id, 10, interval '10 minutes') \gset
-SELECT count(*) FROM outbox.ack('w' || :client_id, :ids::text[], :vers::bigint[]) WHERE acked;
+SELECT array_agg(token) AS toks FROM outbox.claim('w' || :client_id, 10, interval '10 minutes') \gset
+SELECT count(*) FROM outbox.ack_many('w' || :client_id, ':toks') WHERE acked;
 EOF
 outbox_give_to_pg_user "$WORK"
 
