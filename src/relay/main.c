@@ -558,9 +558,11 @@ process_batch(RelayBatch *batch)
 
 	for (;;)
 	{
+		double		began = relay_now();
 		SinkResult	r = sink_deliver(sink, batch, relay_tick, batch);
 
 		confirm_sink(batch);
+		metrics_sink_done(r != SINK_UNAVAILABLE, relay_now() - began);
 		if (r != SINK_UNAVAILABLE)
 		{
 			if (outage_since > 0)

@@ -8,7 +8,8 @@
  * webhook, a reconnect backoff, the wait for a notification), so the
  * endpoint runs in a thread of its own.  The two threads share one
  * snapshot and nothing else: the main thread copies its counters into the
- * snapshot (metrics_publish, metrics_claimed, metrics_batch_done) under
+ * snapshot (metrics_publish, metrics_claimed, metrics_batch_done,
+ * metrics_sink_failure, metrics_sink_done) under
  * metrics_lock, and the server thread formats a page from a copy taken
  * under the same lock.  The server thread never reads relay_stats, the
  * batch or the connection, and blocks every signal, so that signals still
@@ -31,6 +32,12 @@
  *   outbox_relay_database_connected            1 while connected
  *   outbox_relay_last_ack_timestamp_seconds    Unix time of the last ack (0: none)
  *   outbox_relay_batch_duration_seconds        histogram, claim to report
+ *   outbox_relay_sink_failures_total{class}    sink outcomes: retry, fatal, outage
+ *   outbox_relay_sink_up{scheme}               1 unless the last delivery found
+ *                                              the sink unavailable
+ *   outbox_relay_sink_outages_total{scheme}    times the sink went unavailable
+ *   outbox_relay_sink_confirm_duration_seconds histogram, a batch's delivery
+ *                                              until the broker settled all
  *
  *-------------------------------------------------------------------------
  */
@@ -53,6 +60,14 @@
 static const double mt_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 #define MT_NBUCKETS ((int) (sizeof(mt_bounds) / sizeof(mt_bounds[0])))
 
+/* A histogram over mt_bounds. */
+typedef struct MetricsHistogram
+{
+	long long	buckets[MT_NBUCKETS];	/* not cumulative */
+	long long	count;
+	double		sum;
+} MetricsHistogram;
+
 /* What the main thread publishes. */
 typedef struct MetricsSnapshot
 {
@@ -60,10 +75,15 @@ typedef struct MetricsSnapshot
 	int			in_flight;
 	bool		connected;
 	double		last_ack;		/* Unix time, 0: never */
-	long long	buckets[MT_NBUCKETS];	/* not cumulative */
-	long long	nbatches;
-	double		sum;
+	MetricsHistogram batch;		/* claim to report */
+	MetricsHistogram confirm;	/* sink deliver call, settled batches */
+	long long	sink_failures[METRICS_NFAILURES];
+	bool		sink_down;
+	long long	sink_outages;
 } MetricsSnapshot;
+
+/* Label values of outbox_relay_sink_failures_total, by MetricsFailure. */
+static const char *const mt_failure_class[METRICS_NFAILURES] = {"retry", "fatal", "outage"};
 
 static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
 static MetricsSnapshot mt_snap;
@@ -143,11 +163,58 @@ mt_label_value(StrBuf *sb, const char *s)
 	}
 }
 
+/* Append a histogram's buckets, sum and count. */
+static void
+mt_histogram(StrBuf *sb, const char *name, const char *help, const MetricsHistogram *h)
+{
+	long long	cum = 0;
+	int			i;
+
+	mt_family(sb, name, "histogram", help);
+	for (i = 0; i < MT_NBUCKETS; i++)
+	{
+		cum += h->buckets[i];
+		sb_printf(sb, "%s_bucket{le=\"%g\"} %lld\n", name, mt_bounds[i], cum);
+	}
+	sb_printf(sb, "%s_bucket{le=\"+Inf\"} %lld\n", name, h->count);
+	sb_printf(sb, "%s_sum %.6f\n", name, h->sum);
+	sb_printf(sb, "%s_count %lld\n", name, h->count);
+}
+
+/* Add one observation to a histogram. */
+static void
+mt_observe(MetricsHistogram *h, double seconds)
+{
+	int			i;
+
+	for (i = 0; i < MT_NBUCKETS; i++)
+		if (seconds <= mt_bounds[i])
+			break;
+	if (i < MT_NBUCKETS)
+		h->buckets[i]++;
+	h->count++;
+	h->sum += seconds;
+}
+
+/* Append the sink's scheme label value (the --sink URL up to its ':'). */
+static void
+mt_scheme(StrBuf *sb)
+{
+	const char *url = relay_opts.sink ? relay_opts.sink : "";
+	size_t		n = strcspn(url, ":");
+	char		scheme[32];
+
+	if (n >= sizeof(scheme))
+		n = sizeof(scheme) - 1;
+	memcpy(scheme, url, n);
+	scheme[n] = '\0';
+	mt_label_value(sb, scheme);
+}
+
 /* Format the page from a snapshot. */
 static void
 mt_format(StrBuf *sb, const MetricsSnapshot *m)
 {
-	long long	cum = 0;
 	int			i;
 
 	mt_family(sb, "outbox_relay_info", "gauge", "The relay's worker name (lease owner) and version.");
@@ -185,16 +252,27 @@ mt_format(StrBuf *sb, const MetricsSnapshot *m)
 			  "Unix time of the last accepted ack (0: none yet).");
 	sb_printf(sb, "outbox_relay_last_ack_timestamp_seconds %.3f\n", m->last_ack);
 
-	mt_family(sb, "outbox_relay_batch_duration_seconds", "histogram",
-			  "Time from a claim's result to the report of the batch's outcome.");
-	for (i = 0; i < MT_NBUCKETS; i++)
-	{
-		cum += m->buckets[i];
-		sb_printf(sb, "outbox_relay_batch_duration_seconds_bucket{le=\"%g\"} %lld\n", mt_bounds[i], cum);
-	}
-	sb_printf(sb, "outbox_relay_batch_duration_seconds_bucket{le=\"+Inf\"} %lld\n", m->nbatches);
-	sb_printf(sb, "outbox_relay_batch_duration_seconds_sum %.6f\n", m->sum);
-	sb_printf(sb, "outbox_relay_batch_duration_seconds_count %lld\n", m->nbatches);
+	mt_histogram(sb, "outbox_relay_batch_duration_seconds",
+				 "Time from a claim's result to the report of the batch's outcome.", &m->batch);
+
+	mt_family(sb, "outbox_relay_sink_failures_total", "counter",
+			  "Deliveries the sink did not get confirmed, by class (retry: may pass, fatal: the command was refused, outage: the sink was unavailable and the command was held).");
+	for (i = 0; i < METRICS_NFAILURES; i++)
+		sb_printf(sb, "outbox_relay_sink_failures_total{class=\"%s\"} %lld\n",
+				  mt_failure_class[i], m->sink_failures[i]);
+	mt_family(sb, "outbox_relay_sink_up", "gauge",
+			  "0 from a delivery that found the sink unavailable (down, unreachable, refusing the relay) until one that did not; 1 otherwise.");
+	sb_puts(sb, "outbox_relay_sink_up{scheme=\"");
+	mt_scheme(sb);
+	sb_printf(sb, "\"} %d\n", m->sink_down ? 0 : 1);
+	mt_family(sb, "outbox_relay_sink_outages_total", "counter",
+			  "Times the sink went from available to unavailable.");
+	sb_puts(sb, "outbox_relay_sink_outages_total{scheme=\"");
+	mt_scheme(sb);
+	sb_printf(sb, "\"} %lld\n", m->sink_outages);
+	mt_histogram(sb, "outbox_relay_sink_confirm_duration_seconds",
+				 "Time the sink took to deliver a batch until the broker confirmed or refused each message (deliveries that found the sink unavailable are not counted).",
+				 &m->confirm);
 }
 
 /* Write all of buf to a socket; false on error. */
@@ -436,18 +514,35 @@ metrics_claimed(int n)
 void
 metrics_batch_done(double seconds)
 {
-	int			i;
-
 	metrics_publish();
 	pthread_mutex_lock(&metrics_lock);
 	mt_snap.in_flight = 0;
-	for (i = 0; i < MT_NBUCKETS; i++)
-		if (seconds <= mt_bounds[i])
-			break;
-	if (i < MT_NBUCKETS)
-		mt_snap.buckets[i]++;
-	mt_snap.nbatches++;
-	mt_snap.sum += seconds;
+	mt_observe(&mt_snap.batch, seconds);
+	pthread_mutex_unlock(&metrics_lock);
+}
+
+/* The sink reported a command's delivery as failed (sink_outcome). */
+void
+metrics_sink_failure(MetricsFailure class)
+{
+	pthread_mutex_lock(&metrics_lock);
+	mt_snap.sink_failures[class]++;
+	pthread_mutex_unlock(&metrics_lock);
+}
+
+/*
+ * A deliver call of the sink returned after `seconds`, having found the
+ * sink available or not (main thread).
+ */
+void
+metrics_sink_done(bool available, double seconds)
+{
+	pthread_mutex_lock(&metrics_lock);
+	if (!available && !mt_snap.sink_down)
+		mt_snap.sink_outages++;
+	mt_snap.sink_down = !available;
+	if (available)
+		mt_observe(&mt_snap.confirm, seconds);
 	pthread_mutex_unlock(&metrics_lock);
 }
 

@@ -158,11 +158,21 @@ extern void batch_free(RelayBatch *batch);
 /* sink.c and the sink modules: see sink.h */
 
 /* metrics.c */
+typedef enum MetricsFailure
+{
+	METRICS_FAIL_RETRY,			/* SINK_RETRY */
+	METRICS_FAIL_FATAL,			/* SINK_FATAL */
+	METRICS_FAIL_OUTAGE,		/* SINK_UNAVAILABLE: held */
+	METRICS_NFAILURES
+} MetricsFailure;
+
 extern bool metrics_parse(const char *spec, char **host, char **port);
 extern bool metrics_start(const char *spec, char **errmsg);
 extern void metrics_publish(void);
 extern void metrics_claimed(int n);
 extern void metrics_batch_done(double seconds);
+extern void metrics_sink_failure(MetricsFailure class);
+extern void metrics_sink_done(bool available, double seconds);
 extern void metrics_stop(void);
 
 #endif							/* OUTBOX_RELAY_H */

@@ -241,6 +241,8 @@ sink_outcome(RelayCommand *cmd, SinkResult r, const char *error)
 	{
 		free(cmd->error);
 		cmd->error = relay_clean_error(error ? error : "delivery failed", 900);
+		metrics_sink_failure(r == SINK_RETRY ? METRICS_FAIL_RETRY :
+							 r == SINK_FATAL ? METRICS_FAIL_FATAL : METRICS_FAIL_OUTAGE);
 	}
 	switch (r)
 	{
