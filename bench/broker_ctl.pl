@@ -41,6 +41,7 @@ use FindBin;
 use lib "$FindBin::Bin/../test/perl";
 use IO::Handle;
 use POSIX qw(WNOHANG);
+use POSIX ();
 use Time::HiRes qw(time usleep);
 use MIME::Base64 qw(decode_base64);
 use Time::Local qw(timegm);
@@ -176,6 +177,8 @@ sub start_listener
 	my $pid = fork() // die "fork: $!";
 	if ($pid == 0)
 	{
+		# not this file's END block: the broker is the parent's to stop
+		$SIG{TERM} = 'DEFAULT';
 		setpgrp(0, 0);
 		open(my $out, '>', $file) or die "open $file: $!";
 		$out->autoflush(1);
@@ -190,7 +193,7 @@ sub start_listener
 				printf $out "%s\t%.6f\n", $1, $t;
 			}
 		}
-		exit 0;
+		POSIX::_exit(0);
 	}
 	$listener = [ $pid, $file ];
 	usleep(500_000);	# let it subscribe
