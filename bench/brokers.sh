@@ -29,8 +29,11 @@
 # consumer on the broker (kcat, a librabbitmq consumer, mosquitto_sub)
 # received it.  p50 and p99 of arrival - created_at.
 #
-# Settings: N, B, REPEATS, RELAYS ("1 4"), BROKERS ("kafka redis rabbitmq
-# nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency.
+# The stdout row (the relay to /dev/null, no broker, no baseline) is the
+# database's share: claim, ack and the relay's loop.
+#
+# Settings: N, B, REPEATS, RELAYS ("1 4"), BROKERS ("stdout kafka redis
+# rabbitmq nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency.
 # Needs the broker packages of test/lib.sh's lists (it installs nothing:
 # it names what is missing).
 set -u
@@ -43,7 +46,7 @@ N=${N:-100000}
 B=${B:-100}
 REPEATS=${REPEATS:-3}
 RELAYS=${RELAYS:-"1 4"}
-BROKERS=${BROKERS:-"kafka redis rabbitmq nats mosquitto"}
+BROKERS=${BROKERS:-"stdout kafka redis rabbitmq nats mosquitto"}
 WINDOW=${WINDOW:-256}
 LAT_RATE=${LAT_RATE:-500}
 LAT_SECS=${LAT_SECS:-10}
@@ -153,6 +156,7 @@ stop_broker() {
 }
 ctl() {
 	local reply
+	[ "$KIND" = stdout ] && { echo ok; return 0; }
 	echo "$*" >&"$BOUT"
 	read -r -t 300 -u "$BIN" reply || { echo "broker_ctl: no answer to $*" >&2; return 1; }
 	echo "$reply"
@@ -165,6 +169,7 @@ sink_url() {
 		rabbitmq) echo "amqp://guest@$ADDR?exchange=bench&routing_key=cmd&window=$WINDOW" ;;
 		nats) echo "nats://$ADDR/bench.cmd?window=$WINDOW" ;;
 		mosquitto) echo "mqtt://$ADDR/bench?qos=1&window=$WINDOW" ;;
+		stdout) echo stdout ;;
 	esac
 }
 
@@ -241,7 +246,8 @@ run_latency() {
 
 declare -A RES LAT
 for kind in $BROKERS; do
-	start_broker "$kind" || exit 1
+	KIND=$kind
+	[ "$kind" = stdout ] || start_broker "$kind" || exit 1
 	echo "$kind: $(sink_url "$kind")"
 	if [ "${ONLY:-}" != latency ]; then
 		for r in $(seq "$REPEATS"); do
@@ -249,11 +255,12 @@ for kind in $BROKERS; do
 				v=$(run_relay "$kind" "$k") && RES[$kind,relay$k]+="$v "
 				echo "  round $r relay x$k: $v/s"
 			done
+			[ "$kind" = stdout ] && continue
 			v=$(run_baseline "$kind") && RES[$kind,base]+="$v "
 			echo "  round $r baseline: $v/s"
 		done
 	fi
-	if [ "${ONLY:-}" != throughput ]; then
+	if [ "${ONLY:-}" != throughput ] && [ "$kind" != stdout ]; then
 		LAT[$kind]=$(run_latency "$kind")
 		echo "  latency at $LAT_RATE/s: ${LAT[$kind]} (p50 ms, p99 ms, commands)"
 	fi
