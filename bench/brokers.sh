@@ -238,10 +238,15 @@ run_latency() {
 	esac
 	chmod a+r "$WORK/stamps-$kind.tsv"
 	psql_q "\\copy lat_stamps FROM '$WORK/stamps-$kind.tsv'" || return 1
-	psql_q "SELECT format('%s %s %s', round((percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-       round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1), count(*))
-  FROM (SELECT (min(s.at) - extract(epoch FROM c.created_at)) * 1000 AS ms
-          FROM outbox.commands c JOIN lat_stamps s USING (command_id) GROUP BY c.command_id, c.created_at) x"
+	# arrival, and the relay's ack (published_at) for comparison
+	psql_q "SELECT format('%s %s %s %s %s', round((percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 1),
+       round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1), count(*),
+       round((percentile_cont(0.5) WITHIN GROUP (ORDER BY ack))::numeric, 1),
+       round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ack))::numeric, 1))
+  FROM (SELECT (min(s.at) - extract(epoch FROM c.created_at)) * 1000 AS ms,
+               extract(epoch FROM c.published_at - c.created_at) * 1000 AS ack
+          FROM outbox.commands c JOIN lat_stamps s USING (command_id)
+         GROUP BY c.command_id, c.created_at, c.published_at) x"
 }
 
 declare -A RES LAT
@@ -262,7 +267,7 @@ for kind in $BROKERS; do
 	fi
 	if [ "${ONLY:-}" != throughput ] && [ "$kind" != stdout ]; then
 		LAT[$kind]=$(run_latency "$kind")
-		echo "  latency at $LAT_RATE/s: ${LAT[$kind]} (p50 ms, p99 ms, commands)"
+		echo "  latency at $LAT_RATE/s: ${LAT[$kind]} (arrival p50 ms, p99 ms, commands; ack p50 ms, p99 ms)"
 	fi
 	stop_broker
 done
