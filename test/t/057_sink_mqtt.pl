@@ -209,6 +209,11 @@ OutboxBrokerServer::produce($node, 'mqtt-e', 3, 'login');
 }
 {
 	local $ENV{OUTBOX_RELAY_MQTT_PASSWORD} = 'right-password';
+	# the handed-back commands are claimable again after their backoff;
+	# a --drain relay started before that would stop short of them
+	ok(OutboxBrokerServer::wait_sql($node,
+		"SELECT bool_and(available_at <= now()) FROM outbox.commands WHERE run_id = 'mqtt-e'"),
+		'the held commands are available again');
 	($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--kinds', 'login', '--drain',
 		'--worker', 'e2', '--sink', $auth_sink);
 	is($rc, 0, 'with the right password from the environment: exit 0');
