@@ -134,6 +134,12 @@ all: test/kafka-mock
 endif
 test/kafka-mock: test/kafka_mock.c
 	$(CC) $(RELAY_CFLAGS) -o $@ $< $(LDFLAGS) $(shell $(PKG_CONFIG) --libs rdkafka)
+# The AMQP reader of the relay's AMQP test (prints the headers table).
+ifneq ($(filter amqp,$(RELAY_FOUND_SINKS)),)
+all: test/amqp-peek
+endif
+test/amqp-peek: test/amqp_peek.c
+	$(CC) $(RELAY_CFLAGS) -o $@ $< $(LDFLAGS) $(shell $(PKG_CONFIG) --libs librabbitmq)
 # make install RELAY_INSTALL=no installs the extension only (the Debian
 # packaging puts the relay in a package of its own).
 ifneq ($(RELAY_INSTALL),no)
@@ -158,7 +164,7 @@ src/outbox-receiver: $(RECEIVER_SRCS)
 	$(CC) $(RELAY_CFLAGS) -pthread -o $@ $(RECEIVER_SRCS) $(LDFLAGS) $(RELAY_LIBS)
 clean: clean-relay
 clean-relay:
-	rm -f src/outbox-relay src/outbox-receiver src/relay/sinks.stamp test/kafka-mock
+	rm -f src/outbox-relay src/outbox-receiver src/relay/sinks.stamp test/kafka-mock test/amqp-peek
 
 # The monitoring files (docs/monitoring.md): queries of
 # prometheus-postgres-exporter, Prometheus configuration, alert rules and

@@ -199,3 +199,45 @@ SELECT count(*) FROM outbox.commands;
 RESET ROLE;
 SELECT count(*) AS commands_of_caller FROM outbox.commands WHERE run_id = 'r-caller';
 DROP ROLE regress_producer;
+-- Headers: a JSON object of strings, stored with the command and handed out
+-- by claim.  Bad ones are refused (22023 shape, 54000 limits) and change
+-- nothing.
+\set VERBOSITY default
+SELECT outbox.commit_decision('r-h', 1, 'e', 'c-h1', 'k-h', '{}', headers => '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "content-type": "application/json"}');
+SELECT outbox.commit_decision('r-h', 2, 'e', 'c-h2', 'k-h', '{}');
+SELECT command_id, headers FROM outbox.commands WHERE run_id = 'r-h' ORDER BY seq;
+-- A retry with other headers is the same decision; the stored ones stay.
+SELECT outbox.commit_decision('r-h', 1, 'e', 'c-h1', 'k-h', '{}', headers => '{"traceparent": "other"}');
+SELECT headers->>'traceparent' AS kept FROM outbox.commands WHERE command_id = 'c-h1';
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => '[]');
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => '"x"');
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => '{"n": 1}');
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => '{"a b": "x"}');
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => '{"": "x"}');
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => '{"x-a": "line\r\nInjected: 1"}');
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => '{"Host": "evil"}');
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => '{"transfer-encoding": "chunked"}');
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => '{"X-Id": "1", "x-id": "2"}');
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => ('{"' || repeat('n', 65) || '": "x"}')::jsonb);
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}',
+	headers => (SELECT jsonb_object_agg('h' || i, 'v') FROM generate_series(1, 33) i));
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}', headers => jsonb_build_object('big', repeat('v', 4094)));
+-- At the limits: 32 headers, 4096 bytes of names and values.
+SELECT outbox.commit_decision('r-h', 3, 'e', 'c-h3', 'k-h', '{}',
+	headers => (SELECT jsonb_object_agg('h' || i, 'v') FROM generate_series(1, 32) i));
+SELECT outbox.commit_decision('r-h', 4, 'e', 'c-h4', 'k-h', '{}', headers => jsonb_build_object('big', repeat('v', 4093)));
+SELECT outbox.commit_decision('r-h', 5, 'e', 'c-h5', 'k-h', '{}', headers => 'null');
+SELECT command_id, jsonb_typeof(headers) AS headers FROM outbox.commands WHERE run_id = 'r-h' ORDER BY seq;
+-- The batch form: key "headers", checked per decision, all or none.
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r-hb", "seq": 1, "event_kind": "e", "command_id": "c-hb1", "command_kind": "k-h", "payload": {}, "headers": {"x-correlation-id": "abc"}},
+	{"run_id": "r-hb", "seq": 2, "event_kind": "e", "command_id": "c-hb2", "command_kind": "k-h", "payload": {}, "headers": {"Connection": "close"}}]');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r-hb", "seq": 1, "event_kind": "e", "command_id": "c-hb1", "command_kind": "k-h", "payload": {}, "headers": {"x-correlation-id": "abc"}},
+	{"run_id": "r-hb", "seq": 2, "event_kind": "e", "command_id": "c-hb2", "command_kind": "k-h", "payload": {}, "headers": "x"}]');
+SELECT count(*) AS batch_commands FROM outbox.commands WHERE run_id = 'r-hb';
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r-hb", "seq": 1, "event_kind": "e", "command_id": "c-hb1", "command_kind": "k-h", "payload": {}, "headers": {"x-correlation-id": "abc"}},
+	{"run_id": "r-hb", "seq": 2, "event_kind": "e", "command_id": "c-hb2", "command_kind": "k-h", "payload": {}, "headers": null},
+	{"run_id": "r-hb", "seq": 3, "event_kind": "e", "command_id": "c-hb3", "command_kind": "k-h", "payload": {}}]');
+SELECT command_id, headers FROM outbox.commands WHERE run_id = 'r-hb' ORDER BY seq;
+-- claim returns them as its last field.
+SELECT command_id, jsonb_typeof(headers) AS headers, headers->>'traceparent' AS traceparent,
+       headers->>'x-correlation-id' AS correlation FROM outbox.claim('w-h', 10, kinds => '{k-h}') ORDER BY command_id;

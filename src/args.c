@@ -6,7 +6,8 @@
  * Identifiers (at most OUTBOX_MAX_ID_LEN bytes, the limit the PL/pgSQL
  * functions get from the same definition through the install script),
  * payloads (outbox.max_payload_bytes, OUTBOX_MAX_PAYLOAD_DEPTH levels),
- * and NULLs, each with its
+ * producer headers (OutboxCheckHeaders: an object of strings, names that
+ * are HTTP tokens, the OUTBOX_MAX_HEADERS* limits), and NULLs, each with its
  * SQLSTATE; and the caller identity of the API functions (OutboxCallAsOwner):
  * they are SECURITY INVOKER, so current_user at the call site is the role
  * a call is made by, and their body runs as the extension objects' owner.
@@ -160,6 +161,131 @@ OutboxCheckPayload(Jsonb *j, const char *what)
 		else if (tok == WJB_END_ARRAY || tok == WJB_END_OBJECT)
 			depth--;
 	}
+}
+
+/* Whether c is a tchar of RFC 9110's token (a header field name). */
+static bool
+ar_tchar(unsigned char c)
+{
+	if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+		return true;
+	return c != '\0' && strchr("!#$%&'*+-.^_`|~", c) != NULL;
+}
+
+/*
+ * Header names a producer may not set: the framing and hop-by-hop fields
+ * of HTTP (RFC 9110 7.6.1, RFC 9112), which would let a command change how
+ * the relay's request is delimited or routed.  Compared case-insensitively.
+ */
+static const char *const ar_reserved_headers[] = {
+	"connection", "content-length", "expect", "host", "keep-alive",
+	"proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
+	"trailer", "transfer-encoding", "upgrade", NULL
+};
+
+/* Raise 22023 about header name of a decision (elem > 0: of a batch). */
+static void
+ar_bad_header(int elem, const char *name, const char *why)
+{
+	if (elem > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("header \"%s\" of decision %d %s", name, elem, why)));
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("header \"%s\" %s", name, why)));
+}
+
+/*
+ * Check a decision's headers: a JSON object whose keys are header names
+ * (RFC 9110 tokens of at most OUTBOX_MAX_HEADER_NAME_LEN bytes, none
+ * reserved, none twice when compared case-insensitively) and whose values
+ * are strings without control characters; at most OUTBOX_MAX_HEADERS of
+ * them, OUTBOX_MAX_HEADERS_BYTES of names and values together.  elem is the
+ * 1-based position in a batch, or 0.  22023 for the shape, 54000 for the
+ * limits.
+ */
+void
+OutboxCheckHeaders(Jsonb *j, int elem)
+{
+	JsonbIterator *it;
+	JsonbValue	k;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	  **names;
+	int			n;
+	int			i;
+	Size		bytes = 0;
+
+	if (JB_ROOT_IS_SCALAR(j) || !JB_ROOT_IS_OBJECT(j))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 elem > 0 ? errmsg("headers of decision %d must be a JSON object", elem) :
+				 errmsg("headers must be a JSON object")));
+	n = JB_ROOT_COUNT(j);
+	if (n > OUTBOX_MAX_HEADERS)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 elem > 0 ? errmsg("too many headers in decision %d", elem) :
+				 errmsg("too many headers"),
+				 errdetail("There are %d headers; the limit is %d.", n, OUTBOX_MAX_HEADERS)));
+	if (n == 0)
+		return;
+	names = palloc(sizeof(char *) * n);
+	i = 0;
+	it = JsonbIteratorInit(&j->root);
+	tok = JsonbIteratorNext(&it, &k, true);
+	Assert(tok == WJB_BEGIN_OBJECT);
+	while ((tok = JsonbIteratorNext(&it, &k, true)) == WJB_KEY)
+	{
+		char	   *name = pnstrdup(k.val.string.val, k.val.string.len);
+		int			c;
+
+		tok = JsonbIteratorNext(&it, &v, true);
+		Assert(tok == WJB_VALUE);
+		if (k.val.string.len == 0)
+			ar_bad_header(elem, name, "has an empty name");
+		if (k.val.string.len > OUTBOX_MAX_HEADER_NAME_LEN)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("a header name is too long"),
+					 errdetail("The name has %d bytes; the limit is %d.",
+							   k.val.string.len, OUTBOX_MAX_HEADER_NAME_LEN)));
+		for (c = 0; c < k.val.string.len; c++)
+			if (!ar_tchar((unsigned char) name[c]))
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 elem > 0 ? errmsg("a header name of decision %d is not a token", elem) :
+						 errmsg("a header name is not a token"),
+						 errdetail("A header name has letters, digits and !#$%%&'*+-.^_`|~ only (an RFC 9110 token).")));
+		for (c = 0; ar_reserved_headers[c] != NULL; c++)
+			if (pg_strcasecmp(name, ar_reserved_headers[c]) == 0)
+				ar_bad_header(elem, name, "is reserved");
+		for (c = 0; c < i; c++)
+			if (pg_strcasecmp(name, names[c]) == 0)
+				ar_bad_header(elem, name, "is given twice (header names are case-insensitive)");
+		if (v.type != jbvString)
+			ar_bad_header(elem, name, "must be a string");
+		for (c = 0; c < v.val.string.len; c++)
+		{
+			unsigned char ch = (unsigned char) v.val.string.val[c];
+
+			if (ch < 0x20 || ch == 0x7f)
+				ar_bad_header(elem, name, "has a control character in its value");
+		}
+		bytes += k.val.string.len + v.val.string.len;
+		names[i++] = name;
+	}
+	if (bytes > OUTBOX_MAX_HEADERS_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 elem > 0 ? errmsg("headers of decision %d are too large", elem) :
+				 errmsg("headers are too large"),
+				 errdetail("Names and values have %zu bytes; the limit is %d.",
+						   bytes, OUTBOX_MAX_HEADERS_BYTES)));
+	for (i = 0; i < n; i++)
+		pfree(names[i]);
+	pfree(names);
 }
 
 /* Fetch and check a payload argument; NULL allowed only if nullable. */

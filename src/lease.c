@@ -356,7 +356,7 @@ le_raise_not_owned(text *worker, const LeToken *tok)
 }
 
 /* A row a claim leased (its RETURNING columns, deformed once), in claim order. */
-#define LE_CLAIM_COLS 13		/* 9 lease columns (the secret in the token's
+#define LE_CLAIM_COLS 14		/* 10 lease columns (the secret in the token's
 								 * place), takeover, priority, available_at,
 								 * created_at */
 #define LE_CLAIM_SECRET 5		/* where the secret is, and the token goes */
@@ -529,7 +529,7 @@ le_any_expired(TimestampTz now)
 	"       deliveries = t.deliveries OPERATOR(pg_catalog.+) 1" \
 	" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (" tids ")" \
 	" RETURNING t.command_id, t.run_id, t.seq, t.kind, t.payload, t.lease_secret," \
-	"           t.version, t.deliveries, t.lease_until, " takeover "," \
+	"           t.version, t.deliveries, t.lease_until, t.headers, " takeover "," \
 	"           t.priority, t.available_at, t.created_at"
 
 /*
@@ -659,10 +659,10 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 		LeClaimed  *c = &order[i];
 
 		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, c->values, c->isnull);
-		c->takeover = DatumGetBool(c->values[9]);
-		c->priority = DatumGetInt32(c->values[10]);
-		c->available_at = DatumGetTimestampTz(c->values[11]);
-		c->created_at = DatumGetTimestampTz(c->values[12]);
+		c->takeover = DatumGetBool(c->values[10]);
+		c->priority = DatumGetInt32(c->values[11]);
+		c->available_at = DatumGetTimestampTz(c->values[12]);
+		c->created_at = DatumGetTimestampTz(c->values[13]);
 		c->values[LE_CLAIM_SECRET] =
 			PointerGetDatum(le_make_token(DatumGetUUIDP(c->values[LE_CLAIM_SECRET]),
 										  DatumGetTextPP(c->values[1]),
@@ -671,7 +671,7 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 			takeovers++;
 	}
 	qsort(order, SPI_processed, sizeof(LeClaimed), le_cmp_claimed);
-	/* the result type has the first 9 columns */
+	/* the result type has the first 10 columns */
 	for (i = 0; i < SPI_processed; i++)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, order[i].values, order[i].isnull);
 	OutboxCountAtCommit(OBC_CLAIMED, (int64) SPI_processed);

@@ -65,6 +65,10 @@
 
 /* Deepest nesting accepted in a payload. */
 #define OUTBOX_MAX_PAYLOAD_DEPTH 64
+/* Producer headers: at most this many, names of at most NAME_LEN bytes, names and values together at most TOTAL bytes. */
+#define OUTBOX_MAX_HEADERS		32
+#define OUTBOX_MAX_HEADER_NAME_LEN 64
+#define OUTBOX_MAX_HEADERS_BYTES 4096
 /* Longest error text kept in last_error, bytes (longer ones are cut). */
 #define OUTBOX_MAX_ERROR_LEN	4096
 
@@ -226,6 +230,7 @@ extern Jsonb *OutboxArgPayload(FunctionCallInfo fcinfo, int argno,
 extern void OutboxCheckId(text *t, const char *what);
 extern int	OutboxCompareIds(const text *a, const text *b);
 extern void OutboxCheckPayload(Jsonb *j, const char *what);
+extern void OutboxCheckHeaders(Jsonb *j, int elem);
 extern void OutboxArgNotNull(FunctionCallInfo fcinfo, int argno, const char *what);
 
 /* authz.c */

@@ -31,6 +31,12 @@
  * Any error aborts the caller's (sub)transaction, so the event of a
  * rejected decision never survives.
  *
+ * A decision may carry headers (a JSON object of strings, checked by
+ * OutboxCheckHeaders), stored with the command for the relay to pass on as
+ * the broker's headers.  They are not part of "the same decision": a retry
+ * may carry another traceparent and is still the caller's own retry (the
+ * stored headers stay).  A call without headers stores NULL.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -252,10 +258,10 @@ pr_raise_conflict(const char *command_id, int elem)
 	"WITH c AS (" \
 	"  INSERT INTO outbox.commands" \
 	"    (command_id, run_id, seq, kind, payload, priority," \
-	"     available_at, due_at, decided_by)" \
+	"     available_at, due_at, decided_by, headers)" \
 	"  SELECT $4, $1, $2, $5, $6, $9," \
 	"         COALESCE($8, pg_catalog.now())," \
-	"         COALESCE($8, pg_catalog.now()), $10" \
+	"         COALESCE($8, pg_catalog.now()), $10, $11" \
 	"   WHERE NOT EXISTS (SELECT 1 FROM outbox.commands x" \
 	"                      WHERE x.command_id OPERATOR(pg_catalog.=) $4)" \
 	kind_filter \
@@ -265,7 +271,8 @@ pr_raise_conflict(const char *command_id, int elem)
 
 /*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
- *						  payload, event_payload, not_before, priority)
+ *						  payload, event_payload, not_before, priority,
+ *						  headers)
  *
  * Insert the event and the command it decides, in one statement; true when
  * recorded, false for the caller's own retry of a recorded decision.
@@ -273,8 +280,8 @@ pr_raise_conflict(const char *command_id, int elem)
 static Datum
 pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[10] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
-	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID};
+	static const Oid argtypes[11] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID};
 	text	   *run_id = OutboxArgId(fcinfo, 0, "run_id");
 	int64		seq;
 	text	   *event_kind;
@@ -282,8 +289,8 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	text	   *command_kind;
 	Jsonb	   *payload;
 	Jsonb	   *event_payload;
-	Datum		args[10];
-	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[11];
+	char		nulls[11] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n'};
 	PrWhat		what;
 	bool		isnull;
 	bool		forbidden;
@@ -316,6 +323,15 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 		nulls[7] = 'n';
 	args[8] = PG_GETARG_DATUM(8);
 	args[9] = ObjectIdGetDatum(caller);
+	args[10] = (Datum) 0;
+	if (PG_NARGS() > 9 && !PG_ARGISNULL(9))
+	{
+		Jsonb	   *headers = PG_GETARG_JSONB_P(9);
+
+		OutboxCheckHeaders(headers, 0);
+		args[10] = PointerGetDatum(headers);
+		nulls[10] = ' ';
+	}
 
 	what.run_id = run_id;
 	what.seq = seq;
@@ -328,8 +344,8 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 										  "                      WHERE p.kind OPERATOR(pg_catalog.=) $5"
 										  "                        AND p.deciders IS NOT NULL"
 										  "                        AND NOT outbox._may(p.deciders, $10))"),
-								10, argtypes) :
-				  OutboxPrepare(&plan_decide_open, PR_DECIDE(""), 10, argtypes),
+								11, argtypes) :
+				  OutboxPrepare(&plan_decide_open, PR_DECIDE(""), 11, argtypes),
 				  args, nulls, &what, true))
 	{
 		SPI_finish();
@@ -347,7 +363,7 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 									"       COALESCE(" PR_SAME_DECISION("$1", "$2", "$3", "$5", "$6", "$10") ", false)"
 									"  FROM (SELECT 1) one"
 									"  LEFT JOIN outbox.commands c ON c.command_id OPERATOR(pg_catalog.=) $4",
-									10, argtypes),
+									11, argtypes),
 					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "outbox: diagnosis of a decision failed");
 	forbidden = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
@@ -419,8 +435,10 @@ outbox_record_event(PG_FUNCTION_ARGS)
 }
 
 /* The keys of a decision of commit_decisions, in the order of its arrays. */
-static const char *const pr_keys[9] = {"run_id", "seq", "event_kind", "command_id",
-"command_kind", "payload", "event_payload", "not_before", "priority"};
+#define PR_NKEYS			10
+
+static const char *const pr_keys[PR_NKEYS] = {"run_id", "seq", "event_kind", "command_id",
+"command_kind", "payload", "event_payload", "not_before", "priority", "headers"};
 
 #define PR_KEY_RUN_ID		0
 #define PR_KEY_SEQ			1
@@ -431,6 +449,10 @@ static const char *const pr_keys[9] = {"run_id", "seq", "event_kind", "command_i
 #define PR_KEY_EVENT_PAYLOAD 6
 #define PR_KEY_NOT_BEFORE	7
 #define PR_KEY_PRIORITY		8
+#define PR_KEY_HEADERS		9
+
+/* The parameter of a key's array in the batch statements ($10 is the caller). */
+#define PR_KEY_PARAM(j)		((j) < 9 ? (j) : (j) + 1)
 
 /* The JSON type of a value, for messages. */
 static const char *
@@ -500,7 +522,7 @@ pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
 	JsonbIteratorToken tok;
 	int			i;
 
-	for (i = 0; i < 9; i++)
+	for (i = 0; i < PR_NKEYS; i++)
 	{
 		values[i] = (Datum) 0;
 		isnull[i] = true;
@@ -518,14 +540,14 @@ pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
 
 		tok = JsonbIteratorNext(&it, &v, true);
 		Assert(tok == WJB_VALUE);
-		for (i = 0; i < 9; i++)
+		for (i = 0; i < PR_NKEYS; i++)
 			if (strcmp(key, pr_keys[i]) == 0)
 				break;
-		if (i == 9)
+		if (i == PR_NKEYS)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("decision %d has an unknown key \"%s\"", elem, key),
-					 errhint("The keys are run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before and priority.")));
+					 errhint("The keys are run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before, priority and headers.")));
 		if (v.type == jbvNull && i != PR_KEY_PAYLOAD && i != PR_KEY_EVENT_PAYLOAD)
 			continue;
 		isnull[i] = false;
@@ -544,6 +566,10 @@ pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
 			case PR_KEY_PAYLOAD:
 			case PR_KEY_EVENT_PAYLOAD:
 				values[i] = PointerGetDatum(JsonbValueToJsonb(&v));
+				break;
+			case PR_KEY_HEADERS:
+				values[i] = PointerGetDatum(JsonbValueToJsonb(&v));
+				OutboxCheckHeaders(DatumGetJsonbP(values[i]), elem);
 				break;
 			case PR_KEY_NOT_BEFORE:
 				if (v.type != jbvString)
@@ -674,21 +700,21 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 static Datum
 pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[10] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
+	static const Oid argtypes[11] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
 		TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID, JSONBARRAYOID,
-	TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID};
-	static const Oid elemtypes[9] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
-	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID};
+	TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID, JSONBARRAYOID};
+	static const Oid elemtypes[PR_NKEYS] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, JSONBOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	Jsonb	   *doc;
 	JsonbIterator *it;
 	JsonbValue	v;
 	JsonbIteratorToken tok;
-	Datum	   *elems[9];
-	bool	   *elnulls[9];
+	Datum	   *elems[PR_NKEYS];
+	bool	   *elnulls[PR_NKEYS];
 	bool	   *retry;
-	Datum		args[10];
-	char		nulls[10];
+	Datum		args[11];
+	char		nulls[11];
 	int			n;
 	int			m;
 	int			i;
@@ -713,7 +739,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 				 errdetail("The call has %d decisions; outbox.max_batch is %d.",
 						   n, outbox_max_batch)));
 
-	for (j = 0; j < 9; j++)
+	for (j = 0; j < PR_NKEYS; j++)
 	{
 		elems[j] = palloc(sizeof(Datum) * n);
 		elnulls[j] = palloc(sizeof(bool) * n);
@@ -725,11 +751,11 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	i = 0;
 	while ((tok = JsonbIteratorNext(&it, &v, true)) == WJB_ELEM)
 	{
-		Datum		values[9];
-		bool		isnull[9];
+		Datum		values[PR_NKEYS];
+		bool		isnull[PR_NKEYS];
 
 		pr_read_decision(i + 1, &v, values, isnull);
-		for (j = 0; j < 9; j++)
+		for (j = 0; j < PR_NKEYS; j++)
 		{
 			elems[j][i] = values[j];
 			elnulls[j][i] = isnull[j];
@@ -755,7 +781,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 
 	pr_check_repeats(elems[PR_KEY_RUN_ID], elems[PR_KEY_SEQ], elems[PR_KEY_COMMAND_ID], n);
 
-	for (j = 0; j < 9; j++)
+	for (j = 0; j < PR_NKEYS; j++)
 	{
 		int16		typlen;
 		bool		typbyval;
@@ -764,9 +790,9 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 		int			lbs[1] = {1};
 
 		get_typlenbyvalalign(elemtypes[j], &typlen, &typbyval, &typalign);
-		args[j] = PointerGetDatum(construct_md_array(elems[j], elnulls[j], 1, dims, lbs,
-													 elemtypes[j], typlen, typbyval, typalign));
-		nulls[j] = ' ';
+		args[PR_KEY_PARAM(j)] = PointerGetDatum(construct_md_array(elems[j], elnulls[j], 1, dims, lbs,
+																   elemtypes[j], typlen, typbyval, typalign));
+		nulls[PR_KEY_PARAM(j)] = ' ';
 	}
 	args[9] = ObjectIdGetDatum(caller);
 	nulls[9] = ' ';
@@ -803,7 +829,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 									"     ON c.command_id OPERATOR(pg_catalog.=) u.command_id"
 									"    AND c.command_id OPERATOR(pg_catalog.=) ANY ($4)"
 									"  ORDER BY u.ord) s",
-									10, argtypes),
+									11, argtypes),
 					  args, nulls, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: diagnosis of a batch of decisions failed");
 	m = 0;
@@ -832,7 +858,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	{
 		if (m > 0)
 		{
-			for (j = 0; j < 9; j++)
+			for (j = 0; j < PR_NKEYS; j++)
 			{
 				int16		typlen;
 				bool		typbyval;
@@ -850,8 +876,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 					}
 				dims[0] = k;
 				get_typlenbyvalalign(elemtypes[j], &typlen, &typbyval, &typalign);
-				args[j] = PointerGetDatum(construct_md_array(elems[j], elnulls[j], 1, dims, lbs,
-															 elemtypes[j], typlen, typbyval, typalign));
+				args[PR_KEY_PARAM(j)] = PointerGetDatum(construct_md_array(elems[j], elnulls[j], 1, dims, lbs,
+																		   elemtypes[j], typlen, typbyval, typalign));
 			}
 		}
 		what.run_id = NULL;
@@ -864,21 +890,21 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 								"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
 								"                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
 								"                            pg_catalog.unnest($7), pg_catalog.unnest($8),"
-								"                            pg_catalog.unnest($9))"
+								"                            pg_catalog.unnest($9), pg_catalog.unnest($11))"
 								"    AS u(run_id, seq, event_kind, command_id, command_kind, payload,"
-								"         event_payload, not_before, priority)),"
+								"         event_payload, not_before, priority, headers)),"
 								" e AS ("
 								"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
 								"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
 								"INSERT INTO outbox.commands"
 								"  (command_id, run_id, seq, kind, payload, priority,"
-								"   available_at, due_at, decided_by)"
+								"   available_at, due_at, decided_by, headers)"
 								"SELECT command_id, run_id, seq, command_kind, payload,"
 								"       COALESCE(priority, 0),"
 								"       COALESCE(not_before, pg_catalog.now()),"
-								"       COALESCE(not_before, pg_catalog.now()), $10"
+								"       COALESCE(not_before, pg_catalog.now()), $10, headers"
 								"  FROM u",
-								10, argtypes),
+								11, argtypes),
 				  args, nulls, &what, false);
 	}
 	SPI_finish();

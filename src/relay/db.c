@@ -43,7 +43,9 @@ static char *channel = NULL;
 static const char *const claim_sql =
 "SELECT c.command_id, c.run_id, c.kind, c.payload, c.token, c.deliveries,"
 "       pg_catalog.date_part('epoch', c.lease_until - pg_catalog.clock_timestamp()),"
-"       c.seq"
+"       c.seq, c.headers::pg_catalog.text,"
+"       (SELECT pg_catalog.string_agg(h.key OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) h.value, E'\\n')"
+"          FROM pg_catalog.jsonb_each_text(c.headers) h)"
 "  FROM outbox.claim($1, $2, pg_catalog.make_interval(secs => $3), $4) AS c";
 static const Oid claim_types[4] = {OID_TEXT, OID_INT4, OID_FLOAT8, OID_TEXTARRAY};
 
@@ -309,7 +311,11 @@ batch_free(RelayBatch *batch)
 	int			i;
 
 	for (i = 0; i < batch->n; i++)
+	{
 		free(batch->cmds[i].error);
+		free(batch->cmds[i].headers);
+		free(batch->cmds[i].header_text);
+	}
 	free(batch->cmds);
 	if (batch->res)
 		PQclear(batch->res);
@@ -324,6 +330,45 @@ batch_set_lease(RelayBatch *batch, double now, double left)
 		left = 0;
 	batch->lease_end = now + left;
 	batch->renew_at = now + left / 2;
+}
+
+/*
+ * Take a command's headers apart: the claim sends them as lines
+ * "name:value" (a name is a token, so it holds no ':', and a value holds no
+ * newline: the server refuses control characters).
+ */
+static void
+cmd_set_headers(RelayCommand *cmd, const char *json, const char *lines)
+{
+	char	   *p;
+	int			n = 1;
+
+	if (json == NULL || lines == NULL || lines[0] == '\0')
+		return;
+	cmd->headers_json = json;
+	cmd->header_text = relay_strdup(lines);
+	for (p = cmd->header_text; *p; p++)
+		if (*p == '\n')
+			n++;
+	cmd->headers = relay_malloc(sizeof(RelayHeader) * n);
+	p = cmd->header_text;
+	while (p != NULL && *p)
+	{
+		char	   *nl = strchr(p, '\n');
+		char	   *colon;
+
+		if (nl)
+			*nl = '\0';
+		colon = strchr(p, ':');
+		if (colon && cmd->nheaders < RELAY_MAX_HEADERS)
+		{
+			*colon = '\0';
+			cmd->headers[cmd->nheaders].name = p;
+			cmd->headers[cmd->nheaders].value = colon + 1;
+			cmd->nheaders++;
+		}
+		p = nl ? nl + 1 : NULL;
+	}
 }
 
 /* Claim a batch.  On DB_OK, batch->n may be 0. */
@@ -374,6 +419,8 @@ db_claim(RelayBatch *batch)
 		cmd->token = PQgetvalue(res, i, 4);
 		cmd->seq = strtoll(PQgetvalue(res, i, 7), NULL, 10);
 		cmd->deliveries = atoi(PQgetvalue(res, i, 5));
+		if (!PQgetisnull(res, i, 8))
+			cmd_set_headers(cmd, PQgetvalue(res, i, 8), PQgetvalue(res, i, 9));
 		cmd->state = CMD_TODO;
 		if (l < left)
 			left = l;

@@ -73,6 +73,16 @@ typedef enum CmdState
 	CMD_DONE					/* outcome reported, or the lease was lost */
 } CmdState;
 
+/* At most this many producer headers a command (the server's limit too). */
+#define RELAY_MAX_HEADERS	32
+
+/* A producer's header of a command (commit_decision's headers). */
+typedef struct RelayHeader
+{
+	const char *name;			/* an RFC 9110 token, as the producer wrote it */
+	const char *value;			/* no control characters (the server checks) */
+} RelayHeader;
+
 /* One claimed command. */
 typedef struct RelayCommand
 {
@@ -83,6 +93,11 @@ typedef struct RelayCommand
 	char	   *payload;		/* JSON text (jsonb output) */
 	char	   *token;			/* the lease token (never logged) */
 	int			deliveries;
+	const char *headers_json;	/* the producer's headers as a JSON object, or
+								 * NULL when it gave none */
+	RelayHeader *headers;		/* the same, one by one (malloc'd) */
+	int			nheaders;
+	char	   *header_text;	/* what headers[] points into (malloc'd) */
 	CmdState	state;
 	bool		fatal;			/* CMD_FAILED: no retry */
 	char	   *error;			/* CMD_FAILED: what went wrong */

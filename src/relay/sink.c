@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "sink.h"
@@ -271,6 +272,41 @@ sink_command_json(PQExpBuffer buf, const RelayCommand *cmd)
 	relay_command_json(&sb, cmd);
 	appendBinaryPQExpBuffer(buf, sb.data, sb.len);
 	sb_free(&sb);
+}
+
+/*
+ * Whether a producer header name is a framing or hop-by-hop field of HTTP,
+ * which no sink passes on.  The server refuses these names at
+ * commit_decision already (the same list, src/args.c); the relay checks
+ * again so that its requests never depend on what the table holds.
+ */
+bool
+sink_header_reserved(const char *name)
+{
+	static const char *const reserved[] = {
+		"connection", "content-length", "expect", "host", "keep-alive",
+		"proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
+		"trailer", "transfer-encoding", "upgrade", NULL
+	};
+	int			i;
+
+	for (i = 0; reserved[i] != NULL; i++)
+		if (strcasecmp(name, reserved[i]) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Whether name is one of list (NULL-terminated), case-insensitively: a
+ * producer header a sink sets itself, whose value the sink keeps.
+ */
+bool
+sink_header_listed(const char *name, const char *const *list)
+{
+	for (; *list != NULL; list++)
+		if (strcasecmp(name, *list) == 0)
+			return true;
+	return false;
 }
 
 /* Value of a hex digit, or -1. */

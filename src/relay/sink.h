@@ -78,7 +78,10 @@
  * sink_command_json); brokers with headers or properties carry command_id,
  * run_id, kind and deliveries in them as well, and use command_id as the
  * message id where the broker has one, so that a redelivery is a
- * detectable duplicate.  Text that comes from producers (ids, kinds,
+ * detectable duplicate.  They carry seq too, and the producer's headers
+ * (RelayCommand.headers: names that are RFC 9110 tokens, values without
+ * control characters, as the server checked them) as the broker's own
+ * headers; sink_header_reserved names the ones no sink passes on.  Text that comes from producers (ids, kinds,
  * broker error strings) goes into error texts through sink_outcome, which
  * makes it printable.
  *
@@ -189,5 +192,10 @@ extern void sink_hosts_free(SinkHost *hosts, int n);
 extern SinkResult sink_ndjson_deliver(FILE *fp, const char *what, RelayBatch *batch,
 									  SinkTick tick, void *arg);
 extern bool sink_ndjson_flush(FILE *fp, const char *what, bool sync, char **err);
+
+/* Whether a producer header name is one no sink passes on (HTTP framing). */
+extern bool sink_header_reserved(const char *name);
+/* Whether name is in the NULL-terminated list (case-insensitively). */
+extern bool sink_header_listed(const char *name, const char *const *list);
 
 #endif							/* OUTBOX_RELAY_SINK_H */

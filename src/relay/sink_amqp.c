@@ -7,7 +7,9 @@
  * One connection and one channel in confirm mode.  Each command is a
  * persistent message (delivery_mode 2) published with the mandatory flag,
  * its message_id the command_id, its type the kind, and command_id, run_id,
- * kind and deliveries in its headers table; the body is the command's JSON
+ * seq, kind and deliveries in its headers table, followed by the
+ * producer's headers as long strings under their own names (one the relay
+ * sets itself keeps the relay's value); the body is the command's JSON
  * object.  Up to `window` messages are unconfirmed at once; the batch
  * returns once every one of them is settled:
  *
@@ -53,7 +55,7 @@
 
 #define AMQP_DEFAULT_PORT	5672
 #define AMQP_CHANNEL		1
-#define AMQP_NHEADERS		4
+#define AMQP_NHEADERS		5	/* the relay's own; the producer's follow */
 
 typedef struct AmqpSink
 {
@@ -363,8 +365,12 @@ amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 	AmqpSink   *s = rd->sink;
 	RelayCommand *cmd = &rd->batch->cmds[i];
 	amqp_basic_properties_t props;
-	amqp_table_entry_t headers[AMQP_NHEADERS];
+	static const char *const own[] = {"command_id", "run_id", "seq", "kind",
+	"deliveries", NULL};
+	amqp_table_entry_t headers[AMQP_NHEADERS + RELAY_MAX_HEADERS];
+	int			nh = AMQP_NHEADERS;
 	int			rc;
+	int			j;
 
 	resetPQExpBuffer(body);
 	sink_command_json(body, cmd);
@@ -375,6 +381,13 @@ amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 	headers[3].key = amqp_cstring_bytes("deliveries");
 	headers[3].value.kind = AMQP_FIELD_KIND_I32;
 	headers[3].value.value.i32 = cmd->deliveries;
+	headers[4].key = amqp_cstring_bytes("seq");
+	headers[4].value.kind = AMQP_FIELD_KIND_I64;
+	headers[4].value.value.i64 = cmd->seq;
+	for (j = 0; j < cmd->nheaders; j++)
+		if (!sink_header_reserved(cmd->headers[j].name) &&
+			!sink_header_listed(cmd->headers[j].name, own))
+			amqp_header_str(&headers[nh++], cmd->headers[j].name, cmd->headers[j].value);
 
 	memset(&props, 0, sizeof(props));
 	props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
@@ -385,7 +398,7 @@ amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 	props.message_id = amqp_cstring_bytes(cmd->command_id);
 	props.type = amqp_cstring_bytes(cmd->kind ? cmd->kind : "");
 	props.app_id = amqp_cstring_bytes(RELAY_NAME);
-	props.headers.num_entries = AMQP_NHEADERS;
+	props.headers.num_entries = nh;
 	props.headers.entries = headers;
 
 	rc = amqp_basic_publish(s->conn, AMQP_CHANNEL, amqp_cstring_bytes(s->exchange),

@@ -6,7 +6,12 @@
  * The body is the command's JSON object, with an Idempotency-Key header
  * holding the command_id; up to --concurrency requests of a batch are in
  * flight at once (default 1: one at a time, in claim order), over reused
- * keep-alive connections.  Outcomes:
+ * keep-alive connections.  The producer's headers (commit_decision's
+ * headers) are sent as request headers under their own names, except those
+ * the relay sets itself (Content-Type, Idempotency-Key, Expect, and every
+ * --header), which keep the relay's value, and the framing and hop-by-hop
+ * fields (Host, Content-Length, Connection, ...: sink_header_reserved),
+ * which the server already refuses.  Outcomes:
  *	 2xx							delivered;
  *	 401, 403, 404, 407				the endpoint refuses the relay (credentials,
  *									rights, a wrong URL): unavailable;
@@ -25,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <curl/curl.h>
 
@@ -185,6 +191,24 @@ header_safe(const char *s)
 	return true;
 }
 
+/* Whether the relay sets header name itself (it keeps its own value). */
+static bool
+http_own_header(const char *name)
+{
+	size_t		len = strlen(name);
+	int			i;
+
+	if (strcasecmp(name, "content-type") == 0 ||
+		strcasecmp(name, "idempotency-key") == 0 ||
+		strcasecmp(name, "expect") == 0)
+		return true;
+	for (i = 0; i < relay_opts.nheaders; i++)
+		if (strncasecmp(relay_opts.headers[i], name, len) == 0 &&
+			(relay_opts.headers[i][len] == ':' || relay_opts.headers[i][len] == ';'))
+			return true;
+	return false;
+}
+
 /* Start the POST of one command in a free slot. */
 static void
 http_start(HttpSink *sink, HttpSlot *slot, RelayCommand *cmd, int index)
@@ -202,6 +226,22 @@ http_start(HttpSink *sink, HttpSlot *slot, RelayCommand *cmd, int index)
 	for (i = 0; i < relay_opts.nheaders; i++)
 		slot->headers = curl_slist_append(slot->headers, relay_opts.headers[i]);
 	slot->headers = curl_slist_append(slot->headers, key.data);
+	for (i = 0; i < cmd->nheaders; i++)
+	{
+		const RelayHeader *h = &cmd->headers[i];
+
+		if (sink_header_reserved(h->name) || http_own_header(h->name))
+			continue;
+		resetPQExpBuffer(&key);
+		/* "Name;" is how libcurl sends a header with an empty value */
+		if (h->value[0] == '\0')
+			appendPQExpBuffer(&key, "%s;", h->name);
+		else
+			appendPQExpBuffer(&key, "%s: %s", h->name, h->value);
+		slot->headers = curl_slist_append(slot->headers, key.data);
+		if (slot->headers == NULL)
+			break;
+	}
 	if (slot->headers == NULL || PQExpBufferDataBroken(key) ||
 		PQExpBufferDataBroken(slot->body))
 	{

@@ -7,8 +7,9 @@
  * ordered, duplicate-free retry of every message inside librdkafka).  Each
  * command is one message: the key is its run_id, so one run's commands go
  * to one partition in the order the relay produced them; the value is the
- * command's JSON object; the headers are command_id, run_id, kind and
- * deliveries.  A batch is produced at once (at most `window` messages in
+ * command's JSON object; the headers are command_id, run_id, seq, kind,
+ * deliveries and content-type, then the producer's headers (a name the
+ * relay sets itself keeps the relay's value).  A batch is produced at once (at most `window` messages in
  * flight) and deliver returns once librdkafka has settled every message
  * with a delivery report: a command is delivered only when its report is
  * a success.  --timeout bounds the wait for one message
@@ -365,24 +366,42 @@ config:
 static rd_kafka_resp_err_t
 kafka_produce(KafkaSink *s, RelayCommand *cmd, int index, PQExpBuffer body)
 {
+	static const char *const own[] = {"command_id", "run_id", "seq", "kind",
+	"deliveries", "content-type", NULL};
 	char		deliveries[16];
+	char		seq[24];
 	uintptr_t	tag = ((uintptr_t) s->gen << 32) | (uintptr_t) index;
+	rd_kafka_headers_t *hdrs;
+	rd_kafka_resp_err_t err;
+	int			i;
 
 	resetPQExpBuffer(body);
 	sink_command_json(body, cmd);
 	snprintf(deliveries, sizeof(deliveries), "%d", cmd->deliveries);
-	return rd_kafka_producev(s->rk,
-							 RD_KAFKA_V_TOPIC(s->topic),
-							 RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-							 RD_KAFKA_V_KEY(cmd->run_id, strlen(cmd->run_id)),
-							 RD_KAFKA_V_VALUE(body->data, body->len),
-							 RD_KAFKA_V_HEADER("command_id", cmd->command_id, -1),
-							 RD_KAFKA_V_HEADER("run_id", cmd->run_id, -1),
-							 RD_KAFKA_V_HEADER("kind", cmd->kind, -1),
-							 RD_KAFKA_V_HEADER("deliveries", deliveries, -1),
-							 RD_KAFKA_V_HEADER("content-type", "application/json", -1),
-							 RD_KAFKA_V_OPAQUE((void *) tag),
-							 RD_KAFKA_V_END);
+	snprintf(seq, sizeof(seq), "%lld", cmd->seq);
+	hdrs = rd_kafka_headers_new(6 + cmd->nheaders);
+	rd_kafka_header_add(hdrs, "command_id", -1, cmd->command_id, -1);
+	rd_kafka_header_add(hdrs, "run_id", -1, cmd->run_id, -1);
+	rd_kafka_header_add(hdrs, "seq", -1, seq, -1);
+	rd_kafka_header_add(hdrs, "kind", -1, cmd->kind, -1);
+	rd_kafka_header_add(hdrs, "deliveries", -1, deliveries, -1);
+	rd_kafka_header_add(hdrs, "content-type", -1, "application/json", -1);
+	for (i = 0; i < cmd->nheaders; i++)
+		if (!sink_header_reserved(cmd->headers[i].name) &&
+			!sink_header_listed(cmd->headers[i].name, own))
+			rd_kafka_header_add(hdrs, cmd->headers[i].name, -1, cmd->headers[i].value, -1);
+	err = rd_kafka_producev(s->rk,
+							RD_KAFKA_V_TOPIC(s->topic),
+							RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+							RD_KAFKA_V_KEY(cmd->run_id, strlen(cmd->run_id)),
+							RD_KAFKA_V_VALUE(body->data, body->len),
+							RD_KAFKA_V_HEADERS(hdrs),
+							RD_KAFKA_V_OPAQUE((void *) tag),
+							RD_KAFKA_V_END);
+	/* on success the message owns the headers */
+	if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+		rd_kafka_headers_destroy(hdrs);
+	return err;
 }
 
 /* Deliver the batch: produce it, then wait for every delivery report. */
@@ -490,7 +509,8 @@ const SinkOps sink_kafka_ops = {
 	.usage =
 	"  kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?config=PATH&window=N]\n"
 	"                      idempotent producer, acks=all; key = run_id; headers\n"
-	"                      command_id, run_id, kind, deliveries; acked on a\n"
+	"                      command_id, run_id, seq, kind, deliveries and the\n"
+	"                      producer's; acked on a\n"
 	"                      successful delivery report (--timeout bounds the wait)\n",
 	.open = kafka_open,
 	.deliver = kafka_deliver,

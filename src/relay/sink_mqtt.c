@@ -7,7 +7,8 @@
  * MQTT 5.  Each command is a PUBLISH to TOPIC at QoS 1 (or 2), not
  * retained, with the command's JSON object as its payload, content type
  * application/json, and the MQTT 5 user properties command_id, run_id,
- * kind and deliveries (MQTT has no message id of its own: a consumer
+ * seq, kind and deliveries, then the producer's headers (one user property
+ * each, under its own name) (MQTT has no message id of its own: a consumer
  * detects a duplicate by the command_id property).  Up to `window`
  * messages are unacknowledged at once (libmosquitto holds back what the
  * broker's Receive Maximum does not allow yet); the batch returns once each
@@ -446,14 +447,19 @@ static int
 mqtt_publish(MqttSink *s, int i, PQExpBuffer body)
 {
 	RelayCommand *cmd = &s->batch->cmds[i];
+	static const char *const own[] = {"command_id", "run_id", "seq", "kind",
+	"deliveries", NULL};
 	mosquitto_property *props = NULL;
 	char		deliveries[16];
+	char		seq[24];
 	int			mid = 0;
 	int			rc;
+	int			j;
 
 	resetPQExpBuffer(body);
 	sink_command_json(body, cmd);
 	snprintf(deliveries, sizeof(deliveries), "%d", cmd->deliveries);
+	snprintf(seq, sizeof(seq), "%lld", cmd->seq);
 	rc = mosquitto_property_add_string(&props, MQTT_PROP_CONTENT_TYPE, "application/json");
 	if (rc == MOSQ_ERR_SUCCESS)
 		rc = mosquitto_property_add_byte(&props, MQTT_PROP_PAYLOAD_FORMAT_INDICATOR, 1);
@@ -464,7 +470,15 @@ mqtt_publish(MqttSink *s, int i, PQExpBuffer body)
 	if (rc == MOSQ_ERR_SUCCESS)
 		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "kind", cmd->kind ? cmd->kind : "");
 	if (rc == MOSQ_ERR_SUCCESS)
+		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "seq", seq);
+	if (rc == MOSQ_ERR_SUCCESS)
 		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "deliveries", deliveries);
+	/* the producer's headers, as user properties under their own names */
+	for (j = 0; rc == MOSQ_ERR_SUCCESS && j < cmd->nheaders; j++)
+		if (!sink_header_reserved(cmd->headers[j].name) &&
+			!sink_header_listed(cmd->headers[j].name, own))
+			rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY,
+													cmd->headers[j].name, cmd->headers[j].value);
 	if (rc == MOSQ_ERR_SUCCESS)
 		rc = mosquitto_publish_v5(s->mosq, &mid, s->topic, (int) body->len, body->data,
 								  (int) s->qos, false, props);

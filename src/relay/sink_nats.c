@@ -6,8 +6,10 @@
  *
  * Each command is a JetStream publish to SUBJECT with the header
  * Nats-Msg-Id = command_id, so that the stream's duplicate window drops a
- * redelivery, and Outbox-Command-Id, Outbox-Run-Id, Outbox-Kind and
- * Outbox-Deliveries; the body is the command's JSON object.  Publishes are
+ * redelivery, and Outbox-Command-Id, Outbox-Run-Id, Outbox-Seq, Outbox-Kind
+ * and Outbox-Deliveries, then the producer's headers under their own names
+ * (never a Nats-* one, nor one the relay sets itself); the body is the
+ * command's JSON object.  Publishes are
  * asynchronous, up to `window` of them awaiting their PubAck at once; the
  * batch returns once each one is settled:
  *
@@ -44,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <nats/nats.h>
@@ -416,12 +419,18 @@ nats_publish(NatsSink *s, NatsRound *rd, int i, PQExpBuffer body, char *msg, siz
 	RelayCommand *cmd = &rd->batch->cmds[i];
 	natsMsg    *m = NULL;
 	natsStatus	st;
+	static const char *const own[] = {"Content-Type", "Outbox-Command-Id",
+		"Outbox-Run-Id", "Outbox-Seq", "Outbox-Kind", "Outbox-Deliveries",
+	NULL};
 	char		deliveries[16];
+	char		seq[24];
 	jsPubOptions po;
+	int			j;
 
 	resetPQExpBuffer(body);
 	sink_command_json(body, cmd);
 	snprintf(deliveries, sizeof(deliveries), "%d", cmd->deliveries);
+	snprintf(seq, sizeof(seq), "%lld", cmd->seq);
 	st = natsMsg_Create(&m, s->subject, NULL, body->data, (int) body->len);
 	if (st == NATS_OK)
 		st = natsMsgHeader_Set(m, "Nats-Msg-Id", cmd->command_id);
@@ -434,7 +443,23 @@ nats_publish(NatsSink *s, NatsRound *rd, int i, PQExpBuffer body, char *msg, siz
 	if (st == NATS_OK)
 		st = natsMsgHeader_Set(m, "Outbox-Kind", cmd->kind ? cmd->kind : "");
 	if (st == NATS_OK)
+		st = natsMsgHeader_Set(m, "Outbox-Seq", seq);
+	if (st == NATS_OK)
 		st = natsMsgHeader_Set(m, "Outbox-Deliveries", deliveries);
+
+	/*
+	 * The producer's headers, under their own names; never a Nats-* header
+	 * (they steer JetStream: the message id, expected sequences, TTLs).
+	 */
+	for (j = 0; st == NATS_OK && j < cmd->nheaders; j++)
+	{
+		const char *name = cmd->headers[j].name;
+
+		if (sink_header_reserved(name) || sink_header_listed(name, own) ||
+			strncasecmp(name, "nats-", 5) == 0)
+			continue;
+		st = natsMsgHeader_Add(m, name, cmd->headers[j].value);
+	}
 	if (st != NATS_OK)
 	{
 		snprintf(msg, size, "could not build a NATS message: %s", natsStatus_GetText(st));

@@ -5,8 +5,9 @@
  *		redis://HOST:PORT[/DB]?stream=KEY[&maxlen=N][&user=U][&password_file=PATH]
  *
  * Each command is one stream entry, XADD KEY [MAXLEN ~ N] * with the
- * fields command_id, run_id, kind, deliveries and payload (the payload's
- * JSON text).  A batch is one pipeline: every XADD is written at once and
+ * fields command_id, run_id, seq, kind, deliveries and payload (the
+ * payload's JSON text), then one field "header:NAME" per producer header
+ * (the prefix keeps them apart from the relay's fields).  A batch is one pipeline: every XADD is written at once and
  * a command is delivered when its reply (the entry's id) has come back.
  * The connection is opened on the first batch (AUTH and SELECT ride at the
  * head of the pipeline) and kept; it is non-blocking, polled at most
@@ -221,11 +222,14 @@ redis_classify(const char *err)
 static void
 redis_append_xadd(RedisSink *s, RelayCommand *cmd)
 {
-	const char *argv[16];
-	size_t		argvlen[16];
+	const char *argv[20 + 2 * RELAY_MAX_HEADERS];
+	size_t		argvlen[20 + 2 * RELAY_MAX_HEADERS];
+	char	   *hnames[RELAY_MAX_HEADERS];
 	char		maxlen[32];
 	char		deliveries[16];
+	char		seq[24];
 	int			n = 0;
+	int			j;
 
 #define ARG(str) (argv[n] = (str), argvlen[n] = strlen(argv[n]), n++)
 	ARG("XADD");
@@ -243,14 +247,30 @@ redis_append_xadd(RedisSink *s, RelayCommand *cmd)
 	ARG(cmd->command_id);
 	ARG("run_id");
 	ARG(cmd->run_id);
+	snprintf(seq, sizeof(seq), "%lld", cmd->seq);
+	ARG("seq");
+	ARG(seq);
 	ARG("kind");
 	ARG(cmd->kind);
 	ARG("deliveries");
 	ARG(deliveries);
 	ARG("payload");
 	ARG(cmd->payload);
+	/* the producer's headers: one field "header:NAME" each */
+	for (j = 0; j < cmd->nheaders; j++)
+	{
+		size_t		len = strlen(cmd->headers[j].name);
+
+		hnames[j] = relay_malloc(len + 8);
+		memcpy(hnames[j], "header:", 7);
+		memcpy(hnames[j] + 7, cmd->headers[j].name, len + 1);
+		ARG(hnames[j]);
+		ARG(cmd->headers[j].value);
+	}
 #undef ARG
 	redisAppendCommandArgv(s->c, n, argv, argvlen);
+	for (j = 0; j < cmd->nheaders; j++)
+		free(hnames[j]);
 }
 
 /*
@@ -440,8 +460,9 @@ const SinkOps sink_redis_ops = {
 	.schemes = redis_schemes,
 	.usage =
 	"  redis://HOST:PORT[/DB]?stream=KEY[&maxlen=N][&user=U][&password_file=PATH]\n"
-	"                      XADD of the fields command_id, run_id, kind, deliveries,\n"
-	"                      payload, pipelined per batch, acked after the replies\n"
+	"                      XADD of the fields command_id, run_id, seq, kind,\n"
+	"                      deliveries, payload, header:NAME, pipelined per batch,\n"
+	"                      acked after the replies\n"
 	"                      (password also from OUTBOX_RELAY_REDIS_PASSWORD)\n",
 	.open = redis_open,
 	.deliver = redis_deliver,

@@ -66,7 +66,8 @@ const SinkOps sink_stdout_ops = {
 	.schemes = stdout_schemes,
 	.usage =
 	"  stdout              one JSON object per line (NDJSON):\n"
-	"                      {\"command_id\",\"run_id\",\"kind\",\"payload\",\"deliveries\"}\n",
+	"                      {\"command_id\",\"run_id\",\"seq\",\"kind\",\"payload\",\"deliveries\"\n"
+	"                      [,\"headers\"]}\n",
 	.open = stdout_open,
 	.deliver = stdout_deliver,
 	.confirm = stdout_confirm,

@@ -252,11 +252,17 @@ relay_command_json(StrBuf *sb, const RelayCommand *cmd)
 	sb_json_string(sb, cmd->command_id);
 	sb_puts(sb, ",\"run_id\":");
 	sb_json_string(sb, cmd->run_id);
-	sb_puts(sb, ",\"kind\":");
+	sb_printf(sb, ",\"seq\":%lld,\"kind\":", cmd->seq);
 	sb_json_string(sb, cmd->kind);
 	sb_puts(sb, ",\"payload\":");
 	sb_puts(sb, cmd->payload);
-	sb_printf(sb, ",\"deliveries\":%d}", cmd->deliveries);
+	sb_printf(sb, ",\"deliveries\":%d", cmd->deliveries);
+	if (cmd->headers_json != NULL)
+	{
+		sb_puts(sb, ",\"headers\":");
+		sb_puts(sb, cmd->headers_json);
+	}
+	sb_puts(sb, "}");
 }
 
 /*

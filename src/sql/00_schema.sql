@@ -75,6 +75,7 @@ CREATE TABLE @extschema@.commands (
 	decided_by	pg_catalog.oid,
 	lease_secret pg_catalog.uuid,
 	leased_by	pg_catalog.oid,
+	headers		pg_catalog.jsonb,
 	CONSTRAINT commands_pkey PRIMARY KEY (command_id)
 ) WITH (fillfactor = 80);
 
@@ -211,4 +212,5 @@ COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version: bumped b
 COMMENT ON DOMAIN @extschema@.command_deliveries IS 'how many times a command was handed to a publisher (not negative)';
 COMMENT ON COLUMN @extschema@.commands.lease_secret IS 'the random 128-bit secret of the lease''s token (set by each claim; no view shows it)';
 COMMENT ON COLUMN @extschema@.commands.leased_by IS 'the role that claimed the lease (only that role, or an outbox admin, may use its token)';
+COMMENT ON COLUMN @extschema@.commands.headers IS 'the producer''s headers (a JSON object of strings, or NULL), handed to the relay by claim and shown in no view';
 COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending, NULL otherwise (the key of the claim index)';

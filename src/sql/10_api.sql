@@ -26,12 +26,13 @@ CREATE FUNCTION @extschema@.commit_decision(
 	payload pg_catalog.jsonb,
 	event_payload pg_catalog.jsonb DEFAULT NULL,
 	not_before pg_catalog.timestamptz DEFAULT NULL,
-	priority pg_catalog.int4 DEFAULT 0)
+	priority pg_catalog.int4 DEFAULT 0,
+	headers pg_catalog.jsonb DEFAULT NULL)
 RETURNS pg_catalog.bool
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_commit_decision_1_0';
-COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4)
+COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.jsonb)
 	IS 'record an event and the command it decides, atomically, in the caller''s transaction; false when the same role recorded the same decision before';
 
 CREATE TYPE @extschema@.decision_result AS (
@@ -90,7 +91,8 @@ CREATE TYPE @extschema@.lease AS (
 	token		pg_catalog.text,
 	version		pg_catalog.int8,
 	deliveries	pg_catalog.int4,
-	lease_until pg_catalog.timestamptz
+	lease_until pg_catalog.timestamptz,
+	headers		pg_catalog.jsonb
 );
 COMMENT ON TYPE @extschema@.lease IS 'a claimed command: what to send, and the token that ack, fail and renew require';
 

@@ -179,7 +179,7 @@ BEGIN
 	EXECUTE 'GRANT USAGE ON SCHEMA @extschema@ TO ' OPERATOR(pg_catalog.||) pg_catalog.concat_ws(', ', producer, publisher, consumer, admin, 'pg_monitor');
 
 	EXECUTE 'GRANT EXECUTE ON FUNCTION
-	@extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4),
+	@extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.jsonb),
 	@extschema@.commit_decisions(pg_catalog.jsonb),
 	@extschema@.record_event(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.jsonb)
 	TO ' OPERATOR(pg_catalog.||) producer;

@@ -211,6 +211,9 @@ ALTER TABLE @extschema@.commands
 	ADD COLUMN leased_by pg_catalog.oid;
 COMMENT ON COLUMN @extschema@.commands.lease_secret IS 'the random 128-bit secret of the lease''s token (set by each claim; no view shows it)';
 COMMENT ON COLUMN @extschema@.commands.leased_by IS 'the role that claimed the lease (only that role, or an outbox admin, may use its token)';
+-- The producer's headers.  NULL for the commands decided before the update.
+ALTER TABLE @extschema@.commands ADD COLUMN headers pg_catalog.jsonb;
+COMMENT ON COLUMN @extschema@.commands.headers IS 'the producer''s headers (a JSON object of strings, or NULL), handed to the relay by claim and shown in no view';
 COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version: bumped by every change of its lease, for ordering and diagnostics (at least 1)';
 
 -- Per-kind authorization: NULL (every member of the database's group

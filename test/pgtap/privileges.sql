@@ -24,7 +24,7 @@ CREATE TEMP TABLE expected (
 );
 INSERT INTO expected VALUES
 	-- producer
-	('outbox.commit_decision(text,bigint,text,text,text,jsonb,jsonb,timestamp with time zone,integer)',
+	('outbox.commit_decision(text,bigint,text,text,text,jsonb,jsonb,timestamp with time zone,integer,jsonb)',
 	 'function', '{outbox_producer}', false,
 	 $$SELECT outbox.commit_decision('pt-run', 10, 'e', 'pt-new', 'k', '{}')$$),
 	('outbox.commit_decisions(jsonb)',

@@ -1,6 +1,6 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(57);
+SELECT plan(59);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results']);
@@ -16,7 +16,12 @@ SELECT col_has_check('outbox', 'events', 'seq', 'col_has_check outbox, events, s
 -- commands
 SELECT columns_are('outbox', 'commands', ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'version',
 	'deliveries', 'priority', 'available_at', 'due_at', 'lease_until', 'owner', 'created_at',
-	'published_at', 'last_error', 'payload', 'decided_by', 'lease_secret', 'leased_by']);
+	'published_at', 'last_error', 'payload', 'decided_by', 'lease_secret', 'leased_by', 'headers']);
+SELECT col_type_is('outbox', 'commands', 'headers', 'jsonb', 'the producer''s headers are jsonb');
+-- No view (pg_monitor reads them all) shows or reads the producer's headers.
+SELECT is((SELECT pg_catalog.count(*) FROM pg_catalog.pg_views
+			WHERE schemaname = 'outbox' AND definition ~ 'headers'), 0::bigint,
+	'no view of outbox reads commands.headers');
 SELECT col_type_is('outbox', 'commands', 'lease_secret', 'uuid', 'the lease secret is 16 bytes (a uuid)');
 SELECT col_type_is('outbox', 'commands', 'leased_by', 'oid', 'the claiming role is an oid');
 SELECT col_is_pk('outbox', 'commands', 'command_id', 'col_is_pk outbox, commands, command_id');
@@ -87,7 +92,7 @@ SELECT set_eq($$SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE
 -- extension properties
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'outbox'), false, 'not relocatable');
 SELECT is((SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'outbox'), 'outbox', 'lives in schema outbox');
-SELECT has_function('outbox', 'commit_decision', ARRAY['text', 'bigint', 'text', 'text', 'text', 'jsonb', 'jsonb', 'timestamp with time zone', 'integer']);
+SELECT has_function('outbox', 'commit_decision', ARRAY['text', 'bigint', 'text', 'text', 'text', 'jsonb', 'jsonb', 'timestamp with time zone', 'integer', 'jsonb']);
 SELECT has_function('outbox', 'claim', ARRAY['text', 'integer', 'interval', 'text[]']);
 SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 	WHERE n.nspname = 'outbox' AND p.proisstrict), 0, 'no API function is STRICT');

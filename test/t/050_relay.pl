@@ -16,6 +16,7 @@ use strict;
 use warnings;
 
 use File::Basename qw(dirname);
+use IO::Socket::INET;
 use JSON::PP;
 use POSIX qw(WNOHANG);
 use Time::HiRes qw(usleep);
@@ -194,7 +195,7 @@ produce(@tricky);
 	{
 		my $o = eval { $json->decode($l) };
 		ok($o, "line is valid JSON: $l") or next;
-		is_deeply([ sort keys %$o ], [qw(command_id deliveries kind payload run_id)],
+		is_deeply([ sort keys %$o ], [qw(command_id deliveries kind payload run_id seq)],
 			'line has exactly the documented fields');
 		$got{ $o->{command_id} } = $o;
 	}
@@ -603,6 +604,63 @@ produce([ 'role-1', 'rolek', '{}' ]);
 	like($e, qr/summary: .*reconnects=[2-9]/, 'restart: reconnected twice');
 	my @ids = map { JSON::PP->new->decode($_)->{command_id} } split /\n/, slurp_file($out);
 	is_deeply([ sort @ids ], [qw(rs-after rs-before rs-crash)], 'restart: each command written once');
+}
+
+# ---------------------------------------------------------------------------
+# The producer's headers as HTTP request headers, under their own names;
+# the relay's own headers (Content-Type, Idempotency-Key, --header) keep
+# their values, and a framing header is never sent even if the table holds
+# one (the server refuses it at commit_decision; a superuser's UPDATE gets
+# it in here).  A small HTTP server of the test's own records each request.
+# ---------------------------------------------------------------------------
+{
+	my $lsock = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0, Listen => 5,
+		ReuseAddr => 1) or die "listen: $!";
+	my $hport = $lsock->sockport;
+	my $hpid = fork() // die "fork: $!";
+	if ($hpid == 0)
+	{
+		open(my $log, '>', "$tmp/http-heads.txt") or POSIX::_exit(1);
+		$log->autoflush(1);
+		while (my $c = $lsock->accept)
+		{
+			my $head = '';
+			while (defined(my $l = <$c>))
+			{
+				last if $l eq "\r\n";
+				$head .= $l;
+			}
+			my ($len) = $head =~ /^Content-Length:\s*(\d+)/mi;
+			my $body = '';
+			read($c, $body, $len // 0);
+			print $log $head, "body: $body\n\n";
+			print $c "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+			close $c;
+		}
+		POSIX::_exit(0);
+	}
+	close $lsock;
+	sq(q{SELECT outbox.commit_decision('run-hh', 1, 'decided', 'hh-1', 'hh', '{}',
+		headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "Content-Type": "text/plain", "X-Team": "producer", "x-empty": ""}')});
+	sq(q{UPDATE outbox.commands SET headers = headers || '{"Host": "evil.example", "Transfer-Encoding": "chunked"}'
+		WHERE command_id = 'hh-1'});
+	my ($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', "http://127.0.0.1:$hport/hook", '--kinds', 'hh',
+		'--drain', '--header', 'X-Team: ops');
+	is($rc, 0, 'headers: the relay drains') or diag($err);
+	kill 'TERM', $hpid;
+	waitpid($hpid, 0);
+	my $req = slurp_file("$tmp/http-heads.txt");
+	my ($head) = split /^body: /m, $req;
+	like($req, qr/^traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r$/m, 'headers: traceparent is a request header');
+	like($req, qr/^x-empty:\s*\r$/m, 'headers: an empty value is sent empty');
+	like($req, qr/^X-Team: ops\r$/m, 'headers: a --header keeps its value');
+	unlike($req, qr/^X-Team: producer/m, 'headers: the producer\'s value of a --header is not sent');
+	like($req, qr/^Content-Type: application\/json\r$/m, 'headers: Content-Type stays application/json');
+	unlike($head, qr/text\/plain|evil\.example|chunked/, 'headers: no producer Content-Type, Host or Transfer-Encoding');
+	like($req, qr/^Host: 127\.0\.0\.1:$hport\r$/m, 'headers: Host is the endpoint\'s');
+	like($req, qr/^body: \{"command_id":"hh-1","run_id":"run-hh","seq":1,"kind":"hh",.*"headers":\{/m,
+		'headers: the body has seq and the headers');
+	is(sq("SELECT status FROM outbox.commands WHERE command_id = 'hh-1'"), 'published', 'headers: acked');
 }
 
 kill 'TERM', $rpid;

@@ -124,6 +124,26 @@ produce_runs($node, 'k1', 2000, 20, q{CASE WHEN r % 2 = 0 THEN 'ka' ELSE 'kb' EN
 }
 
 # ---------------------------------------------------------------------------
+# 1b. The producer's headers and seq arrive as Kafka headers (kcat %h)
+# ---------------------------------------------------------------------------
+sq(q{SELECT outbox.commit_decision('kh-run', 41, 'decided', 'kh-1', 'kh', '{}',
+	headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x-correlation-id": "corr-kh", "kind": "spoof"}')});
+sq(q{SELECT outbox.commit_decision('kh-run', 42, 'decided', 'kh-2', 'kh', '{}')});
+{
+	is(wait_exit(relay('relay-h', '--kinds', 'kh', '--drain')), 0, 'headers: the relay drains');
+	my %m = map { $_->[3]{command_id} => $_ } grep { $_->[3]{command_id} =~ /^kh-/ } topic();
+	is($m{'kh-1'}[3]{traceparent}, '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01',
+		'headers: traceparent arrives as a Kafka header');
+	is($m{'kh-1'}[3]{'x-correlation-id'}, 'corr-kh', 'headers: x-correlation-id arrives');
+	is($m{'kh-1'}[3]{kind}, 'kh', 'headers: a producer header named like the relay\'s keeps the relay\'s value');
+	is($m{'kh-1'}[3]{seq}, '41', 'headers: seq is a Kafka header');
+	is($m{'kh-2'}[3]{seq}, '42', 'headers: seq of a command without headers');
+	ok(!exists $m{'kh-2'}[3]{traceparent}, 'headers: none for a command without');
+	like($m{'kh-1'}[4], qr/"seq":41,.*"headers":\{"kind": "spoof", "traceparent": /,
+		'headers: seq and the headers are in the JSON object too');
+}
+
+# ---------------------------------------------------------------------------
 # 2. The broker goes down mid-batch, and comes back
 # ---------------------------------------------------------------------------
 produce_runs($node, 'k2', 600, 6, q{'kd'});

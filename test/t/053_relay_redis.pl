@@ -67,7 +67,9 @@ sub stop_redis
 	return wait_exit($redis_pid);
 }
 
-# The stream's entries: { id, command_id, run_id, kind, deliveries, payload }.
+# The stream's entries: { id, command_id, run_id, seq, kind, deliveries,
+# payload, header:NAME... }.  --raw prints the id and then the fields and
+# values one a line; a field name never looks like an entry id.
 sub entries
 {
 	my ($key) = @_;
@@ -76,7 +78,7 @@ sub entries
 	while (@lines)
 	{
 		my %e = (id => shift @lines);
-		for (1 .. 5)
+		while (@lines && $lines[0] !~ /^\d+-\d+$/)
 		{
 			my $f = shift @lines;
 			$e{$f} = shift @lines;
@@ -118,6 +120,20 @@ produce_runs($node, 'r1', 2000, 20, q{'ra'});
 		'an entry carries run_id, kind, deliveries and the payload');
 	ok(!grep({ $_->{command_id} !~ /^r1-r(\d+)-\d+$/ || $_->{run_id} ne "r1-r$1" } @e),
 		'every entry: run_id matches its command');
+	is($i->{seq}, '7', 'an entry carries seq');
+}
+
+# The producer's headers arrive as fields header:NAME (redis-cli XRANGE).
+{
+	sq(q{SELECT outbox.commit_decision('rh-run', 5, 'decided', 'rh-1', 'rh', '{}',
+		headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "content-type": "text/plain"}')});
+	is(wait_exit(relay('relay-h', $sink, '--kinds', 'rh', '--drain')), 0, 'headers: the relay drains');
+	my ($h) = grep { $_->{command_id} eq 'rh-1' } entries('outbox');
+	is($h->{'header:traceparent'}, '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01',
+		'headers: traceparent arrives as the field header:traceparent');
+	is($h->{'header:content-type'}, 'text/plain', 'headers: content-type arrives');
+	is($h->{seq}, '5', 'headers: with seq');
+	is($h->{payload}, '{}', 'headers: the payload field is unchanged');
 }
 
 # ---------------------------------------------------------------------------

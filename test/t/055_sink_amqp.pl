@@ -83,6 +83,29 @@ is($node->safe_psql('postgres', "SELECT max(deliveries) FROM outbox.commands WHE
 	'1', 'one delivery each');
 
 # ---------------------------------------------------------------------------
+# The producer's headers and seq arrive in the message's headers table.
+# amqp-consume and amqp-get print bodies only, so test/amqp-peek (a
+# librabbitmq basic.get) reads the properties back.
+# ---------------------------------------------------------------------------
+{
+	my $peek = ($ENV{OUTBOX_SRC} // "$FindBin::RealBin/../..") . '/test/amqp-peek';
+	ok(-x $peek, 'test/amqp-peek is built') or diag("no $peek");
+	$node->safe_psql('postgres', q{SELECT outbox.commit_decision('amqp-h', 3, 'decided', 'amqp-h-1', 'hdr', '{}',
+		headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x-correlation-id": "corr-a", "seq": "spoof"}')});
+	($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--sink', $sink, '--kinds', 'hdr', '--drain',
+		'--worker', 'h1');
+	is($rc, 0, 'headers: the relay drains') or diag($err);
+	my $out = `'$peek' 127.0.0.1 $port commands 10`;
+	is($? >> 8, 0, 'headers: amqp-peek read the queue');
+	my %h = map { split /=/, $_, 2 } grep { /=/ } split /\t/, (split /\n/, $out)[0] // '';
+	is($h{message_id}, 'amqp-h-1', 'headers: message_id is the command_id');
+	is($h{traceparent}, '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', 'headers: traceparent arrives in the headers table');
+	is($h{'x-correlation-id'}, 'corr-a', 'headers: x-correlation-id arrives');
+	is($h{seq}, '3', 'headers: seq is in the headers table (the producer\'s "seq" does not replace it)');
+	is(scalar(split /\n/, $out), 1, 'headers: one message');
+}
+
+# ---------------------------------------------------------------------------
 # The broker killed mid-batch, restarted: nothing unconfirmed acked,
 # nothing dead, recovery
 # ---------------------------------------------------------------------------

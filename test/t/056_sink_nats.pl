@@ -144,6 +144,21 @@ is(scalar(grep { /^nats-b/ && $seen->{$_} != 1 } keys %$seen), 0,
 is($bad, 0, 'headers match');
 
 # ---------------------------------------------------------------------------
+# The producer's headers and seq arrive as NATS headers (read back with the
+# JetStream API, STREAM.MSG.GET); a producer's Nats-* header is not passed on
+# ---------------------------------------------------------------------------
+$node->safe_psql('postgres', q{SELECT outbox.commit_decision('nats-h', 7, 'decided', 'nats-h-1', 'hdr', '{}',
+	headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "Nats-Expected-Stream": "OTHER", "x-correlation-id": "corr-n"}')});
+($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--sink', $sink, '--kinds', 'hdr', '--drain',
+	'--worker', 'h1');
+is($rc, 0, 'headers: the relay drains') or diag($err);
+my ($hm) = grep { ($_->{headers}{'Outbox-Command-Id'} // '') eq 'nats-h-1' } $ns->js_stream_messages('OUTBOX');
+is($hm->{headers}{traceparent}, '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', 'headers: traceparent arrives as a NATS header');
+is($hm->{headers}{'x-correlation-id'}, 'corr-n', 'headers: x-correlation-id arrives');
+is($hm->{headers}{'Outbox-Seq'}, '7', 'headers: Outbox-Seq carries seq');
+ok(!exists $hm->{headers}{'Nats-Expected-Stream'}, 'headers: a producer Nats-* header is not passed on');
+
+# ---------------------------------------------------------------------------
 # The stream removed under a running relay: an outage, then recovery
 # ---------------------------------------------------------------------------
 my ($pid_c, $err_c) = OutboxBrokerServer::relay_start($tmp, 'c1', '--dsn', $dsn, '--sink', $sink,

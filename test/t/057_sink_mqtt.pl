@@ -94,6 +94,18 @@ is(scalar(grep { !$seen->{$_} } OutboxBrokerServer::published_ids($node, 'mqtt-a
 ($seen) = read_messages();
 is(scalar(keys %$seen), 0, 'and nothing more: no duplicate');
 
+# The producer's headers and seq arrive as MQTT 5 user properties
+# (mosquitto_sub -F %P prints them as key:value).
+$node->safe_psql('postgres', q{SELECT outbox.commit_decision('mqtt-h', 9, 'decided', 'mqtt-h-1', 'broker', '{}',
+	headers => '{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x-correlation-id": "corr-m"}')});
+($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--sink', $sink, '--drain', '--worker', 'h1');
+is($rc, 0, 'headers: the relay drains') or diag($err);
+($rc, $out) = $mq->mqtt_sub(@reader, '-F', '%P', '-C', 1, '-W', 60);
+like($out, qr/\btraceparent:00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01/, 'headers: traceparent arrives as a user property');
+like($out, qr/\bx-correlation-id:corr-m\b/, 'headers: x-correlation-id arrives');
+like($out, qr/\bseq:9\b/, 'headers: seq is a user property');
+like($out, qr/\bcommand_id:mqtt-h-1\b/, 'headers: of the command');
+
 # QoS 2: acked after PUBCOMP
 OutboxBrokerServer::produce($node, 'mqtt-q2', 20, 'qos2');
 ($rc, $out) = $mq->mqtt_sub('-c', '-i', 'outbox-reader-2', '-q', '2', '-t', 'outbox/qos2', '-E');
@@ -197,6 +209,11 @@ OutboxBrokerServer::produce($node, 'mqtt-e', 3, 'login');
 }
 {
 	local $ENV{OUTBOX_RELAY_MQTT_PASSWORD} = 'right-password';
+	# the handed-back commands are claimable again after their backoff;
+	# a --drain relay started before that would stop short of them
+	ok(OutboxBrokerServer::wait_sql($node,
+		"SELECT bool_and(available_at <= now()) FROM outbox.commands WHERE run_id = 'mqtt-e'"),
+		'the held commands are available again');
 	($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--kinds', 'login', '--drain',
 		'--worker', 'e2', '--sink', $auth_sink);
 	is($rc, 0, 'with the right password from the environment: exit 0');
