@@ -29,18 +29,21 @@ for my $node (0, 1)
 	my @before = split /\|/, safe_psql($node, $db, $stats);
 	safe_psql($node, $db,
 		qq{SELECT outbox.commit_decision('$n-run', 1, 'placed', '$c', 'mail', '{"n": 1}')});
+	my $tok = safe_psql($node, $db,
+		q{SELECT token FROM outbox.claim('pub', 10, interval '1 minute')});
 	is(safe_psql($node, $db,
-		q{SELECT string_agg(command_id || '/' || version, ',') FROM outbox.claim('pub', 10, interval '1 minute')}),
+		q{SELECT string_agg(command_id || '/' || version, ',') FROM outbox.commands WHERE status = 'sending'}),
 		"$c/2", "$n: claim leases the decision's command");
-	my ($rc, undef, $err) = psql($node, $db, qq{SELECT outbox.ack('$c', 'other', 2)});
-	like($err, qr/ERROR/, "$n: an ack by another publisher is refused");
-	safe_psql($node, $db, qq{SELECT outbox.ack('$c', 'pub', 2)});
+	my ($rc, undef, $err) = psql($node, $db, qq{SELECT outbox.ack('other', \$t\$$tok\$t\$)});
+	like($err, qr/ERROR:  lease_not_owned/, "$n: an ack by another publisher is refused");
+	safe_psql($node, $db, qq{SELECT outbox.ack('pub', \$t\$$tok\$t\$)});
 	is(safe_psql($node, $db, qq{SELECT status FROM outbox.commands WHERE command_id = '$c'}),
 		'published', "$n: ack publishes it");
-	is(safe_psql($node, $db, qq{SELECT outbox.complete('$c'), outbox.complete('$c')}),
+	is(safe_psql($node, $db, qq{SELECT outbox.complete('$n-run', '$c'), outbox.complete('$n-run', '$c')}),
 		't|f', "$n: complete records one receipt");
+	safe_psql($node, $db, q{SELECT outbox.register_consumer('shop', outbox.role('consumer')::regrole)});
 	is(safe_psql($node, $db,
-		qq{SELECT outbox.inbox_accept('shop', '$c'), outbox.inbox_accept('shop', '$c')}),
+		qq{SELECT outbox.inbox_accept('shop', '$n-run', '$c'), outbox.inbox_accept('shop', '$n-run', '$c')}),
 		't|f', "$n: inbox_accept accepts once");
 	($rc, undef, $err) = psql($node, $db, 'SELECT outbox.verify(true)');
 	is($rc . $err, '0', "$n: verify() is silent");
