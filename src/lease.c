@@ -444,25 +444,25 @@ le_arg_token(FunctionCallInfo fcinfo, int argno, LeToken *tok)
 /*
  * Whether a token (taken apart) is one claim made for this worker name, and
  * its role is the caller's (a role the caller has the privileges of) or the
- * caller is an outbox admin (admin: OutboxIsAdmin(caller), computed by the
- * caller once per call).  The MAC is compared in constant time.  Whether
- * the lease is still the row's is for the statement to say (version).  Runs
- * in an SPI connection (the key may have to be read).
+ * caller is an outbox admin (asked only when the role is another's).  The MAC is compared in constant time.  Whether
+ * the lease is still the row's is for the statement to say (version).  key
+ * is the lease key (le_lease_key).
  */
 static bool
-le_token_holds(const LeToken *tok, text *worker, Oid caller, bool admin)
+le_token_holds(const unsigned char *key, const LeToken *tok, text *worker, Oid caller)
 {
 	unsigned char mac[LE_MAC_LEN];
 	unsigned char diff = 0;
 	int			i;
 
-	le_mac(le_lease_key(), tok->run_id, tok->run_len, tok->command_id, tok->cmd_len,
+	le_mac(key, tok->run_id, tok->run_len, tok->command_id, tok->cmd_len,
 		   tok->version, tok->role, VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
 	for (i = 0; i < LE_MAC_LEN; i++)
 		diff |= mac[i] ^ tok->mac[i];
 	if (diff != 0)
 		return false;
-	return tok->role == caller || admin || has_privs_of_role(caller, tok->role);
+	return tok->role == caller || has_privs_of_role(caller, tok->role) ||
+		OutboxIsAdmin(caller);
 }
 
 /*
@@ -885,7 +885,7 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 	if (!le_arg_token(fcinfo, 1, &tok))
 		le_raise_not_owned(worker, NULL);
 	SPI_connect();
-	if (!le_token_holds(&tok, worker, caller, OutboxIsAdmin(caller)))
+	if (!le_token_holds(le_lease_key(), &tok, worker, caller))
 		le_raise_not_owned(worker, &tok);
 	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.command_id, tok.cmd_len));
 	args[1] = Int64GetDatum(tok.version);
@@ -1019,7 +1019,7 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 	uint64		nacked = 0;
 	LeTaken    *taken;
 	int64		nok = 0;
-	bool		admin;
+	const unsigned char *key;
 	TimestampTz now = GetCurrentTimestamp();
 
 	OutboxArgNotNull(fcinfo, 1, "tokens");
@@ -1055,13 +1055,13 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 		valid[i] = le_parse_token(DatumGetTextPP(elems[i]), &toks[i]);
 
 	SPI_connect();
-	admin = OutboxIsAdmin(caller);
+	key = le_lease_key();
 	for (i = 0; i < n; i++)
 	{
 		if (!valid[i])
 			continue;
 		cmds[i] = cstring_to_text_with_len(toks[i].command_id, toks[i].cmd_len);
-		held[i] = le_token_holds(&toks[i], worker, caller, admin);
+		held[i] = le_token_holds(key, &toks[i], worker, caller);
 		if (!held[i])
 			continue;
 		hs[nheld].idx = i;
@@ -1316,7 +1316,7 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 	args[3] = PointerGetDatum(worker);
 
 	SPI_connect();
-	if (!le_token_holds(&tok, worker, caller, OutboxIsAdmin(caller)))
+	if (!le_token_holds(le_lease_key(), &tok, worker, caller))
 		le_raise_not_owned(worker, &tok);
 	if (OutboxExecute(OutboxPrepare(&plan_fail_lock,
 									"SELECT c.deliveries, p.max_deliveries,"
@@ -1432,7 +1432,7 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 	args[7] = le_max_until(now);
 
 	SPI_connect();
-	if (!le_token_holds(&tok, worker, caller, OutboxIsAdmin(caller)))
+	if (!le_token_holds(le_lease_key(), &tok, worker, caller))
 		le_raise_not_owned(worker, &tok);
 	if (OutboxExecute(OutboxPrepare(&plan_renew,
 									"UPDATE outbox.commands t"

@@ -15,7 +15,9 @@
  *
  * outbox._siphash(key, message, bytes) exposes it to the regression test
  * sql/siphash.sql, which checks the test vectors of the paper (Appendix A)
- * and of the reference implementation.  No state, no locking.
+ * and of the reference implementation.
+ *
+ * Locking: none; the functions keep no state.
  *
  *-------------------------------------------------------------------------
  */

@@ -423,7 +423,7 @@ is(sql('old', q{SELECT count(*) || ' ' || min(length(key)) FROM outbox.lease_key
 like($err, qr/ERROR:  function outbox\.ack\(unknown, unknown, integer\) does not exist/,
 	"its holder's 0.1.0 call is gone");
 ($rc, $out, $err) = $node->psql('old',
-	q{SELECT outbox.ack('w1', repeat('0', 32) || ':5:run-b:d-sending')});
+	q{SELECT outbox.ack('w1', repeat('0', 32) || ':' || current_user::regrole::oid || ':2:5:run-b:d-sending')});
 like($err, qr/ERROR:  lease_not_owned: worker "w1" does not hold command "d-sending"/,
 	'... and no token of the new API acks it (OB001)');
 is(sql('old', q{SELECT status || ' ' || owner || ' v' || version FROM outbox.commands WHERE command_id = 'd-sending'}),
@@ -441,7 +441,7 @@ my ($pending, $token2) = split /\|/, sql('old', q{SELECT command_id || ' v' || v
 	FROM outbox.claim('w9', 10, kinds => '{k-pending,k-paused}')});
 is($pending, 'd-pending v2', 'a pending command of 0.1.0 is claimed (paused kinds stay paused)');
 is( sql('old', qq{SELECT string_agg(command_id || ':' || acked || ':' || coalesce(reason, ''), ',' ORDER BY command_id)
-		FROM outbox.ack_many('w9', ARRAY['$token2', repeat('0', 32) || ':5:run-b:d-sending'])}),
+		FROM outbox.ack_many('w9', ARRAY['$token2', repeat('0', 32) || ':' || current_user::regrole::oid || ':2:5:run-b:d-sending'])}),
 	'd-pending:true:,d-sending:false:lease_not_owned',
 	"the batch ack takes its token and refuses one made up for 0.1.0's live lease");
 is( sql('old', q{
