@@ -7,8 +7,9 @@ CREATE EXTENSION outbox;
 SET intervalstyle = postgres;
 
 -- The tokens the claims of this test got, and a claim that keeps them:
--- t(command_id, version) is the token of that lease, or a made-up one (a
--- secret of zeros) for a lease no claim handed out.
+-- t(command_id, version) is the token of that lease, or a made-up one (of
+-- this role and that version, with a MAC of zeros) for a lease no claim
+-- handed out.
 CREATE TEMP TABLE tk (command_id text, version bigint, token text);
 CREATE FUNCTION pg_temp.claim(worker text, batch_size int4 DEFAULT 100,
 							  lease interval DEFAULT NULL, kinds text[] DEFAULT NULL)
@@ -19,7 +20,7 @@ RETURNS SETOF outbox.lease LANGUAGE sql AS $$
 $$;
 CREATE FUNCTION pg_temp.t(id text, v bigint) RETURNS text LANGUAGE sql AS $$
 	SELECT COALESCE((SELECT token FROM tk WHERE command_id = id AND version = v),
-					repeat('0', 32) || ':1:r:' || id)
+					repeat('0', 32) || ':' || current_user::regrole::oid || ':' || v || ':1:r:' || id)
 $$;
 
 SELECT count(*) FILTER (WHERE recorded) AS commit_decisions FROM outbox.commit_decisions('[
@@ -83,20 +84,29 @@ SELECT * FROM outbox.ack_many('B', '{}');
 -- malformed tokens are reported as such, in the tokens' order
 SELECT * FROM outbox.ack_many('B', ARRAY['', 'x', repeat('0', 32) || ':0::c2', repeat('0', 32) || ':9:r:c2',
 										 repeat('g', 32) || ':1:r:c2', repeat('0', 32) || ':1:r:']);
--- a token names its run: the right secret under another run_id is refused
+-- a token names its run: the right MAC under another run_id is refused
 SELECT outbox.commit_decision('r', 40, 'e', 'c40', 'mail', '{}');
 SELECT command_id, run_id, seq, version FROM pg_temp.claim('A', 1, interval '1 minute', ARRAY['mail']);
 SELECT outbox.ack('A', replace(pg_temp.t('c40', 2), ':1:r:', ':1:q:'));
 SELECT * FROM outbox.ack_many('A', ARRAY[replace(pg_temp.t('c40', 2), ':1:r:', ':1:q:')]);
--- the token is opaque text: 32 hex digits of secret, the run_id's length,
--- the run_id and the command_id; no view shows it
-SELECT pg_temp.t('c40', 2) ~ '^[0-9a-f]{32}:1:r:c40$' AS token_form;
+-- the token is opaque text: 32 hex digits of MAC, the claiming role's oid,
+-- the version, the run_id's length, the run_id and the command_id; no view
+-- shows it
+SELECT pg_temp.t('c40', 2) ~ ('^[0-9a-f]{32}:' || current_user::regrole::oid || ':2:1:r:c40$') AS token_form;
+-- a genuine token changed in its role, its version or its MAC is refused,
+-- and so is the token under another worker name
+SELECT outbox.ack('A', regexp_replace(pg_temp.t('c40', 2), ':[0-9]+:2:', ':4242:2:'));
+SELECT outbox.ack('A', replace(pg_temp.t('c40', 2), ':2:1:r:', ':3:1:r:'));
+SELECT outbox.ack('A', translate(substr(pg_temp.t('c40', 2), 1, 1), '0123456789abcdef', '123456789abcdef0')
+					   || substr(pg_temp.t('c40', 2), 2));
+SELECT outbox.ack('A2', pg_temp.t('c40', 2));
+SELECT * FROM outbox.ack_many('A', ARRAY[replace(pg_temp.t('c40', 2), ':2:1:r:', ':3:1:r:')]);
 SELECT count(*) AS view_columns_showing_a_token
   FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
  WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind = 'v'
-   AND a.attname IN ('token', 'lease_secret', 'leased_by');
+   AND a.attname IN ('token', 'key', 'mac');
 SELECT count(*) AS views_reading_the_secret
-  FROM pg_views WHERE schemaname = 'outbox' AND definition ~ 'lease_secret';
+  FROM pg_views WHERE schemaname = 'outbox' AND definition ~ 'lease_key';
 SELECT outbox.ack('A', pg_temp.t('c40', 2));
 SELECT command_id, status, version FROM outbox.commands ORDER BY command_id;
 
@@ -275,3 +285,21 @@ SELECT pg_sleep(0.05);
 SELECT command_id, version, deliveries FROM pg_temp.claim('B', 1, interval '1 minute', ARRAY['hand']);
 DROP INDEX outbox.commands_lease_idx;
 CREATE INDEX commands_lease_idx ON outbox.commands (lease_until) WHERE status = 'sending';
+
+-- the lease key: one row of 16 bytes, read by the owner only; a rotation
+-- refuses every token handed out before (OB001), and the lease is taken
+-- over once it ends
+SELECT count(*) AS keys, min(length(key)) AS key_bytes FROM outbox.lease_key;
+SELECT has_table_privilege(outbox.role('admin'), 'outbox.lease_key', 'SELECT') AS admin_reads_the_key,
+	   has_table_privilege('pg_monitor', 'outbox.lease_key', 'SELECT') AS monitor_reads_the_key;
+SELECT outbox.commit_decision('rot', 1, 'e', 'rot1', 'rot', '{}');
+SELECT outbox.commit_decision('rot', 2, 'e', 'rot2', 'rot', '{}');
+SELECT command_id, version FROM pg_temp.claim('A', 2, interval '1 millisecond', ARRAY['rot']);
+SELECT outbox.rotate_lease_key();
+SELECT outbox.renew('A', pg_temp.t('rot1', 2), interval '1 minute');
+SELECT pg_sleep(0.05);
+SELECT command_id, version FROM pg_temp.claim('A', 2, interval '1 minute', ARRAY['rot']) ORDER BY 1;
+SELECT outbox.ack('A', pg_temp.t('rot1', 2));
+SELECT outbox.ack('A', pg_temp.t('rot1', 3));
+SELECT * FROM outbox.ack_many('A', ARRAY[pg_temp.t('rot2', 2), pg_temp.t('rot2', 3)]);
+SELECT command_id, status, version FROM outbox.commands WHERE kind = 'rot' ORDER BY 1;

@@ -4,22 +4,24 @@
  *		The publisher API: claim, ack (single and batch), fail, renew, and
  *		the sweep of expired leases.
  *
- * Lease protocol.  Each claim gives a command a new lease: a random
- * 128-bit secret (pg_strong_random, lease_secret) and the claiming role
- * (leased_by), and hands out a token, opaque text that carries the secret,
- * the run_id and the command_id (le_make_token).  ack, fail and renew take
- * the worker name and the token; each is one statement that finds the row
- * by its primary key (the token's command_id) and whose WHERE clause holds
- * the whole lease: status = 'sending', the token's run_id and secret, owner
- * = the caller's worker name, and leased_by = the calling role (or the
- * caller is a member of this database's outbox admin role).  ack and fail
- * bump version; a claim sets a new secret.  Two holders can therefore never
- * both change a row: whichever statement runs second finds a different
- * secret or status (READ COMMITTED re-checks the WHERE clause on the newest
- * row version) and changes nothing, and the caller is told OB001
- * (lease_not_owned), with nothing of the row's holder in the error.  renew
- * extends lease_until and keeps the secret: the holder keeps its token.
- * version is kept for ordering and diagnostics only: no call accepts it.
+ * Lease protocol.  Each claim gives a command a new lease (a new version)
+ * and hands out a token, opaque text that carries the claiming role, the
+ * version, the run_id and the command_id, and a MAC of them and of the
+ * worker name under the database's lease key (le_make_token): the claim
+ * writes nothing to the row that 0.1.0 did not write.  ack, fail and renew
+ * take the worker name and the token; each first checks the token's MAC
+ * for the caller's worker name and its role against the calling role (or
+ * the caller is a member of this database's outbox admin role), then runs
+ * one statement that finds the row by its primary key (the token's
+ * command_id) and whose WHERE clause holds the rest of the lease: status =
+ * 'sending', the token's run_id and version, owner = the caller's worker
+ * name.  A claim, ack and fail bump version.  Two holders can therefore
+ * never both change a row: whichever statement runs second finds a
+ * different version or status (READ COMMITTED re-checks the WHERE clause on
+ * the newest row version) and changes nothing, and the caller is told
+ * OB001 (lease_not_owned), with nothing of the row's holder in the error.
+ * renew extends lease_until and keeps the version: the holder keeps its
+ * token.
  *
  * claim locks its candidates with FOR NO KEY UPDATE SKIP LOCKED, so
  * concurrent claimers never wait for each other and never lock the same
@@ -54,21 +56,22 @@
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "nodes/primnodes.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/relcache.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
-#include "utils/uuid.h"
 
 #include "outbox.h"
 
 PG_FUNCTION_INFO_V1(outbox_claim_1_0);
 PG_FUNCTION_INFO_V1(outbox_ack_1_0);
 PG_FUNCTION_INFO_V1(outbox_ack_many);
-PG_FUNCTION_INFO_V1(outbox_lease_secret);
+PG_FUNCTION_INFO_V1(outbox_rotate_lease_key);
 PG_FUNCTION_INFO_V1(outbox_fail_1_0);
 PG_FUNCTION_INFO_V1(outbox_renew_1_0);
 PG_FUNCTION_INFO_V1(outbox_sweep);
@@ -190,44 +193,159 @@ le_max_until(TimestampTz now)
 /*
  * Tokens.  A token is the text
  *
- *		<secret: 32 hex digits>:<run_id's length in bytes>:<run_id>:<command_id>
+ *		<mac: 32 hex digits>:<role oid>:<version>:<run_id's length in bytes>:<run_id>:<command_id>
  *
- * for example 0f5c...9a3e:5:run-1:cmd-1.  The length makes the split
- * unambiguous whatever the ids hold.  Clients treat it as opaque.
+ * for example 0f5c...9a3e:16384:2:5:run-1:cmd-1, where mac is the 128-bit
+ * SipHash-2-4 (siphash.c), under the database's lease key, of the lease:
+ * run_id, command_id, version, the claiming role and the worker name
+ * (le_mac).  Only claim computes it; ack, fail and renew compute it again
+ * from the token's fields and the caller's worker name, and compare in
+ * constant time: a token nobody made, or one used under another worker
+ * name, is refused before any row is read.  The row is then found by its
+ * primary key and must hold the token's lease: sending, to this worker, at
+ * the token's version.  One claim makes one version, so a MAC made for a
+ * version is the MAC of the claim that made it; a claim, ack, fail or
+ * sweep moves the version on and every older token fails.  The length makes
+ * the split unambiguous whatever the ids hold.  Clients treat it as opaque.
+ *
+ * The lease key (16 random bytes, outbox.lease_key, made at install) is
+ * read once per backend and kept until a relcache invalidation of its
+ * table (outbox.rotate_lease_key() sends one).
  */
-#define LE_SECRET_HEX	(2 * UUID_LEN)
-#define LE_TOKEN_MAX	(LE_SECRET_HEX + 1 + 3 + 1 + OUTBOX_MAX_ID_LEN + 1 + OUTBOX_MAX_ID_LEN)
+#define LE_MAC_LEN		16
+#define LE_MAC_HEX		(2 * LE_MAC_LEN)
+#define LE_TOKEN_MAX	(LE_MAC_HEX + 1 + 10 + 1 + 19 + 1 + 3 + 1 + OUTBOX_MAX_ID_LEN + 1 + OUTBOX_MAX_ID_LEN)
 
 /* A token taken apart (pointing into the token's text). */
 typedef struct LeToken
 {
-	pg_uuid_t	secret;
+	unsigned char mac[LE_MAC_LEN];
+	Oid			role;
+	int64		version;
 	const char *run_id;
 	int			run_len;
 	const char *command_id;
 	int			cmd_len;
 } LeToken;
 
-/* The token of a lease: its secret, run_id and command_id. */
+static unsigned char le_key[LE_MAC_LEN];
+static bool le_key_valid = false;
+static Oid	le_key_relid = InvalidOid;
+static bool le_key_callback = false;
+
+/* Relcache invalidation callback: forget the key when its table changed. */
+static void
+le_forget_key(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == le_key_relid)
+		le_key_valid = false;
+}
+
+/*
+ * The database's lease key, read from outbox.lease_key on first use (in the
+ * caller's SPI connection, as the extension's owner) and then kept.
+ * Pending invalidations are taken in first, so a rotation committed before
+ * this call is seen.
+ */
+static const unsigned char *
+le_lease_key(void)
+{
+	static SPIPlanPtr plan_key = NULL;
+	bool		isnull;
+	bytea	   *k;
+
+	if (!le_key_callback)
+	{
+		CacheRegisterRelcacheCallback(le_forget_key, (Datum) 0);
+		le_key_callback = true;
+	}
+	AcceptInvalidationMessages();
+	if (le_key_valid)
+		return le_key;
+	le_key_relid = get_relname_relid("lease_key", get_namespace_oid("outbox", false));
+	if (OutboxExecute(OutboxPrepare(&plan_key, "SELECT key FROM outbox.lease_key", 0, NULL),
+					  NULL, NULL, true, 2) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: lookup of the lease key failed");
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("outbox.lease_key must hold one key"),
+				 errdetail("It holds %d rows.", (int) SPI_processed),
+				 errhint("Call outbox.rotate_lease_key() to make a new key.")));
+	k = DatumGetByteaPP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (isnull || VARSIZE_ANY_EXHDR(k) != LE_MAC_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the key in outbox.lease_key is not 16 bytes long"),
+				 errhint("Call outbox.rotate_lease_key() to make a new key.")));
+	memcpy(le_key, VARDATA_ANY(k), LE_MAC_LEN);
+	le_key_valid = true;
+	return le_key;
+}
+
+static inline unsigned char *
+le_put32(unsigned char *p, uint32 v)
+{
+	p[0] = (unsigned char) v;
+	p[1] = (unsigned char) (v >> 8);
+	p[2] = (unsigned char) (v >> 16);
+	p[3] = (unsigned char) (v >> 24);
+	return p + 4;
+}
+
+/*
+ * The MAC of a lease into mac: SipHash-2-4-128 under key of the
+ * length-prefixed run_id, command_id and worker, the version and the role.
+ */
+static void
+le_mac(const unsigned char *key, const char *run_id, int run_len,
+	   const char *command_id, int cmd_len, int64 version, Oid role,
+	   const char *worker, int worker_len, unsigned char *mac)
+{
+	unsigned char msg[3 * 4 + 3 * OUTBOX_MAX_ID_LEN + 8 + 4];
+	unsigned char *p = msg;
+
+	Assert(run_len <= OUTBOX_MAX_ID_LEN && cmd_len <= OUTBOX_MAX_ID_LEN &&
+		   worker_len <= OUTBOX_MAX_ID_LEN);
+	p = le_put32(p, (uint32) run_len);
+	memcpy(p, run_id, run_len);
+	p += run_len;
+	p = le_put32(p, (uint32) cmd_len);
+	memcpy(p, command_id, cmd_len);
+	p += cmd_len;
+	p = le_put32(p, (uint32) (((uint64) version) & 0xFFFFFFFF));
+	p = le_put32(p, (uint32) (((uint64) version) >> 32));
+	p = le_put32(p, (uint32) role);
+	p = le_put32(p, (uint32) worker_len);
+	memcpy(p, worker, worker_len);
+	p += worker_len;
+	OutboxSipHash(key, msg, p - msg, mac, LE_MAC_LEN);
+}
+
+/* The token of a lease that claim made (key: the lease key). */
 static text *
-le_make_token(const pg_uuid_t *secret, text *run_id, text *command_id)
+le_make_token(const unsigned char *key, text *run_id, text *command_id,
+			  int64 version, Oid role, text *worker)
 {
 	static const char hex[] = "0123456789abcdef";
 	int			rl = VARSIZE_ANY_EXHDR(run_id);
 	int			cl = VARSIZE_ANY_EXHDR(command_id);
-	char		head[LE_SECRET_HEX + 16];
+	unsigned char mac[LE_MAC_LEN];
+	char		head[LE_MAC_HEX + 48];
 	int			hl;
 	text	   *t;
 	char	   *p;
 	int			i;
 
-	for (i = 0; i < UUID_LEN; i++)
+	le_mac(key, VARDATA_ANY(run_id), rl, VARDATA_ANY(command_id), cl, version, role,
+		   VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
+	for (i = 0; i < LE_MAC_LEN; i++)
 	{
-		head[2 * i] = hex[secret->data[i] >> 4];
-		head[2 * i + 1] = hex[secret->data[i] & 0xF];
+		head[2 * i] = hex[mac[i] >> 4];
+		head[2 * i + 1] = hex[mac[i] & 0xF];
 	}
-	hl = LE_SECRET_HEX + snprintf(head + LE_SECRET_HEX, sizeof(head) - LE_SECRET_HEX,
-								  ":%d:", rl);
+	hl = LE_MAC_HEX + snprintf(head + LE_MAC_HEX, sizeof(head) - LE_MAC_HEX,
+							   ":%u:" INT64_FORMAT ":%d:", role, version, rl);
 	t = palloc(VARHDRSZ + hl + rl + 1 + cl);
 	SET_VARSIZE(t, VARHDRSZ + hl + rl + 1 + cl);
 	p = VARDATA(t);
@@ -250,37 +368,60 @@ le_hexval(char c)
 	return -1;
 }
 
+/*
+ * Read a decimal number of 1 to maxdigits digits at s[*pos], followed by
+ * ':', into *v; false if there is none or it exceeds max.
+ */
+static bool
+le_parse_number(const char *s, int len, int *pos, int maxdigits, uint64 max, uint64 *v)
+{
+	int			digits = 0;
+
+	*v = 0;
+	while (*pos < len && s[*pos] >= '0' && s[*pos] <= '9' && digits < maxdigits)
+	{
+		*v = *v * 10 + (uint64) (s[(*pos)++] - '0');
+		digits++;
+	}
+	if (digits == 0 || *v > max || *pos >= len || s[*pos] != ':')
+		return false;
+	(*pos)++;
+	return true;
+}
+
 /* Take a token apart; false when it is not in the form claim makes. */
 static bool
 le_parse_token(text *token, LeToken *tok)
 {
 	const char *s = VARDATA_ANY(token);
 	int			len = VARSIZE_ANY_EXHDR(token);
-	int			pos = LE_SECRET_HEX;
-	int			rl = 0;
-	int			digits = 0;
+	int			pos = LE_MAC_HEX;
+	uint64		v;
+	int			rl;
 	int			i;
 
-	if (len < LE_SECRET_HEX + 6 || len > LE_TOKEN_MAX)
+	if (len < LE_MAC_HEX + 10 || len > LE_TOKEN_MAX)
 		return false;
-	for (i = 0; i < UUID_LEN; i++)
+	for (i = 0; i < LE_MAC_LEN; i++)
 	{
 		int			hi = le_hexval(s[2 * i]);
 		int			lo = le_hexval(s[2 * i + 1]);
 
 		if (hi < 0 || lo < 0)
 			return false;
-		tok->secret.data[i] = (unsigned char) (hi << 4 | lo);
+		tok->mac[i] = (unsigned char) (hi << 4 | lo);
 	}
 	if (s[pos++] != ':')
 		return false;
-	while (pos < len && s[pos] >= '0' && s[pos] <= '9' && digits < 3)
-	{
-		rl = rl * 10 + (s[pos++] - '0');
-		digits++;
-	}
-	if (digits == 0 || rl < 1 || rl > OUTBOX_MAX_ID_LEN || pos >= len || s[pos++] != ':')
+	if (!le_parse_number(s, len, &pos, 10, PG_UINT32_MAX, &v) || v == InvalidOid)
 		return false;
+	tok->role = (Oid) v;
+	if (!le_parse_number(s, len, &pos, 19, PG_INT64_MAX, &v) || v < 1)
+		return false;
+	tok->version = (int64) v;
+	if (!le_parse_number(s, len, &pos, 3, OUTBOX_MAX_ID_LEN, &v) || v < 1)
+		return false;
+	rl = (int) v;
 	/* the run_id, its ':', and a command_id of 1 to OUTBOX_MAX_ID_LEN bytes */
 	if (len - pos < rl + 2 || s[pos + rl] != ':' || len - pos - rl - 1 > OUTBOX_MAX_ID_LEN)
 		return false;
@@ -301,34 +442,72 @@ le_arg_token(FunctionCallInfo fcinfo, int argno, LeToken *tok)
 }
 
 /*
- * outbox._lease_secret(): the secret of a new lease, 128 bits of
- * pg_strong_random, as a uuid (16 bytes, stored without a length header).
- * The random bytes are drawn LE_SECRETS_AHEAD secrets at a time into a
- * buffer of this backend, so a claim of a batch does not make one call of
- * the random source per row.
+ * Whether a token (taken apart) is one claim made for this worker name, and
+ * its role is the caller's (a role the caller has the privileges of) or the
+ * caller is an outbox admin (asked only when the role is another's).  The MAC is compared in constant time.  Whether
+ * the lease is still the row's is for the statement to say (version).  key
+ * is the lease key (le_lease_key).
  */
-#define LE_SECRETS_AHEAD	64
-
-Datum
-outbox_lease_secret(PG_FUNCTION_ARGS)
+static bool
+le_token_holds(const unsigned char *key, const LeToken *tok, text *worker, Oid caller)
 {
-	static unsigned char pool[LE_SECRETS_AHEAD * UUID_LEN];
-	static int	left = 0;
-	pg_uuid_t  *u = palloc(sizeof(pg_uuid_t));
+	unsigned char mac[LE_MAC_LEN];
+	unsigned char diff = 0;
+	int			i;
 
-	if (left == 0)
-	{
-		if (!pg_strong_random(pool, sizeof(pool)))
-			ereport(ERROR,
-					(errcode(ERRCODE_INTERNAL_ERROR),
-					 errmsg("could not generate a random lease secret")));
-		left = LE_SECRETS_AHEAD;
-	}
-	left--;
-	memcpy(u->data, pool + left * UUID_LEN, UUID_LEN);
-	/* a secret is handed out once */
-	memset(pool + left * UUID_LEN, 0, UUID_LEN);
-	PG_RETURN_UUID_P(u);
+	le_mac(key, tok->run_id, tok->run_len, tok->command_id, tok->cmd_len,
+		   tok->version, tok->role, VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
+	for (i = 0; i < LE_MAC_LEN; i++)
+		diff |= mac[i] ^ tok->mac[i];
+	if (diff != 0)
+		return false;
+	return tok->role == caller || has_privs_of_role(caller, tok->role) ||
+		OutboxIsAdmin(caller);
+}
+
+/*
+ * outbox.rotate_lease_key(): replace the database's lease key with 16 new
+ * random bytes (pg_strong_random) and tell every backend at commit (a
+ * relcache invalidation of outbox.lease_key).  Every token handed out
+ * before is refused from then on (OB001); the leases run to their end and
+ * are then taken over.  Admins only.
+ */
+static Datum
+le_rotate_lease_key(FunctionCallInfo fcinfo, Oid caller)
+{
+	static SPIPlanPtr plan_rotate = NULL;
+	static const Oid argtypes[1] = {BYTEAOID};
+	bytea	   *k = palloc(VARHDRSZ + LE_MAC_LEN);
+	Datum		args[1];
+	Oid			relid;
+
+	SET_VARSIZE(k, VARHDRSZ + LE_MAC_LEN);
+	if (!pg_strong_random(VARDATA(k), LE_MAC_LEN))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random lease key")));
+	args[0] = PointerGetDatum(k);
+	SPI_connect();
+	if (OutboxExecute(OutboxPrepare(&plan_rotate,
+									"INSERT INTO outbox.lease_key AS k (key) VALUES ($1)"
+									" ON CONFLICT (one) DO UPDATE"
+									"   SET key = EXCLUDED.key, made_at = pg_catalog.now()",
+									1, argtypes),
+					  args, NULL, false, 0) != SPI_OK_INSERT)
+		elog(ERROR, "outbox: rotation of the lease key failed");
+	SPI_finish();
+	relid = get_relname_relid("lease_key", get_namespace_oid("outbox", false));
+	if (OidIsValid(relid))
+		CacheInvalidateRelcacheByRelid(relid);
+	le_key_valid = false;
+	PG_RETURN_VOID();
+}
+
+/* outbox.rotate_lease_key: the body, as the owner, told who called. */
+Datum
+outbox_rotate_lease_key(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_rotate_lease_key);
 }
 
 /*
@@ -356,10 +535,10 @@ le_raise_not_owned(text *worker, const LeToken *tok)
 }
 
 /* A row a claim leased (its RETURNING columns, deformed once), in claim order. */
-#define LE_CLAIM_COLS 14		/* 10 lease columns (the secret in the token's
+#define LE_CLAIM_COLS 14		/* 10 lease columns (a NULL in the token's
 								 * place), takeover, priority, available_at,
 								 * created_at */
-#define LE_CLAIM_SECRET 5		/* where the secret is, and the token goes */
+#define LE_CLAIM_TOKEN 5		/* where the token goes */
 typedef struct LeClaimed
 {
 	Datum		values[LE_CLAIM_COLS];
@@ -524,11 +703,10 @@ le_any_expired(TimestampTz now)
 	"       lease_until = LEAST($5 OPERATOR(pg_catalog.+) COALESCE($3," \
 	"           (SELECT p.lease FROM outbox.policies p" \
 	"             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $6), $9)," \
-	"       lease_secret = outbox._lease_secret(), leased_by = $8," \
 	"       version = t.version OPERATOR(pg_catalog.+) 1," \
 	"       deliveries = t.deliveries OPERATOR(pg_catalog.+) 1" \
 	" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (" tids ")" \
-	" RETURNING t.command_id, t.run_id, t.seq, t.kind, t.payload, t.lease_secret," \
+	" RETURNING t.command_id, t.run_id, t.seq, t.kind, t.payload, NULL::pg_catalog.text," \
 	"           t.version, t.deliveries, t.lease_until, t.headers, " takeover "," \
 	"           t.priority, t.available_at, t.created_at"
 
@@ -570,6 +748,7 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 	uint64		i;
 	int64		takeovers = 0;
 	LeClaimed  *order;
+	const unsigned char *key;
 	TimestampTz now = GetCurrentTimestamp();
 
 	batch = le_arg_batch(fcinfo, 1);
@@ -605,6 +784,7 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 	args[8] = le_max_until(now);
 
 	SPI_connect();
+	key = le_lease_key();
 
 	/* Naming a kind the caller may not claim is refused (42501). */
 	if (!PG_ARGISNULL(3))
@@ -663,10 +843,13 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 		c->priority = DatumGetInt32(c->values[11]);
 		c->available_at = DatumGetTimestampTz(c->values[12]);
 		c->created_at = DatumGetTimestampTz(c->values[13]);
-		c->values[LE_CLAIM_SECRET] =
-			PointerGetDatum(le_make_token(DatumGetUUIDP(c->values[LE_CLAIM_SECRET]),
+		c->values[LE_CLAIM_TOKEN] =
+			PointerGetDatum(le_make_token(key,
 										  DatumGetTextPP(c->values[1]),
-										  DatumGetTextPP(c->values[0])));
+										  DatumGetTextPP(c->values[0]),
+										  DatumGetInt64(c->values[6]),
+										  caller, worker));
+		c->isnull[LE_CLAIM_TOKEN] = false;
 		if (c->takeover)
 			takeovers++;
 	}
@@ -693,35 +876,32 @@ outbox_claim_1_0(PG_FUNCTION_ARGS)
 static Datum
 le_ack(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[7] = {TEXTOID, UUIDOID, TEXTOID, TEXTOID,
-	TIMESTAMPTZOID, OIDOID, BOOLOID};
+	static const Oid argtypes[5] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TIMESTAMPTZOID};
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
 	LeToken		tok;
-	Datum		args[7];
+	Datum		args[5];
 	int			ret;
 
 	if (!le_arg_token(fcinfo, 1, &tok))
 		le_raise_not_owned(worker, NULL);
+	SPI_connect();
+	if (!le_token_holds(le_lease_key(), &tok, worker, caller))
+		le_raise_not_owned(worker, &tok);
 	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.command_id, tok.cmd_len));
-	args[1] = UUIDPGetDatum(&tok.secret);
+	args[1] = Int64GetDatum(tok.version);
 	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
 	args[3] = PointerGetDatum(worker);
 	args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
-	args[5] = ObjectIdGetDatum(caller);
-	args[6] = BoolGetDatum(OutboxIsAdmin(caller));
-
-	SPI_connect();
 	ret = OutboxExecute(OutboxPrepare(&plan_ack,
 									  "UPDATE outbox.commands"
 									  "   SET status = 'published', published_at = $5, lease_until = NULL,"
 									  "       version = version OPERATOR(pg_catalog.+) 1"
 									  " WHERE command_id OPERATOR(pg_catalog.=) $1"
-									  "   AND lease_secret OPERATOR(pg_catalog.=) $2"
+									  "   AND version OPERATOR(pg_catalog.=) $2"
 									  "   AND run_id OPERATOR(pg_catalog.=) $3"
 									  "   AND owner OPERATOR(pg_catalog.=) $4"
-									  "   AND (leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
 									  "   AND " LE_SENDING(""),
-									  7, argtypes),
+									  5, argtypes),
 						args, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: ack failed: %s", SPI_result_code_string(ret));
@@ -740,74 +920,107 @@ outbox_ack_1_0(PG_FUNCTION_ARGS)
 	return OutboxCallAsOwner(fcinfo, le_ack);
 }
 
-/* A secret the batch ack's UPDATE took (used: matched to a token already). */
+/* A row the batch ack's UPDATE took (used: matched to a token already). */
 typedef struct LeTaken
 {
-	pg_uuid_t	secret;
-	Datum		command_id;
+	text	   *command_id;
+	int64		version;		/* the lease's, before the ack */
 	Datum		run_id;
 	bool		used;
 } LeTaken;
 
-/* qsort/bsearch comparator of LeTaken by secret. */
+/* qsort/bsearch comparator of LeTaken by command_id and version. */
 static int
 le_cmp_taken(const void *a, const void *b)
 {
-	return memcmp(((const LeTaken *) a)->secret.data,
-				  ((const LeTaken *) b)->secret.data, UUID_LEN);
+	const LeTaken *x = (const LeTaken *) a;
+	const LeTaken *y = (const LeTaken *) b;
+	int			c = OutboxCompareIds(x->command_id, y->command_id);
+
+	if (c != 0)
+		return c;
+	if (x->version != y->version)
+		return x->version < y->version ? -1 : 1;
+	return 0;
+}
+
+/* A held token of a batch ack: its place in the call, and its version. */
+typedef struct LeHeld
+{
+	int			idx;
+	int64		version;
+} LeHeld;
+
+/* qsort comparator of LeHeld: by version, then by place. */
+static int
+le_cmp_held(const void *a, const void *b)
+{
+	const LeHeld *x = (const LeHeld *) a;
+	const LeHeld *y = (const LeHeld *) b;
+
+	if (x->version != y->version)
+		return x->version < y->version ? -1 : 1;
+	return x->idx - y->idx;
 }
 
 /*
- * outbox.ack_many(worker, tokens): the batch form.  One UPDATE takes the
- * rows that hold the tokens' leases, testing the secret, the run_id, the
- * worker and the role of each row, as ack does.  It reads the rows the
- * tokens name by key (commands_pkey, command_id = ANY), and tests them
- * against the tokens (taken apart into arrays of command_id, secret and
- * run_id) in one of two ways, so that the cost grows with the number of
- * tokens and not with its square:
+ * outbox.ack_many(worker, tokens): the batch form.  Each token's MAC and
+ * role are checked first (le_token_holds), as ack does; the tokens that
+ * pass are acked by UPDATEs that read their rows by key (commands_pkey,
+ * command_id = ANY) and test each row's version, run_id, worker and status
+ * against the tokens:
  *
- * - up to LE_ACK_MANY_SMALL tokens, each row's secret and run_id are looked
- *   up in the arrays (= ANY: at most that many comparisons a row, which up
- *   to this size cost less than setting up a join; a row whose secret is in
- *   the call is the
- *   caller's, and its run_id must be one of the call's);
- * - more than that, the rows are joined to the tokens on all three as a
- *   hash join (see OutboxExecuteHashJoin): each side read once.
+ * - up to LE_ACK_MANY_SMALL tokens of at most LE_ACK_MANY_VERSIONS distinct
+ *   versions (a relay's batch is mostly of one: the first claim of each
+ *   command), one UPDATE per version, testing version = that version and
+ *   the run_id with = ANY (at most that many comparisons a row, which up to
+ *   this size cost less than setting up a join).  All the tokens of one
+ *   statement have its version, so a row is taken only at the version of
+ *   the token that names it;
+ * - otherwise, the rows are joined to the tokens on command_id, version and
+ *   run_id as a hash join (see OutboxExecuteHashJoin): each side read once.
  *
- * A token is acked when the UPDATE took the row of its lease: the secret
- * (128 random bits) is the lease's own, so a row is taken only for a caller
- * that holds its secret, and the result row of an acked token shows the
- * command and run of that row.  A token repeated in the call is acked once;
- * the repeat reports lease_not_owned.  The UPDATE tests the status with
- * LE_SENDING: written plainly, the test would match the predicate of
- * commands_lease_idx, and the planner could read the rows from a scan of
- * that whole index.
+ * A token is acked when an UPDATE took the row it names at its version.  A
+ * token repeated in the call is acked once; the repeat reports
+ * lease_not_owned.  The UPDATEs test the status with LE_SENDING: written
+ * plainly, the test would match the predicate of commands_lease_idx, and the
+ * planner could read the rows from a scan of that whole index.
  */
 #define LE_ACK_MANY_SMALL	128
+#define LE_ACK_MANY_VERSIONS 4
 
 static Datum
 le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[7] = {TEXTOID, TEXTARRAYOID, UUIDARRAYOID, TEXTARRAYOID,
-	TIMESTAMPTZOID, OIDOID, BOOLOID};
+	static const Oid small_types[5] = {TEXTOID, TEXTARRAYOID, INT8OID, TEXTARRAYOID,
+	TIMESTAMPTZOID};
+	static const Oid join_types[5] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
+	TIMESTAMPTZOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
 	ArrayType  *tokens;
 	Datum	   *elems;
 	bool	   *enulls;
 	int			n;
-	int			nvalid = 0;
+	int			nheld = 0;
+	int			nversions = 0;
 	int			i;
+	int			g;
 	LeToken    *toks;
 	bool	   *valid;
+	bool	   *held;
+	text	  **cmds;
+	LeHeld	   *hs;
 	Datum	   *ids;
-	Datum	   *secrets;
+	Datum	   *versions;
 	Datum	   *runs;
-	Datum		args[7];
+	Datum		args[5];
 	int			ret;
-	uint64		nacked;
+	uint64		nacked = 0;
 	LeTaken    *taken;
 	int64		nok = 0;
+	const unsigned char *key;
+	TimestampTz now = GetCurrentTimestamp();
 
 	OutboxArgNotNull(fcinfo, 1, "tokens");
 	tokens = PG_GETARG_ARRAYTYPE_P(1);
@@ -835,81 +1048,108 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 
 	toks = palloc(sizeof(LeToken) * n);
 	valid = palloc(sizeof(bool) * n);
-	ids = palloc(sizeof(Datum) * n);
-	secrets = palloc(sizeof(Datum) * n);
-	runs = palloc(sizeof(Datum) * n);
+	held = palloc0(sizeof(bool) * n);
+	cmds = palloc0(sizeof(text *) * n);
+	hs = palloc(sizeof(LeHeld) * n);
+	for (i = 0; i < n; i++)
+		valid[i] = le_parse_token(DatumGetTextPP(elems[i]), &toks[i]);
+
+	SPI_connect();
+	key = le_lease_key();
 	for (i = 0; i < n; i++)
 	{
-		valid[i] = le_parse_token(DatumGetTextPP(elems[i]), &toks[i]);
 		if (!valid[i])
 			continue;
-		ids[nvalid] = PointerGetDatum(cstring_to_text_with_len(toks[i].command_id, toks[i].cmd_len));
-		secrets[nvalid] = UUIDPGetDatum(&toks[i].secret);
-		runs[nvalid] = PointerGetDatum(cstring_to_text_with_len(toks[i].run_id, toks[i].run_len));
-		nvalid++;
+		cmds[i] = cstring_to_text_with_len(toks[i].command_id, toks[i].cmd_len);
+		held[i] = le_token_holds(key, &toks[i], worker, caller);
+		if (!held[i])
+			continue;
+		hs[nheld].idx = i;
+		hs[nheld].version = toks[i].version;
+		nheld++;
 	}
+	qsort(hs, nheld, sizeof(LeHeld), le_cmp_held);
+	for (i = 0; i < nheld; i++)
+		if (i == 0 || hs[i].version != hs[i - 1].version)
+			nversions++;
 
-	nacked = 0;
-	taken = NULL;
-	SPI_connect();
-	if (nvalid > 0)
+	taken = palloc(sizeof(LeTaken) * (nheld + 1));
+	ids = palloc(sizeof(Datum) * (nheld + 1));
+	versions = palloc(sizeof(Datum) * (nheld + 1));
+	runs = palloc(sizeof(Datum) * (nheld + 1));
+	args[0] = PointerGetDatum(worker);
+	args[4] = TimestampTzGetDatum(now);
+	for (g = 0; g < nheld;)
 	{
-		args[0] = PointerGetDatum(worker);
-		args[1] = PointerGetDatum(construct_array(ids, nvalid, TEXTOID, -1, false, TYPALIGN_INT));
-		args[2] = PointerGetDatum(construct_array(secrets, nvalid, UUIDOID, UUID_LEN, false, TYPALIGN_CHAR));
-		args[3] = PointerGetDatum(construct_array(runs, nvalid, TEXTOID, -1, false, TYPALIGN_INT));
-		args[4] = TimestampTzGetDatum(GetCurrentTimestamp());
-		args[5] = ObjectIdGetDatum(caller);
-		args[6] = BoolGetDatum(OutboxIsAdmin(caller));
-		if (nvalid <= LE_ACK_MANY_SMALL)
+		int			m = 0;
+		int			j;
+		bool		small = nheld <= LE_ACK_MANY_SMALL && nversions <= LE_ACK_MANY_VERSIONS;
+
+		/* one version's tokens (small), or all of them (the join) */
+		for (j = g; j < nheld && (!small || hs[j].version == hs[g].version); j++)
+		{
+			LeToken    *t = &toks[hs[j].idx];
+
+			ids[m] = PointerGetDatum(cmds[hs[j].idx]);
+			versions[m] = Int64GetDatum(t->version);
+			runs[m] = PointerGetDatum(cstring_to_text_with_len(t->run_id, t->run_len));
+			m++;
+		}
+		args[1] = PointerGetDatum(construct_array(ids, m, TEXTOID, -1, false, TYPALIGN_INT));
+		args[3] = PointerGetDatum(construct_array(runs, m, TEXTOID, -1, false, TYPALIGN_INT));
+		if (small)
+		{
+			args[2] = Int64GetDatum(hs[g].version);
 			ret = OutboxExecute(OutboxPrepare(&plan_ack_many_small,
 											  "UPDATE outbox.commands t"
 											  "   SET status = 'published', published_at = $5, lease_until = NULL,"
 											  "       version = t.version OPERATOR(pg_catalog.+) 1"
 											  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
-											  "   AND t.lease_secret OPERATOR(pg_catalog.=) ANY ($3)"
+											  "   AND t.version OPERATOR(pg_catalog.=) $3"
 											  "   AND t.run_id OPERATOR(pg_catalog.=) ANY ($4)"
 											  "   AND t.owner OPERATOR(pg_catalog.=) $1"
-											  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
 											  "   AND " LE_SENDING("t.")
-											  " RETURNING t.lease_secret, t.command_id, t.run_id",
-											  7, argtypes),
+											  " RETURNING t.command_id, t.run_id, t.version",
+											  5, small_types),
 								args, NULL, false, 0);
+		}
 		else
+		{
+			args[2] = PointerGetDatum(construct_array(versions, m, INT8OID, sizeof(int64),
+													  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 			ret = OutboxExecuteHashJoin(OutboxPrepare(&plan_ack_many,
 													  "UPDATE outbox.commands t"
 													  "   SET status = 'published', published_at = $5, lease_until = NULL,"
 													  "       version = t.version OPERATOR(pg_catalog.+) 1"
 													  "  FROM ROWS FROM (pg_catalog.unnest($2), pg_catalog.unnest($3),"
-													  "                 pg_catalog.unnest($4)) AS k(command_id, secret, run_id)"
+													  "                 pg_catalog.unnest($4)) AS k(command_id, version, run_id)"
 													  " WHERE t.command_id OPERATOR(pg_catalog.=) ANY ($2)"
 													  "   AND t.command_id OPERATOR(pg_catalog.=) k.command_id"
-													  "   AND t.lease_secret OPERATOR(pg_catalog.=) k.secret"
+													  "   AND t.version OPERATOR(pg_catalog.=) k.version"
 													  "   AND t.run_id OPERATOR(pg_catalog.=) k.run_id"
 													  "   AND t.owner OPERATOR(pg_catalog.=) $1"
-													  "   AND (t.leased_by OPERATOR(pg_catalog.=) $6 OR $7)"
 													  "   AND " LE_SENDING("t.")
-													  " RETURNING t.lease_secret, t.command_id, t.run_id",
-													  7, argtypes),
+													  " RETURNING t.command_id, t.run_id, t.version",
+													  5, join_types),
 									  args, NULL, false, 0);
+		}
 		if (ret != SPI_OK_UPDATE_RETURNING)
 			elog(ERROR, "outbox: ack_many failed: %s", SPI_result_code_string(ret));
-		nacked = SPI_processed;
-		taken = palloc(sizeof(LeTaken) * (nacked + 1));
-		for (i = 0; i < (int) nacked; i++)
+		for (j = 0; j < (int) SPI_processed; j++)
 		{
-			HeapTuple	tup = SPI_tuptable->vals[i];
+			HeapTuple	tup = SPI_tuptable->vals[j];
 			TupleDesc	desc = SPI_tuptable->tupdesc;
 			bool		isnull;
 
-			memcpy(taken[i].secret.data,
-				   DatumGetUUIDP(SPI_getbinval(tup, desc, 1, &isnull))->data, UUID_LEN);
-			taken[i].command_id = SPI_getbinval(tup, desc, 2, &isnull);
-			taken[i].run_id = SPI_getbinval(tup, desc, 3, &isnull);
-			taken[i].used = false;
+			taken[nacked].command_id = DatumGetTextPP(SPI_getbinval(tup, desc, 1, &isnull));
+			taken[nacked].run_id = SPI_getbinval(tup, desc, 2, &isnull);
+			taken[nacked].version = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull)) - 1;
+			taken[nacked].used = false;
+			nacked++;
 		}
-		qsort(taken, nacked, sizeof(LeTaken), le_cmp_taken);
+		g += m;
 	}
+	qsort(taken, nacked, sizeof(LeTaken), le_cmp_taken);
 
 	/* One row per token, in the tokens' order. */
 	for (i = 0; i < n; i++)
@@ -927,18 +1167,19 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 			continue;
 		}
-		if (nacked > 0)
+		if (held[i] && nacked > 0)
 		{
 			LeTaken		key;
 
-			key.secret = toks[i].secret;
+			key.command_id = cmds[i];
+			key.version = toks[i].version;
 			hit = bsearch(&key, taken, nacked, sizeof(LeTaken), le_cmp_taken);
 		}
 		if (hit != NULL && !hit->used)
 		{
 			hit->used = true;
 			nok++;
-			values[0] = hit->command_id;
+			values[0] = PointerGetDatum(hit->command_id);
 			values[1] = hit->run_id;
 			values[2] = BoolGetDatum(true);
 			isnull[3] = true;
@@ -946,7 +1187,7 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 		}
 		else
 		{
-			values[0] = PointerGetDatum(cstring_to_text_with_len(toks[i].command_id, toks[i].cmd_len));
+			values[0] = PointerGetDatum(cmds[i]);
 			values[1] = PointerGetDatum(cstring_to_text_with_len(toks[i].run_id, toks[i].run_len));
 			values[2] = BoolGetDatum(false);
 			values[3] = CStringGetTextDatum("lease_not_owned");
@@ -1039,7 +1280,7 @@ le_error_text(text *error)
 static Datum
 le_fail(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid lock_types[6] = {TEXTOID, UUIDOID, TEXTOID, TEXTOID, OIDOID, BOOLOID};
+	static const Oid lock_types[4] = {TEXTOID, INT8OID, TEXTOID, TEXTOID};
 	static const Oid set_types[4] = {TEXTOID, TIMESTAMPTZOID, TEXTOID, INT8OID};
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
 	LeToken		tok;
@@ -1047,7 +1288,7 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 	text	   *command_id;
 	text	   *error;
 	bool		fatal;
-	Datum		args[6];
+	Datum		args[4];
 	char		nulls[4] = {' ', ' ', ' ', ' '};
 	HeapTuple	tup;
 	TupleDesc	desc;
@@ -1070,13 +1311,13 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 
 	command_id = cstring_to_text_with_len(tok.command_id, tok.cmd_len);
 	args[0] = PointerGetDatum(command_id);
-	args[1] = UUIDPGetDatum(&tok.secret);
+	args[1] = Int64GetDatum(tok.version);
 	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
 	args[3] = PointerGetDatum(worker);
-	args[4] = ObjectIdGetDatum(caller);
-	args[5] = BoolGetDatum(OutboxIsAdmin(caller));
 
 	SPI_connect();
+	if (!le_token_holds(le_lease_key(), &tok, worker, caller))
+		le_raise_not_owned(worker, &tok);
 	if (OutboxExecute(OutboxPrepare(&plan_fail_lock,
 									"SELECT c.deliveries, p.max_deliveries,"
 									"       pg_catalog.date_part('epoch', p.backoff_base),"
@@ -1085,13 +1326,12 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 									"  FROM outbox.commands c"
 									"  LEFT JOIN outbox.policies p ON p.kind OPERATOR(pg_catalog.=) c.kind"
 									" WHERE c.command_id OPERATOR(pg_catalog.=) $1"
-									"   AND c.lease_secret OPERATOR(pg_catalog.=) $2"
+									"   AND c.version OPERATOR(pg_catalog.=) $2"
 									"   AND c.run_id OPERATOR(pg_catalog.=) $3"
 									"   AND c.owner OPERATOR(pg_catalog.=) $4"
-									"   AND (c.leased_by OPERATOR(pg_catalog.=) $5 OR $6)"
 									"   AND " LE_SENDING("c.")
 									"   FOR NO KEY UPDATE OF c",
-									6, lock_types),
+									4, lock_types),
 					  args, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: fail lookup failed");
 	if (SPI_processed != 1)
@@ -1162,7 +1402,7 @@ outbox_fail_1_0(PG_FUNCTION_ARGS)
 static Datum
 le_renew(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[10] = {TEXTOID, UUIDOID, TEXTOID, TEXTOID, OIDOID, BOOLOID,
+	static const Oid argtypes[8] = {TEXTOID, INT8OID, TEXTOID, TEXTOID,
 	TIMESTAMPTZOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID};
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
 	LeToken		tok;
@@ -1170,8 +1410,8 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 	TimestampTz now = GetCurrentTimestamp();
 	Interval   *lease;
 	Interval	default_lease;
-	Datum		args[10];
-	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	TimestampTz until;
 
@@ -1181,32 +1421,31 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 		le_raise_not_owned(worker, NULL);
 
 	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.command_id, tok.cmd_len));
-	args[1] = UUIDPGetDatum(&tok.secret);
+	args[1] = Int64GetDatum(tok.version);
 	args[2] = PointerGetDatum(cstring_to_text_with_len(tok.run_id, tok.run_len));
 	args[3] = PointerGetDatum(worker);
-	args[4] = ObjectIdGetDatum(caller);
-	args[5] = BoolGetDatum(OutboxIsAdmin(caller));
-	args[6] = TimestampTzGetDatum(now);
-	args[7] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
+	args[4] = TimestampTzGetDatum(now);
+	args[5] = lease ? IntervalPGetDatum(lease) : (Datum) 0;
 	if (lease == NULL)
-		nulls[7] = 'n';
-	args[8] = le_default_lease(&default_lease);
-	args[9] = le_max_until(now);
+		nulls[5] = 'n';
+	args[6] = le_default_lease(&default_lease);
+	args[7] = le_max_until(now);
 
 	SPI_connect();
+	if (!le_token_holds(le_lease_key(), &tok, worker, caller))
+		le_raise_not_owned(worker, &tok);
 	if (OutboxExecute(OutboxPrepare(&plan_renew,
 									"UPDATE outbox.commands t"
-									"   SET lease_until = LEAST($7 OPERATOR(pg_catalog.+) COALESCE($8,"
+									"   SET lease_until = LEAST($5 OPERATOR(pg_catalog.+) COALESCE($6,"
 									"           (SELECT p.lease FROM outbox.policies p"
-									"             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $9), $10)"
+									"             WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $7), $8)"
 									" WHERE t.command_id OPERATOR(pg_catalog.=) $1"
-									"   AND t.lease_secret OPERATOR(pg_catalog.=) $2"
+									"   AND t.version OPERATOR(pg_catalog.=) $2"
 									"   AND t.run_id OPERATOR(pg_catalog.=) $3"
 									"   AND t.owner OPERATOR(pg_catalog.=) $4"
-									"   AND (t.leased_by OPERATOR(pg_catalog.=) $5 OR $6)"
 									"   AND " LE_SENDING("t.")
 									" RETURNING t.lease_until",
-									10, argtypes),
+									8, argtypes),
 					  args, nulls, false, 0) != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox: renew failed");
 	if (SPI_processed != 1)

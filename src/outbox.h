@@ -240,6 +240,10 @@ extern bool OutboxMay(ArrayType *roles, Oid caller);
 extern void OutboxCheckClaimable(ArrayType *kinds, Oid caller);
 extern bool OutboxAnyDeciders(void);
 
+/* siphash.c */
+extern void OutboxSipHash(const unsigned char *key, const unsigned char *msg, size_t len,
+						  unsigned char *out, int outlen);
+
 /* plans.c */
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,
 								int nargs, const Oid *argtypes);

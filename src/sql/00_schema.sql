@@ -51,10 +51,11 @@ CREATE DOMAIN @extschema@.command_deliveries AS pg_catalog.int4
 -- worker's sweep).  A claim adds one entry to each of commands_pkey and
 -- commands_lease_idx, an ack one to commands_pkey only: no other index
 -- exists, and no field an ack changes appears in any key.  The fillfactor
--- leaves room on each page for the new row versions.  lease_secret and
--- leased_by (the last columns) bind a lease's token to the claim that made
--- it and the role that claimed it; no index holds them: a token carries the
--- command_id, and ack, fail and renew find the row by commands_pkey.
+-- leaves room on each page for the new row versions.  A lease's token is
+-- not stored: it carries the claiming role, the version, the run_id and the
+-- command_id, and a MAC of them and of the worker name under the key in
+-- outbox.lease_key; ack, fail and renew find the row by commands_pkey.  A
+-- claim writes no column that 0.1.0 did not write.
 CREATE TABLE @extschema@.commands (
 	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
@@ -73,8 +74,6 @@ CREATE TABLE @extschema@.commands (
 	last_error	pg_catalog.text,
 	payload		pg_catalog.jsonb NOT NULL,
 	decided_by	pg_catalog.oid,
-	lease_secret pg_catalog.uuid,
-	leased_by	pg_catalog.oid,
 	headers		pg_catalog.jsonb,
 	CONSTRAINT commands_pkey PRIMARY KEY (command_id)
 ) WITH (fillfactor = 80);
@@ -188,6 +187,25 @@ INSERT INTO @extschema@.check_results (check_name, severity) VALUES
 	('state', 'error'),
 	('receipt_overdue', 'warning');
 
+-- The database's lease key: 16 random bytes (from gen_random_uuid, which
+-- draws on pg_strong_random, hashed to 128 bits), the key of the lease
+-- tokens' MAC.  One row; only the owner reads it.  Not registered for
+-- pg_dump: a restore makes a key of its own (the tokens of the dumped
+-- leases fail, and the leases are taken over once they end).
+CREATE TABLE @extschema@.lease_key (
+	one			pg_catalog.bool NOT NULL DEFAULT true,
+	key			pg_catalog.bytea NOT NULL,
+	made_at		pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT lease_key_pkey PRIMARY KEY (one),
+	CONSTRAINT lease_key_one CHECK (one),
+	CONSTRAINT lease_key_length CHECK (pg_catalog.length(key) OPERATOR(pg_catalog.=) 16)
+);
+INSERT INTO @extschema@.lease_key (key)
+	SELECT pg_catalog.substring(pg_catalog.sha256(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+		OPERATOR(pg_catalog.||) pg_catalog.uuid_send(pg_catalog.gen_random_uuid())), 1, 16);
+COMMENT ON TABLE @extschema@.lease_key
+	IS 'the key of the lease tokens'' MAC (one row, read by the owner only; outbox.rotate_lease_key() replaces it)';
+
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.events', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.commands', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.receipts', '');
@@ -210,7 +228,5 @@ COMMENT ON TABLE @extschema@.purged IS 'tombstones of commands removed by the re
 COMMENT ON DOMAIN @extschema@.command_status IS 'a command''s status: pending, sending, published, dead or uncertain';
 COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version: bumped by every change of its lease, for ordering and diagnostics (at least 1)';
 COMMENT ON DOMAIN @extschema@.command_deliveries IS 'how many times a command was handed to a publisher (not negative)';
-COMMENT ON COLUMN @extschema@.commands.lease_secret IS 'the random 128-bit secret of the lease''s token (set by each claim; no view shows it)';
-COMMENT ON COLUMN @extschema@.commands.leased_by IS 'the role that claimed the lease (only that role, or an outbox admin, may use its token)';
 COMMENT ON COLUMN @extschema@.commands.headers IS 'the producer''s headers (a JSON object of strings, or NULL), handed to the relay by claim and shown in no view';
 COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending, NULL otherwise (the key of the claim index)';

@@ -109,13 +109,22 @@ AS 'MODULE_PATHNAME', 'outbox_claim_1_0';
 COMMENT ON FUNCTION @extschema@.claim(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.text[])
 	IS 'lease up to batch_size available commands (pending, or sending with an expired lease) to worker';
 
--- Internal: a new lease's secret, 128 bits of pg_strong_random.
-CREATE FUNCTION @extschema@._lease_secret()
-RETURNS pg_catalog.uuid
-LANGUAGE c VOLATILE PARALLEL RESTRICTED
-AS 'MODULE_PATHNAME', 'outbox_lease_secret';
-COMMENT ON FUNCTION @extschema@._lease_secret()
-	IS 'internal: 128 random bits (pg_strong_random) for the token of a new lease (used by claim)';
+-- Internal: SipHash-2-4 (the lease tokens' MAC), for the test of its vectors.
+CREATE FUNCTION @extschema@._siphash(key pg_catalog.bytea, message pg_catalog.bytea, bytes pg_catalog.int4)
+RETURNS pg_catalog.bytea
+LANGUAGE c IMMUTABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_siphash';
+COMMENT ON FUNCTION @extschema@._siphash(pg_catalog.bytea, pg_catalog.bytea, pg_catalog.int4)
+	IS 'internal: SipHash-2-4 of message under a 16-byte key, 8 or 16 bytes (the MAC of the lease tokens)';
+
+-- Admin: a new lease key; every token handed out before is refused.
+CREATE FUNCTION @extschema@.rotate_lease_key()
+RETURNS void
+LANGUAGE c VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_rotate_lease_key';
+COMMENT ON FUNCTION @extschema@.rotate_lease_key()
+	IS 'replace the lease key: every live lease''s token is refused (OB001) and the lease is taken over once it ends';
 
 CREATE FUNCTION @extschema@.ack(
 	worker pg_catalog.text,

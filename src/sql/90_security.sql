@@ -211,7 +211,8 @@ BEGIN
 	@extschema@.pause(pg_catalog.text),
 	@extschema@.resume(pg_catalog.text),
 	@extschema@.purge(pg_catalog.int4, pg_catalog.interval),
-	@extschema@.sweep(pg_catalog.int4)
+	@extschema@.sweep(pg_catalog.int4),
+	@extschema@.rotate_lease_key()
 	TO ' OPERATOR(pg_catalog.||) admin;
 
 	-- The informational functions are harmless for anyone with schema usage.

@@ -201,16 +201,24 @@ $$;
 ALTER TABLE @extschema@.commands ADD COLUMN decided_by pg_catalog.oid;
 COMMENT ON COLUMN @extschema@.commands.decided_by IS 'the role that decided the command (current_user of the commit_decision call)';
 
--- Lease tokens: the secret of the lease's token and the role that claimed
--- it.  A lease live at the update has neither: no token exists for it, so
+-- Lease tokens: the database's lease key, as part 00 makes it.  A lease
+-- live at the update was handed out by 0.1.0's claim, which made no token:
 -- nobody can ack, fail or renew it; it runs to its end and is then taken
 -- over by claim (or swept, as any expired lease), its delivery counted
 -- (docs/reference.md, "Upgrading from 0.1.0").
-ALTER TABLE @extschema@.commands
-	ADD COLUMN lease_secret pg_catalog.uuid,
-	ADD COLUMN leased_by pg_catalog.oid;
-COMMENT ON COLUMN @extschema@.commands.lease_secret IS 'the random 128-bit secret of the lease''s token (set by each claim; no view shows it)';
-COMMENT ON COLUMN @extschema@.commands.leased_by IS 'the role that claimed the lease (only that role, or an outbox admin, may use its token)';
+CREATE TABLE @extschema@.lease_key (
+	one			pg_catalog.bool NOT NULL DEFAULT true,
+	key			pg_catalog.bytea NOT NULL,
+	made_at		pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT lease_key_pkey PRIMARY KEY (one),
+	CONSTRAINT lease_key_one CHECK (one),
+	CONSTRAINT lease_key_length CHECK (pg_catalog.length(key) OPERATOR(pg_catalog.=) 16)
+);
+INSERT INTO @extschema@.lease_key (key)
+	SELECT pg_catalog.substring(pg_catalog.sha256(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+		OPERATOR(pg_catalog.||) pg_catalog.uuid_send(pg_catalog.gen_random_uuid())), 1, 16);
+COMMENT ON TABLE @extschema@.lease_key
+	IS 'the key of the lease tokens'' MAC (one row, read by the owner only; outbox.rotate_lease_key() replaces it)';
 -- The producer's headers.  NULL for the commands decided before the update.
 ALTER TABLE @extschema@.commands ADD COLUMN headers pg_catalog.jsonb;
 COMMENT ON COLUMN @extschema@.commands.headers IS 'the producer''s headers (a JSON object of strings, or NULL), handed to the relay by claim and shown in no view';

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(140);
+SELECT plan(144);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -84,6 +84,9 @@ INSERT INTO expected VALUES
 	('outbox.sweep(integer)',
 	 'function', '{outbox_admin}', false,
 	 $$SELECT outbox.sweep()$$),
+	('outbox.rotate_lease_key()',
+	 'function', '{outbox_admin}', false,
+	 $$SELECT outbox.rotate_lease_key()$$),
 	('outbox.stats_reset()',
 	 'function', '{outbox_admin}', false,
 	 $$SELECT outbox.stats_reset()$$),
@@ -111,9 +114,9 @@ INSERT INTO expected VALUES
 	('outbox._workers()',
 	 'function', '{outbox_admin,pg_monitor}', false,
 	 $$SELECT count(*) FROM outbox._workers()$$),
-	('outbox._lease_secret()',
+	('outbox._siphash(bytea,bytea,integer)',
 	 'function', '{}', false,
-	 $$SELECT outbox._lease_secret()$$),
+	 $$SELECT outbox._siphash('\x000102030405060708090a0b0c0d0e0f', '', 16)$$),
 	('outbox._policies_changed()',
 	 'function', '{}', false,
 	 $$SELECT outbox._policies_changed()$$),
@@ -155,6 +158,8 @@ INSERT INTO expected VALUES
 	 $$WITH d AS (DELETE FROM outbox.purged RETURNING 1) SELECT count(*) FROM d$$),
 	('outbox.check_results', 'relation', '{}', NULL,
 	 $$WITH d AS (DELETE FROM outbox.check_results RETURNING 1) SELECT count(*) FROM d$$),
+	('outbox.lease_key', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.lease_key$$),
 	-- views: monitoring roles read them
 	('outbox.stats', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.stats$$),

@@ -3,7 +3,7 @@ BEGIN;
 SELECT plan(59);
 
 SELECT has_schema('outbox');
-SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results']);
+SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results', 'lease_key']);
 
 -- events
 SELECT columns_are('outbox', 'events', ARRAY['run_id', 'seq', 'kind', 'payload', 'command_id', 'created_at']);
@@ -16,14 +16,14 @@ SELECT col_has_check('outbox', 'events', 'seq', 'col_has_check outbox, events, s
 -- commands
 SELECT columns_are('outbox', 'commands', ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'version',
 	'deliveries', 'priority', 'available_at', 'due_at', 'lease_until', 'owner', 'created_at',
-	'published_at', 'last_error', 'payload', 'decided_by', 'lease_secret', 'leased_by', 'headers']);
+	'published_at', 'last_error', 'payload', 'decided_by', 'headers']);
 SELECT col_type_is('outbox', 'commands', 'headers', 'jsonb', 'the producer''s headers are jsonb');
 -- No view (pg_monitor reads them all) shows or reads the producer's headers.
 SELECT is((SELECT pg_catalog.count(*) FROM pg_catalog.pg_views
 			WHERE schemaname = 'outbox' AND definition ~ 'headers'), 0::bigint,
 	'no view of outbox reads commands.headers');
-SELECT col_type_is('outbox', 'commands', 'lease_secret', 'uuid', 'the lease secret is 16 bytes (a uuid)');
-SELECT col_type_is('outbox', 'commands', 'leased_by', 'oid', 'the claiming role is an oid');
+SELECT col_type_is('outbox', 'lease_key', 'key', 'bytea', 'the lease key is a bytea');
+SELECT col_has_check('outbox', 'lease_key', 'key', 'the lease key is 16 bytes long');
 SELECT col_is_pk('outbox', 'commands', 'command_id', 'col_is_pk outbox, commands, command_id');
 SELECT col_type_is('outbox', 'commands', 'payload', 'jsonb', 'col_type_is outbox, commands, payload, jsonb');
 SELECT col_type_is('outbox', 'commands', 'version', 'outbox', 'command_version', 'version is of the domain command_version');
@@ -97,7 +97,7 @@ SELECT has_function('outbox', 'claim', ARRAY['text', 'integer', 'interval', 'tex
 SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 	WHERE n.nspname = 'outbox' AND p.proisstrict), 0, 'no API function is STRICT');
 SELECT is((SELECT count(*)::int FROM pg_description d JOIN pg_class c ON c.oid = d.objoid AND d.classoid = 'pg_class'::regclass
-	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 8,
+	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 9,
 	'every table has a comment');
 
 -- identifiers compare byte by byte: every run, command, kind and consumer

@@ -54,7 +54,7 @@ my ($rc, $out, $err) = as_role('pub1',
 is($rc, 0, 'pub1 claims');
 my ($claimed, $tokA) = $out =~ /^(cmd-1 v2) (\S+)$/;
 is($claimed, 'cmd-1 v2', 'relay-A claims cmd-1 with a 3 second lease');
-like($tokA, qr/^[0-9a-f]{32}:5:run-1:cmd-1$/, 'the token is a 128-bit secret, the run_id and the command_id');
+like($tokA, qr/^[0-9a-f]{32}:[0-9]+:2:5:run-1:cmd-1$/, 'the token is a 128-bit MAC, the role, the version, the run_id and the command_id');
 my ($secret) = $tokA =~ /^([0-9a-f]{32})/;
 is($node->safe_psql('postgres', q{SELECT count(*) FROM outbox.claim('B', 10, interval '30 seconds')}),
 	'0', 'nobody gets cmd-1 while relay-A holds a live lease');
@@ -62,18 +62,18 @@ my $before = $node->safe_psql('postgres', $row_sql);
 
 # Every forgery pub2 tries: refused with OB001 and telling nothing.
 my @forgeries = (
-	[ 'ack with a guessed token', q{SELECT outbox.ack('guess', repeat('0', 32) || ':5:run-1:cmd-1')} ],
+	[ 'ack with a guessed token', q{SELECT outbox.ack('guess', repeat('0', 32) || ':' || 'pub2'::regrole::oid || ':2:5:run-1:cmd-1')} ],
 	[ 'ack under the holder name with a guessed token',
-		q{SELECT outbox.ack('relay-A', repeat('0', 32) || ':5:run-1:cmd-1')} ],
+		q{SELECT outbox.ack('relay-A', repeat('0', 32) || ':' || 'pub2'::regrole::oid || ':2:5:run-1:cmd-1')} ],
 	[ 'ack with the version as the secret',
-		q{SELECT outbox.ack('relay-A', lpad('2', 32, '0') || ':5:run-1:cmd-1')} ],
+		q{SELECT outbox.ack('relay-A', lpad('2', 32, '0') || ':' || 'pub1'::regrole::oid || ':2:5:run-1:cmd-1')} ],
 	[ 'ack with the right token from another role', qq{SELECT outbox.ack('relay-A', '$tokA')} ],
 	[ 'ack_many with the right token from another role',
 		qq{SELECT CASE WHEN acked THEN 'acked' ELSE 'refused' END FROM outbox.ack_many('relay-A', ARRAY['$tokA'])} ],
-	[ 'renew with a guessed token', q{SELECT outbox.renew('relay-A', repeat('f', 32) || ':5:run-1:cmd-1', interval '1 day')} ],
+	[ 'renew with a guessed token', q{SELECT outbox.renew('relay-A', repeat('f', 32) || ':' || 'pub2'::regrole::oid || ':2:5:run-1:cmd-1', interval '1 day')} ],
 	[ 'renew with the right token from another role', qq{SELECT outbox.renew('relay-A', '$tokA', interval '1 day')} ],
 	[ 'fatal fail with a guessed token',
-		q{SELECT outbox.fail('relay-A', repeat('1', 32) || ':5:run-1:cmd-1', 'x', true)} ],
+		q{SELECT outbox.fail('relay-A', repeat('1', 32) || ':' || 'pub1'::regrole::oid || ':2:5:run-1:cmd-1', 'x', true)} ],
 	[ 'fatal fail with the right token from another role',
 		qq{SELECT outbox.fail('relay-A', '$tokA', 'x', true)} ]);
 foreach my $f (@forgeries)

@@ -436,13 +436,13 @@ is(sql('old', 'SELECT outbox.verify(true)'), '', 'verify() passes');
 is( sql('old', q{SELECT coalesce(string_agg(command_id, ','), 'none') FROM outbox.claim('w-new', 100,
 		kinds => '{k-send}')}),
 	'none', "a live lease of 0.1.0 is not handed out again while it lasts");
-is(sql('old', q{SELECT count(*) FROM outbox.commands WHERE lease_secret IS NOT NULL OR leased_by IS NOT NULL}),
-	'0', '... and has no token: no secret, no claiming role');
+is(sql('old', q{SELECT count(*) || ' ' || min(length(key)) FROM outbox.lease_key}),
+	'1 16', '... and the update made a lease key (16 bytes), under which 0.1.0 made no token');
 ($rc, $out, $err) = $node->psql('old', q{SELECT outbox.ack('d-sending', 'w1', 2)});
 like($err, qr/ERROR:  function outbox\.ack\(unknown, unknown, integer\) does not exist/,
 	"its holder's 0.1.0 call is gone");
 ($rc, $out, $err) = $node->psql('old',
-	q{SELECT outbox.ack('w1', repeat('0', 32) || ':5:run-b:d-sending')});
+	q{SELECT outbox.ack('w1', repeat('0', 32) || ':' || current_user::regrole::oid || ':2:5:run-b:d-sending')});
 like($err, qr/ERROR:  lease_not_owned: worker "w1" does not hold command "d-sending"/,
 	'... and no token of the new API acks it (OB001)');
 is(sql('old', q{SELECT status || ' ' || owner || ' v' || version FROM outbox.commands WHERE command_id = 'd-sending'}),
@@ -460,7 +460,7 @@ my ($pending, $token2) = split /\|/, sql('old', q{SELECT command_id || ' v' || v
 	FROM outbox.claim('w9', 10, kinds => '{k-pending,k-paused}')});
 is($pending, 'd-pending v2', 'a pending command of 0.1.0 is claimed (paused kinds stay paused)');
 is( sql('old', qq{SELECT string_agg(command_id || ':' || acked || ':' || coalesce(reason, ''), ',' ORDER BY command_id)
-		FROM outbox.ack_many('w9', ARRAY['$token2', repeat('0', 32) || ':5:run-b:d-sending'])}),
+		FROM outbox.ack_many('w9', ARRAY['$token2', repeat('0', 32) || ':' || current_user::regrole::oid || ':2:5:run-b:d-sending'])}),
 	'd-pending:true:,d-sending:false:lease_not_owned',
 	"the batch ack takes its token and refuses one made up for 0.1.0's live lease");
 is( sql('old', q{

@@ -41,7 +41,7 @@ SELECT outbox.renew('w-$p', (SELECT token FROM l WHERE command_id = '$p-1'));
 SELECT outbox.ack('w-$p', (SELECT token FROM l WHERE command_id = '$p-1'));
 SELECT count(*) FROM outbox.ack_many('w-$p', ARRAY[(SELECT token FROM l WHERE command_id = '$p-2'),
 	(SELECT token FROM l WHERE command_id = '$p-1'), 'not a token']);
-SELECT count(*) FROM outbox.ack_many('w-$p', ARRAY(SELECT repeat('0', 32) || ':5:run-x:fake-' || g FROM generate_series(1, 200) g));
+SELECT count(*) FROM outbox.ack_many('w-$p', ARRAY(SELECT (SELECT token FROM l WHERE command_id = '$p-2') FROM generate_series(1, 200) g));
 DO \$\$ BEGIN PERFORM outbox.ack('w-$p', (SELECT token FROM l WHERE command_id = '$p-1')); EXCEPTION WHEN SQLSTATE 'OB001' THEN NULL; END \$\$;
 SELECT outbox.fail('w-$p', (SELECT token FROM l WHERE command_id = '$p-3'), 'boom', true);
 SELECT outbox.requeue('run-$p', '$p-3');
