@@ -440,7 +440,7 @@ citus_check_headers() {
 		[ -n "$pkg" ] || pkg=$(dpkg-query -S "$(readlink -f "$header")" 2>/dev/null | head -1 | sed 's/[:,].*//')
 		grep -qx "${pkg:-none}" <<<"$allowed" || bad+=("$header (${pkg:-no package})")
 	done <<<"$(find "$WORK/citus-build" -path '*/.deps/*.Po' ! -name '*.sql.Po' -exec cat {} + |
-		tr ' \\' '\n\n' | grep '^/usr/include/' | sort -u)"
+		tr ' \\' '\n\n' | sed 's/:$//' | grep '^/usr/include/' | sort -u)"
 	if [ ${#bad[@]} -eq 0 ]; then
 		check OK "Citus's build uses headers of listed packages only"
 	else
