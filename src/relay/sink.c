@@ -570,6 +570,49 @@ sink_url_int_option(const SinkUrl *u, const char *key, long min, long max,
 }
 
 /*
+ * The start of every broker sink's open that takes one HOST[:PORT] and no
+ * password in the URL: parse url, check its options against allowed,
+ * refuse a password (password_hint says where one goes instead) and split
+ * exactly one host into *hosts (*n = 1).  SINK_OPEN_CONFIG with *err, u
+ * and the hosts freed, on any error.
+ */
+SinkOpenResult
+sink_url_one_host(const char *url, const char *scheme, const char *const *allowed,
+				  int default_port, const char *password_hint,
+				  SinkUrl *u, SinkHost **hosts, int *n, char **err)
+{
+	*hosts = NULL;
+	*n = 0;
+	if (!sink_url_parse(url, u, err))
+		return SINK_OPEN_CONFIG;
+	if (!sink_url_check_options(u, allowed, err))
+		goto config;
+	if (u->password != NULL)
+	{
+		*err = sink_errorf("invalid %s sink URL: a password must not be in the URL (ps shows it): %s",
+						   scheme, password_hint);
+		goto config;
+	}
+	*n = sink_url_hosts(u, default_port, hosts, err);
+	if (*n < 0)
+		goto config;
+	if (*n != 1)
+	{
+		*err = sink_errorf("invalid %s sink URL: exactly one HOST:PORT is expected", scheme);
+		goto config;
+	}
+	return SINK_OPEN_OK;
+
+config:
+	if (*hosts != NULL)
+		sink_hosts_free(*hosts, *n);
+	*hosts = NULL;
+	*n = 0;
+	sink_url_free(u);
+	return SINK_OPEN_CONFIG;
+}
+
+/*
  * Split u->hosts ("HOST[:PORT][,HOST[:PORT]...]", IPv6 in brackets) into
  * *hosts; a host without a port gets default_port (0: a port is required).
  * Returns the number of hosts, or -1 with *err.

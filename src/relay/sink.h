@@ -189,6 +189,10 @@ extern bool sink_url_int_option(const SinkUrl *u, const char *key, long min, lon
 extern int	sink_url_hosts(const SinkUrl *u, int default_port, SinkHost **hosts, char **err);
 extern void sink_url_free(SinkUrl *u);
 extern void sink_hosts_free(SinkHost *hosts, int n);
+extern SinkOpenResult sink_url_one_host(const char *url, const char *scheme,
+										const char *const *allowed, int default_port,
+										const char *password_hint, SinkUrl *u,
+										SinkHost **hosts, int *n, char **err);
 extern SinkResult sink_ndjson_deliver(FILE *fp, const char *what, RelayBatch *batch,
 									  SinkTick tick, void *arg);
 extern bool sink_ndjson_flush(FILE *fp, const char *what, bool sync, char **err);

@@ -131,24 +131,10 @@ amqp_open(const char *url, Sink **out, char **err)
 	int			n = 0;
 	PQExpBufferData shown;
 
-	if (!sink_url_parse(url, &u, err))
+	if (sink_url_one_host(url, "amqp", amqp_options, AMQP_DEFAULT_PORT,
+						  "use password_file=PATH or OUTBOX_RELAY_AMQP_PASSWORD",
+						  &u, &hosts, &n, err) != SINK_OPEN_OK)
 		return SINK_OPEN_CONFIG;
-	if (!sink_url_check_options(&u, amqp_options, err))
-		goto config;
-	if (u.password != NULL)
-	{
-		*err = sink_errorf("invalid amqp sink URL: a password must not be in the URL (ps shows it): "
-						   "use password_file=PATH or OUTBOX_RELAY_AMQP_PASSWORD");
-		goto config;
-	}
-	n = sink_url_hosts(&u, AMQP_DEFAULT_PORT, &hosts, err);
-	if (n < 0)
-		goto config;
-	if (n != 1)
-	{
-		*err = sink_errorf("invalid amqp sink URL: exactly one HOST:PORT is expected");
-		goto config;
-	}
 	if (sink_url_option(&u, "exchange") == NULL)
 	{
 		*err = sink_errorf("invalid amqp sink URL: option \"exchange\" is required (\"exchange=\" for the default exchange)");

@@ -270,24 +270,10 @@ mqtt_open(const char *url, Sink **out, char **err)
 	PQExpBufferData buf;
 	SinkOpenResult rc_open;
 
-	if (!sink_url_parse(url, &u, err))
+	if (sink_url_one_host(url, "mqtt", mqtt_options, MQTT_DEFAULT_PORT,
+						  "use password_file=PATH or OUTBOX_RELAY_MQTT_PASSWORD",
+						  &u, &hosts, &n, err) != SINK_OPEN_OK)
 		return SINK_OPEN_CONFIG;
-	if (!sink_url_check_options(&u, mqtt_options, err))
-		goto config;
-	if (u.password != NULL)
-	{
-		*err = sink_errorf("invalid mqtt sink URL: a password must not be in the URL (ps shows it): "
-						   "use password_file=PATH or OUTBOX_RELAY_MQTT_PASSWORD");
-		goto config;
-	}
-	n = sink_url_hosts(&u, MQTT_DEFAULT_PORT, &hosts, err);
-	if (n < 0)
-		goto config;
-	if (n != 1)
-	{
-		*err = sink_errorf("invalid mqtt sink URL: exactly one HOST:PORT is expected");
-		goto config;
-	}
 	if (!mqtt_topic_ok(u.path))
 	{
 		*err = sink_errorf("invalid mqtt sink URL: the path must be a topic to publish to (not empty, no + or # wildcards)");

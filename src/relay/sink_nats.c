@@ -328,24 +328,10 @@ nats_open(const char *url, Sink **out, char **err)
 	bool		no_stream;
 	PQExpBufferData buf;
 
-	if (!sink_url_parse(url, &u, err))
+	if (sink_url_one_host(url, "nats", nats_options, NATS_DEFAULT_PORT,
+						  "use OUTBOX_RELAY_NATS_PASSWORD",
+						  &u, &hosts, &n, err) != SINK_OPEN_OK)
 		return SINK_OPEN_CONFIG;
-	if (!sink_url_check_options(&u, nats_options, err))
-		goto config;
-	if (u.password != NULL)
-	{
-		*err = sink_errorf("invalid nats sink URL: a password must not be in the URL (ps shows it): "
-						   "use OUTBOX_RELAY_NATS_PASSWORD");
-		goto config;
-	}
-	n = sink_url_hosts(&u, NATS_DEFAULT_PORT, &hosts, err);
-	if (n < 0)
-		goto config;
-	if (n != 1)
-	{
-		*err = sink_errorf("invalid nats sink URL: exactly one HOST:PORT is expected");
-		goto config;
-	}
 	if (!nats_subject_ok(u.path))
 	{
 		*err = sink_errorf("invalid nats sink URL: the path must be a subject to publish to (tokens separated by dots, no wildcards, no spaces)");
