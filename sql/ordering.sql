@@ -125,6 +125,11 @@ SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
   {"run_id": "t4", "seq": 1, "event_kind": "e", "command_id": "t4-1", "command_kind": "k", "payload": {}, "ordering_key": "E"},
   {"run_id": "t4", "seq": 2, "event_kind": "e", "command_id": "t4-2", "command_kind": "k", "payload": {}, "ordering_key": "E"}]');
 SELECT * FROM ks WHERE key IN ('t1', 'D', 'E');
+-- a batch with a retry: the retry keeps its place, the new decision takes the next
+SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
+  {"run_id": "t4", "seq": 2, "event_kind": "e", "command_id": "t4-2", "command_kind": "k", "payload": {}, "ordering_key": "E"},
+  {"run_id": "t4", "seq": 3, "event_kind": "e", "command_id": "t4-3", "command_kind": "k", "payload": {}, "ordering_key": "E"}]');
+SELECT * FROM ks WHERE key = 'E';
 SELECT ordering_key IS NULL AS no_key, due_at IS NOT NULL AS claimable FROM outbox.commands WHERE command_id = 't3-1';
 SELECT outbox.set_policy('trip', ordered_by_run => false);
 SELECT outbox.commit_decision('t1', 5, 'e', 't1-5', 'trip', '{}');
