@@ -35,6 +35,16 @@ SELECT outbox.skip_head('');
 SELECT outbox.skip_head(NULL);
 SELECT (SELECT count(*) FROM outbox.commands) AS commands, (SELECT count(*) FROM outbox.events) AS events;
 
+-- A decision with a key holds the key's lock to the end of its transaction:
+-- an advisory lock in a lock space of its own (objsubid 20290); one without
+-- a key takes none.
+BEGIN;
+SELECT outbox.commit_decision('r0', 1, 'e', 'lk0', 'k', '{}');
+SELECT count(*) AS key_locks FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid();
+SELECT outbox.commit_decision('r0', 2, 'e', 'lk1', 'k', '{}', ordering_key => 'L');
+SELECT locktype, objsubid, mode, granted FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid();
+ROLLBACK;
+
 -- Key A gets three commands (two runs), key B one, and one has no key:
 -- only the heads and the unordered one are claimable.
 SELECT outbox.commit_decision('r1', 1, 'e', 'a1', 'k', '{}', ordering_key => 'A');
