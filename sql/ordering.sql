@@ -60,6 +60,11 @@ SELECT ordering_key IS NULL AS no_key, ordering_seq IS NULL AS no_place, due_at 
 SELECT * FROM pg_temp.claim('w');
 SELECT * FROM pg_temp.claim('w');
 
+-- The ack of an unordered command takes no lock (rolled back: u1 stays leased).
+BEGIN;
+SELECT outbox.ack('w', pg_temp.t('u1'));
+SELECT count(*) AS key_locks FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid();
+ROLLBACK;
 -- The ack of a head releases the next command of its key, in order.
 SELECT outbox.ack('w', pg_temp.t('a1'));
 SELECT * FROM ks;
