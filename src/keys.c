@@ -267,7 +267,10 @@ outbox_release_key(PG_FUNCTION_ARGS)
 /*
  * outbox.skip_head(ordering_key): take a dead head out of its key and
  * release the next command.  Returns the skipped command's id.  55000 when
- * the key has no unfinished command or its head is not dead.
+ * the key has no unfinished command or its head is not dead.  The head is
+ * the first command after the key's last published one (found from the
+ * key's end, past its waiting commands), so the key's published history
+ * is not read.
  */
 static Datum
 ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
@@ -293,6 +296,11 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 										  "SELECT c.command_id, c.run_id, c.status::pg_catalog.text, c.ordering_seq"
 										  "  FROM outbox.commands c"
 										  " WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
+										  "   AND c.ordering_seq OPERATOR(pg_catalog.>) COALESCE(("
+										  "       SELECT p.ordering_seq FROM outbox.commands p"
+										  "        WHERE p.ordering_key OPERATOR(pg_catalog.=) $1"
+										  "          AND p.status OPERATOR(pg_catalog.=) 'published'"
+										  "        ORDER BY p.ordering_seq DESC LIMIT 1), 0)"
 										  "   AND c.status OPERATOR(pg_catalog.<>) 'published'"
 										  " ORDER BY c.ordering_seq LIMIT 1"
 										  "   FOR NO KEY UPDATE OF c",
