@@ -35,9 +35,10 @@
  * read with the latest snapshot (OutboxExecuteLatest), so they see what the
  * lock's last holder committed whatever the caller's isolation level.
  * Hence: a producer that sees the key's last command unfinished makes the
- * new one wait, and the publisher of that command, whose lock waits for
- * the producer's commit, then sees and releases it; a producer that sees
- * it published (or no command) makes the new one the head.  A call that
+ * new one wait, and whoever publishes or skips the key's head later takes
+ * the lock after the producer's commit and sees it (released at once if it
+ * is next); a producer that sees the last command published (or none)
+ * makes the new one the head, since the key has no unfinished command.  A call that
  * locks several keys locks them in the order of their hashes.  Commands
  * without a key take none of this.
  *
