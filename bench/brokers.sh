@@ -33,7 +33,10 @@
 # database's share: claim, ack and the relay's loop.
 #
 # Settings: N, B, REPEATS, RELAYS ("1 4"), BROKERS ("stdout kafka redis
-# rabbitmq nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency.
+# rabbitmq nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency,
+# BEFORE=PATH: another outbox-relay binary (e.g. an earlier build) whose
+# cells take turns with this build's in each round, printed as "before"
+# columns: a before/after comparison from the same run.
 # Needs the broker packages of test/lib.sh's lists (it installs nothing:
 # it names what is missing).
 set -u
@@ -175,13 +178,13 @@ sink_url() {
 
 # One relay cell: k relays drain the backlog; prints commands per second.
 run_relay() {
-	local kind=$1 k=$2 start end left i url
+	local kind=$1 k=$2 relay=${3:-$RELAY} start end left i url
 	url=$(sink_url "$kind")
 	load || { echo "loading the commands failed" >&2; return 1; }
 	ctl reset >/dev/null || return 1
 	start=$(psql_q "SELECT extract(epoch FROM clock_timestamp())")
 	for i in $(seq "$k"); do
-		as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$RELAY' --dsn '$DSN' --sink '$url' --batch $B --drain --worker bench-$kind-$i >/dev/null 2>>'$WORK/relay.log'" &
+		as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$relay' --dsn '$DSN' --sink '$url' --batch $B --drain --worker bench-$kind-$i >/dev/null 2>>'$WORK/relay.log'" &
 	done
 	wait	# run_relay runs in a subshell: only its own relays
 	end=$(psql_q "SELECT extract(epoch FROM max(published_at)) FROM outbox.commands")
@@ -257,6 +260,10 @@ for kind in $BROKERS; do
 	if [ "${ONLY:-}" != latency ]; then
 		for r in $(seq "$REPEATS"); do
 			for k in $RELAYS; do
+				if [ -n "${BEFORE:-}" ]; then
+					v=$(run_relay "$kind" "$k" "$BEFORE") && RES[$kind,before$k]+="$v "
+					echo "  round $r before x$k: $v/s"
+				fi
 				v=$(run_relay "$kind" "$k") && RES[$kind,relay$k]+="$v "
 				echo "  round $r relay x$k: $v/s"
 			done
@@ -275,11 +282,20 @@ done
 echo
 echo "commands/s, N = $N, B = $B, median (min–max) of $REPEATS; ratio = relay median / baseline median"
 printf '| %-9s | %-24s |' broker baseline
+if [ -n "${BEFORE:-}" ]; then
+	for k in $RELAYS; do printf ' %-24s | %-5s |' "before: $k relay(s)" ratio; done
+fi
 for k in $RELAYS; do printf ' %-24s | %-5s |' "$k relay(s)" ratio; done
 echo " p50 / p99 ms at $LAT_RATE/s |"
 for kind in $BROKERS; do
 	base=$(tr ' ' '\n' <<<"${RES[$kind,base]:-}" | grep . | stats)
 	printf '| %-9s | %-24s |' "$kind" "$base"
+	if [ -n "${BEFORE:-}" ]; then
+		for k in $RELAYS; do
+			rel=$(tr ' ' '\n' <<<"${RES[$kind,before$k]:-}" | grep . | stats)
+			printf ' %-24s | %-5s |' "$rel" "$(awk -v a="${rel%% *}" -v b="${base%% *}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')"
+		done
+	fi
 	for k in $RELAYS; do
 		rel=$(tr ' ' '\n' <<<"${RES[$kind,relay$k]:-}" | grep . | stats)
 		printf ' %-24s | %-5s |' "$rel" "$(awk -v a="${rel%% *}" -v b="${base%% *}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')"

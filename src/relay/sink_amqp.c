@@ -9,8 +9,9 @@
  * its message_id the command_id, its type the kind, and command_id, run_id,
  * seq, kind and deliveries in its headers table, followed by the
  * producer's headers as long strings under their own names (one the relay
- * sets itself keeps the relay's value); the body is the command's JSON
- * object.  Up to `window` messages are unconfirmed at once; the batch
+ * sets itself keeps the relay's value); the producer's correlation-id,
+ * reply-to and priority set those basic properties too (see
+ * amqp_header_props); the body is the command's JSON object.  Up to `window` messages are unconfirmed at once; the batch
  * returns once every one of them is settled:
  *
  *	basic.ack			SINK_OK (the broker has taken responsibility: for a
@@ -44,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -344,6 +346,65 @@ amqp_buffer_bytes(PQExpBuffer buf)
 	return b;
 }
 
+/*
+ * The producer headers that also set an AMQP basic property: both
+ * spellings of each name (the hyphenated one wins when both are given).
+ * The header stays in the headers table as well.  content-type and
+ * content-encoding are not among them: they describe the producer's
+ * payload, and the body is the JSON object around it (content_type stays
+ * application/json).  expiration is not either: a TTL would let the broker
+ * drop a message the outbox reported published.
+ */
+static void
+amqp_header_props(const RelayCommand *cmd, amqp_basic_properties_t *props)
+{
+	const char *corr = NULL;
+	const char *reply = NULL;
+	bool		corr_hyphen = false;
+	bool		reply_hyphen = false;
+	int			j;
+
+	for (j = 0; j < cmd->nheaders; j++)
+	{
+		const char *name = cmd->headers[j].name;
+		const char *value = cmd->headers[j].value;
+		size_t		len = strlen(value);
+
+		if (len > 255)
+			continue;			/* a shortstr holds 255 bytes */
+		if (strcasecmp(name, "correlation-id") == 0)
+		{
+			corr = value;
+			corr_hyphen = true;
+		}
+		else if (strcasecmp(name, "correlation_id") == 0 && !corr_hyphen)
+			corr = value;
+		else if (strcasecmp(name, "reply-to") == 0)
+		{
+			reply = value;
+			reply_hyphen = true;
+		}
+		else if (strcasecmp(name, "reply_to") == 0 && !reply_hyphen)
+			reply = value;
+		else if (strcasecmp(name, "priority") == 0 && len >= 1 && len <= 3 &&
+				 strspn(value, "0123456789") == len && atoi(value) <= 255)
+		{
+			props->_flags |= AMQP_BASIC_PRIORITY_FLAG;
+			props->priority = (uint8_t) atoi(value);
+		}
+	}
+	if (corr != NULL)
+	{
+		props->_flags |= AMQP_BASIC_CORRELATION_ID_FLAG;
+		props->correlation_id = amqp_cstring_bytes(corr);
+	}
+	if (reply != NULL)
+	{
+		props->_flags |= AMQP_BASIC_REPLY_TO_FLAG;
+		props->reply_to = amqp_cstring_bytes(reply);
+	}
+}
+
 /* Publish command i of the round.  False when the connection broke. */
 static bool
 amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
@@ -386,6 +447,7 @@ amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 	props.app_id = amqp_cstring_bytes(RELAY_NAME);
 	props.headers.num_entries = nh;
 	props.headers.entries = headers;
+	amqp_header_props(cmd, &props);
 
 	rc = amqp_basic_publish(s->conn, AMQP_CHANNEL, amqp_cstring_bytes(s->exchange),
 							amqp_cstring_bytes(s->routing_key), 1, 0, &props,
