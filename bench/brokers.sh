@@ -36,7 +36,8 @@
 # rabbitmq nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency,
 # BEFORE=PATH: another outbox-relay binary (e.g. an earlier build) whose
 # cells take turns with this build's in each round, printed as "before"
-# columns: a before/after comparison from the same run.
+# columns (and its latency run precedes this build's): a before/after
+# comparison from the same run.
 # Needs the broker packages of test/lib.sh's lists (it installs nothing:
 # it names what is missing).
 set -u
@@ -215,12 +216,12 @@ stats() {
 
 # Latency: prints "p50 p99 count" in ms.
 run_latency() {
-	local kind=$1 url pid n
+	local kind=$1 relay=${2:-$RELAY} url pid n
 	url=$(sink_url "$kind")
 	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts, lat_stamps;" >/dev/null
 	ctl reset >/dev/null || return 1
 	case $kind in kafka | rabbitmq | mosquitto) ctl listen "$WORK/stamps-$kind.tsv" >/dev/null || return 1 ;; esac
-	as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$RELAY' --dsn '$DSN' --sink '$url' --batch $B --worker lat-$kind </dev/null >/dev/null 2>>'$WORK/relay-lat.log' & echo \$! >'$WORK/relay-lat.pid'"
+	as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$relay' --dsn '$DSN' --sink '$url' --batch $B --worker lat-$kind </dev/null >/dev/null 2>>'$WORK/relay-lat.log' & echo \$! >'$WORK/relay-lat.pid'"
 	for _ in $(seq 100); do
 		[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%FROM outbox.claim(%'")" -ge 1 ] && break
 		sleep 0.1
@@ -273,6 +274,10 @@ for kind in $BROKERS; do
 		done
 	fi
 	if [ "${ONLY:-}" != throughput ] && [ "$kind" != stdout ]; then
+		if [ -n "${BEFORE:-}" ]; then
+			v=$(run_latency "$kind" "$BEFORE")
+			echo "  before: latency at $LAT_RATE/s: $v (arrival p50 ms, p99 ms, commands; ack p50 ms, p99 ms)"
+		fi
 		LAT[$kind]=$(run_latency "$kind")
 		echo "  latency at $LAT_RATE/s: ${LAT[$kind]} (arrival p50 ms, p99 ms, commands; ack p50 ms, p99 ms)"
 	fi
