@@ -33,7 +33,11 @@
 # database's share: claim, ack and the relay's loop.
 #
 # Settings: N, B, REPEATS, RELAYS ("1 4"), BROKERS ("stdout kafka redis
-# rabbitmq nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency.
+# rabbitmq nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency,
+# BEFORE=PATH: another outbox-relay binary (e.g. an earlier build) whose
+# cells take turns with this build's in each round, printed as "before"
+# columns (and its latency run precedes this build's): a before/after
+# comparison from the same run.
 # Needs the broker packages of test/lib.sh's lists (it installs nothing:
 # it names what is missing).
 set -u
@@ -175,13 +179,13 @@ sink_url() {
 
 # One relay cell: k relays drain the backlog; prints commands per second.
 run_relay() {
-	local kind=$1 k=$2 start end left i url
+	local kind=$1 k=$2 relay=${3:-$RELAY} start end left i url
 	url=$(sink_url "$kind")
 	load || { echo "loading the commands failed" >&2; return 1; }
 	ctl reset >/dev/null || return 1
 	start=$(psql_q "SELECT extract(epoch FROM clock_timestamp())")
 	for i in $(seq "$k"); do
-		as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$RELAY' --dsn '$DSN' --sink '$url' --batch $B --drain --worker bench-$kind-$i >/dev/null 2>>'$WORK/relay.log'" &
+		as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$relay' --dsn '$DSN' --sink '$url' --batch $B --drain --worker bench-$kind-$i >/dev/null 2>>'$WORK/relay.log'" &
 	done
 	wait	# run_relay runs in a subshell: only its own relays
 	end=$(psql_q "SELECT extract(epoch FROM max(published_at)) FROM outbox.commands")
@@ -212,12 +216,12 @@ stats() {
 
 # Latency: prints "p50 p99 count" in ms.
 run_latency() {
-	local kind=$1 url pid n
+	local kind=$1 relay=${2:-$RELAY} url pid n
 	url=$(sink_url "$kind")
 	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts, lat_stamps;" >/dev/null
 	ctl reset >/dev/null || return 1
 	case $kind in kafka | rabbitmq | mosquitto) ctl listen "$WORK/stamps-$kind.tsv" >/dev/null || return 1 ;; esac
-	as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$RELAY' --dsn '$DSN' --sink '$url' --batch $B --worker lat-$kind </dev/null >/dev/null 2>>'$WORK/relay-lat.log' & echo \$! >'$WORK/relay-lat.pid'"
+	as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$relay' --dsn '$DSN' --sink '$url' --batch $B --worker lat-$kind </dev/null >/dev/null 2>>'$WORK/relay-lat.log' & echo \$! >'$WORK/relay-lat.pid'"
 	for _ in $(seq 100); do
 		[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%FROM outbox.claim(%'")" -ge 1 ] && break
 		sleep 0.1
@@ -257,6 +261,10 @@ for kind in $BROKERS; do
 	if [ "${ONLY:-}" != latency ]; then
 		for r in $(seq "$REPEATS"); do
 			for k in $RELAYS; do
+				if [ -n "${BEFORE:-}" ]; then
+					v=$(run_relay "$kind" "$k" "$BEFORE") && RES[$kind,before$k]+="$v "
+					echo "  round $r before x$k: $v/s"
+				fi
 				v=$(run_relay "$kind" "$k") && RES[$kind,relay$k]+="$v "
 				echo "  round $r relay x$k: $v/s"
 			done
@@ -266,6 +274,10 @@ for kind in $BROKERS; do
 		done
 	fi
 	if [ "${ONLY:-}" != throughput ] && [ "$kind" != stdout ]; then
+		if [ -n "${BEFORE:-}" ]; then
+			v=$(run_latency "$kind" "$BEFORE")
+			echo "  before: latency at $LAT_RATE/s: $v (arrival p50 ms, p99 ms, commands; ack p50 ms, p99 ms)"
+		fi
 		LAT[$kind]=$(run_latency "$kind")
 		echo "  latency at $LAT_RATE/s: ${LAT[$kind]} (arrival p50 ms, p99 ms, commands; ack p50 ms, p99 ms)"
 	fi
@@ -275,11 +287,20 @@ done
 echo
 echo "commands/s, N = $N, B = $B, median (min–max) of $REPEATS; ratio = relay median / baseline median"
 printf '| %-9s | %-24s |' broker baseline
+if [ -n "${BEFORE:-}" ]; then
+	for k in $RELAYS; do printf ' %-24s | %-5s |' "before: $k relay(s)" ratio; done
+fi
 for k in $RELAYS; do printf ' %-24s | %-5s |' "$k relay(s)" ratio; done
 echo " p50 / p99 ms at $LAT_RATE/s |"
 for kind in $BROKERS; do
 	base=$(tr ' ' '\n' <<<"${RES[$kind,base]:-}" | grep . | stats)
 	printf '| %-9s | %-24s |' "$kind" "$base"
+	if [ -n "${BEFORE:-}" ]; then
+		for k in $RELAYS; do
+			rel=$(tr ' ' '\n' <<<"${RES[$kind,before$k]:-}" | grep . | stats)
+			printf ' %-24s | %-5s |' "$rel" "$(awk -v a="${rel%% *}" -v b="${base%% *}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')"
+		done
+	fi
 	for k in $RELAYS; do
 		rel=$(tr ' ' '\n' <<<"${RES[$kind,relay$k]:-}" | grep . | stats)
 		printf ' %-24s | %-5s |' "$rel" "$(awk -v a="${rel%% *}" -v b="${base%% *}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')"

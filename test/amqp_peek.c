@@ -10,9 +10,12 @@
  *
  * Logs in as guest (password from OUTBOX_RELAY_AMQP_PASSWORD, default
  * "guest") to vhost "/".  One line per message on stdout:
- *		message_id=ID<TAB>type=T<TAB>NAME=VALUE<TAB>...<TAB>body=BODY
- * with the headers table's long strings and integers (the test's values
- * hold no tab or newline).  Exit 0, or 1 with a line on stderr.
+ *		message_id=ID<TAB>type=T<TAB>[p:PROPERTY=VALUE<TAB>...]NAME=VALUE<TAB>...<TAB>body=BODY
+ * with the basic properties content_type, correlation_id, reply_to,
+ * priority and expiration when set (the "p:" prefix keeps them apart from
+ * header names, which cannot hold a colon), then the headers table's long
+ * strings and integers (the test's values hold no tab or newline).  Exit
+ * 0, or 1 with a line on stderr.
  *
  *-------------------------------------------------------------------------
  */
@@ -88,6 +91,28 @@ main(int argc, char **argv)
 		fputs("\ttype=", stdout);
 		if (msg.properties._flags & AMQP_BASIC_TYPE_FLAG)
 			put_bytes(msg.properties.type);
+		if (msg.properties._flags & AMQP_BASIC_CONTENT_TYPE_FLAG)
+		{
+			fputs("\tp:content_type=", stdout);
+			put_bytes(msg.properties.content_type);
+		}
+		if (msg.properties._flags & AMQP_BASIC_CORRELATION_ID_FLAG)
+		{
+			fputs("\tp:correlation_id=", stdout);
+			put_bytes(msg.properties.correlation_id);
+		}
+		if (msg.properties._flags & AMQP_BASIC_REPLY_TO_FLAG)
+		{
+			fputs("\tp:reply_to=", stdout);
+			put_bytes(msg.properties.reply_to);
+		}
+		if (msg.properties._flags & AMQP_BASIC_PRIORITY_FLAG)
+			printf("\tp:priority=%d", (int) msg.properties.priority);
+		if (msg.properties._flags & AMQP_BASIC_EXPIRATION_FLAG)
+		{
+			fputs("\tp:expiration=", stdout);
+			put_bytes(msg.properties.expiration);
+		}
 		if (msg.properties._flags & AMQP_BASIC_HEADERS_FLAG)
 			for (j = 0; j < msg.properties.headers.num_entries; j++)
 			{

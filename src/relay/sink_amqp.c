@@ -9,8 +9,9 @@
  * its message_id the command_id, its type the kind, and command_id, run_id,
  * seq, kind and deliveries in its headers table, followed by the
  * producer's headers as long strings under their own names (one the relay
- * sets itself keeps the relay's value); the body is the command's JSON
- * object.  Up to `window` messages are unconfirmed at once; the batch
+ * sets itself keeps the relay's value); the producer's correlation-id,
+ * reply-to and priority set those basic properties too (see
+ * amqp_header_props); the body is the command's JSON object.  Up to `window` messages are unconfirmed at once; the batch
  * returns once every one of them is settled:
  *
  *	basic.ack			SINK_OK (the broker has taken responsibility: for a
@@ -41,9 +42,12 @@
  *-------------------------------------------------------------------------
  */
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -344,6 +348,65 @@ amqp_buffer_bytes(PQExpBuffer buf)
 	return b;
 }
 
+/*
+ * The producer headers that also set an AMQP basic property: both
+ * spellings of each name (the hyphenated one wins when both are given).
+ * The header stays in the headers table as well.  content-type and
+ * content-encoding are not among them: they describe the producer's
+ * payload, and the body is the JSON object around it (content_type stays
+ * application/json).  expiration is not either: a TTL would let the broker
+ * drop a message the outbox reported published.
+ */
+static void
+amqp_header_props(const RelayCommand *cmd, amqp_basic_properties_t *props)
+{
+	const char *corr = NULL;
+	const char *reply = NULL;
+	bool		corr_hyphen = false;
+	bool		reply_hyphen = false;
+	int			j;
+
+	for (j = 0; j < cmd->nheaders; j++)
+	{
+		const char *name = cmd->headers[j].name;
+		const char *value = cmd->headers[j].value;
+		size_t		len = strlen(value);
+
+		if (len > 255)
+			continue;			/* a shortstr holds 255 bytes */
+		if (strcasecmp(name, "correlation-id") == 0)
+		{
+			corr = value;
+			corr_hyphen = true;
+		}
+		else if (strcasecmp(name, "correlation_id") == 0 && !corr_hyphen)
+			corr = value;
+		else if (strcasecmp(name, "reply-to") == 0)
+		{
+			reply = value;
+			reply_hyphen = true;
+		}
+		else if (strcasecmp(name, "reply_to") == 0 && !reply_hyphen)
+			reply = value;
+		else if (strcasecmp(name, "priority") == 0 && len >= 1 && len <= 3 &&
+				 strspn(value, "0123456789") == len && atoi(value) <= 255)
+		{
+			props->_flags |= AMQP_BASIC_PRIORITY_FLAG;
+			props->priority = (uint8_t) atoi(value);
+		}
+	}
+	if (corr != NULL)
+	{
+		props->_flags |= AMQP_BASIC_CORRELATION_ID_FLAG;
+		props->correlation_id = amqp_cstring_bytes(corr);
+	}
+	if (reply != NULL)
+	{
+		props->_flags |= AMQP_BASIC_REPLY_TO_FLAG;
+		props->reply_to = amqp_cstring_bytes(reply);
+	}
+}
+
 /* Publish command i of the round.  False when the connection broke. */
 static bool
 amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
@@ -386,6 +449,7 @@ amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 	props.app_id = amqp_cstring_bytes(RELAY_NAME);
 	props.headers.num_entries = nh;
 	props.headers.entries = headers;
+	amqp_header_props(cmd, &props);
 
 	rc = amqp_basic_publish(s->conn, AMQP_CHANNEL, amqp_cstring_bytes(s->exchange),
 							amqp_cstring_bytes(s->routing_key), 1, 0, &props,
@@ -581,6 +645,27 @@ amqp_poll(AmqpRound *rd, double wait, char *msg, size_t size, bool *unavailable)
 	return 1;
 }
 
+/*
+ * Cork the socket while a window is published (Linux TCP_CORK), and
+ * uncork it to send what was corked: librabbitmq writes each message as
+ * three frames, the last one pushed on its own, so a batch would reach the
+ * broker as one small segment per message.
+ */
+static void
+amqp_cork(AmqpSink *s, bool on)
+{
+#ifdef TCP_CORK
+	int			fd = amqp_get_sockfd(s->conn);
+	int			v = on ? 1 : 0;
+
+	if (fd >= 0)
+		(void) setsockopt(fd, IPPROTO_TCP, TCP_CORK, &v, sizeof(v));
+#else
+	(void) s;
+	(void) on;
+#endif
+}
+
 /* Deliver the batch's CMD_TODO commands (sink.h: deliver). */
 static SinkResult
 amqp_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
@@ -617,8 +702,12 @@ amqp_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	for (;;)
 	{
 		int			got;
+		bool		corked;
 
 		/* fill the window */
+		corked = !broken && !stopped && rd.inflight < s->window && next < batch->n;
+		if (corked)
+			amqp_cork(s, true);
 		while (!broken && !stopped && rd.inflight < s->window && next < batch->n)
 		{
 			RelayCommand *cmd = &batch->cmds[next];
@@ -642,6 +731,8 @@ amqp_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 			}
 			next++;
 		}
+		if (corked && !broken)
+			amqp_cork(s, false);
 		if (broken || rd.inflight == 0)
 			break;
 

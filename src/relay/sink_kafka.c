@@ -49,6 +49,7 @@ typedef struct KafkaSink
 {
 	Sink		base;
 	rd_kafka_t *rk;
+	rd_kafka_topic_t *rkt;		/* the topic, known from the producer's start */
 	char	   *brokers;
 	char	   *topic;
 	char	   *config;			/* path of a properties file, or NULL */
@@ -280,6 +281,21 @@ kafka_producer(KafkaSink *s, char **err)
 		*err = sink_errorf("invalid kafka sink configuration: %s", errstr);
 		return NULL;
 	}
+
+	/*
+	 * Name the topic now, before the first connection is up: its metadata
+	 * then comes with the producer's first metadata request.  A topic first
+	 * named by a produce call waits for librdkafka's next topic scan (1 s)
+	 * with that message unpartitioned.
+	 */
+	s->rkt = rd_kafka_topic_new(rk, s->topic, NULL);
+	if (s->rkt == NULL)
+	{
+		*err = sink_errorf("invalid kafka sink configuration: %s",
+						   rd_kafka_err2str(rd_kafka_last_error()));
+		rd_kafka_destroy(rk);
+		return NULL;
+	}
 	return rk;
 }
 
@@ -391,7 +407,7 @@ kafka_produce(KafkaSink *s, RelayCommand *cmd, int index, PQExpBuffer body)
 			!sink_header_listed(cmd->headers[i].name, own))
 			rd_kafka_header_add(hdrs, cmd->headers[i].name, -1, cmd->headers[i].value, -1);
 	err = rd_kafka_producev(s->rk,
-							RD_KAFKA_V_TOPIC(s->topic),
+							RD_KAFKA_V_RKT(s->rkt),
 							RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
 							RD_KAFKA_V_KEY(cmd->run_id, strlen(cmd->run_id)),
 							RD_KAFKA_V_VALUE(body->data, body->len),
@@ -418,6 +434,8 @@ kafka_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
 		char	   *err = NULL;
 
 		/* a producer that hit a fatal error is useless: start a new one */
+		rd_kafka_topic_destroy(s->rkt);
+		s->rkt = NULL;
 		rd_kafka_destroy(s->rk);
 		s->rk = kafka_producer(s, &err);
 		if (s->rk == NULL)
@@ -466,7 +484,17 @@ kafka_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
 		}
 		if (s->pending == 0 && (stop || s->unavailable || next >= batch->n))
 			break;
-		rd_kafka_poll(s->rk, 100);
+
+		/*
+		 * Once the batch is produced nothing more comes before its reports,
+		 * so linger.ms would only be waited out: rd_kafka_flush sends what
+		 * librdkafka holds at once, ignoring linger.ms, and serves the
+		 * delivery reports as rd_kafka_poll does.
+		 */
+		if (stop || s->unavailable || next >= batch->n)
+			(void) rd_kafka_flush(s->rk, 100);
+		else
+			rd_kafka_poll(s->rk, 100);
 		if (!stop && tick != NULL && !tick(arg))
 		{
 			/* interrupted: purge what librdkafka still holds */
@@ -488,6 +516,8 @@ kafka_close(Sink *base)
 	if (s->rk != NULL)
 	{
 		rd_kafka_flush(s->rk, 1000);
+		if (s->rkt != NULL)
+			rd_kafka_topic_destroy(s->rkt);
 		rd_kafka_destroy(s->rk);
 	}
 	free(s->brokers);

@@ -46,9 +46,12 @@
  *-------------------------------------------------------------------------
  */
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <mosquitto.h>
@@ -246,6 +249,8 @@ mqtt_client_new(MqttSink *s, SinkOpenResult *why)
 		return false;
 	mosquitto_int_option(s->mosq, MOSQ_OPT_PROTOCOL_VERSION, MQTT_PROTOCOL_V5);
 	mosquitto_int_option(s->mosq, MOSQ_OPT_SEND_MAXIMUM, (int) s->window);
+	/* each PUBLISH leaves at once, not held for the ACK of the one before */
+	mosquitto_int_option(s->mosq, MOSQ_OPT_TCP_NODELAY, 1);
 	mosquitto_connect_v5_callback_set(s->mosq, mqtt_on_connect);
 	mosquitto_disconnect_v5_callback_set(s->mosq, mqtt_on_disconnect);
 	mosquitto_publish_v5_callback_set(s->mosq, mqtt_on_publish);
@@ -428,6 +433,29 @@ mqtt_lost(MqttSink *s, const char *what, int err, char *msg, size_t size)
 				 err == MOSQ_ERR_ERRNO ? strerror(errno) : mosquitto_strerror(err));
 }
 
+/*
+ * Acknowledge what the broker sends at once from now on (Linux
+ * TCP_QUICKACK, which the kernel clears again by itself, so it is set
+ * before each wait).  Once the batch is written the relay sends nothing
+ * more, so its TCP ACKs are no longer carried by a PUBLISH and would be
+ * delayed (40 ms); a broker with Nagle's algorithm on (Mosquitto's
+ * default, set_tcp_nodelay false) holds its last PUBACKs until that ACK
+ * comes.
+ */
+static void
+mqtt_quickack(MqttSink *s)
+{
+#ifdef TCP_QUICKACK
+	int			fd = mosquitto_socket(s->mosq);
+	int			one = 1;
+
+	if (fd >= 0)
+		(void) setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+#else
+	(void) s;
+#endif
+}
+
 /* Publish command i.  A mosquitto error code. */
 static int
 mqtt_publish(MqttSink *s, int i, PQExpBuffer body)
@@ -547,6 +575,7 @@ mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 		if (s->lost || s->refused || s->inflight == 0)
 			break;
 
+		mqtt_quickack(s);
 		rc = mosquitto_loop(s->mosq, 100, 1);
 		if (rc != MOSQ_ERR_SUCCESS || s->lost)
 		{

@@ -38,7 +38,8 @@
  * late PubAck can never settle a command of a later batch.
  *
  * Passwords and tokens are never in the URL: OUTBOX_RELAY_NATS_PASSWORD
- * (with a user in the URL) or OUTBOX_RELAY_NATS_TOKEN.
+ * (with a user in the URL) or OUTBOX_RELAY_NATS_TOKEN; the sink's copies
+ * are wiped before they are freed.
  *
  *-------------------------------------------------------------------------
  */
@@ -303,6 +304,15 @@ nats_jetstream(NatsSink *s, char *msg, size_t size)
 	return true;
 }
 
+/* Wipe a secret and free it (it must not linger in freed memory). */
+static void
+nats_free_secret(char *secret)
+{
+	if (secret != NULL)
+		memset(secret, 0, strlen(secret));
+	free(secret);
+}
+
 /* Drop the connection; the round, if any, must be detached already. */
 static void
 nats_drop(NatsSink *s)
@@ -380,8 +390,8 @@ nats_open(const char *url, Sink **out, char **err)
 		free(s->server);
 		free(s->subject);
 		free(s->user);
-		free(s->password);
-		free(s->token);
+		nats_free_secret(s->password);
+		nats_free_secret(s->token);
 		free(s->shown);
 		free(s);
 		*out = NULL;
@@ -523,6 +533,7 @@ nats_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	for (;;)
 	{
 		struct timespec ts;
+		bool		published = false;
 
 		/* fill the window (publishing without the lock) */
 		while (!broken && !rd.unavailable && rd.inflight < s->window && next < batch->n)
@@ -553,7 +564,22 @@ nats_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 				unavailable = true;
 				break;
 			}
+			else
+				published = true;
 			next++;
+		}
+
+		/*
+		 * Send what libnats buffered now: its flusher thread would wait up
+		 * to a millisecond for more, and no more comes before the PubAcks.
+		 * The PING's PONG is not needed (its time-out is harmless: the
+		 * PubAcks are what counts).
+		 */
+		if (published && !broken)
+		{
+			pthread_mutex_unlock(&s->lock);
+			(void) natsConnection_FlushTimeout(s->nc, 100);
+			pthread_mutex_lock(&s->lock);
 		}
 		if (rd.unavailable && !broken)
 		{
@@ -645,8 +671,8 @@ nats_close(Sink *sink)
 	free(s->server);
 	free(s->subject);
 	free(s->user);
-	free(s->password);
-	free(s->token);
+	nats_free_secret(s->password);
+	nats_free_secret(s->token);
 	free(s->shown);
 	free(s);
 }

@@ -103,6 +103,38 @@ is($node->safe_psql('postgres', "SELECT max(deliveries) FROM outbox.commands WHE
 	is($h{'x-correlation-id'}, 'corr-a', 'headers: x-correlation-id arrives');
 	is($h{seq}, '3', 'headers: seq is in the headers table (the producer\'s "seq" does not replace it)');
 	is(scalar(split /\n/, $out), 1, 'headers: one message');
+	ok(!exists $h{'p:correlation_id'}, 'headers: x-correlation-id sets no correlation_id property');
+	is($h{'p:content_type'}, 'application/json', 'headers: content_type is the body\'s');
+
+	# the standard names also set the basic properties
+	$node->safe_psql('postgres', q{SELECT outbox.commit_decision('amqp-p', 1, 'decided', 'amqp-p-1', 'hdr', '{}',
+		headers => '{"correlation-id": "corr-1", "reply_to": "replies", "priority": "7", "content-type": "application/vnd.acme+json", "expiration": "60000"}')});
+	$node->safe_psql('postgres', q{SELECT outbox.commit_decision('amqp-p', 2, 'decided', 'amqp-p-2', 'hdr', '{}',
+		headers => '{"correlation_id": "corr-2", "Correlation-ID": "corr-2b", "priority": "300"}')});
+	($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--sink', $sink, '--kinds', 'hdr', '--drain',
+		'--worker', 'h2');
+	is($rc, 0, 'properties: the relay drains') or diag($err);
+	$out = `'$peek' 127.0.0.1 $port commands 10`;
+	is($? >> 8, 0, 'properties: amqp-peek read the queue');
+	my %m;
+	for my $line (split /\n/, $out)
+	{
+		my %f = map { split /=/, $_, 2 } grep { /=/ } split /\t/, $line;
+		$m{ $f{message_id} } = \%f;
+	}
+	is(join(',', sort keys %m), 'amqp-p-1,amqp-p-2', 'properties: both messages');
+	is($m{'amqp-p-1'}{'p:correlation_id'}, 'corr-1', 'properties: correlation-id sets correlation_id');
+	is($m{'amqp-p-1'}{'p:reply_to'}, 'replies', 'properties: reply_to sets reply_to');
+	is($m{'amqp-p-1'}{'p:priority'}, '7', 'properties: priority sets priority');
+	is($m{'amqp-p-1'}{'p:content_type'}, 'application/json',
+		'properties: the producer\'s content-type does not replace the body\'s content_type');
+	is($m{'amqp-p-1'}{'content-type'}, 'application/vnd.acme+json',
+		'properties: the producer\'s content-type stays in the headers table');
+	ok(!exists $m{'amqp-p-1'}{'p:expiration'}, 'properties: expiration sets no TTL');
+	is($m{'amqp-p-1'}{'correlation-id'}, 'corr-1', 'properties: the header stays in the headers table too');
+	is($m{'amqp-p-2'}{'p:correlation_id'}, 'corr-2b',
+		'properties: correlation-id wins over correlation_id');
+	ok(!exists $m{'amqp-p-2'}{'p:priority'}, 'properties: a priority over 255 sets no property');
 }
 
 # ---------------------------------------------------------------------------
