@@ -319,7 +319,7 @@ is(safe_psql(0, $db, q{SELECT count(*) FROM plan.events e
 my $hand = citus_database('citus_by_hand');
 safe_psql(0, $hand, 'CREATE EXTENSION outbox');
 # a row in worker1's own copy of receipts, written there before
-safe_psql(1, $hand, q{INSERT INTO outbox.receipts (command_id, outcome) VALUES ('local-1', 'done')});
+safe_psql(1, $hand, q{INSERT INTO outbox.receipts (command_id, outcome, run_id) VALUES ('local-1', 'done', 'run-l')});
 safe_psql(0, $hand, q{SET citus.shard_count = 4;
 	SELECT create_distributed_table('outbox.receipts', 'command_id');
 	SELECT create_reference_table('outbox.policies');});
