@@ -20,6 +20,7 @@
  *	 worker.c	 the per-database worker's loop
  *	 duties.c	 the worker's duties, in one table
  *	 upkeep.c	 index upkeep and its short-lived worker
+ *	 citus.c	 plan mode and DROP EXTENSION in a database with Citus
  *
  *-------------------------------------------------------------------------
  */
@@ -251,6 +252,24 @@ extern int	OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
 						  bool read_only, long count);
 extern int	OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,
 								  bool read_only, long count);
+
+/* citus.c */
+
+/* One of this node's shards of a distributed outbox.commands. */
+typedef struct OutboxShard
+{
+	int64		commands;		/* its shard id */
+	int64		policies;		/* the shard id of this node's copy of
+								 * outbox.policies (a reference table) */
+} OutboxShard;
+
+extern void OutboxCitusInit(void);
+extern bool OutboxCitusInstalled(void);
+extern bool OutboxCitusDistributed(void);
+extern int	OutboxPlanOptions(void);
+extern OutboxShard *OutboxCitusLocalShards(int *n);
+extern SPIPlanPtr OutboxCitusShardPlan(const OutboxShard *shard, const char *sql,
+									   int nargs, const Oid *argtypes);
 
 /* shared.c */
 extern void OutboxSharedInit(void);
