@@ -105,10 +105,11 @@ OutboxCitusDistributed(void)
  * context).  Read from Citus's metadata at each call, so that a shard
  * moved here or away (citus_move_shard_placement, the rebalancer) is
  * served from the next claim on.  On the coordinator, which holds no
- * shard of a distributed outbox, an error (55000) says where to claim.
+ * shard of a distributed outbox, none, or with coordinator_error an error
+ * (55000) that says where to claim.
  */
 OutboxShard *
-OutboxCitusLocalShards(int *n)
+OutboxCitusLocalShards(int *n, bool coordinator_error)
 {
 	static SPIPlanPtr plan = NULL;
 	OutboxShard *shards;
@@ -143,7 +144,7 @@ OutboxCitusLocalShards(int *n)
 		shards[*n].commands = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
 		if (isnull)
 		{
-			if (DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
+			if (coordinator_error && DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
 				ereport(ERROR,
 						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 						 errmsg("the coordinator holds no shard of the distributed outbox"),

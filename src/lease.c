@@ -791,7 +791,7 @@ le_claim_shards(Datum *args, const char *nulls, int32 batch,
 	int			nshards;
 	int			k;
 	uint64		n = 0;
-	OutboxShard *shards = OutboxCitusLocalShards(&nshards);
+	OutboxShard *shards = OutboxCitusLocalShards(&nshards, true);
 
 	for (k = 0; k < nshards && n < (uint64) batch; k++)
 	{
@@ -1534,6 +1534,49 @@ outbox_renew_1_0(PG_FUNCTION_ARGS)
 }
 
 /*
+ * The sweep's statement: settle up to $1 expired leases whose deliveries
+ * are used up (dead) or whose kind is manual (uncertain).
+ */
+#define LE_SWEEP \
+	"WITH x AS MATERIALIZED (SELECT ARRAY(" \
+	"  SELECT c.ctid FROM outbox.commands c" \
+	"   WHERE c.status OPERATOR(pg_catalog.=) 'sending'" \
+	"     AND c.lease_until OPERATOR(pg_catalog.<=) $2" \
+	"     AND (c.deliveries OPERATOR(pg_catalog.>=) " LE_MAX_DELIVERIES("c.", "$3") \
+	"          OR " LE_MANUAL("c.") ")" \
+	"   ORDER BY c.lease_until" \
+	"   LIMIT $1" \
+	"   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)" \
+	"UPDATE outbox.commands t" \
+	"   SET status = CASE WHEN " LE_MANUAL("t.") " THEN 'uncertain' ELSE 'dead' END," \
+	"       last_error = CASE WHEN " LE_MANUAL("t.") \
+	"         THEN pg_catalog.format('lease of worker %s expired; kind %s needs a manual takeover'," \
+	"                                t.owner, t.kind)" \
+	"         ELSE pg_catalog.format('lease of worker %s expired after %s deliveries'," \
+	"                                t.owner, t.deliveries) END," \
+	"       lease_until = NULL," \
+	"       version = t.version OPERATOR(pg_catalog.+) 1" \
+	" WHERE t.ctid OPERATOR(pg_catalog.=) ANY ((SELECT tids FROM x)::pg_catalog.tid[])" \
+	" RETURNING t.status"
+
+/* How many rows of the sweep just run (SPI_tuptable) went dead. */
+static int64
+le_count_dead(void)
+{
+	uint64		i;
+	int64		dead = 0;
+
+	for (i = 0; i < SPI_processed; i++)
+	{
+		char	   *status = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+
+		if (strcmp(status, "dead") == 0)
+			dead++;
+	}
+	return dead;
+}
+
+/*
  * outbox.sweep(batch_size): settle up to batch_size expired leases that
  * claim will not take over: to dead when the deliveries are used up, to
  * uncertain when the kind's takeover mode is manual.  Returns the number of
@@ -1551,7 +1594,6 @@ le_sweep(FunctionCallInfo fcinfo, Oid caller)
 	static const Oid argtypes[3] = {INT4OID, TIMESTAMPTZOID, INT4OID};
 	int32		batch;
 	Datum		args[3];
-	uint64		i;
 	int64		dead = 0;
 	uint64		n;
 
@@ -1561,37 +1603,31 @@ le_sweep(FunctionCallInfo fcinfo, Oid caller)
 	args[2] = Int32GetDatum(outbox_max_deliveries);
 
 	SPI_connect();
-	if (OutboxExecute(OutboxPrepare(&plan_sweep,
-									   "WITH x AS MATERIALIZED (SELECT ARRAY("
-									   "  SELECT c.ctid FROM outbox.commands c"
-									   "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
-									   "     AND c.lease_until OPERATOR(pg_catalog.<=) $2"
-									   "     AND (c.deliveries OPERATOR(pg_catalog.>=) " LE_MAX_DELIVERIES("c.", "$3")
-									   "          OR " LE_MANUAL("c.") ")"
-									   "   ORDER BY c.lease_until"
-									   "   LIMIT $1"
-									   "   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)"
-									   "UPDATE outbox.commands t"
-									   "   SET status = CASE WHEN " LE_MANUAL("t.") " THEN 'uncertain' ELSE 'dead' END,"
-									   "       last_error = CASE WHEN " LE_MANUAL("t.")
-									   "         THEN pg_catalog.format('lease of worker %s expired; kind %s needs a manual takeover',"
-									   "                                t.owner, t.kind)"
-									   "         ELSE pg_catalog.format('lease of worker %s expired after %s deliveries',"
-									   "                                t.owner, t.deliveries) END,"
-									   "       lease_until = NULL,"
-									   "       version = t.version OPERATOR(pg_catalog.+) 1"
-									   " WHERE t.ctid OPERATOR(pg_catalog.=) ANY ((SELECT tids FROM x)::pg_catalog.tid[])"
-									   " RETURNING t.status",
-									   3, argtypes),
-						 args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
-		elog(ERROR, "outbox: sweep failed");
-	n = SPI_processed;
-	for (i = 0; i < n; i++)
+	if (OutboxCitusDistributed())
 	{
-		char	   *status = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		/* this node's shards, one statement each, until the batch is done */
+		int			nshards;
+		int			k;
+		OutboxShard *shards = OutboxCitusLocalShards(&nshards, false);
 
-		if (strcmp(status, "dead") == 0)
-			dead++;
+		n = 0;
+		for (k = 0; k < nshards && n < (uint64) batch; k++)
+		{
+			args[0] = Int32GetDatum(batch - (int32) n);
+			if (OutboxExecute(OutboxCitusShardPlan(&shards[k], LE_SWEEP, 3, argtypes),
+							  args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+				elog(ERROR, "outbox: sweep failed");
+			n += SPI_processed;
+			dead += le_count_dead();
+		}
+	}
+	else
+	{
+		if (OutboxExecute(OutboxPrepare(&plan_sweep, LE_SWEEP, 3, argtypes),
+						  args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+			elog(ERROR, "outbox: sweep failed");
+		n = SPI_processed;
+		dead = le_count_dead();
 	}
 	SPI_finish();
 

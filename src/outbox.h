@@ -267,7 +267,7 @@ extern void OutboxCitusInit(void);
 extern bool OutboxCitusInstalled(void);
 extern bool OutboxCitusDistributed(void);
 extern int	OutboxPlanOptions(void);
-extern OutboxShard *OutboxCitusLocalShards(int *n);
+extern OutboxShard *OutboxCitusLocalShards(int *n, bool coordinator_error);
 extern SPIPlanPtr OutboxCitusShardPlan(const OutboxShard *shard, const char *sql,
 									   int nargs, const Oid *argtypes);
 

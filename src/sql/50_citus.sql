@@ -62,17 +62,24 @@ COMMENT ON FUNCTION @extschema@._distributed()
 
 -- This node's local copies to the keys of a distributed outbox (true) or
 -- of a single server (false).  Idempotent: a node already in that shape
--- is left alone, so a distribute() that failed half-way can run again.
+-- is left alone.  On a worker the tables may be a distributed table's
+-- shells: the DDL changes the shell only (Citus's DDL propagation is off
+-- for it), since the shards are made from the coordinator's definition.
 CREATE FUNCTION @extschema@._citus_keys(distributed pg_catalog.bool)
 RETURNS pg_catalog.bool
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+	propagation pg_catalog.text := pg_catalog.current_setting('citus.enable_ddl_propagation', true);
 BEGIN
 	IF (SELECT i.indnatts OPERATOR(pg_catalog.=) 2 FROM pg_catalog.pg_index i
 		 WHERE i.indexrelid OPERATOR(pg_catalog.=) '@extschema@.commands_pkey'::pg_catalog.regclass)
 	   OPERATOR(pg_catalog.=) distributed THEN
 		RETURN false;
+	END IF;
+	IF propagation IS NOT NULL THEN
+		PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);
 	END IF;
 	IF distributed THEN
 		ALTER TABLE @extschema@.commands DROP CONSTRAINT commands_pkey,
@@ -98,6 +105,9 @@ BEGIN
 		DROP INDEX @extschema@.events_command_id_key;
 		CREATE UNIQUE INDEX events_command_id_key ON @extschema@.events (command_id)
 			WHERE command_id IS NOT NULL;
+	END IF;
+	IF propagation IS NOT NULL THEN
+		PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', propagation, true);
 	END IF;
 	RETURN true;
 END;
@@ -214,26 +224,35 @@ BEGIN
 					  HINT = 'Drain and purge that node''s outbox, or move its rows to the coordinator, first.';
 		END IF;
 	END LOOP;
-	PERFORM @extschema@._citus_keys(true);
+	-- The workers' copies first: run_command_on_workers commits on each
+	-- worker by itself, outside this transaction, so it must not wait for
+	-- locks this transaction takes there.  Should the rest fail, they are
+	-- put back.
 	PERFORM @extschema@._citus_on_workers('SELECT outbox._citus_keys(true)');
-	FOREACH t IN ARRAY @extschema@._citus_tables(true)
-	LOOP
-		EXECUTE 'SELECT pg_catalog.create_reference_table($1)'
-		  USING pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;
-	END LOOP;
-	FOREACH t IN ARRAY @extschema@._citus_tables(false)
-	LOOP
-		EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''run_id'', colocate_with => $2)'
-		  USING pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass, group_of;
-		group_of := '@extschema@.events';
-	END LOOP;
-	-- The coordinator's relations keep the rows they held, now copied into
-	-- the shards: empty them (Citus reads the shards only).
-	FOREACH t IN ARRAY @extschema@._citus_tables(true) OPERATOR(pg_catalog.||) @extschema@._citus_tables(false)
-	LOOP
-		EXECUTE 'SELECT pg_catalog.truncate_local_data_after_distributing_table($1)'
-		  USING pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;
-	END LOOP;
+	BEGIN
+		PERFORM @extschema@._citus_keys(true);
+		FOREACH t IN ARRAY @extschema@._citus_tables(true)
+		LOOP
+			EXECUTE 'SELECT pg_catalog.create_reference_table($1)'
+			  USING pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;
+		END LOOP;
+		FOREACH t IN ARRAY @extschema@._citus_tables(false)
+		LOOP
+			EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''run_id'', colocate_with => $2)'
+			  USING pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass, group_of;
+			group_of := '@extschema@.events';
+		END LOOP;
+		-- The coordinator's relations keep the rows they held, now copied
+		-- into the shards: empty them (Citus reads the shards only).
+		FOREACH t IN ARRAY @extschema@._citus_tables(true) OPERATOR(pg_catalog.||) @extschema@._citus_tables(false)
+		LOOP
+			EXECUTE 'SELECT pg_catalog.truncate_local_data_after_distributing_table($1)'
+			  USING pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;
+		END LOOP;
+	EXCEPTION WHEN OTHERS THEN
+		PERFORM @extschema@._citus_on_workers('SELECT outbox._citus_keys(false)');
+		RAISE;
+	END;
 END;
 $$;
 COMMENT ON FUNCTION @extschema@.distribute(pg_catalog.text)
@@ -253,26 +272,36 @@ BEGIN
 		RAISE EXCEPTION 'the outbox is not distributed'
 			USING ERRCODE = 'object_not_in_prerequisite_state';
 	END IF;
-	FOREACH t IN ARRAY @extschema@._citus_tables(false) OPERATOR(pg_catalog.||) @extschema@._citus_tables(true)
-	LOOP
-		rel := pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;
-		-- the rows, read from the shards
-		EXECUTE pg_catalog.format('CREATE TEMP TABLE %I ON COMMIT DROP AS SELECT * FROM @extschema@.%I',
-								  '_outbox_' OPERATOR(pg_catalog.||) t, t);
-		-- the worker nodes' metadata (their copies stay: the extension owns
-		-- them), the shards, the coordinator's metadata
-		PERFORM pg_catalog.master_remove_distributed_table_metadata_from_workers(rel, '@extschema@', t);
-		PERFORM pg_catalog.citus_drop_all_shards(rel, '@extschema@', t, drop_shards_metadata_only => false);
-		PERFORM pg_catalog.master_remove_partition_metadata(rel, '@extschema@', t);
-		PERFORM pg_catalog.master_unmark_object_distributed('pg_catalog.pg_class'::pg_catalog.regclass, rel, 0);
-	END LOOP;
-	PERFORM @extschema@._citus_keys(false);
+	-- The workers' shells first (outside this transaction, as in
+	-- distribute()), put back should the rest fail.  A shell's keys hold
+	-- nothing: the shards keep theirs until they are dropped.
 	PERFORM @extschema@._citus_on_workers('SELECT outbox._citus_keys(false)');
-	FOREACH t IN ARRAY @extschema@._citus_tables(false) OPERATOR(pg_catalog.||) @extschema@._citus_tables(true)
-	LOOP
-		EXECUTE pg_catalog.format('INSERT INTO @extschema@.%I SELECT * FROM %I', t, '_outbox_' OPERATOR(pg_catalog.||) t);
-		EXECUTE pg_catalog.format('DROP TABLE %I', '_outbox_' OPERATOR(pg_catalog.||) t);
-	END LOOP;
+	BEGIN
+		FOREACH t IN ARRAY @extschema@._citus_tables(false) OPERATOR(pg_catalog.||) @extschema@._citus_tables(true)
+		LOOP
+			rel := pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;
+			-- the rows, read from the shards
+			EXECUTE pg_catalog.format('CREATE TEMP TABLE %I ON COMMIT DROP AS SELECT * FROM @extschema@.%I',
+									  '_outbox_' OPERATOR(pg_catalog.||) t, t);
+			-- the worker nodes' metadata (their copies stay: the extension
+			-- owns them), the shards, the coordinator's metadata
+			PERFORM pg_catalog.master_remove_distributed_table_metadata_from_workers(rel, '@extschema@', t);
+			PERFORM pg_catalog.citus_drop_all_shards(rel, '@extschema@', t, drop_shards_metadata_only => false);
+			PERFORM pg_catalog.master_remove_partition_metadata(rel, '@extschema@', t);
+			PERFORM pg_catalog.master_unmark_object_distributed('pg_catalog.pg_class'::pg_catalog.regclass, rel, 0);
+		END LOOP;
+		-- 23505 here: a command_id used by two runs, which a single server
+		-- does not allow
+		PERFORM @extschema@._citus_keys(false);
+		FOREACH t IN ARRAY @extschema@._citus_tables(false) OPERATOR(pg_catalog.||) @extschema@._citus_tables(true)
+		LOOP
+			EXECUTE pg_catalog.format('INSERT INTO @extschema@.%I SELECT * FROM %I', t, '_outbox_' OPERATOR(pg_catalog.||) t);
+			EXECUTE pg_catalog.format('DROP TABLE %I', '_outbox_' OPERATOR(pg_catalog.||) t);
+		END LOOP;
+	EXCEPTION WHEN OTHERS THEN
+		PERFORM @extschema@._citus_on_workers('SELECT outbox._citus_keys(true)');
+		RAISE;
+	END;
 END;
 $$;
 COMMENT ON FUNCTION @extschema@.undistribute()
@@ -294,6 +323,9 @@ BEGIN
 	END IF;
 	EXECUTE 'SELECT pg_catalog.citus_is_coordinator()' INTO coordinator;
 	IF coordinator THEN
+		-- Citus runs DROP EXTENSION only in a transaction that opened no
+		-- parallel connections to the shards
+		PERFORM pg_catalog.set_config('citus.multi_shard_modify_mode', 'sequential', true);
 		PERFORM @extschema@.undistribute();
 	END IF;
 END;
