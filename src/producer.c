@@ -270,6 +270,57 @@ pr_raise_conflict(const char *command_id, int elem)
 	"SELECT $1, $2, $3, $7, $4 FROM c"
 
 /*
+ * commit_decision on a distributed outbox (docs/citus.md): Citus cannot
+ * route PR_DECIDE (a data-modifying CTE whose look for the command id
+ * reads every shard), and runs it through intermediate results, touching
+ * several nodes (then committed with two-phase commit).  Three statements
+ * instead, each naming the run, so each goes to the one shard group of the
+ * run: whether the run holds the command already, the command, its event.
+ * A kind the caller may not decide inserts nothing.  Returns whether it
+ * inserted; when not, the caller's diagnosis tells a retry from a conflict
+ * or a forbidden kind.
+ */
+static bool
+pr_decide_routed(Datum *args, const char *nulls, const PrWhat *what)
+{
+	static const Oid argtypes[11] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID};
+	static SPIPlanPtr plan_has = NULL;
+	static SPIPlanPtr plan_command = NULL;
+	static SPIPlanPtr plan_event_of = NULL;
+	bool		isnull;
+
+	if (OutboxExecute(OutboxPrepare(&plan_has,
+									"SELECT EXISTS (SELECT 1 FROM outbox.commands x"
+									"                WHERE x.run_id OPERATOR(pg_catalog.=) $1"
+									"                  AND x.command_id OPERATOR(pg_catalog.=) $4)"
+									"    OR EXISTS (SELECT 1 FROM outbox.policies p"
+									"                WHERE p.kind OPERATOR(pg_catalog.=) $5"
+									"                  AND p.deciders IS NOT NULL"
+									"                  AND NOT outbox._may(p.deciders, $10))",
+									11, argtypes),
+					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: look for a decision failed");
+	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+		return false;
+	pr_insert(OutboxPrepare(&plan_command,
+							"INSERT INTO outbox.commands"
+							"  (command_id, run_id, seq, kind, payload, priority,"
+							"   available_at, due_at, decided_by, headers)"
+							"VALUES ($4, $1, $2, $5, $6, $9,"
+							"        COALESCE($8, pg_catalog.now()),"
+							"        COALESCE($8, pg_catalog.now()), $10, $11)",
+							11, argtypes),
+			  args, nulls, what, false);
+	pr_insert(OutboxPrepare(&plan_event_of,
+							"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+							"VALUES ($1, $2, $3, $7, $4)",
+							11, argtypes),
+			  args, nulls, what, false);
+	return true;
+}
+
+/*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
  *						  payload, event_payload, not_before, priority,
  *						  headers)
@@ -338,7 +389,8 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	what.command_id = command_id;
 	what.rows = 1;
 	SPI_connect();
-	if (pr_insert(OutboxAnyDeciders() ?
+	if (OutboxCitusDistributed() ? pr_decide_routed(args, nulls, &what) :
+		pr_insert(OutboxAnyDeciders() ?
 				  OutboxPrepare(&plan_decide,
 								PR_DECIDE("     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
 										  "                      WHERE p.kind OPERATOR(pg_catalog.=) $5"

@@ -266,12 +266,38 @@ AS $$
 DECLARE
 	t pg_catalog.text;
 	rel pg_catalog.regclass;
+	r record;
+	ok pg_catalog.bool;
+	res pg_catalog.text;
 BEGIN
 	PERFORM @extschema@._citus_require_coordinator('outbox.undistribute()');
 	IF NOT @extschema@._distributed() THEN
 		RAISE EXCEPTION 'the outbox is not distributed'
 			USING ERRCODE = 'object_not_in_prerequisite_state';
 	END IF;
+	-- The copies a shard move left behind for Citus's deferred cleanup
+	-- (pg_dist_cleanup): dropped now on their nodes, since DROP EXTENSION
+	-- would fail on them there.  (CALL citus_cleanup_orphaned_resources()
+	-- would do it, but refuses to run inside a transaction block.)  Citus
+	-- takes a copy for a shard by its name, so the drop says it is meant.
+	FOR r IN EXECUTE 'SELECT c.record_id, c.object_name, n.nodename, n.nodeport
+						FROM pg_catalog.pg_dist_cleanup c
+						JOIN pg_catalog.pg_dist_node n ON n.groupid OPERATOR(pg_catalog.=) c.node_group_id
+					   WHERE c.object_type OPERATOR(pg_catalog.=) 1
+						 AND c.object_name LIKE ''@extschema@.%'''
+	LOOP
+		EXECUTE 'SELECT w.success, w.result FROM pg_catalog.master_run_on_worker($1, $2, $3, false) w'
+		   INTO ok, res
+		  USING ARRAY[r.nodename], ARRAY[r.nodeport],
+				ARRAY[pg_catalog.format('SET citus.enable_manual_changes_to_shards = on; DROP TABLE IF EXISTS %s',
+										r.object_name)];
+		IF NOT ok THEN
+			RAISE EXCEPTION 'worker %:% failed: %', r.nodename, r.nodeport, res
+				USING ERRCODE = 'object_not_in_prerequisite_state';
+		END IF;
+		EXECUTE 'DELETE FROM pg_catalog.pg_dist_cleanup c WHERE c.record_id OPERATOR(pg_catalog.=) $1'
+		  USING r.record_id;
+	END LOOP;
 	-- The workers' shells first (outside this transaction, as in
 	-- distribute()), put back should the rest fail.  A shell's keys hold
 	-- nothing: the shards keep theirs until they are dropped.
