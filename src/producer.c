@@ -270,6 +270,46 @@ pr_raise_conflict(const char *command_id, int elem)
 	"SELECT $1, $2, $3, $7, $4 FROM c"
 
 /*
+ * Why a decision (args as commit_decision's statement takes them) was not
+ * inserted: raise 42501 for a kind the caller may not decide, 23505 for a
+ * conflict (ord names the decision of a batch, 0 a single one); return for
+ * the caller's own retry.
+ */
+static void
+pr_why_not(Datum *args, const char *nulls, int ord)
+{
+	static const Oid argtypes[11] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID};
+	bool		isnull;
+	bool		forbidden;
+	bool		stored;
+	bool		same;
+
+	if (OutboxExecute(OutboxPrepare(&plan_decide_why,
+									"SELECT EXISTS (SELECT 1 FROM outbox.policies p"
+									"                WHERE p.kind OPERATOR(pg_catalog.=) $5"
+									"                  AND p.deciders IS NOT NULL"
+									"                  AND NOT outbox._may(p.deciders, $10)),"
+									"       c.command_id IS NOT NULL,"
+									"       COALESCE(" PR_SAME_DECISION("$1", "$2", "$3", "$5", "$6", "$10") ", false)"
+									"  FROM (SELECT 1) one"
+									"  LEFT JOIN outbox.commands c ON c.command_id OPERATOR(pg_catalog.=) $4",
+									11, argtypes),
+					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: diagnosis of a decision failed");
+	forbidden = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	stored = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	same = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+	if (forbidden)
+		pr_raise_forbidden(text_to_cstring(DatumGetTextPP(args[4])), ord);
+	if (!stored)
+		elog(ERROR, "outbox: decision of \"%s\" neither inserted nor found",
+			 text_to_cstring(DatumGetTextPP(args[3])));
+	if (!same)
+		pr_raise_conflict(text_to_cstring(DatumGetTextPP(args[3])), ord);
+}
+
+/*
  * commit_decision on a distributed outbox (docs/citus.md): Citus cannot
  * route PR_DECIDE (a data-modifying CTE whose look for the command id
  * reads every shard), and runs it through intermediate results, touching
@@ -343,10 +383,6 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	Datum		args[11];
 	char		nulls[11] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n'};
 	PrWhat		what;
-	bool		isnull;
-	bool		forbidden;
-	bool		stored;
-	bool		same;
 
 	OutboxArgNotNull(fcinfo, 1, "seq");
 	seq = PG_GETARG_INT64(1);
@@ -406,28 +442,7 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	}
 
 	/* Nothing inserted: a forbidden kind, a retry, or a conflict. */
-	if (OutboxExecute(OutboxPrepare(&plan_decide_why,
-									"SELECT EXISTS (SELECT 1 FROM outbox.policies p"
-									"                WHERE p.kind OPERATOR(pg_catalog.=) $5"
-									"                  AND p.deciders IS NOT NULL"
-									"                  AND NOT outbox._may(p.deciders, $10)),"
-									"       c.command_id IS NOT NULL,"
-									"       COALESCE(" PR_SAME_DECISION("$1", "$2", "$3", "$5", "$6", "$10") ", false)"
-									"  FROM (SELECT 1) one"
-									"  LEFT JOIN outbox.commands c ON c.command_id OPERATOR(pg_catalog.=) $4",
-									11, argtypes),
-					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: diagnosis of a decision failed");
-	forbidden = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-	stored = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
-	same = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
-	if (forbidden)
-		pr_raise_forbidden(text_to_cstring(command_kind), 0);
-	if (!stored)
-		elog(ERROR, "outbox: decision of \"%s\" neither inserted nor found",
-			 text_to_cstring(command_id));
-	if (!same)
-		pr_raise_conflict(text_to_cstring(command_id), 0);
+	pr_why_not(args, nulls, 0);
 	SPI_finish();
 	PG_RETURN_BOOL(false);
 }
@@ -743,6 +758,53 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 }
 
 /*
+ * commit_decisions on a distributed outbox: each decision as
+ * commit_decision makes it there (pr_decide_routed), so that each goes to
+ * its run's node; a batch of several runs writes several nodes, and Citus
+ * commits it with two-phase commit.  Marks the retries in retry[] and
+ * returns their count; raises as the batch does for a forbidden kind or a
+ * conflict (nothing of the call is recorded then: the error aborts it).
+ */
+static int
+pr_decide_each(Datum **elems, bool **elnulls, int n, Oid caller, bool *retry)
+{
+	int			i;
+	int			j;
+	int			m = 0;
+
+	for (i = 0; i < n; i++)
+	{
+		Datum		args[11];
+		char		nulls[11];
+		PrWhat		what;
+
+		for (j = 0; j < PR_NKEYS; j++)
+		{
+			args[PR_KEY_PARAM(j)] = elems[j][i];
+			nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+		}
+		if (elnulls[PR_KEY_PRIORITY][i])
+		{
+			args[PR_KEY_PARAM(PR_KEY_PRIORITY)] = Int32GetDatum(0);
+			nulls[PR_KEY_PARAM(PR_KEY_PRIORITY)] = ' ';
+		}
+		args[9] = ObjectIdGetDatum(caller);
+		nulls[9] = ' ';
+		what.run_id = DatumGetTextPP(args[0]);
+		what.seq = DatumGetInt64(args[1]);
+		what.command_id = DatumGetTextPP(args[3]);
+		what.rows = 1;
+		if (!pr_decide_routed(args, nulls, &what))
+		{
+			pr_why_not(args, nulls, i + 1);
+			retry[i] = true;
+			m++;
+		}
+	}
+	return m;
+}
+
+/*
  * outbox.commit_decisions(decisions jsonb) RETURNS SETOF decision_result
  *
  * The set-based form: a JSON array of decisions, recorded in one statement,
@@ -832,6 +894,16 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	Assert(i == n);
 
 	pr_check_repeats(elems[PR_KEY_RUN_ID], elems[PR_KEY_SEQ], elems[PR_KEY_COMMAND_ID], n);
+
+	/* a distributed outbox: one routed decision at a time */
+	SPI_connect();
+	if (OutboxCitusDistributed())
+	{
+		m = pr_decide_each(elems, elnulls, n, caller, retry);
+		SPI_finish();
+		goto done;
+	}
+	SPI_finish();
 
 	for (j = 0; j < PR_NKEYS; j++)
 	{
@@ -961,6 +1033,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	}
 	SPI_finish();
 
+done:
 	/* One row per decision, in the batch's order. */
 	it = JsonbIteratorInit(&doc->root);
 	(void) JsonbIteratorNext(&it, &v, true);

@@ -190,11 +190,23 @@ is(safe_psql(0, $db, q{SELECT outbox.commit_decision('fn-1', 1, 'placed', 'ship-
 is(sqlstate(0, $db, q{SELECT outbox.commit_decision('fn-1', 1, 'placed', 'ship-fn-1', 'ship', '{"total": 2}')}),
 	'23505', 'a conflicting repeat is 23505');
 
+# A batch over several runs: each decision routed to its run's node.
+is(safe_psql(0, $db, q{SELECT string_agg(command_id || ':' || recorded, ' ' ORDER BY ord)
+	FROM outbox.commit_decisions('[
+		{"run_id": "co-1", "seq": 1, "event_kind": "placed", "command_id": "ship-co-1",
+		 "command_kind": "ship", "payload": {"total": 1}},
+		{"run_id": "batch-1", "seq": 1, "event_kind": "placed", "command_id": "ship-batch-1",
+		 "command_kind": "ship", "payload": {}},
+		{"run_id": "batch-2", "seq": 1, "event_kind": "placed", "command_id": "ship-batch-2",
+		 "command_kind": "ship", "payload": {}}]')}),
+	'ship-co-1:false ship-batch-1:true ship-batch-2:true',
+	'commit_decisions over several runs: a retry recognised, two recorded');
+
 # --- claims, a publisher that dies, two relays, a shard move ------------------------------
 # More commands, decided from the coordinator.
 safe_psql(0, $db, q{
 	SELECT count(*) FROM (SELECT outbox.commit_decision('bulk-' || g, 1, 'placed', 'ship-bulk-' || g,
-			'ship', '{}') FROM generate_series(1, 400) g) s});
+			'ship', '{}') FROM generate_series(1, 398) g) s});
 is(sqlstate(0, $db, q{SELECT * FROM outbox.claim('on-coordinator', 10)}), '55000',
 	'a claim on the coordinator, which holds no shard: 55000');
 # A publisher claims on both workers and dies without acking (its leases
