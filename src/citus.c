@@ -30,6 +30,9 @@
  *   first runs outbox._before_drop() (src/sql/50_citus.sql), which
  *   undistributes the tables, in the DROP's own transaction.
  *
+ * A bottom layer: it calls no other file of the extension (plans.c,
+ * lease.c, producer.c and duties.c call it).
+ *
  * Locking: none of its own; _before_drop() takes the locks of the DDL and
  * of Citus's metadata functions it runs.
  *
@@ -77,6 +80,28 @@ OutboxCitusInstalled(void)
 }
 
 /*
+ * A saved plan of a query of Citus's catalogs, without parameters (the
+ * plan mode does not matter for them; plans.c is not called, as it calls
+ * this file).
+ */
+static SPIPlanPtr
+ci_keep(SPIPlanPtr *cache, const char *sql)
+{
+	SPIPlanPtr	plan;
+
+	if (*cache != NULL)
+		return *cache;
+	plan = SPI_prepare(sql, 0, NULL);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 sql, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	*cache = plan;
+	return plan;
+}
+
+/*
  * True when the outbox of the current database is distributed (Citus's
  * metadata, synced to every node, lists outbox.events).  Called by the API
  * inside SPI; without Citus it costs a lookup of one setting.
@@ -89,11 +114,10 @@ OutboxCitusDistributed(void)
 
 	if (!OutboxCitusInstalled())
 		return false;
-	if (SPI_execute_plan(OutboxPrepare(&plan,
-									   "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p"
-									   " WHERE p.logicalrelid OPERATOR(pg_catalog.=)"
-									   "       'outbox.events'::pg_catalog.regclass)",
-									   0, NULL),
+	if (SPI_execute_plan(ci_keep(&plan,
+								 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p"
+								 " WHERE p.logicalrelid OPERATOR(pg_catalog.=)"
+								 "       'outbox.events'::pg_catalog.regclass)"),
 						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "outbox: could not read Citus's metadata");
 	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
@@ -116,21 +140,20 @@ OutboxCitusLocalShards(int *n, bool coordinator_error)
 	uint64		i;
 	bool		isnull;
 
-	if (SPI_execute_plan(OutboxPrepare(&plan,
-									   "SELECT s.shardid,"
-									   "       (SELECT r.shardid FROM pg_catalog.pg_dist_shard r"
-									   "          JOIN pg_catalog.pg_dist_placement q ON q.shardid OPERATOR(pg_catalog.=) r.shardid"
-									   "         WHERE r.logicalrelid OPERATOR(pg_catalog.=) 'outbox.policies'::pg_catalog.regclass"
-									   "           AND q.groupid OPERATOR(pg_catalog.=) g.groupid),"
-									   "       g.groupid OPERATOR(pg_catalog.=) 0"
-									   "  FROM pg_catalog.pg_dist_local_group g"
-									   "  LEFT JOIN (pg_catalog.pg_dist_shard s"
-									   "             JOIN pg_catalog.pg_dist_placement p"
-									   "               ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
-									   "              AND s.logicalrelid OPERATOR(pg_catalog.=) 'outbox.commands'::pg_catalog.regclass)"
-									   "    ON p.groupid OPERATOR(pg_catalog.=) g.groupid"
-									   " ORDER BY s.shardid",
-									   0, NULL),
+	if (SPI_execute_plan(ci_keep(&plan,
+								 "SELECT s.shardid,"
+								 "       (SELECT r.shardid FROM pg_catalog.pg_dist_shard r"
+								 "          JOIN pg_catalog.pg_dist_placement q ON q.shardid OPERATOR(pg_catalog.=) r.shardid"
+								 "         WHERE r.logicalrelid OPERATOR(pg_catalog.=) 'outbox.policies'::pg_catalog.regclass"
+								 "           AND q.groupid OPERATOR(pg_catalog.=) g.groupid),"
+								 "       g.groupid OPERATOR(pg_catalog.=) 0"
+								 "  FROM pg_catalog.pg_dist_local_group g"
+								 "  LEFT JOIN (pg_catalog.pg_dist_shard s"
+								 "             JOIN pg_catalog.pg_dist_placement p"
+								 "               ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
+								 "              AND s.logicalrelid OPERATOR(pg_catalog.=) 'outbox.commands'::pg_catalog.regclass)"
+								 "    ON p.groupid OPERATOR(pg_catalog.=) g.groupid"
+								 " ORDER BY s.shardid"),
 						 NULL, NULL, true, 0) != SPI_OK_SELECT || SPI_processed < 1)
 		elog(ERROR, "outbox: could not read Citus's shard placements");
 	shards = palloc(sizeof(OutboxShard) * SPI_processed);
