@@ -316,6 +316,33 @@ is($rc, 0, 'verify() on the coordinator is clean over the whole cluster') or dia
 	ROLLBACK;});
 like($err, qr/orphan_commands/, 'verify() sees a command whose event went missing on a worker');
 
+# More of the API on the distributed tables: a registered consumer's
+# acceptances, an event deciding nothing, a dead command requeued from the
+# coordinator (settled by its worker's sweep) and then published.
+safe_psql(0, $db, q{SELECT outbox.register_consumer('mailer', 'postgres')});
+is(safe_psql(0, $db, q{SELECT outbox.inbox_accept('mailer', 'fn-1', 'ship-fn-1');
+	SELECT outbox.inbox_accept('mailer', 'fn-1', 'ship-fn-1')}), "t\nf",
+	'inbox_accept: true the first time, false after');
+is(safe_psql(0, $db, q{SELECT count(*) FROM outbox.inbox WHERE run_id = 'fn-1'}), '1',
+	'... the acceptance carries its run_id');
+safe_psql(0, $db, q{SELECT outbox.record_event('fn-1', 2, 'noted', '{}')});
+is(safe_psql(0, $db, q{SELECT count(*) FROM outbox.events WHERE run_id = 'fn-1'}), '2',
+	'record_event adds an event to the run');
+safe_psql(0, $db, q{SELECT outbox.set_policy('once', max_deliveries => 1);
+	SELECT outbox.commit_decision('dl-1', 1, 'placed', 'ship-dl-1', 'once', '{}')});
+my $dl_port = safe_psql(0, $db, q{SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n ON n.groupid = p.groupid
+	WHERE p.shardid = get_shard_id_for_distribution_column('outbox.commands', 'dl-1')});
+my $dl_node = node_of_port($dl_port);
+is(safe_psql($dl_node, $db, q{SELECT count(*) FROM outbox.claim('once-relay', 10, lease => '1 second', kinds => '{once}')}),
+	'1', 'the command of a kind with one delivery is claimed on its node');
+ok(poll_until(0, $db, q{SELECT status FROM outbox.commands WHERE run_id = 'dl-1'}, 'dead'),
+	'its expired lease is settled dead by the sweep of its node\'s worker');
+safe_psql(0, $db, q{SELECT outbox.requeue('dl-1', 'ship-dl-1')});
+is(safe_psql(0, $db, q{SELECT status FROM outbox.commands WHERE run_id = 'dl-1'}), 'pending',
+	'requeue from the coordinator makes it pending again');
+is(safe_psql($dl_node, $db, q{SELECT count(outbox.ack('once-relay', token))
+	FROM outbox.claim('once-relay', 10, kinds => '{once}')}), '1', '... and it is claimed and acked again');
+
 for my $node (@NODES)
 {
 	my @hits = log_since($node, qr/ERROR:.*(could not create distributed plan|FOR UPDATE\/SHARE|complex joins|distributed query from a query on a shard)/);
@@ -330,7 +357,7 @@ is($rc, 0, 'undistribute() succeeds') or diag($err);
 is(safe_psql(0, $db, q{SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'outbox.%'}),
 	'0', 'nothing of the outbox is distributed');
 is(safe_psql(0, $db, q{SELECT count(*) || ' ' || count(*) FILTER (WHERE status = 'published') FROM outbox.commands}),
-	'600 600', 'the coordinator\'s own tables hold the 600 commands');
+	'601 601', 'the coordinator\'s own tables hold the 601 commands');
 is(safe_psql(0, $db, q{SELECT count(*) FROM outbox.receipts}), '100', '... and the 100 receipts');
 ($rc, $out, $err) = psql(0, $db, 'SELECT outbox.verify()');
 is($rc, 0, 'verify() is clean on the single node') or diag($err);
@@ -341,7 +368,7 @@ for my $node (@NODES)
 }
 
 safe_psql(0, $db, 'SET citus.shard_count = 4; SELECT outbox.distribute()');
-is(safe_psql(0, $db, 'SELECT count(*) FROM outbox.commands'), '600',
+is(safe_psql(0, $db, 'SELECT count(*) FROM outbox.commands'), '601',
 	'distributed again, with the rows');
 safe_psql(0, $db, 'DROP TABLE public.orders; DROP FUNCTION public.place_order(text, int)');
 ($rc, $out, $err) = psql(0, $db, 'DROP EXTENSION outbox');
