@@ -37,8 +37,8 @@ SELECT 'cmd-' || i, 'run-' || (i / 100), i % 100, 'kind-' || (i % 7), s.status,
 					   CASE WHEN i % 100 < 85 THEN now() - interval '90 minutes'
 							ELSE now() - interval '1 minute' END AS pub) AS s;
 
-INSERT INTO outbox.receipts (command_id, outcome, completed_at)
-SELECT 'cmd-' || i, 'done', now() - interval '80 minutes'
+INSERT INTO outbox.receipts (command_id, outcome, completed_at, run_id)
+SELECT 'cmd-' || i, 'done', now() - interval '80 minutes', 'run-' || (i / 100)
   FROM generate_series(1, :n) AS i
  WHERE i % 100 >= 15 AND i % 100 < 85;
 

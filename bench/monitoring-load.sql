@@ -41,8 +41,8 @@ SELECT 'cmd-' || i, 'run-' || (i / 100), i % 100, 'kind-' || (i % 7), s.status,
 					   CASE WHEN q.r >= 994000 AND q.r < 995000 THEN now() + interval '1 hour'
 							ELSE now() - interval '2 hours' + (i % 1000) * interval '1 second' END AS avail) AS s;
 
-INSERT INTO outbox.receipts (command_id, outcome, completed_at)
-SELECT 'cmd-' || i, 'done', now() - interval '80 minutes'
+INSERT INTO outbox.receipts (command_id, outcome, completed_at, run_id)
+SELECT 'cmd-' || i, 'done', now() - interval '80 minutes', 'run-' || (i / 100)
   FROM generate_series(1, :n) AS i
  WHERE (i::int8 * 1000000 / :n) < 985000;
 

@@ -138,7 +138,7 @@ ROLLBACK;
 -- purge should have taken with its command.
 --
 BEGIN;
-INSERT INTO outbox.receipts (command_id, outcome) VALUES ('c-ghost', 'done'), ('c-purged', 'done');
+INSERT INTO outbox.receipts (command_id, outcome, run_id) VALUES ('c-ghost', 'done', 'run-1'), ('c-purged', 'done', 'run-1');
 SELECT command_id, outcome, purged FROM outbox.check_orphan_receipts ORDER BY command_id;
 SELECT check_name, violations, sample FROM outbox.conservation WHERE violations > 0;
 ROLLBACK;
@@ -189,7 +189,7 @@ ROLLBACK;
 BEGIN;
 DELETE FROM outbox.commands WHERE command_id = 'c-pending';
 DELETE FROM outbox.events WHERE command_id = 'c-dead';
-INSERT INTO outbox.receipts (command_id, outcome) VALUES ('c-ghost', 'done');
+INSERT INTO outbox.receipts (command_id, outcome, run_id) VALUES ('c-ghost', 'done', 'run-1');
 UPDATE outbox.commands SET lease_until = NULL WHERE command_id = 'c-sending';
 UPDATE outbox.commands SET published_at = published_at - interval '2 hours'
  WHERE command_id = 'c-published';

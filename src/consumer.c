@@ -105,8 +105,8 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 									"                        AND p.completers IS NOT NULL"
 									"                        AND NOT outbox._may(p.completers, $5))),"
 									" i AS ("
-									"  INSERT INTO outbox.receipts (command_id, outcome, detail)"
-									"  SELECT command_id, $2, $3 FROM ok"
+									"  INSERT INTO outbox.receipts (command_id, outcome, detail, run_id)"
+									"  SELECT command_id, $2, $3, $4 FROM ok"
 									"  ON CONFLICT DO NOTHING RETURNING 1)"
 									"SELECT EXISTS (SELECT 1 FROM c), EXISTS (SELECT 1 FROM ok),"
 									"       EXISTS (SELECT 1 FROM i)",
@@ -235,8 +235,8 @@ co_inbox_accept(FunctionCallInfo fcinfo, Oid caller)
 		co_raise_unknown(run_id, command_id);
 
 	if (OutboxExecute(OutboxPrepare(&plan_inbox,
-									"INSERT INTO outbox.inbox (consumer, command_id)"
-									"VALUES ($1, $3) ON CONFLICT DO NOTHING",
+									"INSERT INTO outbox.inbox (consumer, command_id, run_id)"
+									"VALUES ($1, $3, $2) ON CONFLICT DO NOTHING",
 									3, argtypes),
 					  args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "outbox: inbox_accept failed");

@@ -68,8 +68,12 @@
  * conditionally and skips its turn if that fails, so a DROP EXTENSION (or
  * any other lock holder) never waits for the worker.
  *
+ * On a distributed outbox (docs/citus.md) the sweep settles the node's own
+ * shards (outbox.sweep) and the purge, the due check and the checks skip
+ * their turns on every node.
+ *
  * Calls bgw.c (the transaction runner), plans.c (saved plans), shared.c
- * (counters, prepared transactions) and upkeep.c.
+ * (counters, prepared transactions), upkeep.c and citus.c.
  *
  * Locking.  RowExclusiveLock on commands, receipts and purged and
  * AccessShareLock on policies (sweep, purge), AccessShareLock on commands
@@ -188,6 +192,9 @@ du_statement_txn(void *arg)
 
 	if (!du_lock_tables(st->write))
 		return false;
+	/* a distributed outbox is purged by no node yet (docs/citus.md) */
+	if (st->plan == &du_plan_purge && OutboxCitusDistributed())
+		return true;
 	st->result = du_exec_int(st->plan, st->sql, st->arg);
 	return true;
 }
@@ -277,6 +284,13 @@ du_due_txn(void *arg)
 
 	if (!du_lock_tables(false))
 		return false;
+	/* on a distributed outbox the index read would be the empty shell's */
+	if (OutboxCitusDistributed())
+	{
+		d->became = false;
+		d->next = 0;
+		return true;
+	}
 	args[0] = TimestampTzGetDatum(d->lo);
 	args[1] = TimestampTzGetDatum(d->now);
 	if (SPI_execute_plan(OutboxPrepare(&du_plan_due, du_due_sql, 2, argtypes),
@@ -620,6 +634,9 @@ du_check_txn(void *arg)
 		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, mode))
 			return false;
 	}
+	/* a distributed outbox is checked from the coordinator (outbox.verify) */
+	if (OutboxCitusDistributed())
+		return true;
 	io[1] = du_exec_int(&du_plan_check, "SELECT outbox._check_run($1)", io[0]);
 	return true;
 }

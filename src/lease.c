@@ -719,6 +719,106 @@ le_any_expired(TimestampTz now)
 	"           t.priority, t.available_at, t.created_at"
 
 /*
+ * The claim statement with the takeover part: tk locks up to $2 expired
+ * leases, pd fills the rest of the batch with due pending commands.
+ */
+#define LE_CLAIM_TAKEOVER \
+	"WITH tk AS MATERIALIZED (" \
+	" SELECT COALESCE(pg_catalog.array_agg(l.tid), '{}') AS tids," \
+	"        COALESCE(pg_catalog.array_agg(l.id), '{}') AS ids FROM (" \
+	"  SELECT c.ctid AS tid, c.command_id AS id FROM outbox.commands c" \
+	"   WHERE c.status OPERATOR(pg_catalog.=) 'sending'" \
+	"     AND c.lease_until OPERATOR(pg_catalog.<=) $5" \
+	"     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))" \
+	"     AND c.deliveries OPERATOR(pg_catalog.<) " LE_MAX_DELIVERIES("c.", "$7") \
+	"     AND NOT EXISTS (SELECT 1 FROM outbox.policies p" \
+	"                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind" \
+	"                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'" \
+	"                             OR (p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8))))" \
+	"   ORDER BY c.lease_until" \
+	"   LIMIT $2" \
+	"   FOR NO KEY UPDATE OF c SKIP LOCKED) l)," \
+	LE_CLAIM_PENDING("($2 OPERATOR(pg_catalog.-) pg_catalog.cardinality((SELECT ids FROM tk)))") \
+	LE_CLAIM_UPDATE("(SELECT tids FROM tk) OPERATOR(pg_catalog.||) (SELECT tids FROM pd)", \
+	"t.command_id OPERATOR(pg_catalog.=) ANY ((SELECT ids FROM tk)::pg_catalog.text[])")
+
+/* The argument types of the claim statements. */
+static const Oid le_claim_types[9] = {TEXTOID, INT4OID, INTERVALOID, TEXTARRAYOID,
+TIMESTAMPTZOID, INTERVALOID, INT4OID, OIDOID, TIMESTAMPTZOID};
+
+/*
+ * Append the rows of the claim statement just run (SPI_tuptable) to
+ * *order, which holds n rows, each with its token; returns the new count.
+ */
+static uint64
+le_take_claimed(LeClaimed **order, uint64 n, const unsigned char *key,
+				Oid caller, text *worker)
+{
+	uint64		i;
+
+	if (SPI_tuptable->tupdesc->natts != LE_CLAIM_COLS)
+		elog(ERROR, "outbox: claim returned %d columns", SPI_tuptable->tupdesc->natts);
+	if (*order == NULL)
+		*order = palloc(sizeof(LeClaimed) * (SPI_processed + 1));
+	else
+		*order = repalloc(*order, sizeof(LeClaimed) * (n + SPI_processed + 1));
+	for (i = 0; i < SPI_processed; i++)
+	{
+		LeClaimed  *c = &(*order)[n + i];
+
+		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, c->values, c->isnull);
+		c->takeover = DatumGetBool(c->values[11]);
+		c->priority = DatumGetInt32(c->values[12]);
+		c->available_at = DatumGetTimestampTz(c->values[13]);
+		c->created_at = DatumGetTimestampTz(c->values[14]);
+		c->values[LE_CLAIM_TOKEN] =
+			PointerGetDatum(le_make_token(key,
+										  DatumGetTextPP(c->values[1]),
+										  DatumGetTextPP(c->values[0]),
+										  DatumGetInt64(c->values[6]),
+										  caller, worker));
+		c->isnull[LE_CLAIM_TOKEN] = false;
+	}
+	return n + SPI_processed;
+}
+
+/*
+ * The claim of a distributed outbox (docs/citus.md): the takeover statement
+ * run on each of this node's shards of outbox.commands in turn, against
+ * the shard's own table (src/citus.c), until the batch is full.  Each call
+ * starts one shard further, so that no shard waits behind the others.  The
+ * takeover part always runs: the look at commands_lease_idx would read the
+ * distributed table's empty shell.
+ */
+static uint64
+le_claim_shards(Datum *args, const char *nulls, int32 batch,
+				const unsigned char *key, Oid caller, text *worker,
+				LeClaimed **order)
+{
+	static uint32 next_shard = 0;
+	int			nshards;
+	int			k;
+	uint64		n = 0;
+	OutboxShard *shards = OutboxCitusLocalShards(&nshards, true);
+
+	for (k = 0; k < nshards && n < (uint64) batch; k++)
+	{
+		OutboxShard *sh = &shards[(next_shard + k) % nshards];
+		int			ret;
+
+		args[1] = Int32GetDatum(batch - (int32) n);
+		ret = OutboxExecute(OutboxCitusShardPlan(sh, LE_CLAIM_TAKEOVER, 9, le_claim_types),
+							args, nulls, false, 0);
+		if (ret != SPI_OK_UPDATE_RETURNING)
+			elog(ERROR, "outbox: claim failed: %s", SPI_result_code_string(ret));
+		n = le_take_claimed(order, n, key, caller, worker);
+	}
+	next_shard++;
+	args[1] = Int32GetDatum(batch);
+	return n;
+}
+
+/*
  * outbox.claim(worker, batch_size, lease, kinds)
  *
  * One statement locks up to batch_size expired leases (takeovers) and then
@@ -743,8 +843,6 @@ le_any_expired(TimestampTz now)
 static Datum
 le_claim(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[9] = {TEXTOID, INT4OID, INTERVALOID, TEXTARRAYOID,
-	TIMESTAMPTZOID, INTERVALOID, INT4OID, OIDOID, TIMESTAMPTZOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
 	int32		batch;
@@ -754,8 +852,9 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	int			ret;
 	uint64		i;
+	uint64		n;
 	int64		takeovers = 0;
-	LeClaimed  *order;
+	LeClaimed  *order = NULL;
 	const unsigned char *key;
 	TimestampTz now = GetCurrentTimestamp();
 
@@ -804,68 +903,37 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 	 * more throughput at a batch of 10).  A lease that expires or is
 	 * committed after this look is taken over by the next claim.
 	 */
-	if (le_any_expired(DatumGetTimestampTz(args[4])))
-		ret = OutboxExecute(OutboxPrepare(&plan_claim,
-										  "WITH tk AS MATERIALIZED ("
-										  " SELECT COALESCE(pg_catalog.array_agg(l.tid), '{}') AS tids,"
-										  "        COALESCE(pg_catalog.array_agg(l.id), '{}') AS ids FROM ("
-										  "  SELECT c.ctid AS tid, c.command_id AS id FROM outbox.commands c"
-										  "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
-										  "     AND c.lease_until OPERATOR(pg_catalog.<=) $5"
-										  "     AND ($4 IS NULL OR c.kind OPERATOR(pg_catalog.=) ANY ($4))"
-										  "     AND c.deliveries OPERATOR(pg_catalog.<) " LE_MAX_DELIVERIES("c.", "$7")
-										  "     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
-										  "                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
-										  "                        AND (p.paused OR p.takeover OPERATOR(pg_catalog.=) 'manual'"
-										  "                             OR (p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $8))))"
-										  "   ORDER BY c.lease_until"
-										  "   LIMIT $2"
-										  "   FOR NO KEY UPDATE OF c SKIP LOCKED) l),"
-										  LE_CLAIM_PENDING("($2 OPERATOR(pg_catalog.-) pg_catalog.cardinality((SELECT ids FROM tk)))")
-										  LE_CLAIM_UPDATE("(SELECT tids FROM tk) OPERATOR(pg_catalog.||) (SELECT tids FROM pd)",
-														  "t.command_id OPERATOR(pg_catalog.=) ANY ((SELECT ids FROM tk)::pg_catalog.text[])"),
-										  9, argtypes),
-							args, nulls, false, 0);
+	if (OutboxCitusDistributed())
+		n = le_claim_shards(args, nulls, batch, key, caller, worker, &order);
 	else
-		ret = OutboxExecute(OutboxPrepare(&plan_claim_pending,
-										  "WITH" LE_CLAIM_PENDING("$2")
-										  LE_CLAIM_UPDATE("(SELECT tids FROM pd)::pg_catalog.tid[]", "false"),
-										  9, argtypes),
-							args, nulls, false, 0);
-	if (ret != SPI_OK_UPDATE_RETURNING)
-		elog(ERROR, "outbox: claim failed: %s", SPI_result_code_string(ret));
+	{
+		if (le_any_expired(DatumGetTimestampTz(args[4])))
+			ret = OutboxExecute(OutboxPrepare(&plan_claim, LE_CLAIM_TAKEOVER, 9, le_claim_types),
+								args, nulls, false, 0);
+		else
+			ret = OutboxExecute(OutboxPrepare(&plan_claim_pending,
+											  "WITH" LE_CLAIM_PENDING("$2")
+											  LE_CLAIM_UPDATE("(SELECT tids FROM pd)::pg_catalog.tid[]", "false"),
+											  9, le_claim_types),
+								args, nulls, false, 0);
+		if (ret != SPI_OK_UPDATE_RETURNING)
+			elog(ERROR, "outbox: claim failed: %s", SPI_result_code_string(ret));
+		n = le_take_claimed(&order, 0, key, caller, worker);
+	}
 
 	/*
 	 * Hand the batch out in claim order (the UPDATE returns it in physical
 	 * order): takeovers first, then by priority, availability and age.
 	 */
-	if (SPI_tuptable->tupdesc->natts != LE_CLAIM_COLS)
-		elog(ERROR, "outbox: claim returned %d columns", SPI_tuptable->tupdesc->natts);
-	order = palloc(sizeof(LeClaimed) * (SPI_processed + 1));
-	for (i = 0; i < SPI_processed; i++)
+	qsort(order, n, sizeof(LeClaimed), le_cmp_claimed);
+	/* the result type has the first 11 columns */
+	for (i = 0; i < n; i++)
 	{
-		LeClaimed  *c = &order[i];
-
-		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, c->values, c->isnull);
-		c->takeover = DatumGetBool(c->values[11]);
-		c->priority = DatumGetInt32(c->values[12]);
-		c->available_at = DatumGetTimestampTz(c->values[13]);
-		c->created_at = DatumGetTimestampTz(c->values[14]);
-		c->values[LE_CLAIM_TOKEN] =
-			PointerGetDatum(le_make_token(key,
-										  DatumGetTextPP(c->values[1]),
-										  DatumGetTextPP(c->values[0]),
-										  DatumGetInt64(c->values[6]),
-										  caller, worker));
-		c->isnull[LE_CLAIM_TOKEN] = false;
-		if (c->takeover)
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, order[i].values, order[i].isnull);
+		if (order[i].takeover)
 			takeovers++;
 	}
-	qsort(order, SPI_processed, sizeof(LeClaimed), le_cmp_claimed);
-	/* the result type has the first 11 columns */
-	for (i = 0; i < SPI_processed; i++)
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, order[i].values, order[i].isnull);
-	OutboxCountAtCommit(OBC_CLAIMED, (int64) SPI_processed);
+	OutboxCountAtCommit(OBC_CLAIMED, (int64) n);
 	if (takeovers > 0)
 		OutboxCountAtCommit(OBC_TAKEN_OVER, takeovers);
 	SPI_finish();
@@ -1504,6 +1572,49 @@ outbox_renew_1_0(PG_FUNCTION_ARGS)
 }
 
 /*
+ * The sweep's statement: settle up to $1 expired leases whose deliveries
+ * are used up (dead) or whose kind is manual (uncertain).
+ */
+#define LE_SWEEP \
+	"WITH x AS MATERIALIZED (SELECT ARRAY(" \
+	"  SELECT c.ctid FROM outbox.commands c" \
+	"   WHERE c.status OPERATOR(pg_catalog.=) 'sending'" \
+	"     AND c.lease_until OPERATOR(pg_catalog.<=) $2" \
+	"     AND (c.deliveries OPERATOR(pg_catalog.>=) " LE_MAX_DELIVERIES("c.", "$3") \
+	"          OR " LE_MANUAL("c.") ")" \
+	"   ORDER BY c.lease_until" \
+	"   LIMIT $1" \
+	"   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)" \
+	"UPDATE outbox.commands t" \
+	"   SET status = CASE WHEN " LE_MANUAL("t.") " THEN 'uncertain' ELSE 'dead' END," \
+	"       last_error = CASE WHEN " LE_MANUAL("t.") \
+	"         THEN pg_catalog.format('lease of worker %s expired; kind %s needs a manual takeover'," \
+	"                                t.owner, t.kind)" \
+	"         ELSE pg_catalog.format('lease of worker %s expired after %s deliveries'," \
+	"                                t.owner, t.deliveries) END," \
+	"       lease_until = NULL," \
+	"       version = t.version OPERATOR(pg_catalog.+) 1" \
+	" WHERE t.ctid OPERATOR(pg_catalog.=) ANY ((SELECT tids FROM x)::pg_catalog.tid[])" \
+	" RETURNING t.status"
+
+/* How many rows of the sweep just run (SPI_tuptable) went dead. */
+static int64
+le_count_dead(void)
+{
+	uint64		i;
+	int64		dead = 0;
+
+	for (i = 0; i < SPI_processed; i++)
+	{
+		char	   *status = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+
+		if (strcmp(status, "dead") == 0)
+			dead++;
+	}
+	return dead;
+}
+
+/*
  * outbox.sweep(batch_size): settle up to batch_size expired leases that
  * claim will not take over: to dead when the deliveries are used up, to
  * uncertain when the kind's takeover mode is manual.  Returns the number of
@@ -1521,7 +1632,6 @@ le_sweep(FunctionCallInfo fcinfo, Oid caller)
 	static const Oid argtypes[3] = {INT4OID, TIMESTAMPTZOID, INT4OID};
 	int32		batch;
 	Datum		args[3];
-	uint64		i;
 	int64		dead = 0;
 	uint64		n;
 
@@ -1531,37 +1641,31 @@ le_sweep(FunctionCallInfo fcinfo, Oid caller)
 	args[2] = Int32GetDatum(outbox_max_deliveries);
 
 	SPI_connect();
-	if (OutboxExecute(OutboxPrepare(&plan_sweep,
-									   "WITH x AS MATERIALIZED (SELECT ARRAY("
-									   "  SELECT c.ctid FROM outbox.commands c"
-									   "   WHERE c.status OPERATOR(pg_catalog.=) 'sending'"
-									   "     AND c.lease_until OPERATOR(pg_catalog.<=) $2"
-									   "     AND (c.deliveries OPERATOR(pg_catalog.>=) " LE_MAX_DELIVERIES("c.", "$3")
-									   "          OR " LE_MANUAL("c.") ")"
-									   "   ORDER BY c.lease_until"
-									   "   LIMIT $1"
-									   "   FOR NO KEY UPDATE OF c SKIP LOCKED) AS tids)"
-									   "UPDATE outbox.commands t"
-									   "   SET status = CASE WHEN " LE_MANUAL("t.") " THEN 'uncertain' ELSE 'dead' END,"
-									   "       last_error = CASE WHEN " LE_MANUAL("t.")
-									   "         THEN pg_catalog.format('lease of worker %s expired; kind %s needs a manual takeover',"
-									   "                                t.owner, t.kind)"
-									   "         ELSE pg_catalog.format('lease of worker %s expired after %s deliveries',"
-									   "                                t.owner, t.deliveries) END,"
-									   "       lease_until = NULL,"
-									   "       version = t.version OPERATOR(pg_catalog.+) 1"
-									   " WHERE t.ctid OPERATOR(pg_catalog.=) ANY ((SELECT tids FROM x)::pg_catalog.tid[])"
-									   " RETURNING t.status",
-									   3, argtypes),
-						 args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
-		elog(ERROR, "outbox: sweep failed");
-	n = SPI_processed;
-	for (i = 0; i < n; i++)
+	if (OutboxCitusDistributed())
 	{
-		char	   *status = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		/* this node's shards, one statement each, until the batch is done */
+		int			nshards;
+		int			k;
+		OutboxShard *shards = OutboxCitusLocalShards(&nshards, false);
 
-		if (strcmp(status, "dead") == 0)
-			dead++;
+		n = 0;
+		for (k = 0; k < nshards && n < (uint64) batch; k++)
+		{
+			args[0] = Int32GetDatum(batch - (int32) n);
+			if (OutboxExecute(OutboxCitusShardPlan(&shards[k], LE_SWEEP, 3, argtypes),
+							  args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+				elog(ERROR, "outbox: sweep failed");
+			n += SPI_processed;
+			dead += le_count_dead();
+		}
+	}
+	else
+	{
+		if (OutboxExecute(OutboxPrepare(&plan_sweep, LE_SWEEP, 3, argtypes),
+						  args, NULL, false, 0) != SPI_OK_UPDATE_RETURNING)
+			elog(ERROR, "outbox: sweep failed");
+		n = SPI_processed;
+		dead = le_count_dead();
 	}
 	SPI_finish();
 

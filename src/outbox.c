@@ -194,6 +194,7 @@ _PG_init(void)
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("outbox");
+	OutboxCitusInit();
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;

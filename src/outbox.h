@@ -22,6 +22,7 @@
  *	 worker.c	 the per-database worker's loop
  *	 duties.c	 the worker's duties, in one table
  *	 upkeep.c	 index upkeep and its short-lived worker
+ *	 citus.c	 plan mode and DROP EXTENSION in a database with Citus
  *
  *-------------------------------------------------------------------------
  */
@@ -269,6 +270,24 @@ typedef struct OutboxKeyPlace
 extern void OutboxLockKeys(text **keys, int n);
 extern void OutboxKeyTails(text **keys, int n, int64 *last_seq, bool *busy);
 extern void OutboxReleaseNext(OutboxKeyPlace *places, int n);
+
+/* citus.c */
+
+/* One of this node's shards of a distributed outbox.commands. */
+typedef struct OutboxShard
+{
+	int64		commands;		/* its shard id */
+	int64		policies;		/* the shard id of this node's copy of
+								 * outbox.policies (a reference table) */
+} OutboxShard;
+
+extern void OutboxCitusInit(void);
+extern bool OutboxCitusInstalled(void);
+extern bool OutboxCitusDistributed(void);
+extern int	OutboxPlanOptions(void);
+extern OutboxShard *OutboxCitusLocalShards(int *n, bool coordinator_error);
+extern SPIPlanPtr OutboxCitusShardPlan(const OutboxShard *shard, const char *sql,
+									   int nargs, const Oid *argtypes);
 
 /* shared.c */
 extern void OutboxSharedInit(void);

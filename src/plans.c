@@ -6,8 +6,8 @@
  *
  * Every statement the API and the worker run is prepared once per backend
  * (OutboxPrepare) and run through OutboxExecute, which turns off the plan
- * shapes listed in OUTBOX_PLANNER_STEERING while a plan may be made.  A
- * bottom layer: it calls no other file of the extension.
+ * shapes listed in OUTBOX_PLANNER_STEERING while a plan may be made.  Near
+ * the bottom: it calls only citus.c (OutboxPlanOptions, the plan mode).
  *
  * Locking: none.
  *
@@ -31,6 +31,7 @@
  * (planning was an eighth of a one-command claim + ack), because OutboxExecute
  * prices the paths it rules out so high that a generic plan never looks
  * cheaper; every statement here has one index plan, whatever its values.
+ * In a database with Citus the plan is custom instead (src/citus.c).
  */
 SPIPlanPtr
 OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
@@ -41,7 +42,7 @@ OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
 	if (*cache != NULL)
 		return *cache;
 	plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes,
-							  CURSOR_OPT_GENERIC_PLAN);
+							  OutboxPlanOptions());
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 			 sql, SPI_result_code_string(SPI_result));

@@ -243,6 +243,26 @@ pr_raise_conflict(const char *command_id, int elem)
 }
 
 /*
+ * Raise the 0A000 of an ordered decision on a distributed outbox: a key's
+ * lock and its look at the key's last command live on one node, and the
+ * commands of a key may sit on several (docs/citus.md).  elem is the
+ * 1-based position in a batch, or 0.
+ */
+static void
+pr_raise_keyed_distributed(text *command_id, int elem)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("ordered delivery is not supported on a distributed outbox"),
+			 elem > 0 ?
+			 errdetail("Decision %d of the batch (command \"%s\") has an ordering key, or its kind is ordered by run; nothing of this call was recorded.",
+					   elem, text_to_cstring(command_id)) :
+			 errdetail("Command \"%s\" has an ordering key, or its kind is ordered by run; nothing was recorded.",
+					   text_to_cstring(command_id)),
+			 errhint("Decide it without ordering_key, or set_policy(kind, ordered_by_run => false).")));
+}
+
+/*
  * The "same decision" test of a stored command c (and its event e) against
  * the decision of the parameters or of a batch element: same run, seq,
  * kinds and payload, decided by the calling role.
@@ -293,6 +313,97 @@ pr_raise_conflict(const char *command_id, int elem)
 	"                        AND NOT outbox._may(p.deciders, $10))"
 
 /*
+ * Why a decision (args as commit_decision's statement takes them) was not
+ * inserted: raise 42501 for a kind the caller may not decide, 23505 for a
+ * conflict (ord names the decision of a batch, 0 a single one); return for
+ * the caller's own retry.
+ */
+static void
+pr_why_not(Datum *args, const char *nulls, int ord)
+{
+	static const Oid argtypes[11] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID};
+	bool		isnull;
+	bool		forbidden;
+	bool		stored;
+	bool		same;
+
+	if (OutboxExecute(OutboxPrepare(&plan_decide_why,
+									"SELECT EXISTS (SELECT 1 FROM outbox.policies p"
+									"                WHERE p.kind OPERATOR(pg_catalog.=) $5"
+									"                  AND p.deciders IS NOT NULL"
+									"                  AND NOT outbox._may(p.deciders, $10)),"
+									"       c.command_id IS NOT NULL,"
+									"       COALESCE(" PR_SAME_DECISION("$1", "$2", "$3", "$5", "$6", "$10") ", false)"
+									"  FROM (SELECT 1) one"
+									"  LEFT JOIN outbox.commands c ON c.command_id OPERATOR(pg_catalog.=) $4",
+									11, argtypes),
+					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: diagnosis of a decision failed");
+	forbidden = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	stored = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	same = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+	if (forbidden)
+		pr_raise_forbidden(text_to_cstring(DatumGetTextPP(args[4])), ord);
+	if (!stored)
+		elog(ERROR, "outbox: decision of \"%s\" neither inserted nor found",
+			 text_to_cstring(DatumGetTextPP(args[3])));
+	if (!same)
+		pr_raise_conflict(text_to_cstring(DatumGetTextPP(args[3])), ord);
+}
+
+/*
+ * commit_decision on a distributed outbox (docs/citus.md): Citus cannot
+ * route PR_DECIDE (a data-modifying CTE whose look for the command id
+ * reads every shard), and runs it through intermediate results, touching
+ * several nodes (then committed with two-phase commit).  Three statements
+ * instead, each naming the run, so each goes to the one shard group of the
+ * run: whether the run holds the command already, the command, its event.
+ * A kind the caller may not decide inserts nothing.  Returns whether it
+ * inserted; when not, the caller's diagnosis tells a retry from a conflict
+ * or a forbidden kind.
+ */
+static bool
+pr_decide_routed(Datum *args, const char *nulls, const PrWhat *what)
+{
+	static const Oid argtypes[11] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID};
+	static SPIPlanPtr plan_has = NULL;
+	static SPIPlanPtr plan_command = NULL;
+	static SPIPlanPtr plan_event_of = NULL;
+	bool		isnull;
+
+	if (OutboxExecute(OutboxPrepare(&plan_has,
+									"SELECT EXISTS (SELECT 1 FROM outbox.commands x"
+									"                WHERE x.run_id OPERATOR(pg_catalog.=) $1"
+									"                  AND x.command_id OPERATOR(pg_catalog.=) $4)"
+									"    OR EXISTS (SELECT 1 FROM outbox.policies p"
+									"                WHERE p.kind OPERATOR(pg_catalog.=) $5"
+									"                  AND p.deciders IS NOT NULL"
+									"                  AND NOT outbox._may(p.deciders, $10))",
+									11, argtypes),
+					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: look for a decision failed");
+	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+		return false;
+	pr_insert(OutboxPrepare(&plan_command,
+							"INSERT INTO outbox.commands"
+							"  (command_id, run_id, seq, kind, payload, priority,"
+							"   available_at, due_at, decided_by, headers)"
+							"VALUES ($4, $1, $2, $5, $6, $9,"
+							"        COALESCE($8, pg_catalog.now()),"
+							"        COALESCE($8, pg_catalog.now()), $10, $11)",
+							11, argtypes),
+			  args, nulls, what, false);
+	pr_insert(OutboxPrepare(&plan_event_of,
+							"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+							"VALUES ($1, $2, $3, $7, $4)",
+							11, argtypes),
+			  args, nulls, what, false);
+	return true;
+}
+
+/*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
  *						  payload, event_payload, not_before, priority,
  *						  headers, ordering_key)
@@ -319,10 +430,6 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	text	   *key = NULL;
 	SPIPlanPtr	plan;
 	PrWhat		what;
-	bool		isnull;
-	bool		forbidden;
-	bool		stored;
-	bool		same;
 
 	OutboxArgNotNull(fcinfo, 1, "seq");
 	seq = PG_GETARG_INT64(1);
@@ -372,7 +479,14 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	SPI_connect();
 	if (key == NULL && OutboxOrderedByRun(command_kind))
 		key = run_id;
-	if (key == NULL)
+	if (OutboxCitusDistributed())
+	{
+		/* the key's lock lives on one node: not yet on a distributed outbox */
+		if (key != NULL)
+			pr_raise_keyed_distributed(command_id, 0);
+		plan = NULL;
+	}
+	else if (key == NULL)
 		plan = OutboxAnyDeciders() ?
 			OutboxPrepare(&plan_decide, PR_DECIDE("", "", PR_DUE, PR_DECIDERS_FILTER),
 						  11, argtypes) :
@@ -395,7 +509,8 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 						  PR_DECIDE(PR_KEY_COLS, PR_KEY_VALS, PR_DUE_KEYED, ""),
 						  14, argtypes);
 	}
-	if (pr_insert(plan, args, nulls, &what, true))
+	if (plan == NULL ? pr_decide_routed(args, nulls, &what) :
+		pr_insert(plan, args, nulls, &what, true))
 	{
 		SPI_finish();
 		OutboxCountAtCommit(OBC_ENQUEUED, 1);
@@ -403,28 +518,7 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	}
 
 	/* Nothing inserted: a forbidden kind, a retry, or a conflict. */
-	if (OutboxExecute(OutboxPrepare(&plan_decide_why,
-									"SELECT EXISTS (SELECT 1 FROM outbox.policies p"
-									"                WHERE p.kind OPERATOR(pg_catalog.=) $5"
-									"                  AND p.deciders IS NOT NULL"
-									"                  AND NOT outbox._may(p.deciders, $10)),"
-									"       c.command_id IS NOT NULL,"
-									"       COALESCE(" PR_SAME_DECISION("$1", "$2", "$3", "$5", "$6", "$10") ", false)"
-									"  FROM (SELECT 1) one"
-									"  LEFT JOIN outbox.commands c ON c.command_id OPERATOR(pg_catalog.=) $4",
-									11, argtypes),
-					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: diagnosis of a decision failed");
-	forbidden = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-	stored = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
-	same = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
-	if (forbidden)
-		pr_raise_forbidden(text_to_cstring(command_kind), 0);
-	if (!stored)
-		elog(ERROR, "outbox: decision of \"%s\" neither inserted nor found",
-			 text_to_cstring(command_id));
-	if (!same)
-		pr_raise_conflict(text_to_cstring(command_id), 0);
+	pr_why_not(args, nulls, 0);
 	SPI_finish();
 	PG_RETURN_BOOL(false);
 }
@@ -893,6 +987,53 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 }
 
 /*
+ * commit_decisions on a distributed outbox: each decision as
+ * commit_decision makes it there (pr_decide_routed), so that each goes to
+ * its run's node; a batch of several runs writes several nodes, and Citus
+ * commits it with two-phase commit.  Marks the retries in retry[] and
+ * returns their count; raises as the batch does for a forbidden kind or a
+ * conflict (nothing of the call is recorded then: the error aborts it).
+ */
+static int
+pr_decide_each(Datum **elems, bool **elnulls, int n, Oid caller, bool *retry)
+{
+	int			i;
+	int			j;
+	int			m = 0;
+
+	for (i = 0; i < n; i++)
+	{
+		Datum		args[PR_NKEYS + 1];
+		char		nulls[PR_NKEYS + 1];
+		PrWhat		what;
+
+		for (j = 0; j < PR_NKEYS; j++)
+		{
+			args[PR_KEY_PARAM(j)] = elems[j][i];
+			nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+		}
+		if (elnulls[PR_KEY_PRIORITY][i])
+		{
+			args[PR_KEY_PARAM(PR_KEY_PRIORITY)] = Int32GetDatum(0);
+			nulls[PR_KEY_PARAM(PR_KEY_PRIORITY)] = ' ';
+		}
+		args[9] = ObjectIdGetDatum(caller);
+		nulls[9] = ' ';
+		what.run_id = DatumGetTextPP(args[0]);
+		what.seq = DatumGetInt64(args[1]);
+		what.command_id = DatumGetTextPP(args[3]);
+		what.rows = 1;
+		if (!pr_decide_routed(args, nulls, &what))
+		{
+			pr_why_not(args, nulls, i + 1);
+			retry[i] = true;
+			m++;
+		}
+	}
+	return m;
+}
+
+/*
  * outbox.commit_decisions(decisions jsonb) RETURNS SETOF decision_result
  *
  * The set-based form: a JSON array of decisions, recorded in one statement,
@@ -996,6 +1137,17 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 				elems[PR_KEY_ORDERING_KEY][i] = elems[PR_KEY_RUN_ID][i];
 				elnulls[PR_KEY_ORDERING_KEY][i] = false;
 			}
+
+	/* a distributed outbox: one routed decision at a time */
+	if (OutboxCitusDistributed())
+	{
+		for (i = 0; i < n; i++)
+			if (!elnulls[PR_KEY_ORDERING_KEY][i])
+				pr_raise_keyed_distributed(DatumGetTextPP(elems[PR_KEY_COMMAND_ID][i]), i + 1);
+		m = pr_decide_each(elems, elnulls, n, caller, retry);
+		SPI_finish();
+		goto done;
+	}
 
 	for (j = 0; j < PR_NKEYS; j++)
 	{
@@ -1151,6 +1303,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	}
 	SPI_finish();
 
+done:
 	/* One row per decision, in the batch's order. */
 	it = JsonbIteratorInit(&doc->root);
 	(void) JsonbIteratorNext(&it, &v, true);

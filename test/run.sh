@@ -540,7 +540,7 @@ run_citus() {
 			for pat in $CITUS_FILES; do case "$name" in *"$pat"*) want=1 ;; esac; done
 			[ $want -eq 1 ] || continue
 		fi
-		out=$(as_pg "cd '$WORK/src' && CITUS_PORTS='$CITUS_PORTS' CITUS_DATA='$CITUS_DIR' PGBIN='$PGBIN' prove -v --merge 'test/citus/$name'" 2>&1)
+		out=$(as_pg "cd '$WORK/src' && PATH='$OUTBOX_RELAY_BINDIR':\$PATH CITUS_PORTS='$CITUS_PORTS' CITUS_DATA='$CITUS_DIR' PGBIN='$PGBIN' prove -v --merge 'test/citus/$name'" 2>&1)
 		rc=$?
 		p=$(grep -cE '^ok [0-9]+' <<<"$out")
 		f=$(grep -cE '^not ok [0-9]+' <<<"$out")

@@ -111,22 +111,27 @@ CREATE INDEX commands_key_idx ON @extschema@.commands (ordering_key, ordering_se
 COMMENT ON INDEX @extschema@.commands_key_idx
 	IS 'commands with an ordering key, by key and place in the key (read by the producer and the release of a head)';
 
--- One completion receipt per command.
+-- One completion receipt per command.  run_id is the command's run: the
+-- column a distributed outbox is sharded by (docs/citus.md); on a single
+-- server command_id alone is the key, as it is unique across runs there.
 CREATE TABLE @extschema@.receipts (
 	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	outcome		pg_catalog.text NOT NULL,
 	detail		pg_catalog.jsonb,
 	completed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	CONSTRAINT receipts_pkey PRIMARY KEY (command_id)
 );
 -- Drives the retention purge, oldest receipt first.
 CREATE INDEX receipts_completed_at_idx ON @extschema@.receipts (completed_at);
 
--- Commands a consumer has accepted (its deduplication memory).
+-- Commands a consumer has accepted (its deduplication memory), with the
+-- command's run (the distribution column on Citus, as for receipts).
 CREATE TABLE @extschema@.inbox (
 	consumer	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	accepted_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	CONSTRAINT inbox_pkey PRIMARY KEY (consumer, command_id)
 );
 
@@ -238,6 +243,8 @@ COMMENT ON COLUMN @extschema@.commands.decided_by IS 'the role that decided the 
 COMMENT ON COLUMN @extschema@.policies.deciders IS 'roles whose members may decide commands of the kind (NULL: every producer; empty: admins only)';
 COMMENT ON COLUMN @extschema@.policies.claimers IS 'roles whose members may claim commands of the kind (NULL: every publisher; empty: admins only)';
 COMMENT ON COLUMN @extschema@.policies.completers IS 'roles whose members may complete commands of the kind (NULL: every consumer; empty: admins only)';
+COMMENT ON COLUMN @extschema@.receipts.run_id IS 'the run of the completed command (the distribution column on Citus)';
+COMMENT ON COLUMN @extschema@.inbox.run_id IS 'the run of the accepted command (the distribution column on Citus; empty for an acceptance 0.1.0 recorded of a command it did not know)';
 COMMENT ON TABLE @extschema@.purged IS 'tombstones of commands removed by the retention purge';
 COMMENT ON DOMAIN @extschema@.command_status IS 'a command''s status: pending, sending, published, dead or uncertain';
 COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version: bumped by every change of its lease, for ordering and diagnostics (at least 1)';

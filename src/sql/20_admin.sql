@@ -363,6 +363,11 @@ BEGIN
 	IF lim OPERATOR(pg_catalog.<) 1 THEN
 		RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = 'invalid_parameter_value';
 	END IF;
+	IF @extschema@._distributed() THEN
+		RAISE EXCEPTION 'outbox.purge() does not run on a distributed outbox'
+			USING ERRCODE = 'feature_not_supported',
+				  DETAIL = 'Citus refuses row locks in a statement over several shards (docs/citus.md).';
+	END IF;
 	IF dflt OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
 		RAISE EXCEPTION 'older_than must not be negative' USING ERRCODE = 'invalid_parameter_value';
 	END IF;

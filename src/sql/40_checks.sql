@@ -16,7 +16,10 @@
 -- tombstone next to a live command with the same id is itself a violation.
 --
 -- Cost.  Every check is one pass over the tables it reads, matched on their
--- unique keys (command_id everywhere; the events also by (run_id, seq)) with
+-- unique keys (command_id with its run_id everywhere, so that on a
+-- distributed outbox every join is on the distribution column and runs
+-- from the coordinator over the whole cluster, docs/citus.md; the events
+-- also by (run_id, seq)) with
 -- NOT EXISTS, which the planner turns into anti-joins: hash anti-joins for a
 -- full check of a large outbox, index lookups (commands_pkey, receipts_pkey,
 -- purged_pkey, events_pkey, events_command_id_key) when one side is small.
@@ -34,7 +37,8 @@ SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
   FROM @extschema@.events e
  WHERE e.command_id IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM @extschema@.commands c
-					WHERE c.command_id OPERATOR(pg_catalog.=) e.command_id)
+					WHERE c.command_id OPERATOR(pg_catalog.=) e.command_id
+					  AND c.run_id OPERATOR(pg_catalog.=) e.run_id)
    AND NOT EXISTS (SELECT 1 FROM @extschema@.purged p
 					WHERE p.command_id OPERATOR(pg_catalog.=) e.command_id
 					  AND p.run_id OPERATOR(pg_catalog.=) e.run_id
@@ -72,10 +76,12 @@ COMMENT ON COLUMN @extschema@.check_orphan_commands.problem
 CREATE VIEW @extschema@.check_orphan_receipts WITH (security_barrier) AS
 SELECT r.command_id, r.outcome, r.completed_at,
 	   EXISTS (SELECT 1 FROM @extschema@.purged p
-				WHERE p.command_id OPERATOR(pg_catalog.=) r.command_id) AS purged
+				WHERE p.command_id OPERATOR(pg_catalog.=) r.command_id
+				  AND p.run_id OPERATOR(pg_catalog.=) r.run_id) AS purged
   FROM @extschema@.receipts r
  WHERE NOT EXISTS (SELECT 1 FROM @extschema@.commands c
-					WHERE c.command_id OPERATOR(pg_catalog.=) r.command_id);
+					WHERE c.command_id OPERATOR(pg_catalog.=) r.command_id
+					  AND c.run_id OPERATOR(pg_catalog.=) r.run_id);
 COMMENT ON VIEW @extschema@.check_orphan_receipts
 	IS 'conservation check (error): receipts whose command does not exist; empty when healthy';
 
@@ -167,6 +173,7 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 		  FROM @extschema@.commands c
 		  LEFT JOIN @extschema@.purged p
 			ON p.command_id OPERATOR(pg_catalog.=) c.command_id
+		   AND p.run_id OPERATOR(pg_catalog.=) c.run_id
 		  LEFT JOIN (SELECT k.ordering_key, pg_catalog.min(k.ordering_seq) AS first
 					   FROM @extschema@.commands k
 					  WHERE k.ordering_key IS NOT NULL
@@ -205,7 +212,8 @@ SELECT c.command_id, c.run_id, c.seq, c.kind, c.owner, c.published_at,
 					ELSE s.v::pg_catalog.interval END
 		  FROM (SELECT pg_catalog.current_setting('outbox.receipt_overdue', true) AS v) s)
    AND NOT EXISTS (SELECT 1 FROM @extschema@.receipts r
-					WHERE r.command_id OPERATOR(pg_catalog.=) c.command_id);
+					WHERE r.command_id OPERATOR(pg_catalog.=) c.command_id
+					  AND r.run_id OPERATOR(pg_catalog.=) c.run_id);
 COMMENT ON VIEW @extschema@.check_receipt_overdue
 	IS 'conservation check (warning): published commands without a receipt for longer than outbox.receipt_overdue; empty when healthy';
 

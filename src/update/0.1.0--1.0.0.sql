@@ -298,6 +298,28 @@ ALTER TABLE @extschema@.policies
 	ALTER COLUMN ordered_by_run SET NOT NULL;
 COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending and not waiting behind an earlier command of its ordering key, NULL otherwise (the key of the claim index)';
 COMMENT ON COLUMN @extschema@.policies.ordered_by_run IS 'a command of the kind decided without an ordering key is ordered by its run_id';
+-- The run of each receipt and each acceptance (the distribution column on
+-- Citus).  0.1.0 recorded a receipt only for a stored command and removed
+-- it with the command, so every receipt finds its run in outbox.commands;
+-- an acceptance finds it there or in a tombstone.  0.1.0 accepted any id,
+-- known or not: an acceptance of a command neither stored nor purged gets
+-- the empty run_id, which no command can have (ids are never empty), so it
+-- keeps deduplicating by (consumer, command_id) as before.
+ALTER TABLE @extschema@.receipts ADD COLUMN run_id pg_catalog.text COLLATE pg_catalog."C";
+UPDATE @extschema@.receipts r SET run_id = c.run_id
+  FROM @extschema@.commands c WHERE c.command_id OPERATOR(pg_catalog.=) r.command_id;
+UPDATE @extschema@.receipts SET run_id = '' WHERE run_id IS NULL;
+ALTER TABLE @extschema@.receipts ALTER COLUMN run_id SET NOT NULL;
+ALTER TABLE @extschema@.inbox ADD COLUMN run_id pg_catalog.text COLLATE pg_catalog."C";
+UPDATE @extschema@.inbox i SET run_id = c.run_id
+  FROM @extschema@.commands c WHERE c.command_id OPERATOR(pg_catalog.=) i.command_id;
+UPDATE @extschema@.inbox i SET run_id = p.run_id
+  FROM @extschema@.purged p
+ WHERE i.run_id IS NULL AND p.command_id OPERATOR(pg_catalog.=) i.command_id;
+UPDATE @extschema@.inbox SET run_id = '' WHERE run_id IS NULL;
+ALTER TABLE @extschema@.inbox ALTER COLUMN run_id SET NOT NULL;
+COMMENT ON COLUMN @extschema@.receipts.run_id IS 'the run of the completed command (the distribution column on Citus)';
+COMMENT ON COLUMN @extschema@.inbox.run_id IS 'the run of the accepted command (the distribution column on Citus; empty for an acceptance 0.1.0 recorded of a command it did not know)';
 
 -- 3. The parts of src/sql/ after 00 follow: roles, functions, types,
 -- views, comments and privileges, as in a fresh install; then

@@ -145,7 +145,7 @@ SELECT is((SELECT sum(violations)::int FROM outbox.conservation), 0,
 SELECT lives_ok('SELECT outbox.verify(include_warnings => true)', 'verify() is silent when all holds');
 
 -- A receipt without a command, and a command deleted without the purge.
-INSERT INTO outbox.receipts (command_id, outcome) VALUES ('tap-ghost', 'done');
+INSERT INTO outbox.receipts (command_id, outcome, run_id) VALUES ('tap-ghost', 'done', 'tap-run');
 DELETE FROM outbox.commands WHERE command_id = 'tap-6';
 SELECT results_eq(
 	$$SELECT check_name, violations, sample FROM outbox.conservation WHERE violations > 0$$,

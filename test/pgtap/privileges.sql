@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(150);
+SELECT plan(166);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -144,6 +144,32 @@ INSERT INTO expected VALUES
 	('outbox._request_worker()',
 	 'function', '{}', false,
 	 $$SELECT outbox._request_worker()$$),
+	-- Citus (src/sql/50_citus.sql): the owner only
+	('outbox.distribute(text)',
+	 'function', '{}', false,
+	 -- (without Citus they raise 55000, which the block takes as success)
+	 $c$DO $d$ BEGIN PERFORM outbox.distribute(); EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END $d$$c$),
+	('outbox.undistribute()',
+	 'function', '{}', false,
+	 $c$DO $d$ BEGIN PERFORM outbox.undistribute(); EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END $d$$c$),
+	('outbox._citus_tables(boolean)',
+	 'function', '{}', false,
+	 $$SELECT outbox._citus_tables(true)$$),
+	('outbox._distributed()',
+	 'function', '{}', false,
+	 $$SELECT outbox._distributed()$$),
+	('outbox._citus_keys(boolean)',
+	 'function', '{}', false,
+	 $$SELECT outbox._citus_keys(false)$$),
+	('outbox._citus_require_coordinator(text)',
+	 'function', '{}', false,
+	 $c$DO $d$ BEGIN PERFORM outbox._citus_require_coordinator('x'); EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END $d$$c$),
+	('outbox._citus_on_workers(text)',
+	 'function', '{}', false,
+	 $c$DO $d$ BEGIN PERFORM outbox._citus_on_workers('SELECT 1'); EXCEPTION WHEN undefined_function THEN NULL; END $d$$c$),
+	('outbox._before_drop()',
+	 'function', '{}', false,
+	 $$SELECT outbox._before_drop()$$),
 	('outbox._check_run(integer)',
 	 'function', '{}', false,
 	 $$SELECT outbox._check_run(99)$$),

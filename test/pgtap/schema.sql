@@ -110,7 +110,8 @@ SELECT set_eq($$SELECT c.relname || '.' || a.attname FROM pg_attribute a
 	WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
 	  AND a.attcollation = 'pg_catalog."C"'::regcollation$$,
 	ARRAY['events.run_id', 'events.kind', 'events.command_id', 'commands.command_id', 'commands.run_id',
-		  'commands.kind', 'commands.ordering_key', 'receipts.command_id', 'inbox.consumer', 'inbox.command_id', 'policies.kind',
+		  'commands.kind', 'commands.ordering_key', 'receipts.command_id', 'receipts.run_id', 'inbox.consumer', 'inbox.command_id',
+		  'inbox.run_id', 'policies.kind',
 		  'purged.command_id', 'purged.run_id', 'purged.kind', 'consumers.consumer',
 		  'check_results.check_name'],
 	'identifier columns use the "C" collation');

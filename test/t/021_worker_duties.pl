@@ -235,7 +235,7 @@ for my $status (qw(pending sending published dead uncertain))
 					CASE WHEN '$status' = 'sending' THEN now() + interval '1 hour' END,
 					CASE WHEN '$status' <> 'pending' THEN 'w' END,
 					$ts, CASE WHEN '$status' = 'published' THEN $ts END, '{}')});
-			sql(qq{INSERT INTO outbox.receipts (command_id, outcome, completed_at) VALUES ('$id', 'done', $rts)})
+			sql(qq{INSERT INTO outbox.receipts (command_id, outcome, completed_at, run_id) VALUES ('$id', 'done', $rts, 'seed')})
 			  if $receipt ne 'none';
 			push @seeded, $id;
 			push @expected_gone, $id if $status eq 'published' && $receipt eq 'old' && $age eq 'old';
@@ -250,8 +250,8 @@ for my $kind (qw(short k))
 			available_at, owner, created_at, published_at, payload)
 		VALUES ('$id', 'seed', 2, '$kind', 'published', 2, 1, now() - interval '2 hours', 'w',
 			now() - interval '2 hours', now() - interval '2 hours', '{}');
-		INSERT INTO outbox.receipts (command_id, outcome, completed_at)
-		VALUES ('$id', 'done', now() - interval '2 hours')});
+		INSERT INTO outbox.receipts (command_id, outcome, completed_at, run_id)
+		VALUES ('$id', 'done', now() - interval '2 hours', 'seed')});
 	push @seeded, $id;
 	push @expected_gone, $id if $kind eq 'short';
 }

@@ -77,9 +77,9 @@ INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_a
 							 owner, published_at)
 SELECT 'fill-' || g, 'fill-' || g / 100, g % 100, 'k', '{}', now(), 'published', 3, 1, 'w', now()
   FROM generate_series(100001, 150000) g;
-INSERT INTO outbox.receipts (command_id, outcome, completed_at)
-SELECT 'fill-' || g, 'done', now() + interval '1 day' FROM generate_series(100001, 150000) g;
-INSERT INTO outbox.inbox (consumer, command_id) SELECT 'consumer', 'fill-' || g FROM generate_series(100001, 150000) g;
+INSERT INTO outbox.receipts (command_id, outcome, completed_at, run_id)
+SELECT 'fill-' || g, 'done', now() + interval '1 day', 'fill-' || g / 100 FROM generate_series(100001, 150000) g;
+INSERT INTO outbox.inbox (consumer, command_id, run_id) SELECT 'consumer', 'fill-' || g, 'fill-' || g / 100 FROM generate_series(100001, 150000) g;
 -- 200 ordering keys of 100 commands each: the head claimable, the rest waiting
 INSERT INTO outbox.events (run_id, seq, kind, command_id)
 SELECT 'fillo-' || g / 100, g % 100, 'e', 'fillo-' || g FROM generate_series(0, 19999) g;

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# The outbox distributed on Citus against one machine, in the same run, on
+# throwaway servers (docs/citus.md).  Not a test: it prints numbers.
+#
+#   bash bench/citus.sh            # DURATION=20 s of producing, REPEATS=3
+#   QUICK=1 bash bench/citus.sh    # 8 s, one repeat
+#
+# Needs Citus installed in PG_CONFIG's server (bash test/run.sh citus builds
+# it there from ../shared/citus-13.0.5.tar.gz).
+#
+# single   one server with the outbox (preloaded, as in production)
+# cluster  a coordinator and two workers on the same machine, the outbox
+#          distributed (outbox.distribute(), citus.shard_count = 8), the
+#          business table in its co-location group
+# produce  pgbench, CLIENTS (8) clients for DURATION seconds, each
+#          transaction one call of a function that inserts the business
+#          row and calls outbox.commit_decision: on the cluster a function
+#          distributed by the run (create_distributed_function), sent by
+#          the coordinator to the run's node; transactions per second
+# relay    the produced commands drained by two outbox-relays (--drain,
+#          B = 100, stdout sink to /dev/null): both on the single server,
+#          one on each worker of the cluster; commands per second from
+#          their start to the last exit
+# The machine's cores are shared by all four servers and the clients, so
+# the cluster does not get more hardware than the single server: the ratio
+# is the cost of the distribution (coordinator hops, per-shard claims), not
+# a scale-out figure.
+set -u
+set -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$ROOT/test/lib.sh"
+
+REPEATS=${REPEATS:-3}
+DURATION=${DURATION:-20}
+CLIENTS=${CLIENTS:-8}
+if [ -n "${QUICK:-}" ]; then
+	REPEATS=1
+	DURATION=8
+fi
+
+if [ -z "${OUTBOX_SKIP_BUILD:-}" ]; then
+	outbox_setup || exit 1
+fi
+if ! [ -f "$("$PG_CONFIG" --pkglibdir)/citus.so" ]; then
+	echo "bench/citus.sh: no Citus in $PG_CONFIG's server (bash test/run.sh citus builds it)" >&2
+	exit 1
+fi
+RELAY=$OUTBOX_RELAY_BINDIR/outbox-relay
+[ -x "$RELAY" ] || RELAY=$ROOT/src/outbox-relay
+[ -x "$RELAY" ] || { echo "missing outbox-relay: run make" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/outbox-bench-citus.XXXXXX)
+outbox_give_to_pg_user "$WORK"
+trap 'outbox_cleanup_work "$WORK"' EXIT
+CONF="listen_addresses = '127.0.0.1'
+shared_buffers = 128MB
+max_connections = 60
+checkpoint_timeout = 30min
+max_wal_size = 4GB
+max_prepared_transactions = 20
+max_worker_processes = 32
+citus.node_conninfo = 'sslmode=disable'
+outbox.databases = 'bench'"
+declare -A PORTS
+for name in single coordinator worker1 worker2; do
+	PORTS[$name]=$(outbox_free_port)
+	preload=citus,outbox
+	[ "$name" = single ] && preload=outbox
+	outbox_start_cluster "$WORK/$name" "${PORTS[$name]}" "$CONF
+shared_preload_libraries = '$preload'" || { tail -20 "$WORK/$name/server.log"; exit 1; }
+done
+
+psql_on() {
+	as_pg "'$PGBIN/psql' -X -qAt -h 127.0.0.1 -p ${PORTS[$1]} -d ${2:-bench} -v ON_ERROR_STOP=1" <<<"$3"
+}
+
+FUNC="CREATE FUNCTION public.place_order(run text, total int) RETURNS boolean LANGUAGE plpgsql AS \$f\$
+BEGIN
+	INSERT INTO public.orders VALUES (run, total);
+	RETURN outbox.commit_decision(run, 1, 'placed', 'ship-' || run, 'ship',
+								  jsonb_build_object('total', total));
+END \$f\$;"
+setup() {
+	local n
+	for n in single coordinator worker1 worker2; do
+		psql_on "$n" postgres "SET client_min_messages = warning; DROP DATABASE IF EXISTS bench WITH (FORCE); CREATE DATABASE bench;" || return 1
+	done
+	psql_on single bench "CREATE EXTENSION outbox;
+		CREATE TABLE public.orders (run_id text COLLATE \"C\" PRIMARY KEY, total int NOT NULL);
+		$FUNC" || return 1
+	for n in coordinator worker1 worker2; do
+		psql_on "$n" bench "CREATE EXTENSION citus;" || return 1
+	done
+	psql_on coordinator bench "SELECT citus_set_coordinator_host('127.0.0.1', ${PORTS[coordinator]});
+		SELECT citus_add_node('127.0.0.1', ${PORTS[worker1]});
+		SELECT citus_add_node('127.0.0.1', ${PORTS[worker2]});
+		SET client_min_messages = warning;
+		CREATE EXTENSION outbox;
+		SET citus.shard_count = 8;
+		SELECT outbox.distribute();
+		CREATE TABLE public.orders (run_id text COLLATE \"C\" PRIMARY KEY, total int NOT NULL);
+		SELECT create_distributed_table('public.orders', 'run_id', colocate_with => 'outbox.events');
+		$FUNC
+		SELECT create_distributed_function('public.place_order(text, int)', 'run',
+										   colocate_with => 'outbox.events');" >/dev/null
+}
+
+# pgbench substitutes :id inside the literal, so the run is a constant
+# Citus can route the call by.
+cat >"$WORK/produce.sql" <<'EOF'
+\set id random(1, 9000000000000000000)
+SELECT public.place_order('r:client_id-:id', 1);
+EOF
+outbox_give_to_pg_user "$WORK"
+
+produce() {
+	as_pg "'$PGBIN/pgbench' -n -h 127.0.0.1 -p ${PORTS[$1]} -c $CLIENTS -j $CLIENTS -T $DURATION -f '$WORK/produce.sql' bench" 2>&1 |
+		sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -1
+}
+
+# Two relays with --drain against the DSNs given; commands per second.
+drain() {
+	local start end n dsn pids=()
+	n=$(psql_on "$1" bench "SELECT count(*) FROM outbox.commands WHERE status = 'pending'")
+	start=$(date +%s.%N)
+	for dsn in "$2" "$3"; do
+		as_pg "'$RELAY' --dsn '$dsn' --sink stdout --batch 100 --drain >/dev/null 2>>'$WORK/relay.log'" &
+		pids+=($!)
+	done
+	wait "${pids[@]}"
+	end=$(date +%s.%N)
+	left=$(psql_on "$1" bench "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")
+	[ "$left" = 0 ] || echo "bench/citus.sh: $left commands left unpublished on $1" >&2
+	echo "$n $start $end" | awk '{ printf "%.0f", $1 / ($3 - $2) }'
+}
+
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.1f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+P_S="" P_C="" R_S="" R_C=""
+for r in $(seq "$REPEATS"); do
+	setup || { echo "setup failed" >&2; exit 1; }
+	P_S="$P_S $(produce single)"
+	P_C="$P_C $(produce coordinator)"
+	single="host=127.0.0.1 port=${PORTS[single]} dbname=bench user=postgres"
+	R_S="$R_S $(drain single "$single" "$single")"
+	R_C="$R_C $(drain coordinator "host=127.0.0.1 port=${PORTS[worker1]} dbname=bench user=postgres" \
+		"host=127.0.0.1 port=${PORTS[worker2]} dbname=bench user=postgres")"
+done
+
+ps=$(median <<<"$P_S") pc=$(median <<<"$P_C") rs=$(median <<<"$R_S") rc=$(median <<<"$R_C")
+echo "# bench/citus.sh: DURATION=${DURATION}s CLIENTS=$CLIENTS REPEATS=$REPEATS, median; ratio = cluster / single"
+echo "| work                                   | single | cluster | ratio | runs (single|cluster)"
+printf '| produce, tx/s (function, %d clients)    | %6.0f | %7.0f | %5.2f | %s |%s\n' "$CLIENTS" "$ps" "$pc" \
+	"$(awk -v a="$pc" -v b="$ps" 'BEGIN { print (b > 0 ? a / b : 0) }')" "$P_S" "$P_C"
+printf '| relay, commands/s (2 relays, B = 100)  | %6.0f | %7.0f | %5.2f | %s |%s\n' "$rs" "$rc" \
+	"$(awk -v a="$rc" -v b="$rs" 'BEGIN { print (b > 0 ? a / b : 0) }')" "$R_S" "$R_C"

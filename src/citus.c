@@ -1,0 +1,317 @@
+/*-------------------------------------------------------------------------
+ *
+ * citus.c
+ *		What the extension does differently in a database with Citus.
+ *
+ * Keyed on whether Citus is loaded and installed in the current database,
+ * and whether the outbox is distributed there (docs/citus.md):
+ *
+ * - The plan mode of the saved plans (OutboxPlanOptions, read by
+ *   plans.c).  Without Citus every statement is saved as a generic plan.
+ *   On a distributed table Citus makes a generic plan that fails on purpose
+ *   for every statement it cannot route at execution time (one with a
+ *   subquery, a CTE or a stable function over the table's columns), and
+ *   relies on the plan cache to replace it by a custom plan: forced
+ *   generic, the statement fails.  With Citus the plans are custom, planned
+ *   for each call's values, so that Citus's router planner sees the run_id
+ *   of the call and sends the statement to the one shard that holds it.
+ *
+ * - The claim of a distributed outbox (src/lease.c) runs on the node that
+ *   holds the shards: OutboxCitusLocalShards lists this node's shards of
+ *   outbox.commands from Citus's metadata, and OutboxCitusShardPlan makes
+ *   the claim statement's plan for one of them, against the shard's own
+ *   table (a plain table on its node), where FOR NO KEY UPDATE SKIP
+ *   LOCKED works as on a single server.  Citus refuses row locks in a
+ *   statement over several shards.
+ *
+ * - DROP EXTENSION outbox on the coordinator of a distributed outbox (a
+ *   utility hook, installed whenever the library is loaded): Citus leaves
+ *   an extension's shards behind when the extension is dropped, so the hook
+ *   first runs outbox._before_drop() (src/sql/50_citus.sql), which
+ *   undistributes the tables, in the DROP's own transaction.
+ *
+ * A bottom layer: it calls no other file of the extension (plans.c,
+ * lease.c, producer.c and duties.c call it).
+ *
+ * Locking: none of its own; _before_drop() takes the locks of the DDL and
+ * of Citus's metadata functions it runs.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <ctype.h>
+
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "nodes/parsenodes.h"
+#include "tcop/utility.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+#include "outbox.h"
+
+static ProcessUtility_hook_type ci_prev_process_utility = NULL;
+
+static void ci_process_utility(PlannedStmt *pstmt, const char *queryString,
+							   bool readOnlyTree, ProcessUtilityContext context,
+							   ParamListInfo params, QueryEnvironment *queryEnv,
+							   DestReceiver *dest, QueryCompletion *qc);
+
+/* Install the utility hook (from _PG_init, preloaded or not). */
+void
+OutboxCitusInit(void)
+{
+	ci_prev_process_utility = ProcessUtility_hook;
+	ProcessUtility_hook = ci_process_utility;
+}
+
+/*
+ * True when Citus is loaded in this process (it must be preloaded, and
+ * defines citus.version then) and the extension citus is installed in the
+ * current database.
+ */
+bool
+OutboxCitusInstalled(void)
+{
+	return GetConfigOption("citus.version", true, false) != NULL &&
+		OidIsValid(get_extension_oid("citus", true));
+}
+
+/*
+ * A saved plan of a query of Citus's catalogs, without parameters (the
+ * plan mode does not matter for them; plans.c is not called, as it calls
+ * this file).
+ */
+static SPIPlanPtr
+ci_keep(SPIPlanPtr *cache, const char *sql)
+{
+	SPIPlanPtr	plan;
+
+	if (*cache != NULL)
+		return *cache;
+	plan = SPI_prepare(sql, 0, NULL);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 sql, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	*cache = plan;
+	return plan;
+}
+
+/*
+ * True when the outbox of the current database is distributed (Citus's
+ * metadata, synced to every node, lists outbox.events).  Called by the API
+ * inside SPI; without Citus it costs a lookup of one setting.
+ */
+bool
+OutboxCitusDistributed(void)
+{
+	static SPIPlanPtr plan = NULL;
+	bool		isnull;
+
+	if (!OutboxCitusInstalled())
+		return false;
+	if (SPI_execute_plan(ci_keep(&plan,
+								 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p"
+								 " WHERE p.logicalrelid OPERATOR(pg_catalog.=)"
+								 "       'outbox.events'::pg_catalog.regclass)"),
+						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: could not read Citus's metadata");
+	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * This node's shards of outbox.commands, in shard id order, each with this
+ * node's copy of outbox.policies; *n of them (palloc'd in the caller's
+ * context).  Read from Citus's metadata at each call, so that a shard
+ * moved here or away (citus_move_shard_placement, the rebalancer) is
+ * served from the next claim on.  On the coordinator, which holds no
+ * shard of a distributed outbox, none, or with coordinator_error an error
+ * (55000) that says where to claim.
+ */
+OutboxShard *
+OutboxCitusLocalShards(int *n, bool coordinator_error)
+{
+	static SPIPlanPtr plan = NULL;
+	OutboxShard *shards;
+	uint64		i;
+	bool		isnull;
+
+	if (SPI_execute_plan(ci_keep(&plan,
+								 "SELECT s.shardid,"
+								 "       (SELECT r.shardid FROM pg_catalog.pg_dist_shard r"
+								 "          JOIN pg_catalog.pg_dist_placement q ON q.shardid OPERATOR(pg_catalog.=) r.shardid"
+								 "         WHERE r.logicalrelid OPERATOR(pg_catalog.=) 'outbox.policies'::pg_catalog.regclass"
+								 "           AND q.groupid OPERATOR(pg_catalog.=) g.groupid),"
+								 "       g.groupid OPERATOR(pg_catalog.=) 0"
+								 "  FROM pg_catalog.pg_dist_local_group g"
+								 "  LEFT JOIN (pg_catalog.pg_dist_shard s"
+								 "             JOIN pg_catalog.pg_dist_placement p"
+								 "               ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
+								 "              AND s.logicalrelid OPERATOR(pg_catalog.=) 'outbox.commands'::pg_catalog.regclass)"
+								 "    ON p.groupid OPERATOR(pg_catalog.=) g.groupid"
+								 " ORDER BY s.shardid"),
+						 NULL, NULL, true, 0) != SPI_OK_SELECT || SPI_processed < 1)
+		elog(ERROR, "outbox: could not read Citus's shard placements");
+	shards = palloc(sizeof(OutboxShard) * SPI_processed);
+	*n = 0;
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		nopolicies;
+
+		shards[*n].commands = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+		if (isnull)
+		{
+			if (coordinator_error && DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("the coordinator holds no shard of the distributed outbox"),
+						 errhint("Claim on the worker nodes: each claims from the shards it holds.")));
+			continue;
+		}
+		shards[*n].policies = DatumGetInt64(SPI_getbinval(tup, desc, 2, &nopolicies));
+		if (nopolicies)
+			elog(ERROR, "outbox: this node has no copy of outbox.policies");
+		(*n)++;
+	}
+	return shards;
+}
+
+/* A plan per shard: the statement and the shard it was made for. */
+typedef struct CiShardPlan
+{
+	int64		commands;
+	const char *sql;
+	SPIPlanPtr	plan;
+} CiShardPlan;
+
+static CiShardPlan *ci_plans = NULL;
+static int	ci_nplans = 0;
+static int	ci_maxplans = 0;
+
+/* Append src to buf, each "outbox.<table>" followed by "_<shard id>". */
+static void
+ci_append_renamed(StringInfo buf, const char *src, const OutboxShard *shard)
+{
+	while (*src)
+	{
+		if (strncmp(src, "outbox.commands", 15) == 0 && !(src[15] == '_' || isalnum((unsigned char) src[15])))
+		{
+			appendStringInfo(buf, "outbox.commands_" INT64_FORMAT, shard->commands);
+			src += 15;
+		}
+		else if (strncmp(src, "outbox.policies", 15) == 0 && !(src[15] == '_' || isalnum((unsigned char) src[15])))
+		{
+			appendStringInfo(buf, "outbox.policies_" INT64_FORMAT, shard->policies);
+			src += 15;
+		}
+		else
+			appendStringInfoChar(buf, *src++);
+	}
+}
+
+/*
+ * The saved plan of sql run against one shard: outbox.commands and
+ * outbox.policies renamed to this node's shard and copy, which are plain
+ * tables here, so the plan is an ordinary (generic) one and takes row
+ * locks with SKIP LOCKED as on a single server.  Kept per shard and
+ * statement for the backend's life; a shard that moved away is not asked
+ * for again, and one that comes back is re-planned by the plan cache.
+ */
+SPIPlanPtr
+OutboxCitusShardPlan(const OutboxShard *shard, const char *sql, int nargs,
+					 const Oid *argtypes)
+{
+	int			i;
+	StringInfoData buf;
+	SPIPlanPtr	plan;
+	MemoryContext old;
+
+	for (i = 0; i < ci_nplans; i++)
+		if (ci_plans[i].commands == shard->commands && ci_plans[i].sql == sql)
+			return ci_plans[i].plan;
+	initStringInfo(&buf);
+	ci_append_renamed(&buf, sql, shard);
+	plan = SPI_prepare_cursor(buf.data, nargs, (Oid *) argtypes, CURSOR_OPT_GENERIC_PLAN);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 buf.data, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	if (ci_nplans == ci_maxplans)
+	{
+		ci_maxplans = ci_maxplans ? ci_maxplans * 2 : 16;
+		ci_plans = ci_plans ? repalloc(ci_plans, sizeof(CiShardPlan) * ci_maxplans)
+			: palloc(sizeof(CiShardPlan) * ci_maxplans);
+	}
+	MemoryContextSwitchTo(old);
+	ci_plans[ci_nplans].commands = shard->commands;
+	ci_plans[ci_nplans].sql = sql;
+	ci_plans[ci_nplans].plan = plan;
+	ci_nplans++;
+	return plan;
+}
+
+/*
+ * The cursor options of a saved plan: generic without Citus (see
+ * OutboxPrepare), custom with it (see the file's header).
+ */
+int
+OutboxPlanOptions(void)
+{
+	return OutboxCitusInstalled() ? CURSOR_OPT_CUSTOM_PLAN : CURSOR_OPT_GENERIC_PLAN;
+}
+
+/* Whether a DROP statement drops the extension outbox. */
+static bool
+ci_drops_outbox(Node *parsetree)
+{
+	DropStmt   *drop;
+	ListCell   *lc;
+
+	if (!IsA(parsetree, DropStmt))
+		return false;
+	drop = (DropStmt *) parsetree;
+	if (drop->removeType != OBJECT_EXTENSION)
+		return false;
+	foreach(lc, drop->objects)
+	{
+		if (strcmp(strVal(lfirst(lc)), "outbox") == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Before DROP EXTENSION outbox, in a database with Citus and the outbox:
+ * outbox._before_drop(), which undistributes a distributed outbox on the
+ * coordinator and does nothing elsewhere.
+ */
+static void
+ci_process_utility(PlannedStmt *pstmt, const char *queryString,
+				   bool readOnlyTree, ProcessUtilityContext context,
+				   ParamListInfo params, QueryEnvironment *queryEnv,
+				   DestReceiver *dest, QueryCompletion *qc)
+{
+	if (ci_drops_outbox(pstmt->utilityStmt) &&
+		OidIsValid(get_extension_oid("outbox", true)) &&
+		OutboxCitusInstalled())
+	{
+		SPI_connect();
+		if (SPI_execute("SELECT outbox._before_drop()", false, 0) != SPI_OK_SELECT)
+			elog(ERROR, "outbox: _before_drop failed");
+		SPI_finish();
+	}
+	if (ci_prev_process_utility)
+		ci_prev_process_utility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+}
