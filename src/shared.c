@@ -22,10 +22,10 @@
  * the shared counters when the transaction commits and throws them away
  * when it aborts, so rolled-back work is never counted.  Calls that change
  * when a command is due without counting anything say so the same way
- * (OutboxDueAtCommit, kept per subtransaction like the counts): renew
- * moved a lease_until (OUTBOX_DUE_MOVED); the release of the next command
- * of an ordering key, requeue and resolve as retry made a command
- * claimable now (OUTBOX_DUE_NOW).  If the committed transaction enqueued
+ * (OutboxDueAtCommit, kept per subtransaction and at PREPARE TRANSACTION
+ * like the counts): renew moved a lease_until (OUTBOX_DUE_MOVED); the
+ * release of the next command of an ordering key, requeue and resolve as
+ * retry made a command claimable now (OUTBOX_DUE_NOW).  If the committed transaction enqueued
  * commands or made one claimable now, the callback also sets wake_pending
  * in the database's worker slot and sets the worker's latch; if it counted
  * anything or changed when a command is due, and began before the slot's
@@ -35,9 +35,8 @@
  * and lease_until values are never older than its start).  That is all a
  * producer pays: no lock, no NOTIFY on its commit path.
  *
- * Two-phase commit.  At PREPARE TRANSACTION the pending counts, what it
- * did to due times, the request for a worker and the transaction's start
- * are stored in a free
+ * Two-phase commit.  At PREPARE TRANSACTION the pending counts, the
+ * request for a worker and the transaction's start are stored in a free
  * entry of OutboxShared->prepared, under its xid.  Whoever sees the
  * prepared transaction finished publishes or drops them (exactly once: the
  * process that clears the entry does it): the backend that runs COMMIT

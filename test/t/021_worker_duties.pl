@@ -1,11 +1,11 @@
 # The background worker's duties: one notification per committed decision
 # and none for a rolled-back one, few for a burst, and one when a delayed
-# command, a retry backoff or a lease becomes due; one at once for the
-# release of an ordering key's next command and for a requeue, and one
-# for a lease renewed in a transaction that outlived it; dead-lettering exactly at
+# command, a retry backoff or a lease becomes due; dead-lettering exactly at
 # the delivery limit; uncertain for a manual kind; a purge that removes only
 # what guarantee 6 allows; and counters in outbox.stats that match all of
-# it, including the notifications a listener received.
+# it, including the notifications a listener received.  Also one at once
+# for the release of an ordering key's next command and for a requeue, and
+# one for a lease renewed in a transaction that outlived it.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
