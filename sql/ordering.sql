@@ -72,14 +72,20 @@ SELECT * FROM pg_temp.claim('w');
 -- A head in backoff keeps the rest of its key waiting: blocked_keys says so.
 SELECT outbox.fail('w', pg_temp.t('a2'), 'broker down');
 SELECT * FROM pg_temp.claim('w');
-SELECT ordering_key, head_command_id, head_run_id, head_status, since > now() AS in_backoff, waiting
+-- since: when the key last moved (a1's ack), not the end of the backoff.
+SELECT ordering_key, head_command_id, head_run_id, head_status,
+	   since = (SELECT published_at FROM outbox.commands WHERE command_id = 'a1') AS since_a1_acked,
+	   waiting
   FROM outbox.blocked_keys;
 -- (the backoff ends)
 UPDATE outbox.commands SET available_at = now(), due_at = now() WHERE command_id = 'a2';
 SELECT command_id FROM pg_temp.claim('w');
 -- Dead, and requeued, the head is still the head.
 SELECT outbox.fail('w', pg_temp.t('a2'), 'bad message', fatal => true);
-SELECT ordering_key, head_command_id, head_status, waiting FROM outbox.blocked_keys;
+SELECT ordering_key, head_command_id, head_status,
+	   since = (SELECT published_at FROM outbox.commands WHERE command_id = 'a1') AS since_a1_acked,
+	   waiting
+  FROM outbox.blocked_keys;
 SELECT outbox.requeue('r1', 'a2');
 SELECT * FROM ks;
 SELECT command_id FROM pg_temp.claim('w');
@@ -113,7 +119,21 @@ SELECT * FROM pg_temp.claim('w');
 UPDATE outbox.commands
    SET status = 'uncertain', lease_until = NULL, version = version + 1, last_error = 'expired'
  WHERE command_id IN ('c1', 'b3');
-SELECT ordering_key, head_command_id, head_status, waiting FROM outbox.blocked_keys;
+-- since: a key's first command has stood still since it was decided
+SELECT ordering_key, head_command_id, head_status,
+	   since = (SELECT created_at FROM outbox.commands WHERE command_id = 'c1') AS since_decided,
+	   waiting
+  FROM outbox.blocked_keys;
+-- and so has one decided after its key's last ack (rolled back: nothing
+-- waits behind b3 afterwards)
+BEGIN;
+SELECT outbox.commit_decision('r2', 6, 'e', 'b4', 'k', '{}', ordering_key => 'B');
+SELECT ordering_key, head_command_id, head_status,
+	   since = (SELECT created_at FROM outbox.commands WHERE command_id = 'b3') AS since_decided,
+	   since > (SELECT published_at FROM outbox.commands WHERE command_id = 'b2') AS after_b2_acked,
+	   waiting
+  FROM outbox.blocked_keys WHERE ordering_key = 'B';
+ROLLBACK;
 SELECT outbox.resolve('r3', 'c1', 'retry');
 SELECT * FROM ks WHERE key = 'C';
 SELECT command_id FROM pg_temp.claim('w');
@@ -159,7 +179,10 @@ SELECT outbox.commit_decision('r5', 3, 'e', 'f3', 'k', '{}', ordering_key => 'F'
 SELECT command_id FROM pg_temp.claim('w') WHERE ordering_key = 'F';
 SELECT outbox.ack('w', pg_temp.t('f1'));
 SELECT command_id, due_at > now() AS later FROM outbox.commands WHERE command_id = 'f2';
-SELECT ordering_key, head_command_id, head_status, waiting FROM outbox.blocked_keys WHERE ordering_key = 'F';
+SELECT ordering_key, head_command_id, head_status,
+	   since = (SELECT published_at FROM outbox.commands WHERE command_id = 'f1') AS since_f1_acked,
+	   waiting
+  FROM outbox.blocked_keys WHERE ordering_key = 'F';
 
 -- The outbox as it stands breaks no rule.
 SELECT count(*) AS violations FROM outbox.check_state;

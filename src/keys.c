@@ -16,7 +16,9 @@
  * published (ack, ack_many, resolve as published) or skipped
  * (outbox.skip_head, for a dead head), the one that did it makes the next
  * command of the key claimable in the same transaction (due_at and
- * available_at become the later of its available_at and now).  A skipped
+ * available_at become the later of its available_at and now), and its
+ * commit wakes the worker as an enqueue does (OutboxDueAtCommit), so that
+ * publishers waiting on LISTEN hear of it at once.  A skipped
  * head leaves the key: its ordering_key and ordering_seq become NULL and
  * its last_error says which key it was the head of.
  *
@@ -174,8 +176,9 @@ OutboxKeyTails(text **keys, int n, int64 *last_seq, bool *busy)
  * claimable, if it waits: lock the keys, then release the next command of
  * each, in one statement (one for a single place, one for several: an
  * ack_many of heads of many keys reads each key's next command by an index
- * probe and updates them all by their ctids, as claim does).  Runs in the
- * caller's SPI connection; SPI_tuptable is not kept.
+ * probe and updates them all by their ctids, as claim does).  If any was
+ * released, the worker is woken at commit.  Runs in the caller's SPI
+ * connection; SPI_tuptable is not kept.
  */
 void
 OutboxReleaseNext(OutboxKeyPlace *places, int n)
@@ -243,6 +246,8 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 	}
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: release of the next command of an ordering key failed");
+	if (SPI_processed > 0)
+		OutboxDueAtCommit(OUTBOX_DUE_NOW);
 	pfree(keys);
 }
 

@@ -1561,6 +1561,12 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 											  SPI_tuptable->tupdesc, 1, &isnull));
 	SPI_finish();
 
+	/*
+	 * The new lease end is what the worker's due check looks for: if this
+	 * transaction outlives a look, the next one must look back to its start.
+	 */
+	OutboxDueAtCommit(OUTBOX_DUE_MOVED);
+
 	PG_RETURN_TIMESTAMPTZ(until);
 }
 

@@ -182,6 +182,7 @@ typedef struct OutboxPrepared
 	Oid			dboid;
 	TimestampTz xact_start;
 	bool		request_worker;
+	int			due;			/* OUTBOX_DUE_* of the transaction */
 	int64		counts[OBC_NUM_COUNTERS];
 } OutboxPrepared;
 
@@ -292,6 +293,10 @@ extern SPIPlanPtr OutboxCitusShardPlan(const OutboxShard *shard, const char *sql
 /* shared.c */
 extern void OutboxSharedInit(void);
 extern void OutboxCountAtCommit(OutboxCounter c, int64 n);
+/* What OutboxDueAtCommit is told a transaction did (bits). */
+#define OUTBOX_DUE_MOVED		0x01	/* wrote a due_at or lease_until */
+#define OUTBOX_DUE_NOW			0x02	/* made a command claimable now */
+extern void OutboxDueAtCommit(int what);
 extern void OutboxCountNow(OutboxCounter c, int64 n);
 extern void OutboxRequestWorkerAtCommit(void);
 extern void OutboxRequestWorker(Oid dboid);

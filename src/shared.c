@@ -20,15 +20,20 @@
  * handler) rolls back its counts are thrown away, when it is released they
  * join its parent's.  A transaction callback adds the top level's counts to
  * the shared counters when the transaction commits and throws them away
- * when it aborts, so rolled-back work is never counted.  If the committed
- * transaction enqueued commands, the callback also sets wake_pending in the
- * database's worker slot and sets the worker's latch; if it counted
- * anything and began before the slot's look_mark (where the worker's next
- * look at what is due would begin), it lowers the slot's due_floor to the
- * transaction's start, so that the look goes back far enough to see what
- * this transaction made due (its due_at and lease_until values are never
- * older than its start).  That is all a producer pays: no lock, no NOTIFY on its
- * commit path.
+ * when it aborts, so rolled-back work is never counted.  Calls that change
+ * when a command is due without counting anything say so the same way
+ * (OutboxDueAtCommit, kept per subtransaction and at PREPARE TRANSACTION
+ * like the counts): renew moved a lease_until (OUTBOX_DUE_MOVED); the
+ * release of the next command of an ordering key, requeue and resolve as
+ * retry made a command claimable now (OUTBOX_DUE_NOW).  If the committed transaction enqueued
+ * commands or made one claimable now, the callback also sets wake_pending
+ * in the database's worker slot and sets the worker's latch; if it counted
+ * anything or changed when a command is due, and began before the slot's
+ * look_mark (where the worker's next look at what is due would begin), it
+ * lowers the slot's due_floor to the transaction's start, so that the look
+ * goes back far enough to see what this transaction made due (its due_at
+ * and lease_until values are never older than its start).  That is all a
+ * producer pays: no lock, no NOTIFY on its commit path.
  *
  * Two-phase commit.  At PREPARE TRANSACTION the pending counts, the
  * request for a worker and the transaction's start are stored in a free
@@ -87,6 +92,7 @@ typedef struct ObFrame
 {
 	SubTransactionId subid;
 	bool		request_worker;
+	int			due;			/* OUTBOX_DUE_* bits */
 	int64		counts[OBC_NUM_COUNTERS];
 } ObFrame;
 
@@ -98,6 +104,7 @@ static bool ob_callbacks_registered = false;
 PG_FUNCTION_INFO_V1(outbox_stats);
 PG_FUNCTION_INFO_V1(outbox_stats_reset);
 PG_FUNCTION_INFO_V1(outbox_count_purged);
+PG_FUNCTION_INFO_V1(outbox_wake_at_commit);
 PG_FUNCTION_INFO_V1(outbox_preloaded);
 PG_FUNCTION_INFO_V1(outbox_workers);
 PG_FUNCTION_INFO_V1(outbox_request_worker);
@@ -226,6 +233,20 @@ OutboxCountAtCommit(OutboxCounter c, int64 n)
 	ob_frame()->counts[c] += n;
 }
 
+/*
+ * Tell the worker, when (and only if) the current transaction commits, that
+ * it changed when a command is due (what: OUTBOX_DUE_* bits): the due floor
+ * is lowered as for a counted call, and for OUTBOX_DUE_NOW the worker is
+ * woken as for an enqueue.
+ */
+void
+OutboxDueAtCommit(int what)
+{
+	if (OutboxShared == NULL)
+		return;
+	ob_frame()->due |= what;
+}
+
 /* Ask the launcher for a worker in this database when the transaction commits. */
 void
 OutboxRequestWorkerAtCommit(void)
@@ -291,15 +312,16 @@ OutboxRequestWorker(Oid dboid)
 
 /*
  * Publish what a committed transaction of database dboid, started at
- * start, counted: add to the counters, lower the worker's due floor, wake
- * the worker if commands were enqueued, queue a worker request.
+ * start, counted and did to due times (due): add to the counters, lower
+ * the worker's due floor, wake the worker if commands were enqueued or made
+ * claimable, queue a worker request.
  */
 static void
-ob_publish(const int64 *counts, bool request_worker, Oid dboid,
+ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		   TimestampTz start)
 {
 	OutboxWorkerSlot *slot;
-	bool		any = false;
+	bool		any = (due != 0);
 	int			i;
 
 	for (i = 0; i < OBC_NUM_COUNTERS; i++)
@@ -335,7 +357,7 @@ ob_publish(const int64 *counts, bool request_worker, Oid dboid,
 		 * worker holds a wake-up back (see outbox.notify_interval) later
 		 * commits cost one atomic exchange and no signal.
 		 */
-		if (counts[OBC_ENQUEUED] > 0 &&
+		if ((counts[OBC_ENQUEUED] > 0 || (due & OUTBOX_DUE_NOW) != 0) &&
 			pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
 		{
 			Latch	   *latch = slot->latch;
@@ -355,7 +377,7 @@ ob_publish(const int64 *counts, bool request_worker, Oid dboid,
  * committed.
  */
 static void
-ob_keep_prepared(const int64 *counts, bool request_worker)
+ob_keep_prepared(const int64 *counts, int due, bool request_worker)
 {
 	TransactionId xid = GetTopTransactionIdIfAny();
 	OutboxPrepared *e = NULL;
@@ -373,6 +395,7 @@ ob_keep_prepared(const int64 *counts, bool request_worker)
 				e->dboid = MyDatabaseId;
 				e->xact_start = GetCurrentTransactionStartTimestamp();
 				e->request_worker = request_worker;
+				e->due = due;
 				memcpy(e->counts, counts, sizeof(e->counts));
 				pg_atomic_fetch_add_u32(&OutboxShared->nprepared, 1);
 				break;
@@ -381,7 +404,7 @@ ob_keep_prepared(const int64 *counts, bool request_worker)
 		LWLockRelease(OutboxShared->lock);
 	}
 	if (e == NULL)
-		ob_publish(counts, request_worker, MyDatabaseId,
+		ob_publish(counts, due, request_worker, MyDatabaseId,
 				   GetCurrentTransactionStartTimestamp());
 }
 
@@ -430,7 +453,7 @@ OutboxResolvePrepared(void)
 		LWLockRelease(OutboxShared->lock);
 
 		if (committed)
-			ob_publish(copy.counts, copy.request_worker, copy.dboid,
+			ob_publish(copy.counts, copy.due, copy.request_worker, copy.dboid,
 					   copy.xact_start);
 	}
 }
@@ -475,6 +498,7 @@ ob_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 				for (i = 0; i < OBC_NUM_COUNTERS; i++)
 					parent->counts[i] += top->counts[i];
 				parent->request_worker |= top->request_worker;
+				parent->due |= top->due;
 				ob_nframes--;
 			}
 			else
@@ -497,6 +521,7 @@ ob_xact_callback(XactEvent event, void *arg)
 {
 	int64		counts[OBC_NUM_COUNTERS];
 	bool		request_worker = false;
+	int			due = 0;
 	int			i;
 	int			f;
 
@@ -523,14 +548,15 @@ ob_xact_callback(XactEvent event, void *arg)
 		for (i = 0; i < OBC_NUM_COUNTERS; i++)
 			counts[i] += ob_frames[f].counts[i];
 		request_worker |= ob_frames[f].request_worker;
+		due |= ob_frames[f].due;
 	}
 	ob_nframes = 0;
 	if (OutboxShared == NULL)
 		return;
 	if (event == XACT_EVENT_PREPARE)
-		ob_keep_prepared(counts, request_worker);
+		ob_keep_prepared(counts, due, request_worker);
 	else
-		ob_publish(counts, request_worker, MyDatabaseId,
+		ob_publish(counts, due, request_worker, MyDatabaseId,
 				   GetCurrentTransactionStartTimestamp());
 }
 
@@ -658,6 +684,18 @@ outbox_count_purged(PG_FUNCTION_ARGS)
 	n = PG_GETARG_INT32(0);
 	if (n > 0)
 		OutboxCountAtCommit(OBC_PURGED, n);
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox._wake_at_commit(): the calling transaction made a command
+ * claimable now (requeue, resolve as retry): when it commits, wake the
+ * worker as an enqueue does.
+ */
+Datum
+outbox_wake_at_commit(PG_FUNCTION_ARGS)
+{
+	OutboxDueAtCommit(OUTBOX_DUE_NOW);
 	PG_RETURN_VOID();
 }
 

@@ -92,6 +92,8 @@ BEGIN
 		   due_at = now_ts,
 		   version = c.version OPERATOR(pg_catalog.+) 1
 	 WHERE c.command_id OPERATOR(pg_catalog.=) requeue.command_id;
+	-- Claimable now: the commit wakes the worker, which notifies publishers.
+	PERFORM @extschema@._wake_at_commit();
 END;
 $$;
 COMMENT ON FUNCTION @extschema@.requeue(pg_catalog.text, pg_catalog.text)
@@ -144,9 +146,12 @@ BEGIN
 							 ELSE c.last_error END,
 		   version = c.version OPERATOR(pg_catalog.+) 1
 	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id;
-	-- A published head of an ordering key releases the next command.
+	-- A published head of an ordering key releases the next command (and
+	-- the commit wakes the worker); a retry is claimable now, likewise.
 	IF resolution OPERATOR(pg_catalog.=) 'published' AND okey IS NOT NULL THEN
 		PERFORM @extschema@._release_key(okey, oseq);
+	ELSIF resolution OPERATOR(pg_catalog.=) 'retry' THEN
+		PERFORM @extschema@._wake_at_commit();
 	END IF;
 END;
 $$;

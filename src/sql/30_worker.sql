@@ -57,6 +57,15 @@ AS 'MODULE_PATHNAME', 'outbox_count_purged';
 COMMENT ON FUNCTION @extschema@._count_purged(pg_catalog.int4)
 	IS 'add n to outbox.stats.purged when the calling transaction commits';
 
+-- Called by outbox.requeue() and outbox.resolve() (part 20), which make a
+-- command claimable now: its commit wakes the worker, as an enqueue does.
+CREATE FUNCTION @extschema@._wake_at_commit()
+RETURNS void
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'outbox_wake_at_commit';
+COMMENT ON FUNCTION @extschema@._wake_at_commit()
+	IS 'wake the background worker (and so the listening publishers) when the calling transaction commits';
+
 -- The background workers, one row per slot in use (every database).
 CREATE FUNCTION @extschema@._workers(
 	OUT dboid pg_catalog.oid,
@@ -112,6 +121,7 @@ REVOKE ALL ON FUNCTION
 	@extschema@._stats(),
 	@extschema@.stats_reset(),
 	@extschema@._count_purged(pg_catalog.int4),
+	@extschema@._wake_at_commit(),
 	@extschema@._workers(),
 	@extschema@._request_worker()
 	FROM PUBLIC;

@@ -353,16 +353,25 @@ COMMENT ON VIEW @extschema@.dead_letters
 -- command waiting behind it.  The head cannot be claimed while it is in a
 -- retry's backoff or has a not-before time to come (pending, due later),
 -- while its kind is paused, while it is leased (sending), and once it is
--- dead or uncertain.  since is the head's available_at: when it became the
--- head or was last made available (by its not_before, a retry, a requeue),
--- for a head in backoff the end of the backoff.  A key holding a head
--- that may be claimed now is not listed: it is moving.  One pass over the
--- unfinished commands with a key (the published history is not read),
--- and a probe of commands_key_idx for each key's first place.
+-- dead or uncertain.  since is when the key last moved: when its previous
+-- command was published (the published_at of the key's command just
+-- before the head), or the head's created_at if that is later (or the key
+-- has no earlier command left: a key's first command, or the earlier ones
+-- purged).  A head skipped by skip_head left the key and does not count.
+-- Read from what the calls write already (nothing is written for it).  A
+-- key holding a head that may be claimed now is not listed: it is moving.
+-- One pass over the unfinished commands with a key (the published history
+-- is not read), and two probes of commands_key_idx for each blocked key:
+-- its first place and the place before it.
 CREATE VIEW @extschema@.blocked_keys WITH (security_barrier) AS
 SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_command_id,
 	   h.run_id AS head_run_id, h.status::pg_catalog.text AS head_status,
-	   h.available_at AS since, w.waiting
+	   GREATEST(h.created_at,
+			(SELECT p.published_at FROM @extschema@.commands p
+			  WHERE p.ordering_key OPERATOR(pg_catalog.=) w.ordering_key
+				AND p.ordering_seq OPERATOR(pg_catalog.<) w.first
+			  ORDER BY p.ordering_seq DESC LIMIT 1)) AS since,
+	   w.waiting
   FROM (SELECT k.ordering_key, pg_catalog.min(k.ordering_seq) AS first,
 			   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
 										   AND k.due_at IS NULL) AS waiting

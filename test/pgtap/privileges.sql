@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(166);
+SELECT plan(168);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -141,6 +141,9 @@ INSERT INTO expected VALUES
 	('outbox._count_purged(integer)',
 	 'function', '{}', false,
 	 $$SELECT outbox._count_purged(0)$$),
+	('outbox._wake_at_commit()',
+	 'function', '{}', false,
+	 $$SELECT outbox._wake_at_commit()$$),
 	('outbox._request_worker()',
 	 'function', '{}', false,
 	 $$SELECT outbox._request_worker()$$),

@@ -3,7 +3,9 @@
 # command, a retry backoff or a lease becomes due; dead-lettering exactly at
 # the delivery limit; uncertain for a manual kind; a purge that removes only
 # what guarantee 6 allows; and counters in outbox.stats that match all of
-# it, including the notifications a listener received.
+# it, including the notifications a listener received.  Also one at once
+# for the release of an ordering key's next command and for a requeue, and
+# one for a lease renewed in a transaction that outlived it.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -172,6 +174,95 @@ $exp{taken_over}++;
 
 # Settle the leases of this part, so that none expires later on.
 sql(q{SELECT outbox.ack('p', token) FROM held WHERE command_id IN ('later', 'retry', 'lapse')});
+$exp{acked} += 3;
+
+# --- what a renew, the release of an ordering key's next command and a
+# --- requeue make due -----------------------------------------------------------
+# A renew moves the lease's end, which the due check looks for.  Renewed
+# in a transaction that outlives both the new lease and a look of the due
+# check, the lease is announced all the same once the transaction commits
+# (the next look goes back to the transaction's start).
+sql(q{CREATE TABLE woken AS SELECT * FROM outbox.claim('p', 10, NULL, ARRAY['none']);
+	SELECT outbox.commit_decision('run-4', 1, 'e', 'rn', 'renewed', '{}')});
+$exp{enqueued}++;
+wait_notification(30);
+is(sql(q{WITH c AS (INSERT INTO woken SELECT * FROM outbox.claim('p', 10, interval '1 hour', ARRAY['renewed']) RETURNING 1)
+	SELECT count(*) FROM c}), '1', 'a command is leased for an hour');
+$exp{claimed}++;
+drain();
+sql(q{BEGIN;
+	SELECT outbox.renew('p', token, interval '1 s') FROM woken WHERE command_id = 'rn';
+	SELECT pg_sleep(2.5);
+	COMMIT});
+ok(wait_notification(10) >= 1,
+	'a lease renewed in a transaction that outlived it is announced when the transaction commits');
+is(sql(q{WITH c AS (INSERT INTO woken SELECT * FROM outbox.claim('p2', 10, NULL, ARRAY['renewed']) RETURNING deliveries)
+	SELECT deliveries FROM c}), '2', 'and the command is taken over');
+$exp{claimed}++;
+$exp{taken_over}++;
+
+# The commit that releases the next command of an ordering key, or
+# requeues one, wakes the worker at once, as an enqueue does.  The due
+# check would announce the command too, and it runs at least every 500 ms
+# whatever the nap; so here it is kept from running: another session
+# queues for (and then holds) ACCESS EXCLUSIVE on outbox.commands, and the
+# due check, which takes its lock without waiting, skips its turns.  Only
+# the commit's own wake-up can announce the command then.  Returns the
+# notifications heard within 10 s of the commit of $do.
+sub heard_while_due_check_held
+{
+	my ($do) = @_;
+	my $actor = $node->background_psql('postgres');
+	my $blocker = $node->background_psql('postgres');
+	$actor->query_safe("BEGIN; $do");
+	$blocker->query_safe('BEGIN');
+	$blocker->query_until(qr/queued/,
+		"\\echo queued\nLOCK TABLE outbox.commands IN ACCESS EXCLUSIVE MODE;\n");
+	$node->poll_query_until('postgres', q{SELECT count(*) = 1 FROM pg_locks
+		WHERE relation = 'outbox.commands'::regclass AND mode = 'AccessExclusiveLock' AND NOT granted})
+	  or die 'the lock was never asked for';
+	listen_query('SELECT pg_sleep(1)');	# a look already under way has ended
+	drain();
+	$actor->query_safe('COMMIT');
+	my $n = wait_notification(10);
+	is(sql(q{SELECT count(*) FROM pg_locks
+		WHERE relation = 'outbox.commands'::regclass AND mode = 'AccessExclusiveLock' AND granted}),
+		'1', 'the due check was held off all along');
+	$blocker->query_safe('ROLLBACK');
+	$actor->quit;
+	$blocker->quit;
+	return $n;
+}
+
+sql(q{SELECT outbox.commit_decision('run-4', 2, 'e', 'o-1', 'ordered', '{}', ordering_key => 'K4');
+	SELECT outbox.commit_decision('run-4', 3, 'e', 'o-2', 'ordered', '{}', ordering_key => 'K4')});
+$exp{enqueued} += 2;
+wait_notification(30);
+is(sql(q{WITH c AS (INSERT INTO woken SELECT * FROM outbox.claim('p', 10, NULL, ARRAY['ordered']) RETURNING command_id)
+	SELECT string_agg(command_id, ' ') FROM c}), 'o-1', 'only the head of the key is claimed');
+$exp{claimed}++;
+ok(heard_while_due_check_held(q{SELECT outbox.ack('p', token) FROM woken WHERE command_id = 'o-1'}) >= 1,
+	'the ack that releases the next command of its key wakes the listening publishers');
+$exp{acked}++;
+is(sql(q{WITH c AS (INSERT INTO woken SELECT * FROM outbox.claim('p', 10, NULL, ARRAY['ordered']) RETURNING command_id)
+	SELECT string_agg(command_id, ' ') FROM c}), 'o-2', 'which then claim it');
+$exp{claimed}++;
+
+sql(q{SELECT outbox.commit_decision('run-4', 4, 'e', 'rq', 'requeued', '{}')});
+$exp{enqueued}++;
+wait_notification(30);
+is(sql(q{SELECT outbox.fail('p', token, 'rejected', fatal => true)
+	FROM outbox.claim('p', 10, NULL, ARRAY['requeued'])}), 'dead', 'a command goes to dead');
+$exp{claimed}++;
+$exp{failed}++;
+$exp{dead_lettered}++;
+ok(heard_while_due_check_held(q{SELECT outbox.requeue('run-4', 'rq')}) >= 1,
+	'its requeue wakes the listening publishers');
+is(sql(q{WITH c AS (INSERT INTO woken SELECT * FROM outbox.claim('p', 10, NULL, ARRAY['requeued']) RETURNING command_id)
+	SELECT string_agg(command_id, ' ') FROM c}), 'rq', 'which then claim it');
+$exp{claimed}++;
+sql(q{SELECT outbox.ack('p2', token) FROM woken WHERE command_id = 'rn' AND deliveries = 2;
+	SELECT outbox.ack('p', token) FROM woken WHERE command_id IN ('o-2', 'rq')});
 $exp{acked} += 3;
 set_naptime('200ms');
 
