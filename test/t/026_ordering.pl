@@ -295,3 +295,163 @@ if (!$keyed)
 	done_testing();
 	exit;
 }
+
+# ---------------------------------------------------------------------------
+# Helpers of parts 2 and 3: one publisher "t" whose tokens are kept in toks
+# ---------------------------------------------------------------------------
+sq(q{CREATE TABLE toks (command_id text PRIMARY KEY, token text)});
+
+# Claim up to 10 commands of the kinds; "command_id key" of each, sorted.
+sub claim
+{
+	my ($kinds, $lease) = @_;
+	$lease //= '1 minute';
+	return sq(qq{
+		WITH c AS (SELECT * FROM outbox.claim('t', 10, interval '$lease', '{$kinds}')),
+			 k AS (INSERT INTO toks SELECT command_id, token FROM c)
+		SELECT coalesce(string_agg(command_id || ' ' || coalesce(ordering_key, '-'), ',' ORDER BY command_id), '')
+		  FROM c});
+}
+
+# Ack commands held by t; how many were acked.
+sub ack
+{
+	my $ids = join(',', map { "'$_'" } @_);
+	return sq(qq{
+		WITH a AS (SELECT * FROM outbox.ack_many('t', ARRAY(SELECT token FROM toks WHERE command_id IN ($ids)))),
+			 d AS (DELETE FROM toks WHERE command_id IN ($ids))
+		SELECT count(*) FILTER (WHERE acked) FROM a});
+}
+
+# Fail a command held by t; its new status.
+sub fail
+{
+	my ($id, $fatal) = @_;
+	return sq(qq{SELECT outbox.fail('t', (SELECT token FROM toks WHERE command_id = '$id'), 'broken', $fatal);
+				 DELETE FROM toks WHERE command_id = '$id'});
+}
+
+# Claim and ack until a claim finds nothing: the batches' command ids,
+# "a,b | c".
+sub drain
+{
+	my ($kinds) = @_;
+	my @batches;
+	for (1 .. 100)
+	{
+		my $got = claim($kinds);
+		last if $got eq '';
+		my @ids = map { (split / /)[0] } split /,/, $got;
+		ack(@ids);
+		push @batches, join(',', @ids);
+	}
+	return join(' | ', @batches);
+}
+
+# The rows of outbox.blocked_keys.
+sub blocked
+{
+	return sq(q{SELECT coalesce(string_agg(concat_ws(' ', ordering_key, head_command_id, head_run_id, head_status,
+													 waiting, since IS NOT NULL), ',' ORDER BY ordering_key), '')
+				  FROM outbox.blocked_keys});
+}
+
+# An error with its SQLSTATE, for a statement that must fail.
+sub error_of
+{
+	my ($sql) = @_;
+	my ($out, $err);
+	my $rc = $node->psql('postgres', "\\set VERBOSITY verbose\n$sql", stdout => \$out, stderr => \$err);
+	return $rc == 0 ? 'no error' : ($err =~ /ERROR:  ([0-9A-Z]{5}): (.*)/ ? "$1: $2" : $err);
+}
+
+# ---------------------------------------------------------------------------
+# 2. A dead head blocks only its key; blocked_keys; skip_head; requeue and
+#    resolve release the next
+# ---------------------------------------------------------------------------
+sq(q{
+	SELECT outbox.set_policy('dk', max_deliveries => 1);
+	SELECT outbox.set_policy('bk', max_deliveries => 5, backoff_base => '1 hour', backoff_max => '1 hour');
+	SELECT outbox.set_policy('mk', takeover => 'manual');
+	SELECT outbox.commit_decision('dr-1', s, 'decided', 'dk-' || s, 'dk', '{}', ordering_key => 'dead-key')
+	  FROM generate_series(1, 4) s;
+	-- live-key: two runs taking turns
+	SELECT outbox.commit_decision(CASE WHEN s % 2 = 1 THEN 'lr-1' ELSE 'lr-2' END, (s + 1) / 2, 'decided',
+								  'lk-' || s, 'dk', '{}', ordering_key => 'live-key')
+	  FROM generate_series(1, 4) s;
+});
+is(claim('dk'), 'dk-1 dead-key,lk-1 live-key', 'dead head: the claim hands out the head of each key only');
+is(fail('dk-1', 'true'), 'dead', 'dead head: dk-1 fails for good');
+is(ack('lk-1'), '1', 'dead head: lk-1 acked');
+is(drain('dk'), 'lk-2 | lk-3 | lk-4', 'dead head: the other key drains in order, one at a time');
+is(sq(q{SELECT string_agg(command_id || ' ' || status || ' ' || deliveries, ',' ORDER BY command_id)
+		  FROM outbox.commands WHERE command_id IN ('dk-2', 'dk-3', 'dk-4')}),
+	'dk-2 pending 0,dk-3 pending 0,dk-4 pending 0', 'dead head: the rest of its key waits, never delivered');
+is(blocked(), 'dead-key dk-1 dr-1 dead 3 t', 'blocked_keys: the key, its dead head, since when, 3 waiting');
+like(error_of(q{SELECT outbox.skip_head('live-key')}), qr/^[0-9A-Z]{5}: /,
+	'skip_head of a key without a dead head: an error with a SQLSTATE');
+like(error_of(q{SELECT outbox.skip_head('no-such-key')}), qr/^[0-9A-Z]{5}: /,
+	'skip_head of an unknown key: an error with a SQLSTATE');
+like(error_of(q{SELECT outbox.skip_head(NULL)}), qr/^[0-9A-Z]{5}: /, 'skip_head(NULL): an error with a SQLSTATE');
+is(blocked(), 'dead-key dk-1 dr-1 dead 3 t', 'the refused calls changed nothing');
+is(sq(q{SELECT outbox.skip_head('dead-key')}), 'dk-1', 'skip_head returns the skipped head');
+is(blocked(), '', 'the key is no longer blocked');
+is(drain('dk'), 'dk-2 | dk-3 | dk-4', 'after skip_head the key drains in order');
+is(sq(q{SELECT status FROM outbox.commands WHERE command_id = 'dk-1'}), 'dead', 'the skipped head stays dead');
+
+# A head in retry backoff holds its key; skip_head refuses it.
+sq(q{SELECT outbox.commit_decision('br', s, 'decided', 'bk-' || s, 'bk', '{}', ordering_key => 'slow-key')
+	   FROM generate_series(1, 3) s});
+is(claim('bk'), 'bk-1 slow-key', 'backoff: the head is claimed');
+is(fail('bk-1', 'false'), 'pending', 'backoff: the head fails, to retry in an hour');
+is(claim('bk'), '', 'backoff: nothing of the key is claimable meanwhile');
+is(blocked(), 'slow-key bk-1 br pending 2 t', 'blocked_keys: the head in backoff, 2 waiting');
+like(error_of(q{SELECT outbox.skip_head('slow-key')}), qr/^[0-9A-Z]{5}: /, 'skip_head refuses a head that is not dead');
+is(blocked(), 'slow-key bk-1 br pending 2 t', 'skip_head changed nothing');
+
+# requeue of a dead head: the head goes again, then the next.
+sq(q{SELECT outbox.commit_decision('rqr', s, 'decided', 'rq-' || s, 'dk', '{}', ordering_key => 'rq-key')
+	   FROM generate_series(1, 2) s});
+is(claim('dk'), 'rq-1 rq-key', 'requeue: the head is claimed');
+is(fail('rq-1', 'true'), 'dead', 'requeue: the head dies');
+sq(q{SELECT outbox.requeue('rqr', 'rq-1')});
+is(drain('dk'), 'rq-1 | rq-2', 'requeue: the requeued head is delivered, then the next');
+
+# resolve of an uncertain head as published releases the next.
+sq(q{SELECT outbox.commit_decision('mr', s, 'decided', 'mk-' || s, 'mk', '{}', ordering_key => 'mk-key')
+	   FROM generate_series(1, 2) s});
+is(claim('mk', '0.3 s'), 'mk-1 mk-key', 'resolve: the head is claimed with a short lease');
+ok($node->poll_query_until('postgres', q{SELECT lease_until < clock_timestamp() FROM outbox.commands WHERE command_id = 'mk-1'}),
+	'resolve: the lease ends');
+sq(q{SELECT outbox.sweep()});
+ok($node->poll_query_until('postgres', q{SELECT status = 'uncertain' FROM outbox.commands WHERE command_id = 'mk-1'}),
+	'resolve: the head is uncertain (manual takeover)');
+is(claim('mk'), '', 'resolve: nothing of the key is claimable while its head is uncertain');
+is(blocked(), 'mk-key mk-1 mr uncertain 1 t,slow-key bk-1 br pending 2 t', 'blocked_keys: the uncertain head, 1 waiting');
+sq(q{SELECT outbox.resolve('mr', 'mk-1', 'published')});
+is(drain('mk'), 'mk-2', 'resolve as published releases the next');
+
+# ---------------------------------------------------------------------------
+# 3. ordered_by_run
+# ---------------------------------------------------------------------------
+sq(q{
+	SELECT outbox.set_policy('rb', ordered_by_run => true);
+	SELECT outbox.commit_decision(r, s, 'decided', replace(r, 'rb-', 'rb') || '-' || s, 'rb', '{}')
+	  FROM unnest(ARRAY['rb-a', 'rb-b']) r, generate_series(1, 3) s;
+	SELECT outbox.commit_decision('rb-a', s, 'decided', 'rca-' || s, 'rc', '{}') FROM generate_series(4, 5) s;
+	SELECT outbox.commit_decision('rb-c', s, 'decided', 'rbx-' || s, 'rb', '{}', ordering_key => 'explicit')
+	  FROM generate_series(1, 2) s;
+});
+is(sq(q{SELECT string_agg(command_id || '=' || coalesce(ordering_key, '-'), ',' ORDER BY command_id)
+		  FROM outbox.commands WHERE kind IN ('rb', 'rc')}),
+	'rba-1=rb-a,rba-2=rb-a,rba-3=rb-a,rbb-1=rb-b,rbb-2=rb-b,rbb-3=rb-b,rbx-1=explicit,rbx-2=explicit,rca-4=-,rca-5=-',
+	'ordered_by_run: the kind\'s commands without a key are keyed by run_id; an explicit key stays; other kinds unordered');
+is(claim('rb,rc'), 'rba-1 rb-a,rbb-1 rb-b,rbx-1 explicit,rca-4 -,rca-5 -',
+	'ordered_by_run: one head per run, the unordered kind all at once');
+ack('rba-1', 'rbb-1', 'rbx-1', 'rca-4', 'rca-5');
+is(drain('rb'), 'rba-2,rbb-2,rbx-2 | rba-3,rbb-3', 'ordered_by_run: each run in seq order');
+
+conservation_clean($node, 'at the end');
+
+$node->stop;
+done_testing();
