@@ -122,8 +122,10 @@ if [ -z "$ONLY" ] || [ "$ONLY" = throughput ]; then
 	echo "throughput: $KEYS keys x $PER_KEY commands, $PUBLISHERS relays (stdout), batch $B, median of $REPEATS (commands/s)"
 	declare -a UN OR
 	for _ in $(seq "$REPEATS"); do
-		UN+=("$(relay_run 0)")
-		OR+=("$(relay_run 1)")
+		r=$(relay_run 0) || exit 1
+		UN+=("$r")
+		r=$(relay_run 1) || exit 1
+		OR+=("$r")
 	done
 	un=$(printf '%s\n' "${UN[@]}" | median)
 	or=$(printf '%s\n' "${OR[@]}" | median)
@@ -148,11 +150,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = latency ]; then
 	echo
 	echo "claim latency: batch $B, $PUBLISHERS clients, ${LAT_SECS}s each (ms per claim transaction)"
 	load "$HEADS" 1 1 || exit 1
-	read -r n1 p50a p99a <<<"$(claim_lat)"
+	r=$(claim_lat) || exit 1
+	read -r n1 p50a p99a <<<"$r"
 	printf '  %7d commands (%d heads, none waiting)      p50 %7s  p99 %7s  (%d claims)\n' \
 		"$HEADS" "$HEADS" "$p50a" "$p99a" "$n1"
 	load "$HEADS" $((WAITING + 1)) 1 || exit 1
-	read -r n2 p50b p99b <<<"$(claim_lat)"
+	r=$(claim_lat) || exit 1
+	read -r n2 p50b p99b <<<"$r"
 	printf '  %7d commands (%d heads, %d waiting)  p50 %7s  p99 %7s  (%d claims)\n' \
 		"$((HEADS * (WAITING + 1)))" "$HEADS" "$((HEADS * WAITING))" "$p50b" "$p99b" "$n2"
 	echo "  p50 with the waiting commands / without: $(ratio "$p50b" "$p50a")"
@@ -174,9 +178,11 @@ if [ -z "$ONLY" ] || [ "$ONLY" = hot ]; then
 	declare -a BASE HOTK
 	for _ in $(seq "$REPEATS"); do
 		load 1 "$HOT" 0 || exit 1
-		BASE+=("$(hot_run 1 1)")
+		r=$(hot_run 1 1) || exit 1
+		BASE+=("$r")
 		load 1 "$HOT" 1 || exit 1
-		HOTK+=("$(hot_run "$PUBLISHERS" "$B")")
+		r=$(hot_run "$PUBLISHERS" "$B") || exit 1
+		HOTK+=("$r")
 	done
 	base=$(printf '%s\n' "${BASE[@]}" | median)
 	hot=$(printf '%s\n' "${HOTK[@]}" | median)
