@@ -17,7 +17,7 @@ $(error no default_version in outbox.control)
 endif
 
 MODULE_big = outbox
-OBJS = src/outbox.o src/args.o src/authz.o src/plans.o src/producer.o src/lease.o src/siphash.o src/consumer.o src/shared.o src/bgw.o src/launcher.o src/worker.o src/duties.o src/upkeep.o
+OBJS = src/outbox.o src/args.o src/authz.o src/plans.o src/producer.o src/lease.o src/siphash.o src/keys.o src/consumer.o src/shared.o src/bgw.o src/launcher.o src/worker.o src/duties.o src/upkeep.o
 
 # The install script is assembled from the parts in src/sql/, in name order.
 # The update script from each released version FROM is assembled from the

@@ -21,6 +21,10 @@
  * backend), and any other one resets it too, which covers DROP and CREATE
  * EXTENSION.
  *
+ * OutboxOrderedByRun tells the producer whether a kind's commands are
+ * ordered by run (policies.ordered_by_run), from the ordered kinds read
+ * once and kept until the same invalidation.
+ *
  * Locking: none (catalog caches only).
  *
  *-------------------------------------------------------------------------
@@ -37,6 +41,7 @@
 #include "utils/builtins.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 
 #include "outbox.h"
 
@@ -57,11 +62,21 @@ typedef enum AzDeciders
 static AzDeciders az_deciders = AZ_DECIDERS_UNKNOWN;
 static bool az_callback_registered = false;
 
-/* Relcache invalidation callback: forget what was known of the deciders. */
+/*
+ * The kinds ordered by run (policies.ordered_by_run), sorted byte by byte,
+ * in TopMemoryContext; valid while az_ordered_known.
+ */
+static bool az_ordered_known = false;
+static int	az_n_ordered = 0;
+static text **az_ordered = NULL;
+static SPIPlanPtr plan_ordered = NULL;
+
+/* Relcache invalidation callback: forget what was known of the policies. */
 static void
 az_forget_deciders(Datum arg, Oid relid)
 {
 	az_deciders = AZ_DECIDERS_UNKNOWN;
+	az_ordered_known = false;
 }
 
 /*
@@ -188,6 +203,66 @@ OutboxAnyDeciders(void)
 			? AZ_DECIDERS_SOME : AZ_DECIDERS_NONE;
 	}
 	return az_deciders == AZ_DECIDERS_SOME;
+}
+
+/* bsearch comparator of two text pointers (OutboxCompareIds). */
+static int
+az_cmp_kind(const void *a, const void *b)
+{
+	return OutboxCompareIds(*(text *const *) a, *(text *const *) b);
+}
+
+/*
+ * Whether the policy of kind orders its commands by run (a command decided
+ * without an ordering key gets its run_id as key).  The ordered kinds are
+ * read once and kept like the deciders (OutboxAnyDeciders); while no kind
+ * is ordered, the answer costs no look-up.  Runs in the caller's SPI
+ * connection.
+ */
+bool
+OutboxOrderedByRun(text *kind)
+{
+	if (!az_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(az_forget_deciders, (Datum) 0);
+		az_callback_registered = true;
+	}
+	AcceptInvalidationMessages();
+	if (!az_ordered_known)
+	{
+		MemoryContext old;
+		uint64		i;
+
+		if (OutboxExecute(OutboxPrepare(&plan_ordered,
+										"SELECT p.kind FROM outbox.policies p"
+										" WHERE p.ordered_by_run ORDER BY p.kind",
+										0, NULL),
+						  NULL, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "outbox: lookup of the kinds ordered by run failed");
+		if (az_ordered != NULL)
+		{
+			for (i = 0; i < (uint64) az_n_ordered; i++)
+				pfree(az_ordered[i]);
+			pfree(az_ordered);
+			az_ordered = NULL;
+		}
+		old = MemoryContextSwitchTo(TopMemoryContext);
+		az_n_ordered = (int) SPI_processed;
+		if (az_n_ordered > 0)
+			az_ordered = palloc(sizeof(text *) * az_n_ordered);
+		for (i = 0; i < SPI_processed; i++)
+		{
+			bool		isnull;
+
+			az_ordered[i] = DatumGetTextPCopy(SPI_getbinval(SPI_tuptable->vals[i],
+															SPI_tuptable->tupdesc, 1, &isnull));
+		}
+		MemoryContextSwitchTo(old);
+		az_ordered_known = true;
+	}
+	if (az_n_ordered == 0)
+		return false;
+	return bsearch(&kind, az_ordered, az_n_ordered, sizeof(text *), az_cmp_kind) != NULL;
 }
 
 /*

@@ -535,7 +535,7 @@ le_raise_not_owned(text *worker, const LeToken *tok)
 }
 
 /* A row a claim leased (its RETURNING columns, deformed once), in claim order. */
-#define LE_CLAIM_COLS 14		/* 10 lease columns (a NULL in the token's
+#define LE_CLAIM_COLS 15		/* 11 lease columns (a NULL in the token's
 								 * place), takeover, priority, available_at,
 								 * created_at */
 #define LE_CLAIM_TOKEN 5		/* where the token goes */
@@ -707,7 +707,7 @@ le_any_expired(TimestampTz now)
 	"       deliveries = t.deliveries OPERATOR(pg_catalog.+) 1" \
 	" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (" tids ")" \
 	" RETURNING t.command_id, t.run_id, t.seq, t.kind, t.payload, NULL::pg_catalog.text," \
-	"           t.version, t.deliveries, t.lease_until, t.headers, " takeover "," \
+	"           t.version, t.deliveries, t.lease_until, t.headers, t.ordering_key, " takeover "," \
 	"           t.priority, t.available_at, t.created_at"
 
 /*
@@ -839,10 +839,10 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 		LeClaimed  *c = &order[i];
 
 		heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, c->values, c->isnull);
-		c->takeover = DatumGetBool(c->values[10]);
-		c->priority = DatumGetInt32(c->values[11]);
-		c->available_at = DatumGetTimestampTz(c->values[12]);
-		c->created_at = DatumGetTimestampTz(c->values[13]);
+		c->takeover = DatumGetBool(c->values[11]);
+		c->priority = DatumGetInt32(c->values[12]);
+		c->available_at = DatumGetTimestampTz(c->values[13]);
+		c->created_at = DatumGetTimestampTz(c->values[14]);
 		c->values[LE_CLAIM_TOKEN] =
 			PointerGetDatum(le_make_token(key,
 										  DatumGetTextPP(c->values[1]),
@@ -854,7 +854,7 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 			takeovers++;
 	}
 	qsort(order, SPI_processed, sizeof(LeClaimed), le_cmp_claimed);
-	/* the result type has the first 10 columns */
+	/* the result type has the first 11 columns */
 	for (i = 0; i < SPI_processed; i++)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, order[i].values, order[i].isnull);
 	OutboxCountAtCommit(OBC_CLAIMED, (int64) SPI_processed);
@@ -881,6 +881,8 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 	LeToken		tok;
 	Datum		args[5];
 	int			ret;
+	bool		isnull;
+	Datum		key;
 
 	if (!le_arg_token(fcinfo, 1, &tok))
 		le_raise_not_owned(worker, NULL);
@@ -900,13 +902,25 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 									  "   AND version OPERATOR(pg_catalog.=) $2"
 									  "   AND run_id OPERATOR(pg_catalog.=) $3"
 									  "   AND owner OPERATOR(pg_catalog.=) $4"
-									  "   AND " LE_SENDING(""),
+									  "   AND " LE_SENDING("")
+									  " RETURNING ordering_key, ordering_seq",
 									  5, argtypes),
 						args, NULL, false, 0);
-	if (ret != SPI_OK_UPDATE)
+	if (ret != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "outbox: ack failed: %s", SPI_result_code_string(ret));
 	if (SPI_processed != 1)
 		le_raise_not_owned(worker, &tok);
+	/* The head of an ordering key releases the next command (src/keys.c). */
+	key = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+	{
+		OutboxKeyPlace place;
+
+		place.key = DatumGetTextPCopy(key);
+		place.seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+												SPI_tuptable->tupdesc, 2, &isnull));
+		OutboxReleaseNext(&place, 1);
+	}
 	SPI_finish();
 
 	OutboxCountAtCommit(OBC_ACKED, 1);
@@ -1018,6 +1032,8 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 	int			ret;
 	uint64		nacked = 0;
 	LeTaken    *taken;
+	OutboxKeyPlace *places;
+	int			nplaces = 0;
 	int64		nok = 0;
 	const unsigned char *key;
 	TimestampTz now = GetCurrentTimestamp();
@@ -1077,6 +1093,7 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 	ids = palloc(sizeof(Datum) * (nheld + 1));
 	versions = palloc(sizeof(Datum) * (nheld + 1));
 	runs = palloc(sizeof(Datum) * (nheld + 1));
+	places = palloc(sizeof(OutboxKeyPlace) * (nheld + 1));
 	args[0] = PointerGetDatum(worker);
 	args[4] = TimestampTzGetDatum(now);
 	for (g = 0; g < nheld;)
@@ -1109,7 +1126,8 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 											  "   AND t.run_id OPERATOR(pg_catalog.=) ANY ($4)"
 											  "   AND t.owner OPERATOR(pg_catalog.=) $1"
 											  "   AND " LE_SENDING("t.")
-											  " RETURNING t.command_id, t.run_id, t.version",
+											  " RETURNING t.command_id, t.run_id, t.version,"
+											  "           t.ordering_key, t.ordering_seq",
 											  5, small_types),
 								args, NULL, false, 0);
 		}
@@ -1129,7 +1147,8 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 													  "   AND t.run_id OPERATOR(pg_catalog.=) k.run_id"
 													  "   AND t.owner OPERATOR(pg_catalog.=) $1"
 													  "   AND " LE_SENDING("t.")
-													  " RETURNING t.command_id, t.run_id, t.version",
+													  " RETURNING t.command_id, t.run_id, t.version,"
+													  "           t.ordering_key, t.ordering_seq",
 													  5, join_types),
 									  args, NULL, false, 0);
 		}
@@ -1140,16 +1159,27 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 			HeapTuple	tup = SPI_tuptable->vals[j];
 			TupleDesc	desc = SPI_tuptable->tupdesc;
 			bool		isnull;
+			Datum		key;
 
 			taken[nacked].command_id = DatumGetTextPP(SPI_getbinval(tup, desc, 1, &isnull));
 			taken[nacked].run_id = SPI_getbinval(tup, desc, 2, &isnull);
 			taken[nacked].version = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull)) - 1;
 			taken[nacked].used = false;
 			nacked++;
+			key = SPI_getbinval(tup, desc, 4, &isnull);
+			if (!isnull)
+			{
+				places[nplaces].key = DatumGetTextPP(key);
+				places[nplaces].seq = DatumGetInt64(SPI_getbinval(tup, desc, 5, &isnull));
+				nplaces++;
+			}
 		}
 		g += m;
 	}
 	qsort(taken, nacked, sizeof(LeTaken), le_cmp_taken);
+
+	/* The heads of ordering keys release their next commands (src/keys.c). */
+	OutboxReleaseNext(places, nplaces);
 
 	/* One row per token, in the tokens' order. */
 	for (i = 0; i < n; i++)

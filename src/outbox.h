@@ -239,6 +239,7 @@ extern bool OutboxIsAdmin(Oid caller);
 extern bool OutboxMay(ArrayType *roles, Oid caller);
 extern void OutboxCheckClaimable(ArrayType *kinds, Oid caller);
 extern bool OutboxAnyDeciders(void);
+extern bool OutboxOrderedByRun(text *kind);
 
 /* siphash.c */
 extern void OutboxSipHash(const unsigned char *key, const unsigned char *msg, size_t len,
@@ -251,6 +252,21 @@ extern int	OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
 						  bool read_only, long count);
 extern int	OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,
 								  bool read_only, long count);
+extern int	OutboxExecuteLatest(SPIPlanPtr plan, Datum *args, const char *nulls,
+								bool read_only, long count);
+
+/* keys.c: ordered delivery per key */
+/* The lock space of the ordering keys' locks (field4 of an advisory lock tag; pg_advisory_* use 1 and 2). */
+#define OUTBOX_KEY_LOCK_SPACE	0x4F42
+/* A command of an ordering key that a publish or a skip released. */
+typedef struct OutboxKeyPlace
+{
+	text	   *key;
+	int64		seq;
+} OutboxKeyPlace;
+extern void OutboxLockKeys(text **keys, int n);
+extern void OutboxKeyTails(text **keys, int n, int64 *last_seq, bool *busy);
+extern void OutboxReleaseNext(OutboxKeyPlace *places, int n);
 
 /* shared.c */
 extern void OutboxSharedInit(void);

@@ -18,6 +18,7 @@
 #include "executor/spi.h"
 #include "jit/jit.h"
 #include "optimizer/cost.h"
+#include "utils/snapmgr.h"
 
 #include "outbox.h"
 
@@ -67,7 +68,7 @@ OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
  */
 static int
 ob_execute(SPIPlanPtr plan, Datum *args, const char *nulls, bool read_only,
-		   long count, bool hash_joins)
+		   long count, bool hash_joins, bool latest)
 {
 #define PL_SAVE(var, name) bool save_##var = var;
 	OUTBOX_PLANNER_STEERING(PL_SAVE)
@@ -86,7 +87,11 @@ ob_execute(SPIPlanPtr plan, Datum *args, const char *nulls, bool read_only,
 	}
 	PG_TRY();
 	{
-		ret = SPI_execute_plan(plan, args, nulls, read_only, count);
+		if (latest)
+			ret = SPI_execute_snapshot(plan, args, nulls, GetLatestSnapshot(),
+									   InvalidSnapshot, read_only, false, count);
+		else
+			ret = SPI_execute_plan(plan, args, nulls, read_only, count);
 	}
 	PG_FINALLY();
 	{
@@ -104,7 +109,7 @@ int
 OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
 			  bool read_only, long count)
 {
-	return ob_execute(plan, args, nulls, read_only, count, false);
+	return ob_execute(plan, args, nulls, read_only, count, false, false);
 }
 
 /*
@@ -123,5 +128,19 @@ int
 OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,
 					  bool read_only, long count)
 {
-	return ob_execute(plan, args, nulls, read_only, count, true);
+	return ob_execute(plan, args, nulls, read_only, count, true, false);
+}
+
+/*
+ * OutboxExecute with the latest snapshot instead of the transaction's:
+ * for the look-ups and updates made under an ordering key's lock
+ * (src/keys.c), which must see what the lock's previous holder committed
+ * even when the caller runs in REPEATABLE READ or SERIALIZABLE.  The
+ * caller's own earlier changes are seen too.
+ */
+int
+OutboxExecuteLatest(SPIPlanPtr plan, Datum *args, const char *nulls,
+					bool read_only, long count)
+{
+	return ob_execute(plan, args, nulls, read_only, count, false, true);
 }

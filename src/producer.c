@@ -56,6 +56,9 @@ PG_FUNCTION_INFO_V1(outbox_record_event);
 
 static SPIPlanPtr plan_decide = NULL;
 static SPIPlanPtr plan_decide_open = NULL;
+static SPIPlanPtr plan_decide_keyed = NULL;
+static SPIPlanPtr plan_decide_keyed_open = NULL;
+static SPIPlanPtr plan_batch_keyed = NULL;
 static SPIPlanPtr plan_decide_why = NULL;
 static SPIPlanPtr plan_batch_why = NULL;
 static SPIPlanPtr plan_event = NULL;
@@ -252,36 +255,50 @@ pr_raise_conflict(const char *command_id, int elem)
  * The single decision's statement: insert the command unless its id is
  * stored (or kind_filter, the deciders probe, says no), then its event.
  * Without any deciders in the policies the probe is left out
- * (OutboxAnyDeciders).
+ * (OutboxAnyDeciders).  A decision with an ordering key also writes the
+ * key ($12) and its place in the key ($13), and waits ($14: due_at NULL)
+ * behind an unfinished command of its key (src/keys.c); one without a key
+ * runs the statement without them.
  */
-#define PR_DECIDE(kind_filter) \
+#define PR_DECIDE(key_cols, key_vals, due, kind_filter) \
 	"WITH c AS (" \
 	"  INSERT INTO outbox.commands" \
 	"    (command_id, run_id, seq, kind, payload, priority," \
-	"     available_at, due_at, decided_by, headers)" \
+	"     available_at, due_at, decided_by, headers" key_cols ")" \
 	"  SELECT $4, $1, $2, $5, $6, $9," \
 	"         COALESCE($8, pg_catalog.now())," \
-	"         COALESCE($8, pg_catalog.now()), $10, $11" \
+	"         " due ", $10, $11" key_vals \
 	"   WHERE NOT EXISTS (SELECT 1 FROM outbox.commands x" \
 	"                      WHERE x.command_id OPERATOR(pg_catalog.=) $4)" \
 	kind_filter \
 	"  RETURNING 1)" \
 	"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)" \
 	"SELECT $1, $2, $3, $7, $4 FROM c"
+#define PR_DUE			"COALESCE($8, pg_catalog.now())"
+#define PR_DUE_KEYED	"CASE WHEN $14 THEN NULL ELSE COALESCE($8, pg_catalog.now()) END"
+#define PR_KEY_COLS		", ordering_key, ordering_seq"
+#define PR_KEY_VALS		", $12, $13"
+#define PR_DECIDERS_FILTER \
+	"     AND NOT EXISTS (SELECT 1 FROM outbox.policies p" \
+	"                      WHERE p.kind OPERATOR(pg_catalog.=) $5" \
+	"                        AND p.deciders IS NOT NULL" \
+	"                        AND NOT outbox._may(p.deciders, $10))"
 
 /*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
  *						  payload, event_payload, not_before, priority,
- *						  headers)
+ *						  headers, ordering_key)
  *
  * Insert the event and the command it decides, in one statement; true when
- * recorded, false for the caller's own retry of a recorded decision.
+ * recorded, false for the caller's own retry of a recorded decision.  With
+ * an ordering key (given, or the run_id for a kind ordered by run), the
+ * key is locked and its last command read first (src/keys.c).
  */
 static Datum
 pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[11] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
-	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID};
+	static const Oid argtypes[14] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID, TEXTOID, INT8OID, BOOLOID};
 	text	   *run_id = OutboxArgId(fcinfo, 0, "run_id");
 	int64		seq;
 	text	   *event_kind;
@@ -289,8 +306,10 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	text	   *command_kind;
 	Jsonb	   *payload;
 	Jsonb	   *event_payload;
-	Datum		args[11];
-	char		nulls[11] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n'};
+	Datum		args[14];
+	char		nulls[14] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', 'n', ' ', ' ', ' '};
+	text	   *key = NULL;
+	SPIPlanPtr	plan;
 	PrWhat		what;
 	bool		isnull;
 	bool		forbidden;
@@ -332,21 +351,43 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 		args[10] = PointerGetDatum(headers);
 		nulls[10] = ' ';
 	}
+	if (PG_NARGS() > 10 && !PG_ARGISNULL(10))
+	{
+		key = PG_GETARG_TEXT_PP(10);
+		OutboxCheckId(key, "ordering_key");
+	}
 
 	what.run_id = run_id;
 	what.seq = seq;
 	what.command_id = command_id;
 	what.rows = 1;
 	SPI_connect();
-	if (pr_insert(OutboxAnyDeciders() ?
-				  OutboxPrepare(&plan_decide,
-								PR_DECIDE("     AND NOT EXISTS (SELECT 1 FROM outbox.policies p"
-										  "                      WHERE p.kind OPERATOR(pg_catalog.=) $5"
-										  "                        AND p.deciders IS NOT NULL"
-										  "                        AND NOT outbox._may(p.deciders, $10))"),
-								11, argtypes) :
-				  OutboxPrepare(&plan_decide_open, PR_DECIDE(""), 11, argtypes),
-				  args, nulls, &what, true))
+	if (key == NULL && OutboxOrderedByRun(command_kind))
+		key = run_id;
+	if (key == NULL)
+		plan = OutboxAnyDeciders() ?
+			OutboxPrepare(&plan_decide, PR_DECIDE("", "", PR_DUE, PR_DECIDERS_FILTER),
+						  11, argtypes) :
+			OutboxPrepare(&plan_decide_open, PR_DECIDE("", "", PR_DUE, ""), 11, argtypes);
+	else
+	{
+		int64		last;
+		bool		busy;
+
+		OutboxLockKeys(&key, 1);
+		OutboxKeyTails(&key, 1, &last, &busy);
+		args[11] = PointerGetDatum(key);
+		args[12] = Int64GetDatum(last + 1);
+		args[13] = BoolGetDatum(busy);
+		plan = OutboxAnyDeciders() ?
+			OutboxPrepare(&plan_decide_keyed,
+						  PR_DECIDE(PR_KEY_COLS, PR_KEY_VALS, PR_DUE_KEYED, PR_DECIDERS_FILTER),
+						  14, argtypes) :
+			OutboxPrepare(&plan_decide_keyed_open,
+						  PR_DECIDE(PR_KEY_COLS, PR_KEY_VALS, PR_DUE_KEYED, ""),
+						  14, argtypes);
+	}
+	if (pr_insert(plan, args, nulls, &what, true))
 	{
 		SPI_finish();
 		OutboxCountAtCommit(OBC_ENQUEUED, 1);
@@ -435,10 +476,10 @@ outbox_record_event(PG_FUNCTION_ARGS)
 }
 
 /* The keys of a decision of commit_decisions, in the order of its arrays. */
-#define PR_NKEYS			10
+#define PR_NKEYS			11
 
 static const char *const pr_keys[PR_NKEYS] = {"run_id", "seq", "event_kind", "command_id",
-"command_kind", "payload", "event_payload", "not_before", "priority", "headers"};
+"command_kind", "payload", "event_payload", "not_before", "priority", "headers", "ordering_key"};
 
 #define PR_KEY_RUN_ID		0
 #define PR_KEY_SEQ			1
@@ -450,8 +491,13 @@ static const char *const pr_keys[PR_NKEYS] = {"run_id", "seq", "event_kind", "co
 #define PR_KEY_NOT_BEFORE	7
 #define PR_KEY_PRIORITY		8
 #define PR_KEY_HEADERS		9
+#define PR_KEY_ORDERING_KEY 10
 
-/* The parameter of a key's array in the batch statements ($10 is the caller). */
+/*
+ * The parameter of a key's array in the batch statements ($10 is the
+ * caller; the ordered batch adds $13, the places in the keys, and $14,
+ * whether each waits).
+ */
 #define PR_KEY_PARAM(j)		((j) < 9 ? (j) : (j) + 1)
 
 /* The JSON type of a value, for messages. */
@@ -547,7 +593,7 @@ pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("decision %d has an unknown key \"%s\"", elem, key),
-					 errhint("The keys are run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before, priority and headers.")));
+					 errhint("The keys are run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before, priority, headers and ordering_key.")));
 		if (v.type == jbvNull && i != PR_KEY_PAYLOAD && i != PR_KEY_EVENT_PAYLOAD)
 			continue;
 		isnull[i] = false;
@@ -690,6 +736,154 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 	pfree(keys);
 }
 
+/* A decision of a batch with an ordering key, while it is given its place. */
+typedef struct PrPlace
+{
+	text	   *key;
+	text	   *run;
+	int64		seq;
+	int			elem;			/* 0-based position among those inserted */
+	int64		place;			/* its ordering_seq */
+	int64		first;			/* the place of the key's first new command */
+	bool		busy;			/* the key has an unfinished command already */
+} PrPlace;
+
+/* qsort comparator of PrPlace: key, then position. */
+static int
+pr_cmp_place(const void *a, const void *b)
+{
+	const PrPlace *x = (const PrPlace *) a;
+	const PrPlace *y = (const PrPlace *) b;
+	int			c = OutboxCompareIds(x->key, y->key);
+
+	return c != 0 ? c : x->elem - y->elem;
+}
+
+/* qsort comparator of PrPlace: key, run, then position. */
+static int
+pr_cmp_place_run(const void *a, const void *b)
+{
+	const PrPlace *x = (const PrPlace *) a;
+	const PrPlace *y = (const PrPlace *) b;
+	int			c = OutboxCompareIds(x->key, y->key);
+
+	if (c == 0)
+		c = OutboxCompareIds(x->run, y->run);
+	return c != 0 ? c : x->elem - y->elem;
+}
+
+/* qsort comparator of PrPlace: key, run, seq, then position. */
+static int
+pr_cmp_place_seq(const void *a, const void *b)
+{
+	const PrPlace *x = (const PrPlace *) a;
+	const PrPlace *y = (const PrPlace *) b;
+	int			c = OutboxCompareIds(x->key, y->key);
+
+	if (c == 0)
+		c = OutboxCompareIds(x->run, y->run);
+	if (c == 0 && x->seq != y->seq)
+		c = x->seq < y->seq ? -1 : 1;
+	return c != 0 ? c : x->elem - y->elem;
+}
+
+/*
+ * Place the n decisions of a batch about to be inserted in their ordering
+ * keys: lock the keys, read each one's last command (src/keys.c), and set
+ * $13 (ordering_seq) and $14 (whether the command waits) of the ordered
+ * insert.  A key's new commands follow its last one in the order of the
+ * batch, except that the commands of one run take their places in seq
+ * order: the places the run's decisions hold in batch order go to them
+ * sorted by seq.  The first new command of a key is its head when the key
+ * had no unfinished command; every other one waits.  Returns false, doing
+ * nothing, when no decision has a key.
+ */
+static bool
+pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
+{
+	PrPlace    *p = palloc(sizeof(PrPlace) * Max(n, 1));
+	PrPlace    *q;
+	text	  **keys;
+	int64	   *last;
+	bool	   *busy;
+	Datum	   *places;
+	bool	   *pnulls;
+	Datum	   *waits;
+	int			k = 0;
+	int			nk = 0;
+	int			i;
+	int			dims[1] = {n};
+	int			lbs[1] = {1};
+
+	for (i = 0; i < n; i++)
+	{
+		if (elnulls[PR_KEY_ORDERING_KEY][i])
+			continue;
+		p[k].key = DatumGetTextPP(elems[PR_KEY_ORDERING_KEY][i]);
+		p[k].run = DatumGetTextPP(elems[PR_KEY_RUN_ID][i]);
+		p[k].seq = DatumGetInt64(elems[PR_KEY_SEQ][i]);
+		p[k].elem = i;
+		k++;
+	}
+	if (k == 0)
+	{
+		pfree(p);
+		return false;
+	}
+
+	/* The keys, each once; their locks; their last commands. */
+	qsort(p, k, sizeof(PrPlace), pr_cmp_place);
+	keys = palloc(sizeof(text *) * k);
+	for (i = 0; i < k; i++)
+		if (i == 0 || OutboxCompareIds(p[i].key, p[i - 1].key) != 0)
+			keys[nk++] = p[i].key;
+	OutboxLockKeys(keys, nk);
+	last = palloc(sizeof(int64) * nk);
+	busy = palloc(sizeof(bool) * nk);
+	OutboxKeyTails(keys, nk, last, busy);
+
+	/* Places in batch order within each key. */
+	nk = -1;
+	for (i = 0; i < k; i++)
+	{
+		if (i == 0 || OutboxCompareIds(p[i].key, p[i - 1].key) != 0)
+		{
+			nk++;
+			p[i].place = last[nk] + 1;
+		}
+		else
+			p[i].place = p[i - 1].place + 1;
+		p[i].first = last[nk] + 1;
+		p[i].busy = busy[nk];
+	}
+
+	/* Within a key, a run's places go to its decisions in seq order. */
+	q = palloc(sizeof(PrPlace) * k);
+	memcpy(q, p, sizeof(PrPlace) * k);
+	qsort(p, k, sizeof(PrPlace), pr_cmp_place_run);
+	qsort(q, k, sizeof(PrPlace), pr_cmp_place_seq);
+	places = palloc0(sizeof(Datum) * n);
+	pnulls = palloc(sizeof(bool) * n);
+	waits = palloc(sizeof(Datum) * n);
+	for (i = 0; i < n; i++)
+	{
+		pnulls[i] = true;
+		waits[i] = BoolGetDatum(false);
+	}
+	for (i = 0; i < k; i++)
+	{
+		places[q[i].elem] = Int64GetDatum(p[i].place);
+		pnulls[q[i].elem] = false;
+		waits[q[i].elem] = BoolGetDatum(p[i].busy || p[i].place != p[i].first);
+	}
+	args[12] = PointerGetDatum(construct_md_array(places, pnulls, 1, dims, lbs, INT8OID,
+												  sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	nulls[12] = ' ';
+	args[13] = PointerGetDatum(construct_array(waits, n, BOOLOID, 1, true, TYPALIGN_CHAR));
+	nulls[13] = ' ';
+	return true;
+}
+
 /*
  * outbox.commit_decisions(decisions jsonb) RETURNS SETOF decision_result
  *
@@ -700,11 +894,12 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 static Datum
 pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[11] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
+	static const Oid argtypes[14] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
 		TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID, JSONBARRAYOID,
-	TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID, JSONBARRAYOID};
+		TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID, JSONBARRAYOID, TEXTARRAYOID,
+	INT8ARRAYOID, BOOLARRAYOID};
 	static const Oid elemtypes[PR_NKEYS] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
-	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, JSONBOID};
+	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, JSONBOID, TEXTOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	Jsonb	   *doc;
 	JsonbIterator *it;
@@ -713,8 +908,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	Datum	   *elems[PR_NKEYS];
 	bool	   *elnulls[PR_NKEYS];
 	bool	   *retry;
-	Datum		args[11];
-	char		nulls[11];
+	Datum		args[14];
+	char		nulls[14];
 	int			n;
 	int			m;
 	int			i;
@@ -775,11 +970,23 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 			OutboxCheckPayload(DatumGetJsonbP(values[PR_KEY_EVENT_PAYLOAD]), "event_payload");
 		if (!isnull[PR_KEY_NOT_BEFORE])
 			pr_check_not_before(DatumGetTimestampTz(values[PR_KEY_NOT_BEFORE]));
+		if (!isnull[PR_KEY_ORDERING_KEY])
+			OutboxCheckId(DatumGetTextPP(values[PR_KEY_ORDERING_KEY]), "ordering_key");
 		i++;
 	}
 	Assert(i == n);
 
 	pr_check_repeats(elems[PR_KEY_RUN_ID], elems[PR_KEY_SEQ], elems[PR_KEY_COMMAND_ID], n);
+
+	/* A kind ordered by run: the decisions without a key get their run_id. */
+	SPI_connect();
+	for (i = 0; i < n; i++)
+		if (elnulls[PR_KEY_ORDERING_KEY][i] &&
+			OutboxOrderedByRun(DatumGetTextPP(elems[PR_KEY_COMMAND_KIND][i])))
+		{
+			elems[PR_KEY_ORDERING_KEY][i] = elems[PR_KEY_RUN_ID][i];
+			elnulls[PR_KEY_ORDERING_KEY][i] = false;
+		}
 
 	for (j = 0; j < PR_NKEYS; j++)
 	{
@@ -796,8 +1003,6 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	}
 	args[9] = ObjectIdGetDatum(caller);
 	nulls[9] = ' ';
-
-	SPI_connect();
 
 	/*
 	 * Before inserting: the first decision of a kind the caller may not
@@ -884,28 +1089,56 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 		what.seq = 0;
 		what.command_id = NULL;
 		what.rows = n - m;
-		pr_insert(OutboxPrepare(&plan_batch,
-								"WITH u AS ("
-								"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-								"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
-								"                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
-								"                            pg_catalog.unnest($7), pg_catalog.unnest($8),"
-								"                            pg_catalog.unnest($9), pg_catalog.unnest($11))"
-								"    AS u(run_id, seq, event_kind, command_id, command_kind, payload,"
-								"         event_payload, not_before, priority, headers)),"
-								" e AS ("
-								"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
-								"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
-								"INSERT INTO outbox.commands"
-								"  (command_id, run_id, seq, kind, payload, priority,"
-								"   available_at, due_at, decided_by, headers)"
-								"SELECT command_id, run_id, seq, command_kind, payload,"
-								"       COALESCE(priority, 0),"
-								"       COALESCE(not_before, pg_catalog.now()),"
-								"       COALESCE(not_before, pg_catalog.now()), $10, headers"
-								"  FROM u",
-								11, argtypes),
-				  args, nulls, &what, false);
+		if (!pr_place_batch(elems, elnulls, n - m, args, nulls))
+			pr_insert(OutboxPrepare(&plan_batch,
+									"WITH u AS ("
+									"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+									"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
+									"                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
+									"                            pg_catalog.unnest($7), pg_catalog.unnest($8),"
+									"                            pg_catalog.unnest($9), pg_catalog.unnest($11))"
+									"    AS u(run_id, seq, event_kind, command_id, command_kind, payload,"
+									"         event_payload, not_before, priority, headers)),"
+									" e AS ("
+									"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+									"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
+									"INSERT INTO outbox.commands"
+									"  (command_id, run_id, seq, kind, payload, priority,"
+									"   available_at, due_at, decided_by, headers)"
+									"SELECT command_id, run_id, seq, command_kind, payload,"
+									"       COALESCE(priority, 0),"
+									"       COALESCE(not_before, pg_catalog.now()),"
+									"       COALESCE(not_before, pg_catalog.now()), $10, headers"
+									"  FROM u",
+									11, argtypes),
+					  args, nulls, &what, false);
+		else
+			pr_insert(OutboxPrepare(&plan_batch_keyed,
+									"WITH u AS ("
+									"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+									"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
+									"                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
+									"                            pg_catalog.unnest($7), pg_catalog.unnest($8),"
+									"                            pg_catalog.unnest($9), pg_catalog.unnest($11),"
+									"                            pg_catalog.unnest($12), pg_catalog.unnest($13),"
+									"                            pg_catalog.unnest($14))"
+									"    AS u(run_id, seq, event_kind, command_id, command_kind, payload,"
+									"         event_payload, not_before, priority, headers,"
+									"         ordering_key, ordering_seq, waiting)),"
+									" e AS ("
+									"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+									"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
+									"INSERT INTO outbox.commands"
+									"  (command_id, run_id, seq, kind, payload, priority,"
+									"   available_at, due_at, decided_by, headers, ordering_key, ordering_seq)"
+									"SELECT command_id, run_id, seq, command_kind, payload,"
+									"       COALESCE(priority, 0),"
+									"       COALESCE(not_before, pg_catalog.now()),"
+									"       CASE WHEN waiting THEN NULL ELSE COALESCE(not_before, pg_catalog.now()) END,"
+									"       $10, headers, ordering_key, ordering_seq"
+									"  FROM u",
+									14, argtypes),
+					  args, nulls, &what, false);
 	}
 	SPI_finish();
 

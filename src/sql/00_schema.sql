@@ -75,6 +75,8 @@ CREATE TABLE @extschema@.commands (
 	payload		pg_catalog.jsonb NOT NULL,
 	decided_by	pg_catalog.oid,
 	headers		pg_catalog.jsonb,
+	ordering_key pg_catalog.text COLLATE pg_catalog."C",
+	ordering_seq pg_catalog.int8,
 	CONSTRAINT commands_pkey PRIMARY KEY (command_id)
 ) WITH (fillfactor = 80);
 
@@ -97,6 +99,15 @@ CREATE INDEX commands_unfinished_idx ON @extschema@.commands
 	WHERE status OPERATOR(pg_catalog.<>) 'published';
 COMMENT ON INDEX @extschema@.commands_unfinished_idx
 	IS 'commands not published by kind, status, due_at and lease_until (read by outbox.metrics_backlog with an index-only scan)';
+
+-- The commands of each ordering key in their order (src/keys.c): the
+-- producer reads a key's last command, the release of a published head its
+-- next one.  A command without a key (ordering_key NULL) has no entry, so
+-- unordered commands write nothing here.
+CREATE INDEX commands_key_idx ON @extschema@.commands (ordering_key, ordering_seq)
+	WHERE ordering_key IS NOT NULL;
+COMMENT ON INDEX @extschema@.commands_key_idx
+	IS 'commands with an ordering key, by key and place in the key (read by the producer and the release of a head)';
 
 -- One completion receipt per command.
 CREATE TABLE @extschema@.receipts (
@@ -130,6 +141,7 @@ CREATE TABLE @extschema@.policies (
 	deciders	pg_catalog.regrole[],
 	claimers	pg_catalog.regrole[],
 	completers	pg_catalog.regrole[],
+	ordered_by_run pg_catalog.bool NOT NULL DEFAULT false,
 	CONSTRAINT policies_pkey PRIMARY KEY (kind),
 	CONSTRAINT policies_takeover_check CHECK (takeover OPERATOR(pg_catalog.=) ANY
 		(ARRAY['auto', 'manual']::pg_catalog.text[])),
@@ -229,4 +241,7 @@ COMMENT ON DOMAIN @extschema@.command_status IS 'a command''s status: pending, s
 COMMENT ON DOMAIN @extschema@.command_version IS 'a command''s version: bumped by every change of its lease, for ordering and diagnostics (at least 1)';
 COMMENT ON DOMAIN @extschema@.command_deliveries IS 'how many times a command was handed to a publisher (not negative)';
 COMMENT ON COLUMN @extschema@.commands.headers IS 'the producer''s headers (a JSON object of strings, or NULL), handed to the relay by claim and shown in no view';
-COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending, NULL otherwise (the key of the claim index)';
+COMMENT ON COLUMN @extschema@.commands.ordering_key IS 'the ordering key: commands sharing one leave one at a time, in ordering_seq order (NULL: unordered)';
+COMMENT ON COLUMN @extschema@.commands.ordering_seq IS 'the command''s place among the commands of its ordering key (NULL without a key)';
+COMMENT ON COLUMN @extschema@.policies.ordered_by_run IS 'a command of the kind decided without an ordering key is ordered by its run_id';
+COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending and not waiting behind an earlier command of its ordering key, NULL otherwise (the key of the claim index)';

@@ -27,12 +27,13 @@ CREATE FUNCTION @extschema@.commit_decision(
 	event_payload pg_catalog.jsonb DEFAULT NULL,
 	not_before pg_catalog.timestamptz DEFAULT NULL,
 	priority pg_catalog.int4 DEFAULT 0,
-	headers pg_catalog.jsonb DEFAULT NULL)
+	headers pg_catalog.jsonb DEFAULT NULL,
+	ordering_key pg_catalog.text DEFAULT NULL)
 RETURNS pg_catalog.bool
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_commit_decision_1_0';
-COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.jsonb)
+COMMENT ON FUNCTION @extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.jsonb, pg_catalog.text)
 	IS 'record an event and the command it decides, atomically, in the caller''s transaction; false when the same role recorded the same decision before';
 
 CREATE TYPE @extschema@.decision_result AS (
@@ -92,7 +93,8 @@ CREATE TYPE @extschema@.lease AS (
 	version		pg_catalog.int8,
 	deliveries	pg_catalog.int4,
 	lease_until pg_catalog.timestamptz,
-	headers		pg_catalog.jsonb
+	headers		pg_catalog.jsonb,
+	ordering_key pg_catalog.text
 );
 COMMENT ON TYPE @extschema@.lease IS 'a claimed command: what to send, and the token that ack, fail and renew require';
 
@@ -177,6 +179,25 @@ SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_renew_1_0';
 COMMENT ON FUNCTION @extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
 	IS 'extend a lease held with its token; returns the new lease end';
+
+-- Ordering keys (src/keys.c) -------------------------------------------------
+
+-- Admin: take a dead head out of its key and release the next command.
+CREATE FUNCTION @extschema@.skip_head(ordering_key pg_catalog.text)
+RETURNS pg_catalog.text
+LANGUAGE c VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_skip_head';
+COMMENT ON FUNCTION @extschema@.skip_head(pg_catalog.text)
+	IS 'take the dead head of an ordering key out of the key and make the next command claimable; returns the skipped command_id';
+
+-- Internal: release the command after a published head (resolve calls it).
+CREATE FUNCTION @extschema@._release_key(ordering_key pg_catalog.text, ordering_seq pg_catalog.int8)
+RETURNS void
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'outbox_release_key';
+COMMENT ON FUNCTION @extschema@._release_key(pg_catalog.text, pg_catalog.int8)
+	IS 'internal: under the key''s lock, make the command after ordering_seq of the key claimable if it waits';
 
 -- Consumer -----------------------------------------------------------------
 

@@ -104,6 +104,8 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	st pg_catalog.text;
+	okey pg_catalog.text;
+	oseq pg_catalog.int8;
 	-- One reading of the clock: a retried command's available_at and due_at
 	-- must be equal.
 	now_ts pg_catalog.timestamptz := pg_catalog.clock_timestamp();
@@ -116,7 +118,7 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 				  DETAIL = pg_catalog.format('The value was "%s".', resolution);
 	END IF;
-	SELECT c.status INTO st FROM @extschema@.commands c
+	SELECT c.status, c.ordering_key, c.ordering_seq INTO st, okey, oseq FROM @extschema@.commands c
 	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id
 	   AND c.run_id OPERATOR(pg_catalog.=) resolve.run_id FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
@@ -142,6 +144,10 @@ BEGIN
 							 ELSE c.last_error END,
 		   version = c.version OPERATOR(pg_catalog.+) 1
 	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id;
+	-- A published head of an ordering key releases the next command.
+	IF resolution OPERATOR(pg_catalog.=) 'published' AND okey IS NOT NULL THEN
+		PERFORM @extschema@._release_key(okey, oseq);
+	END IF;
 END;
 $$;
 COMMENT ON FUNCTION @extschema@.resolve(pg_catalog.text, pg_catalog.text, pg_catalog.text)
@@ -157,7 +163,8 @@ CREATE FUNCTION @extschema@.set_policy(
 	retention pg_catalog.interval DEFAULT NULL,
 	deciders pg_catalog.regrole[] DEFAULT NULL,
 	claimers pg_catalog.regrole[] DEFAULT NULL,
-	completers pg_catalog.regrole[] DEFAULT NULL)
+	completers pg_catalog.regrole[] DEFAULT NULL,
+	ordered_by_run pg_catalog.bool DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -233,9 +240,10 @@ BEGIN
 	END IF;
 	INSERT INTO @extschema@.policies AS p
 		(kind, max_deliveries, backoff_base, backoff_max, lease, takeover, retention,
-		 deciders, claimers, completers)
+		 deciders, claimers, completers, ordered_by_run)
 	VALUES (kind, max_deliveries, backoff_base, backoff_max, lease,
-			COALESCE(takeover, 'auto'), retention, deciders, claimers, completers)
+			COALESCE(takeover, 'auto'), retention, deciders, claimers, completers,
+			COALESCE(set_policy.ordered_by_run, false))
 	ON CONFLICT ON CONSTRAINT policies_pkey DO UPDATE
 	   SET max_deliveries = COALESCE(EXCLUDED.max_deliveries, p.max_deliveries),
 		   backoff_base = COALESCE(EXCLUDED.backoff_base, p.backoff_base),
@@ -245,14 +253,16 @@ BEGIN
 		   retention = COALESCE(EXCLUDED.retention, p.retention),
 		   deciders = COALESCE(EXCLUDED.deciders, p.deciders),
 		   claimers = COALESCE(EXCLUDED.claimers, p.claimers),
-		   completers = COALESCE(EXCLUDED.completers, p.completers);
-	IF deciders IS NOT NULL THEN
+		   completers = COALESCE(EXCLUDED.completers, p.completers),
+		   ordered_by_run = COALESCE(set_policy.ordered_by_run, p.ordered_by_run);
+	-- The producers keep the deciders and the kinds ordered by run.
+	IF deciders IS NOT NULL OR set_policy.ordered_by_run IS NOT NULL THEN
 		PERFORM @extschema@._policies_changed();
 	END IF;
 END;
 $$;
-COMMENT ON FUNCTION @extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[])
-	IS 'set per-kind overrides and who may decide, claim and complete the kind; a NULL (or omitted) argument keeps the current value';
+COMMENT ON FUNCTION @extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.bool)
+	IS 'set per-kind overrides, who may decide, claim and complete the kind, and whether its commands are ordered by run; a NULL (or omitted) argument keeps the current value';
 
 CREATE FUNCTION @extschema@.register_consumer(consumer pg_catalog.text, role pg_catalog.regrole)
 RETURNS void

@@ -89,16 +89,30 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 --   claimed_without_delivery          not pending (so claimed), deliveries = 0
 --   version_behind_deliveries         version < deliveries + 1 (each claim
 --                                     bumps both, every other change version)
---   pending_not_claimable             pending, due_at NULL or <> available_at
+--   pending_not_claimable             pending, due_at <> available_at, or
+--                                     due_at NULL without an ordering key
 --                                     (claim would never see it: a lost command)
 --   claimable_while_not_pending       not pending, due_at is set (claim would
 --                                     hand it out again)
 --   dead_without_error                dead or uncertain, last_error is NULL
 --   purged_but_present                a tombstone exists for this live command
 --                                     (a terminal, purged command came back)
+-- and the rules of ordered delivery (src/keys.c), where a command's
+-- predecessor is an unfinished command of its key with an earlier place
+-- (ordering_seq): a waiting command is pending with due_at NULL.
+--   waiting_without_predecessor       waiting, and no predecessor: nothing
+--                                     would ever release it (a stuck key)
+--   claimable_behind_predecessor      not published and not waiting, with a
+--                                     predecessor: a second head of its key
+--   published_out_of_order            published, with a predecessor
+--   key_without_place                 one of ordering_key and ordering_seq
+--                                     is NULL, the other not
+--   place_taken                       another command has the same key and place
 -- The flags are computed in the subquery; their disjunction filters the scan
 -- and the rules array is built for the offending rows only.  Tombstones are
--- hashed and probed by the one scan of commands.
+-- hashed and probed by the one scan of commands, and so are the keys' first
+-- unfinished places (h) and the places held twice (d), each one pass over
+-- the commands with a key.
 CREATE VIEW @extschema@.check_state WITH (security_barrier) AS
 SELECT f.command_id, f.status::pg_catalog.text AS status,
 	   pg_catalog.array_remove(ARRAY[
@@ -112,12 +126,18 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 		   CASE WHEN f.r8 THEN 'pending_not_claimable' END,
 		   CASE WHEN f.r9 THEN 'claimable_while_not_pending' END,
 		   CASE WHEN f.r10 THEN 'dead_without_error' END,
-		   CASE WHEN f.r11 THEN 'purged_but_present' END]::pg_catalog.text[], NULL) AS rules,
+		   CASE WHEN f.r11 THEN 'purged_but_present' END,
+		   CASE WHEN f.r12 THEN 'waiting_without_predecessor' END,
+		   CASE WHEN f.r13 THEN 'claimable_behind_predecessor' END,
+		   CASE WHEN f.r14 THEN 'published_out_of_order' END,
+		   CASE WHEN f.r15 THEN 'key_without_place' END,
+		   CASE WHEN f.r16 THEN 'place_taken' END]::pg_catalog.text[], NULL) AS rules,
 	   f.owner, f.version::pg_catalog.int8 AS version, f.deliveries::pg_catalog.int4 AS deliveries,
 	   f.lease_until, f.published_at,
-	   f.available_at, f.due_at
+	   f.available_at, f.due_at, f.ordering_key, f.ordering_seq
   FROM (SELECT c.command_id, c.status, c.owner, c.version, c.deliveries,
 			   c.lease_until, c.published_at, c.available_at, c.due_at,
+			   c.ordering_key::pg_catalog.text AS ordering_key, c.ordering_seq,
 			   c.status OPERATOR(pg_catalog.=) 'sending' AND c.owner IS NULL AS r1,
 			   c.status OPERATOR(pg_catalog.=) 'sending' AND c.lease_until IS NULL AS r2,
 			   c.status OPERATOR(pg_catalog.<>) 'sending' AND c.lease_until IS NOT NULL AS r3,
@@ -128,17 +148,40 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 			   c.version OPERATOR(pg_catalog.<)
 				   (c.deliveries::pg_catalog.int8 OPERATOR(pg_catalog.+) 1) AS r7,
 			   c.status OPERATOR(pg_catalog.=) 'pending'
-				   AND (c.due_at IS NULL
+				   AND ((c.due_at IS NULL AND c.ordering_key IS NULL)
 						OR c.due_at OPERATOR(pg_catalog.<>) c.available_at) AS r8,
 			   c.status OPERATOR(pg_catalog.<>) 'pending' AND c.due_at IS NOT NULL AS r9,
 			   c.status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[])
 				   AND c.last_error IS NULL AS r10,
-			   p.command_id IS NOT NULL AS r11
+			   p.command_id IS NOT NULL AS r11,
+			   c.status OPERATOR(pg_catalog.=) 'pending' AND c.due_at IS NULL
+				   AND c.ordering_key IS NOT NULL
+				   AND NOT COALESCE(h.first OPERATOR(pg_catalog.<) c.ordering_seq, false) AS r12,
+			   c.status OPERATOR(pg_catalog.<>) 'published'
+				   AND NOT (c.status OPERATOR(pg_catalog.=) 'pending' AND c.due_at IS NULL)
+				   AND COALESCE(h.first OPERATOR(pg_catalog.<) c.ordering_seq, false) AS r13,
+			   c.status OPERATOR(pg_catalog.=) 'published'
+				   AND COALESCE(h.first OPERATOR(pg_catalog.<) c.ordering_seq, false) AS r14,
+			   (c.ordering_key IS NULL) OPERATOR(pg_catalog.<>) (c.ordering_seq IS NULL) AS r15,
+			   d.ordering_key IS NOT NULL AS r16
 		  FROM @extschema@.commands c
 		  LEFT JOIN @extschema@.purged p
-			ON p.command_id OPERATOR(pg_catalog.=) c.command_id) f
+			ON p.command_id OPERATOR(pg_catalog.=) c.command_id
+		  LEFT JOIN (SELECT k.ordering_key, pg_catalog.min(k.ordering_seq) AS first
+					   FROM @extschema@.commands k
+					  WHERE k.ordering_key IS NOT NULL
+						AND k.status OPERATOR(pg_catalog.<>) 'published'
+					  GROUP BY k.ordering_key) h
+			ON h.ordering_key OPERATOR(pg_catalog.=) c.ordering_key
+		  LEFT JOIN (SELECT k.ordering_key, k.ordering_seq
+					   FROM @extschema@.commands k
+					  WHERE k.ordering_key IS NOT NULL
+					  GROUP BY k.ordering_key, k.ordering_seq
+					 HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 1) d
+			ON d.ordering_key OPERATOR(pg_catalog.=) c.ordering_key
+		   AND d.ordering_seq OPERATOR(pg_catalog.=) c.ordering_seq) f
  WHERE f.r1 OR f.r2 OR f.r3 OR f.r4 OR f.r5 OR f.r6 OR f.r7 OR f.r8 OR f.r9
-	OR f.r10 OR f.r11;
+	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16;
 COMMENT ON VIEW @extschema@.check_state
 	IS 'conservation check (error): commands whose status and fields disagree, with the rules they break; empty when healthy';
 COMMENT ON COLUMN @extschema@.check_state.rules
@@ -193,7 +236,7 @@ SELECT x.check_name, x.severity, x.violations, x.sample, x.description
 	('state', 'error',
 	 (SELECT pg_catalog.count(*) FROM s),
 	 ARRAY(SELECT s.id FROM s ORDER BY s.id LIMIT 5),
-	 'every command''s status agrees with its owner, lease, publish time, deliveries and version'),
+	 'every command''s status agrees with its owner, lease, publish time, deliveries and version, and with the order of its ordering key'),
 	('receipt_overdue', 'warning',
 	 (SELECT pg_catalog.count(*) FROM w),
 	 ARRAY(SELECT w.id FROM w ORDER BY w.id LIMIT 5),
@@ -297,6 +340,38 @@ SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS statu
 COMMENT ON VIEW @extschema@.dead_letters
 	IS 'dead and uncertain commands with their last error; requeue or resolve them';
 
+-- Ordering keys that stand still: one row per key whose head (its first
+-- command that is not published) cannot be claimed now, with at least one
+-- command waiting behind it.  The head cannot be claimed while it is in a
+-- retry's backoff or has a not-before time to come (pending, due later),
+-- while its kind is paused, while it is leased (sending), and once it is
+-- dead or uncertain.  since is the head's available_at: when it became the
+-- head or was last made available (by its not_before, a retry, a requeue),
+-- for a head in backoff the end of the backoff.  A key holding a head
+-- that may be claimed now is not listed: it is moving.
+CREATE VIEW @extschema@.blocked_keys WITH (security_barrier) AS
+SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_command_id,
+	   h.run_id AS head_run_id, h.status::pg_catalog.text AS head_status,
+	   h.available_at AS since, w.waiting
+  FROM (SELECT k.ordering_key,
+			   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
+										   AND k.due_at IS NULL) AS waiting
+		  FROM @extschema@.commands k
+		 WHERE k.ordering_key IS NOT NULL
+		   AND k.status OPERATOR(pg_catalog.<>) 'published'
+		 GROUP BY k.ordering_key) w
+  JOIN @extschema@.commands h
+	ON h.ordering_key OPERATOR(pg_catalog.=) w.ordering_key
+   AND h.status OPERATOR(pg_catalog.<>) 'published'
+   AND NOT (h.status OPERATOR(pg_catalog.=) 'pending' AND h.due_at IS NULL)
+ WHERE w.waiting OPERATOR(pg_catalog.>) 0
+   AND (h.status OPERATOR(pg_catalog.<>) 'pending'
+		OR h.due_at OPERATOR(pg_catalog.>) pg_catalog.now()
+		OR EXISTS (SELECT 1 FROM @extschema@.policies p
+					WHERE p.kind OPERATOR(pg_catalog.=) h.kind AND p.paused));
+COMMENT ON VIEW @extschema@.blocked_keys
+	IS 'ordering keys whose head cannot be claimed now (backoff, not-before, paused, sending, dead, uncertain) with commands waiting behind it';
+
 -- Privileges: monitoring roles read, nobody else.
 -- What holds the vacuum horizon back: open transactions, prepared
 -- transactions and replication slots with an xmin, oldest first.  While one
@@ -329,7 +404,7 @@ REVOKE ALL ON
 	@extschema@.check_orphan_receipts, @extschema@.check_state,
 	@extschema@.check_receipt_overdue, @extschema@.conservation,
 	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
-	@extschema@.horizon
+	@extschema@.horizon, @extschema@.blocked_keys
 	FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.verify(pg_catalog.bool) FROM PUBLIC;
 
@@ -342,7 +417,7 @@ BEGIN
 	@extschema@.check_orphan_receipts, @extschema@.check_state,
 	@extschema@.check_receipt_overdue, @extschema@.conservation,
 	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
-	@extschema@.horizon
+	@extschema@.horizon, @extschema@.blocked_keys
 	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
 	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.verify(pg_catalog.bool) TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
 END;

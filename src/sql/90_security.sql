@@ -6,7 +6,7 @@
 --   producer   commit_decision, commit_decisions, record_event
 --   publisher  claim, ack (both forms), fail, renew
 --   consumer   complete, inbox_accept
---   admin      requeue, resolve, set_policy, register_consumer,
+--   admin      requeue, resolve, skip_head, set_policy, register_consumer,
 --              unregister_consumer, pause, resume, purge, sweep,
 --              stats_reset, verify and every view
 -- Within these, a kind's policy may narrow who decides, claims and
@@ -179,7 +179,7 @@ BEGIN
 	EXECUTE 'GRANT USAGE ON SCHEMA @extschema@ TO ' OPERATOR(pg_catalog.||) pg_catalog.concat_ws(', ', producer, publisher, consumer, admin, 'pg_monitor');
 
 	EXECUTE 'GRANT EXECUTE ON FUNCTION
-	@extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.jsonb),
+	@extschema@.commit_decision(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb, pg_catalog.jsonb, pg_catalog.timestamptz, pg_catalog.int4, pg_catalog.jsonb, pg_catalog.text),
 	@extschema@.commit_decisions(pg_catalog.jsonb),
 	@extschema@.record_event(pg_catalog.text, pg_catalog.int8, pg_catalog.text, pg_catalog.jsonb)
 	TO ' OPERATOR(pg_catalog.||) producer;
@@ -205,7 +205,8 @@ BEGIN
 	EXECUTE 'GRANT EXECUTE ON FUNCTION
 	@extschema@.requeue(pg_catalog.text, pg_catalog.text),
 	@extschema@.resolve(pg_catalog.text, pg_catalog.text, pg_catalog.text),
-	@extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[]),
+	@extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.bool),
+	@extschema@.skip_head(pg_catalog.text),
 	@extschema@.register_consumer(pg_catalog.text, pg_catalog.regrole),
 	@extschema@.unregister_consumer(pg_catalog.text),
 	@extschema@.pause(pg_catalog.text),

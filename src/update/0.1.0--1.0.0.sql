@@ -277,6 +277,28 @@ INSERT INTO @extschema@.check_results (check_name, severity) VALUES
 	('state', 'error'),
 	('receipt_overdue', 'warning');
 
+-- Ordered delivery per key: no command of 0.1.0 has a key, no kind is
+-- ordered by run.
+ALTER TABLE @extschema@.commands
+	ADD COLUMN ordering_key pg_catalog.text COLLATE pg_catalog."C",
+	ADD COLUMN ordering_seq pg_catalog.int8;
+COMMENT ON COLUMN @extschema@.commands.ordering_key IS 'the ordering key: commands sharing one leave one at a time, in ordering_seq order (NULL: unordered)';
+COMMENT ON COLUMN @extschema@.commands.ordering_seq IS 'the command''s place among the commands of its ordering key (NULL without a key)';
+CREATE INDEX commands_key_idx ON @extschema@.commands (ordering_key, ordering_seq)
+	WHERE ordering_key IS NOT NULL;
+COMMENT ON INDEX @extschema@.commands_key_idx
+	IS 'commands with an ordering key, by key and place in the key (read by the producer and the release of a head)';
+-- (added without a default, then filled: a column added with a default
+-- keeps it as the "missing value" of the rows stored before, which a fresh
+-- install's table does not have)
+ALTER TABLE @extschema@.policies ADD COLUMN ordered_by_run pg_catalog.bool;
+UPDATE @extschema@.policies SET ordered_by_run = false;
+ALTER TABLE @extschema@.policies
+	ALTER COLUMN ordered_by_run SET DEFAULT false,
+	ALTER COLUMN ordered_by_run SET NOT NULL;
+COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending and not waiting behind an earlier command of its ordering key, NULL otherwise (the key of the claim index)';
+COMMENT ON COLUMN @extschema@.policies.ordered_by_run IS 'a command of the kind decided without an ordering key is ordered by its run_id';
+
 -- 3. The parts of src/sql/ after 00 follow: roles, functions, types,
 -- views, comments and privileges, as in a fresh install; then
 -- 0.1.0--1.0.0.after.sql.

@@ -3,12 +3,12 @@
 -- payload, are readable by pg_monitor and this database's admin role only, and hold on a
 -- working outbox; verify() raises 23000 on a fault.
 BEGIN;
-SELECT plan(33);
+SELECT plan(36);
 
 CREATE TEMP TABLE my_views (name) AS
 VALUES ('check_decisions_without_command'), ('check_orphan_commands'), ('check_orphan_receipts'),
 	   ('check_state'), ('check_receipt_overdue'), ('conservation'), ('backlog'), ('leases'),
-	   ('dead_letters');
+	   ('dead_letters'), ('blocked_keys');
 
 -- Existence and shape -------------------------------------------------------
 
@@ -21,6 +21,7 @@ SELECT has_view('outbox', 'conservation', 'conservation exists');
 SELECT has_view('outbox', 'backlog', 'backlog exists');
 SELECT has_view('outbox', 'leases', 'leases exists');
 SELECT has_view('outbox', 'dead_letters', 'dead_letters exists');
+SELECT has_view('outbox', 'blocked_keys', 'blocked_keys exists');
 
 SELECT columns_are('outbox', 'check_decisions_without_command',
 	ARRAY['run_id', 'seq', 'kind', 'command_id', 'created_at']);
@@ -30,7 +31,7 @@ SELECT columns_are('outbox', 'check_orphan_receipts',
 	ARRAY['command_id', 'outcome', 'completed_at', 'purged']);
 SELECT columns_are('outbox', 'check_state',
 	ARRAY['command_id', 'status', 'rules', 'owner', 'version', 'deliveries', 'lease_until',
-		  'published_at', 'available_at', 'due_at']);
+		  'published_at', 'available_at', 'due_at', 'ordering_key', 'ordering_seq']);
 SELECT columns_are('outbox', 'check_receipt_overdue',
 	ARRAY['command_id', 'run_id', 'seq', 'kind', 'owner', 'published_at', 'waiting']);
 SELECT columns_are('outbox', 'conservation',
@@ -43,6 +44,10 @@ SELECT columns_are('outbox', 'leases',
 SELECT columns_are('outbox', 'dead_letters',
 	ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'deliveries', 'version', 'owner',
 		  'last_error', 'created_at', 'available_at']);
+SELECT columns_are('outbox', 'blocked_keys',
+	ARRAY['ordering_key', 'head_command_id', 'head_run_id', 'head_status', 'since', 'waiting']);
+SELECT is((SELECT reloptions @> ARRAY['security_barrier=true'] FROM pg_class WHERE oid = 'outbox.blocked_keys'::regclass),
+	true, 'blocked_keys is a security_barrier view');
 
 SELECT col_type_is('outbox', 'conservation', 'violations', 'bigint', 'conservation.violations is a bigint');
 -- The views show the commands' status, version and deliveries in their base

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(144);
+SELECT plan(150);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -24,7 +24,7 @@ CREATE TEMP TABLE expected (
 );
 INSERT INTO expected VALUES
 	-- producer
-	('outbox.commit_decision(text,bigint,text,text,text,jsonb,jsonb,timestamp with time zone,integer,jsonb)',
+	('outbox.commit_decision(text,bigint,text,text,text,jsonb,jsonb,timestamp with time zone,integer,jsonb,text)',
 	 'function', '{outbox_producer}', false,
 	 $$SELECT outbox.commit_decision('pt-run', 10, 'e', 'pt-new', 'k', '{}')$$),
 	('outbox.commit_decisions(jsonb)',
@@ -69,7 +69,10 @@ INSERT INTO expected VALUES
 	('outbox.unregister_consumer(text)',
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.unregister_consumer('pt-consumer')$$),
-	('outbox.set_policy(text,integer,interval,interval,interval,text,interval,regrole[],regrole[],regrole[])',
+	('outbox.skip_head(text)',
+	 'function', '{outbox_admin}', false,
+	 $$SELECT outbox.skip_head('pt-key')$$),
+	('outbox.set_policy(text,integer,interval,interval,interval,text,interval,regrole[],regrole[],regrole[],boolean)',
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.set_policy('pt-kind-x', max_deliveries => 3)$$),
 	('outbox.pause(text)',
@@ -123,6 +126,9 @@ INSERT INTO expected VALUES
 	('outbox._may(regrole[],oid)',
 	 'function', '{}', false,
 	 $$SELECT outbox._may('{}', 0)$$),
+	('outbox._release_key(text,bigint)',
+	 'function', '{}', false,
+	 $$SELECT outbox._release_key('pt-key', 1)$$),
 	('outbox._require(anyelement,text)',
 	 'function', '{}', false,
 	 $$SELECT outbox._require(1, 'x')$$),
@@ -171,6 +177,8 @@ INSERT INTO expected VALUES
 	 $$SELECT count(*) FROM outbox.check_orphan_commands$$),
 	('outbox.check_orphan_receipts', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.check_orphan_receipts$$),
+	('outbox.blocked_keys', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.blocked_keys$$),
 	('outbox.check_state', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.check_state$$),
 	('outbox.check_receipt_overdue', 'relation', '{outbox_admin,pg_monitor}', NULL,
@@ -264,13 +272,20 @@ $$;
 -- Commands the calls work on: pt-live leased to pt-w at version 2, pt-dead
 -- dead, pt-unc uncertain (as the sweep leaves an expired manual lease),
 -- pt-fresh pending (the publisher calls claim it and use its token in one
--- statement, as whichever role runs them).
+-- statement, as whichever role runs them), pt-key an ordering key with a
+-- dead head.
 DO $$
 BEGIN
 	PERFORM outbox.commit_decision('pt-run', 1, 'e', 'pt-live', 'pt-kind-live', '{}');
 	PERFORM outbox.commit_decision('pt-run', 2, 'e', 'pt-dead', 'pt-kind-dead', '{}');
 	PERFORM outbox.commit_decision('pt-run', 3, 'e', 'pt-unc', 'pt-kind-unc', '{}');
 	PERFORM outbox.commit_decision('pt-run', 4, 'e', 'pt-fresh', 'pt-kind-fresh', '{}');
+	-- pt-key: an ordering key whose head (pt-key-1) is dead, with one
+	-- command waiting behind it, for skip_head.
+	PERFORM outbox.commit_decision('pt-run', 5, 'e', 'pt-key-1', 'pt-kind-key', '{}', ordering_key => 'pt-key');
+	PERFORM outbox.commit_decision('pt-run', 6, 'e', 'pt-key-2', 'pt-kind-key', '{}', ordering_key => 'pt-key');
+	PERFORM outbox.fail('pt-w', (SELECT token FROM outbox.claim('pt-w', 1, kinds => '{pt-kind-key}')),
+						'boom', fatal => true);
 	-- pt-consumer is the consumer role's name (the calls run as members).
 	PERFORM outbox.register_consumer('pt-consumer', outbox.role('consumer')::text::regrole);
 	PERFORM outbox.claim('pt-w', 1, kinds => '{pt-kind-live}');

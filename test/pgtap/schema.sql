@@ -1,6 +1,6 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(59);
+SELECT plan(60);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results', 'lease_key']);
@@ -16,7 +16,7 @@ SELECT col_has_check('outbox', 'events', 'seq', 'col_has_check outbox, events, s
 -- commands
 SELECT columns_are('outbox', 'commands', ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'version',
 	'deliveries', 'priority', 'available_at', 'due_at', 'lease_until', 'owner', 'created_at',
-	'published_at', 'last_error', 'payload', 'decided_by', 'headers']);
+	'published_at', 'last_error', 'payload', 'decided_by', 'headers', 'ordering_key', 'ordering_seq']);
 SELECT col_type_is('outbox', 'commands', 'headers', 'jsonb', 'the producer''s headers are jsonb');
 -- No view (pg_monitor reads them all) shows or reads the producer's headers.
 SELECT is((SELECT pg_catalog.count(*) FROM pg_catalog.pg_views
@@ -36,7 +36,7 @@ SELECT col_not_null('outbox', 'commands', 'payload', 'col_not_null outbox, comma
 SELECT col_has_default('outbox', 'commands', 'status', 'col_has_default outbox, commands, status');
 SELECT col_default_is('outbox', 'commands', 'status', 'pending'::text, 'new commands are pending');
 SELECT col_type_is('outbox', 'commands', 'status', 'outbox', 'command_status', 'status is of the domain command_status');
-SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx', 'commands_unfinished_idx']);
+SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx', 'commands_unfinished_idx', 'commands_key_idx']);
 SELECT is_indexed('outbox', 'commands', ARRAY['priority', 'due_at', 'created_at'], 'claim index by priority and availability');
 SELECT is_indexed('outbox', 'commands', 'lease_until', 'lease index for takeovers');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_claim_idx'::regclass),
@@ -45,6 +45,8 @@ SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid 
 	'((status)::text = ''sending''::text)', 'lease index holds sending rows only');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_unfinished_idx'::regclass),
 	'((status)::text <> ''published''::text)', 'unfinished index holds the commands that are not published only');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_key_idx'::regclass),
+	'(ordering_key IS NOT NULL)', 'key index holds the commands with an ordering key only');
 SELECT ok((SELECT reloptions @> ARRAY['fillfactor=80'] FROM pg_class WHERE oid = 'outbox.commands'::regclass),
 	'commands leaves room for new row versions');
 
@@ -58,7 +60,7 @@ SELECT col_is_pk('outbox', 'policies', 'kind', 'col_is_pk outbox, policies, kind
 SELECT col_has_check('outbox', 'policies', 'takeover', 'col_has_check outbox, policies, takeover');
 SELECT col_is_pk('outbox', 'purged', 'command_id', 'col_is_pk outbox, purged, command_id');
 SELECT columns_are('outbox', 'policies', ARRAY['kind', 'max_deliveries', 'backoff_base', 'backoff_max', 'lease',
-	'takeover', 'paused', 'retention', 'deciders', 'claimers', 'completers']);
+	'takeover', 'paused', 'retention', 'deciders', 'claimers', 'completers', 'ordered_by_run']);
 SELECT col_is_pk('outbox', 'consumers', 'consumer', 'col_is_pk outbox, consumers, consumer');
 
 -- constraints really hold (as the owner, bypassing the API)
@@ -92,7 +94,7 @@ SELECT set_eq($$SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE
 -- extension properties
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'outbox'), false, 'not relocatable');
 SELECT is((SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'outbox'), 'outbox', 'lives in schema outbox');
-SELECT has_function('outbox', 'commit_decision', ARRAY['text', 'bigint', 'text', 'text', 'text', 'jsonb', 'jsonb', 'timestamp with time zone', 'integer', 'jsonb']);
+SELECT has_function('outbox', 'commit_decision', ARRAY['text', 'bigint', 'text', 'text', 'text', 'jsonb', 'jsonb', 'timestamp with time zone', 'integer', 'jsonb', 'text']);
 SELECT has_function('outbox', 'claim', ARRAY['text', 'integer', 'interval', 'text[]']);
 SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 	WHERE n.nspname = 'outbox' AND p.proisstrict), 0, 'no API function is STRICT');
@@ -108,7 +110,7 @@ SELECT set_eq($$SELECT c.relname || '.' || a.attname FROM pg_attribute a
 	WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
 	  AND a.attcollation = 'pg_catalog."C"'::regcollation$$,
 	ARRAY['events.run_id', 'events.kind', 'events.command_id', 'commands.command_id', 'commands.run_id',
-		  'commands.kind', 'receipts.command_id', 'inbox.consumer', 'inbox.command_id', 'policies.kind',
+		  'commands.kind', 'commands.ordering_key', 'receipts.command_id', 'inbox.consumer', 'inbox.command_id', 'policies.kind',
 		  'purged.command_id', 'purged.run_id', 'purged.kind', 'consumers.consumer',
 		  'check_results.check_name'],
 	'identifier columns use the "C" collation');

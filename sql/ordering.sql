@@ -1,0 +1,200 @@
+-- Ordered delivery per key: commit_decision's ordering_key, the release of
+-- the next command (ack, ack_many, resolve as published, skip_head), the
+-- kinds ordered by run, blocked_keys, and the rules of check_state.
+-- Start from an empty outbox (pg_regress created the extension already).
+DROP EXTENSION outbox;
+CREATE EXTENSION outbox;
+\set VERBOSITY default
+\set SHOW_CONTEXT never
+
+-- The commands with a key, in their order: waiting ones have no due_at.
+CREATE TEMP VIEW ks AS
+SELECT ordering_key AS key, ordering_seq AS place, command_id, status,
+	   CASE WHEN status = 'pending' AND due_at IS NULL THEN 'waiting'
+			WHEN status = 'pending' THEN 'claimable' ELSE '' END AS state
+  FROM outbox.commands WHERE ordering_key IS NOT NULL
+ ORDER BY ordering_key, ordering_seq;
+-- The tokens of this test's claims.
+CREATE TEMP TABLE tk (command_id text, token text);
+CREATE FUNCTION pg_temp.claim(worker text, n int4 DEFAULT 100)
+RETURNS TABLE (command_id text, ordering_key text) LANGUAGE sql AS $$
+	WITH c AS (SELECT * FROM outbox.claim(worker, n)),
+		 i AS (INSERT INTO tk SELECT c.command_id, c.token FROM c)
+	SELECT c.command_id, c.ordering_key FROM c ORDER BY 1
+$$;
+CREATE FUNCTION pg_temp.t(id text) RETURNS text LANGUAGE sql AS $$
+	SELECT token FROM tk WHERE command_id = id ORDER BY ctid DESC LIMIT 1
+$$;
+
+-- Bad keys are refused with 22023, and nothing is recorded.
+SELECT outbox.commit_decision('r0', 1, 'e', 'bad', 'k', '{}', ordering_key => '');
+SELECT outbox.commit_decision('r0', 1, 'e', 'bad', 'k', '{}', ordering_key => repeat('k', 201));
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r0", "seq": 1, "event_kind": "e", "command_id": "bad", "command_kind": "k", "payload": {}, "ordering_key": ""}]');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r0", "seq": 1, "event_kind": "e", "command_id": "bad", "command_kind": "k", "payload": {}, "ordering_key": 7}]');
+SELECT outbox.skip_head('');
+SELECT outbox.skip_head(NULL);
+SELECT (SELECT count(*) FROM outbox.commands) AS commands, (SELECT count(*) FROM outbox.events) AS events;
+
+-- Key A gets three commands (two runs), key B one, and one has no key:
+-- only the heads and the unordered one are claimable.
+SELECT outbox.commit_decision('r1', 1, 'e', 'a1', 'k', '{}', ordering_key => 'A');
+SELECT outbox.commit_decision('r1', 2, 'e', 'a2', 'k', '{}', ordering_key => 'A');
+SELECT outbox.commit_decision('r2', 1, 'e', 'a3', 'k', '{}', ordering_key => 'A');
+SELECT outbox.commit_decision('r2', 2, 'e', 'b1', 'k', '{}', ordering_key => 'B');
+SELECT outbox.commit_decision('r2', 3, 'e', 'u1', 'k', '{}');
+-- a retry of a decision with a key records nothing and keeps its place
+SELECT outbox.commit_decision('r1', 2, 'e', 'a2', 'k', '{}', ordering_key => 'A');
+SELECT * FROM ks;
+SELECT ordering_key IS NULL AS no_key, ordering_seq IS NULL AS no_place, due_at = available_at AS claimable
+  FROM outbox.commands WHERE command_id = 'u1';
+SELECT * FROM pg_temp.claim('w');
+SELECT * FROM pg_temp.claim('w');
+
+-- The ack of a head releases the next command of its key, in order.
+SELECT outbox.ack('w', pg_temp.t('a1'));
+SELECT * FROM ks;
+SELECT * FROM pg_temp.claim('w');
+-- A head in backoff keeps the rest of its key waiting: blocked_keys says so.
+SELECT outbox.fail('w', pg_temp.t('a2'), 'broker down');
+SELECT * FROM pg_temp.claim('w');
+SELECT ordering_key, head_command_id, head_run_id, head_status, since > now() AS in_backoff, waiting
+  FROM outbox.blocked_keys;
+-- (the backoff ends)
+UPDATE outbox.commands SET available_at = now(), due_at = now() WHERE command_id = 'a2';
+SELECT command_id FROM pg_temp.claim('w');
+-- Dead, and requeued, the head is still the head.
+SELECT outbox.fail('w', pg_temp.t('a2'), 'bad message', fatal => true);
+SELECT ordering_key, head_command_id, head_status, waiting FROM outbox.blocked_keys;
+SELECT outbox.requeue('r1', 'a2');
+SELECT * FROM ks;
+SELECT command_id FROM pg_temp.claim('w');
+SELECT outbox.fail('w', pg_temp.t('a2'), 'bad message again', fatal => true);
+
+-- skip_head: only a dead head; it leaves the key and the next is released.
+SELECT outbox.skip_head('B');
+SELECT outbox.skip_head('nokey');
+SELECT outbox.skip_head('A');
+SELECT status, ordering_key, ordering_seq, last_error FROM outbox.commands WHERE command_id = 'a2';
+SELECT * FROM ks;
+SELECT count(*) FROM outbox.blocked_keys;
+
+-- ack_many releases the next command of every key it publishes a head of.
+SELECT outbox.commit_decision('r2', 4, 'e', 'b2', 'k', '{}', ordering_key => 'B');
+SELECT * FROM pg_temp.claim('w');
+SELECT command_id, acked FROM outbox.ack_many('w', ARRAY[pg_temp.t('a3'), pg_temp.t('b1')]) ORDER BY 1;
+SELECT * FROM ks;
+-- a key whose commands are all published takes a new one as its head
+SELECT * FROM pg_temp.claim('w');
+SELECT outbox.ack('w', pg_temp.t('b2'));
+SELECT outbox.commit_decision('r2', 5, 'e', 'b3', 'k', '{}', ordering_key => 'B');
+SELECT * FROM ks WHERE key = 'B';
+
+-- resolve as published releases the next command; as retry it keeps the head.
+SELECT outbox.set_policy('manual', takeover => 'manual');
+SELECT outbox.commit_decision('r3', 1, 'e', 'c1', 'manual', '{}', ordering_key => 'C');
+SELECT outbox.commit_decision('r3', 2, 'e', 'c2', 'manual', '{}', ordering_key => 'C');
+SELECT * FROM pg_temp.claim('w');
+-- (an expired lease of a manual kind, as the sweep leaves it)
+UPDATE outbox.commands
+   SET status = 'uncertain', lease_until = NULL, version = version + 1, last_error = 'expired'
+ WHERE command_id IN ('c1', 'b3');
+SELECT ordering_key, head_command_id, head_status, waiting FROM outbox.blocked_keys;
+SELECT outbox.resolve('r3', 'c1', 'retry');
+SELECT * FROM ks WHERE key = 'C';
+SELECT command_id FROM pg_temp.claim('w');
+UPDATE outbox.commands
+   SET status = 'uncertain', lease_until = NULL, version = version + 1, last_error = 'expired'
+ WHERE command_id = 'c1';
+SELECT outbox.resolve('r3', 'c1', 'published');
+SELECT * FROM ks WHERE key = 'C';
+
+-- A kind ordered by run: commands without a key get their run_id; one
+-- with a key keeps it.  A batch places a run's commands of a key in seq
+-- order, and the runs in the order of the batch.
+SELECT outbox.set_policy('trip', ordered_by_run => true);
+SELECT ordered_by_run FROM outbox.policies WHERE kind = 'trip';
+SELECT outbox.set_policy('trip', max_deliveries => 3);
+SELECT ordered_by_run FROM outbox.policies WHERE kind = 'trip';
+SELECT outbox.commit_decision('t1', 1, 'e', 't1-1', 'trip', '{}');
+SELECT outbox.commit_decision('t1', 2, 'e', 't1-2', 'trip', '{}', ordering_key => 'D');
+SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
+  {"run_id": "t1", "seq": 4, "event_kind": "e", "command_id": "t1-4", "command_kind": "trip", "payload": {}},
+  {"run_id": "t2", "seq": 1, "event_kind": "e", "command_id": "t2-1", "command_kind": "k", "payload": {}, "ordering_key": "t1"},
+  {"run_id": "t1", "seq": 3, "event_kind": "e", "command_id": "t1-3", "command_kind": "trip", "payload": {}},
+  {"run_id": "t3", "seq": 1, "event_kind": "e", "command_id": "t3-1", "command_kind": "k", "payload": {}},
+  {"run_id": "t4", "seq": 1, "event_kind": "e", "command_id": "t4-1", "command_kind": "k", "payload": {}, "ordering_key": "E"},
+  {"run_id": "t4", "seq": 2, "event_kind": "e", "command_id": "t4-2", "command_kind": "k", "payload": {}, "ordering_key": "E"}]');
+SELECT * FROM ks WHERE key IN ('t1', 'D', 'E');
+SELECT ordering_key IS NULL AS no_key, due_at IS NOT NULL AS claimable FROM outbox.commands WHERE command_id = 't3-1';
+SELECT outbox.set_policy('trip', ordered_by_run => false);
+SELECT outbox.commit_decision('t1', 5, 'e', 't1-5', 'trip', '{}');
+SELECT ordering_key IS NULL AS no_key FROM outbox.commands WHERE command_id = 't1-5';
+
+-- A not-before time applies to the head: a waiting command released
+-- before its time stays pending until then (blocked_keys names the key
+-- while something waits behind it).
+SELECT outbox.commit_decision('r5', 1, 'e', 'f1', 'k', '{}', ordering_key => 'F');
+SELECT outbox.commit_decision('r5', 2, 'e', 'f2', 'k', '{}', not_before => now() + interval '1 hour', ordering_key => 'F');
+SELECT outbox.commit_decision('r5', 3, 'e', 'f3', 'k', '{}', ordering_key => 'F');
+SELECT command_id FROM pg_temp.claim('w') WHERE ordering_key = 'F';
+SELECT outbox.ack('w', pg_temp.t('f1'));
+SELECT command_id, due_at > now() AS later FROM outbox.commands WHERE command_id = 'f2';
+SELECT ordering_key, head_command_id, head_status, waiting FROM outbox.blocked_keys WHERE ordering_key = 'F';
+
+-- The outbox as it stands breaks no rule.
+SELECT count(*) AS violations FROM outbox.check_state;
+
+-- Each rule of ordered delivery fires on a row changed by hand.
+-- G: g1 the head (pending), g2 waiting behind it.
+SELECT outbox.commit_decision('r6', 1, 'e', 'g1', 'k', '{}', ordering_key => 'G');
+SELECT outbox.commit_decision('r6', 2, 'e', 'g2', 'k', '{}', ordering_key => 'G');
+BEGIN;
+-- the head leaves its key without releasing the next
+UPDATE outbox.commands SET ordering_key = NULL, ordering_seq = NULL WHERE command_id = 'g1';
+SELECT command_id, rules FROM outbox.check_state;
+ROLLBACK;
+BEGIN;
+-- a second head
+UPDATE outbox.commands SET due_at = available_at WHERE command_id = 'g2';
+SELECT command_id, rules FROM outbox.check_state;
+ROLLBACK;
+BEGIN;
+-- published before its predecessor
+UPDATE outbox.commands
+   SET status = 'published', published_at = now(), due_at = NULL, deliveries = 1, version = 2
+ WHERE command_id = 'g2';
+SELECT command_id, rules FROM outbox.check_state;
+SELECT check_name, violations, sample FROM outbox.conservation WHERE violations > 0;
+SELECT outbox.verify();
+ROLLBACK;
+BEGIN;
+-- a key without a place, a place without a key
+UPDATE outbox.commands SET ordering_seq = NULL WHERE command_id = 'g2';
+UPDATE outbox.commands SET ordering_key = NULL WHERE command_id = 'u1';
+UPDATE outbox.commands SET ordering_seq = 1 WHERE command_id = 'u1';
+SELECT command_id, rules FROM outbox.check_state ORDER BY command_id;
+ROLLBACK;
+BEGIN;
+-- two commands in one place
+UPDATE outbox.commands SET ordering_seq = (SELECT ordering_seq FROM outbox.commands WHERE command_id = 'g1')
+ WHERE command_id = 'g2';
+SELECT command_id, rules FROM outbox.check_state ORDER BY command_id;
+ROLLBACK;
+-- and an unordered pending command without due_at is still lost
+SELECT outbox.commit_decision('r6', 3, 'e', 'u2', 'k', '{}');
+BEGIN;
+UPDATE outbox.commands SET due_at = NULL WHERE command_id = 'u2';
+SELECT command_id, rules FROM outbox.check_state;
+ROLLBACK;
+SELECT count(*) AS violations FROM outbox.check_state;
+
+-- The purge removes published commands only: the waiting ones stay.
+SELECT outbox.complete(run_id, command_id) FROM outbox.commands WHERE status = 'published' ORDER BY command_id;
+SELECT outbox.purge(older_than => interval '0') > 0 AS purged;
+SELECT * FROM ks;
+SELECT count(*) AS violations FROM outbox.check_state;
+
+-- Leave an empty outbox behind.
+DROP VIEW ks;
+DROP EXTENSION outbox;
+CREATE EXTENSION outbox;

@@ -1,0 +1,309 @@
+/*-------------------------------------------------------------------------
+ *
+ * keys.c
+ *		Ordered delivery per key: the lock of an ordering key, the look at
+ *		a key's last command, the release of the next command when a head is
+ *		published, and outbox.skip_head.
+ *
+ * The commands that share an ordering_key leave one at a time, in
+ * ordering_seq order: the producer gives each new command of a key the
+ * place after the key's last one.  A key's head is its first command that
+ * is not published; only the head can be claimable.  Every command after
+ * it is waiting: status pending with due_at NULL, so it has no entry in
+ * commands_claim_idx and claim never reads it.  Everything a head goes
+ * through (claim, fail with a backoff, dead, sweep, uncertain, takeover,
+ * requeue, resolve as retry or dead) keeps it the head.  When it is
+ * published (ack, ack_many, resolve as published) or skipped
+ * (outbox.skip_head, for a dead head), the one that did it makes the next
+ * command of the key claimable in the same transaction (due_at and
+ * available_at become the later of its available_at and now).  A skipped
+ * head leaves the key: its ordering_key and ordering_seq become NULL and
+ * its last_error says which key it was the head of.
+ *
+ * Locking.  Each key has one heavyweight lock: an advisory lock tag in a
+ * lock space of its own (field4 OUTBOX_KEY_LOCK_SPACE, which no
+ * pg_advisory_* function can take), on the database and a 64-bit hash of
+ * the key, exclusive, held until the transaction ends.  Two keys with the
+ * same hash share the lock, which only serializes them.  It is taken by
+ * the producer that appends to the key (before it looks at the key's last
+ * command) and by whatever publishes or skips the key's head (after it
+ * changed the head, before it looks for the next command).  The set of a
+ * key's unfinished commands changes only under this lock: the changes
+ * that do not take it (claim, fail, sweep, requeue, resolve as retry or
+ * dead) move the head between unfinished states, and the purge removes
+ * published commands only.  The look-ups and the release under the lock
+ * read with the latest snapshot (OutboxExecuteLatest), so they see what the
+ * lock's last holder committed whatever the caller's isolation level.
+ * Hence: a producer that sees the key's last command unfinished makes the
+ * new one wait, and the publisher of that command, whose lock waits for
+ * the producer's commit, then sees and releases it; a producer that sees
+ * it published (or no command) makes the new one the head.  A call that
+ * locks several keys locks them in the order of their hashes.  Commands
+ * without a key take none of this.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_skip_head);
+PG_FUNCTION_INFO_V1(outbox_release_key);
+
+static SPIPlanPtr plan_tails = NULL;
+static SPIPlanPtr plan_release = NULL;
+static SPIPlanPtr plan_head = NULL;
+static SPIPlanPtr plan_skip = NULL;
+
+/* The seed of the keys' lock hash (any constant: the lock tags must agree). */
+#define KY_HASH_SEED	UINT64CONST(0x6f7264657265640a)
+
+/* A key and the hash its lock is taken on. */
+typedef struct KyLock
+{
+	uint64		hash;
+	text	   *key;
+} KyLock;
+
+static uint64
+ky_hash(text *key)
+{
+	return hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
+							   VARSIZE_ANY_EXHDR(key), KY_HASH_SEED);
+}
+
+/* qsort comparator of KyLock by hash. */
+static int
+ky_cmp_lock(const void *a, const void *b)
+{
+	uint64		x = ((const KyLock *) a)->hash;
+	uint64		y = ((const KyLock *) b)->hash;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * Take the locks of n ordering keys (exclusive, until the transaction
+ * ends), in the order of their hashes, each once.  A lock this transaction
+ * holds already is only counted again.
+ */
+void
+OutboxLockKeys(text **keys, int n)
+{
+	KyLock	   *locks = palloc(sizeof(KyLock) * Max(n, 1));
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		locks[i].hash = ky_hash(keys[i]);
+		locks[i].key = keys[i];
+	}
+	qsort(locks, n, sizeof(KyLock), ky_cmp_lock);
+	for (i = 0; i < n; i++)
+	{
+		LOCKTAG		tag;
+
+		if (i > 0 && locks[i].hash == locks[i - 1].hash)
+			continue;
+		SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (locks[i].hash >> 32),
+							 (uint32) locks[i].hash, OUTBOX_KEY_LOCK_SPACE);
+		(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	}
+	pfree(locks);
+}
+
+/*
+ * For each of n keys, locked by the caller: the place of the key's last
+ * command (0 when the key has none) and whether that command is
+ * unfinished (busy: a new command of the key must wait).  The key's last
+ * command is published only when all its commands are, since they are
+ * published in order.  Runs in the caller's SPI connection.
+ */
+void
+OutboxKeyTails(text **keys, int n, int64 *last_seq, bool *busy)
+{
+	static const Oid argtypes[1] = {TEXTARRAYOID};
+	Datum	   *elems = palloc(sizeof(Datum) * Max(n, 1));
+	Datum		args[1];
+	uint64		i;
+	int			j;
+
+	for (j = 0; j < n; j++)
+	{
+		elems[j] = PointerGetDatum(keys[j]);
+		last_seq[j] = 0;
+		busy[j] = false;
+	}
+	args[0] = PointerGetDatum(construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT));
+	if (OutboxExecuteLatest(OutboxPrepare(&plan_tails,
+										  "SELECT k.ord, t.ordering_seq,"
+										  "       t.status OPERATOR(pg_catalog.<>) 'published'"
+										  "  FROM pg_catalog.unnest($1) WITH ORDINALITY AS k(key, ord)"
+										  "  JOIN LATERAL (SELECT c.ordering_seq, c.status FROM outbox.commands c"
+										  "                 WHERE c.ordering_key OPERATOR(pg_catalog.=) k.key"
+										  "                 ORDER BY c.ordering_seq DESC LIMIT 1) t ON true",
+										  1, argtypes),
+							args, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: look-up of the ordering keys failed");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		int64		ord = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+
+		if (ord < 1 || ord > n)
+			elog(ERROR, "outbox: look-up of the ordering keys returned key %d", (int) ord);
+		last_seq[ord - 1] = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
+		busy[ord - 1] = DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull));
+	}
+	pfree(elems);
+}
+
+/*
+ * Make the command after each place (a head just published or skipped)
+ * claimable, if it waits: lock the keys, then release the next command of
+ * each.  Runs in the caller's SPI connection; SPI_tuptable is not kept.
+ */
+void
+OutboxReleaseNext(OutboxKeyPlace *places, int n)
+{
+	static const Oid argtypes[3] = {TEXTOID, INT8OID, TIMESTAMPTZOID};
+	text	  **keys;
+	int			i;
+	Datum		args[3];
+
+	if (n == 0)
+		return;
+	keys = palloc(sizeof(text *) * n);
+	for (i = 0; i < n; i++)
+		keys[i] = places[i].key;
+	OutboxLockKeys(keys, n);
+	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
+	for (i = 0; i < n; i++)
+	{
+		args[0] = PointerGetDatum(places[i].key);
+		args[1] = Int64GetDatum(places[i].seq);
+		if (OutboxExecuteLatest(OutboxPrepare(&plan_release,
+											  "UPDATE outbox.commands t"
+											  "   SET available_at = GREATEST(t.available_at, $3),"
+											  "       due_at = GREATEST(t.available_at, $3)"
+											  " WHERE t.ctid OPERATOR(pg_catalog.=) (SELECT c.ctid FROM outbox.commands c"
+											  "        WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
+											  "          AND c.ordering_seq OPERATOR(pg_catalog.>) $2"
+											  "        ORDER BY c.ordering_seq LIMIT 1)"
+											  "   AND t.status OPERATOR(pg_catalog.=) 'pending'"
+											  "   AND t.due_at IS NULL",
+											  3, argtypes),
+								args, NULL, false, 0) != SPI_OK_UPDATE)
+			elog(ERROR, "outbox: release of the next command of an ordering key failed");
+	}
+	pfree(keys);
+}
+
+/*
+ * outbox._release_key(ordering_key, ordering_seq): OutboxReleaseNext for
+ * the PL/pgSQL functions (resolve as published), as the owner.
+ */
+Datum
+outbox_release_key(PG_FUNCTION_ARGS)
+{
+	OutboxKeyPlace place;
+
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		PG_RETURN_VOID();
+	place.key = PG_GETARG_TEXT_PP(0);
+	place.seq = PG_GETARG_INT64(1);
+	SPI_connect();
+	OutboxReleaseNext(&place, 1);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * outbox.skip_head(ordering_key): take a dead head out of its key and
+ * release the next command.  Returns the skipped command's id.  55000 when
+ * the key has no unfinished command or its head is not dead.
+ */
+static Datum
+ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
+{
+	static const Oid head_types[1] = {TEXTOID};
+	static const Oid skip_types[3] = {TEXTOID, TEXTOID, TEXTOID};
+	text	   *key = OutboxArgId(fcinfo, 0, "ordering_key");
+	MemoryContext outer = CurrentMemoryContext;
+	MemoryContext spi;
+	Datum		args[3];
+	HeapTuple	tup;
+	TupleDesc	desc;
+	bool		isnull;
+	text	   *command_id;
+	text	   *run_id;
+	char	   *status;
+	OutboxKeyPlace place;
+
+	SPI_connect();
+	OutboxLockKeys(&key, 1);
+	args[0] = PointerGetDatum(key);
+	if (OutboxExecuteLatest(OutboxPrepare(&plan_head,
+										  "SELECT c.command_id, c.run_id, c.status::pg_catalog.text, c.ordering_seq"
+										  "  FROM outbox.commands c"
+										  " WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
+										  "   AND c.status OPERATOR(pg_catalog.<>) 'published'"
+										  " ORDER BY c.ordering_seq LIMIT 1"
+										  "   FOR NO KEY UPDATE OF c",
+										  1, head_types),
+							args, NULL, false, 1) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: look-up of the head of an ordering key failed");
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("ordering key \"%s\" has no unfinished command", text_to_cstring(key)),
+				 errdetail("Every command of the key is published, or the key has none.")));
+	tup = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	/* the result outlives the SPI connection */
+	spi = MemoryContextSwitchTo(outer);
+	command_id = DatumGetTextPCopy(SPI_getbinval(tup, desc, 1, &isnull));
+	MemoryContextSwitchTo(spi);
+	run_id = DatumGetTextPCopy(SPI_getbinval(tup, desc, 2, &isnull));
+	status = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
+	place.key = key;
+	place.seq = DatumGetInt64(SPI_getbinval(tup, desc, 4, &isnull));
+	if (strcmp(status, "dead") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the head of ordering key \"%s\" is %s, not dead", text_to_cstring(key), status),
+				 errdetail("The head is command \"%s\"; nothing was skipped.", text_to_cstring(command_id)),
+				 errhint("Only a dead head can be skipped; an uncertain one is resolved with outbox.resolve.")));
+
+	args[1] = PointerGetDatum(command_id);
+	args[2] = PointerGetDatum(run_id);
+	if (OutboxExecuteLatest(OutboxPrepare(&plan_skip,
+										  "UPDATE outbox.commands c"
+										  "   SET ordering_key = NULL, ordering_seq = NULL,"
+										  "       last_error = pg_catalog.concat_ws('; ', c.last_error,"
+										  "           pg_catalog.format('skipped as the head of ordering key %s', $1))"
+										  " WHERE c.command_id OPERATOR(pg_catalog.=) $2"
+										  "   AND c.run_id OPERATOR(pg_catalog.=) $3",
+										  3, skip_types),
+							args, NULL, false, 0) != SPI_OK_UPDATE || SPI_processed != 1)
+		elog(ERROR, "outbox: skip of the head of an ordering key failed");
+	OutboxReleaseNext(&place, 1);
+	SPI_finish();
+	PG_RETURN_TEXT_P(command_id);
+}
+
+/* outbox.skip_head: the body, as the owner, told who called. */
+Datum
+outbox_skip_head(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, ky_skip_head);
+}
