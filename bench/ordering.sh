@@ -76,21 +76,29 @@ outbox_give_to_pg_user "$WORK"
 
 # Decide keys x per commands, key-major: command g is the
 # ((g - 1) % per + 1)-th of key (g - 1) / per; with ordering_key (ordered =
-# 1) or without.  5,000 decisions per call; then tidy the table.
+# 1) or without.  5,000 decisions per call, one transaction each (a
+# transaction holds the lock of every key it appends to until it ends);
+# then tidy the table.
 load() {
 	local keys=$1 per=$2 ordered=$3
 	local okey=""
 	[ "$ordered" = 1 ] && okey=", 'ordering_key', 'key-' || ((g - 1) / $per)"
 	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts;
-SELECT count(*)
-  FROM (SELECT (g - 1) / 5000 AS chunk,
-               jsonb_agg(jsonb_build_object('run_id', 'run-' || ((g - 1) / $per), 'seq', (g - 1) % $per + 1,
-                                            'event_kind', 'decided', 'command_id', 'cmd-' || g,
-                                            'command_kind', 'k'$okey,
-                                            'payload', jsonb_build_object('n', g, 'to', 'someone@example.org'))
-                         ORDER BY g) AS d
-          FROM generate_series(1, $keys * $per) g GROUP BY 1) b,
-       LATERAL outbox.commit_decisions(b.d);
+DO \$\$
+BEGIN
+	FOR b IN 0 .. ($keys * $per - 1) / 5000 LOOP
+		PERFORM count(*)
+		  FROM outbox.commit_decisions((
+			SELECT jsonb_agg(jsonb_build_object('run_id', 'run-' || ((g - 1) / $per), 'seq', (g - 1) % $per + 1,
+												'event_kind', 'decided', 'command_id', 'cmd-' || g,
+												'command_kind', 'k'$okey,
+												'payload', jsonb_build_object('n', g, 'to', 'someone@example.org'))
+							 ORDER BY g)
+			  FROM generate_series(b * 5000 + 1, least((b + 1) * 5000, $keys * $per)) g));
+		COMMIT;
+	END LOOP;
+END
+\$\$;
 VACUUM ANALYZE outbox.commands;
 CHECKPOINT;" >/dev/null
 }
