@@ -213,55 +213,67 @@ az_cmp_kind(const void *a, const void *b)
 }
 
 /*
- * Whether the policy of kind orders its commands by run (a command decided
- * without an ordering key gets its run_id as key).  The ordered kinds are
- * read once and kept like the deciders (OutboxAnyDeciders); while no kind
- * is ordered, the answer costs no look-up.  Runs in the caller's SPI
- * connection.
+ * Read the kinds ordered by run (policies.ordered_by_run) unless they are
+ * known; pending invalidations are taken in first, so a set_policy
+ * committed before this call is seen.  Runs in the caller's SPI connection.
  */
-bool
-OutboxOrderedByRun(text *kind)
+static void
+az_load_ordered(void)
 {
+	MemoryContext old;
+	uint64		i;
+
 	if (!az_callback_registered)
 	{
 		CacheRegisterRelcacheCallback(az_forget_deciders, (Datum) 0);
 		az_callback_registered = true;
 	}
 	AcceptInvalidationMessages();
-	if (!az_ordered_known)
+	if (az_ordered_known)
+		return;
+	if (OutboxExecute(OutboxPrepare(&plan_ordered,
+									"SELECT p.kind FROM outbox.policies p"
+									" WHERE p.ordered_by_run ORDER BY p.kind",
+									0, NULL),
+					  NULL, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: lookup of the kinds ordered by run failed");
+	if (az_ordered != NULL)
 	{
-		MemoryContext old;
-		uint64		i;
-
-		if (OutboxExecute(OutboxPrepare(&plan_ordered,
-										"SELECT p.kind FROM outbox.policies p"
-										" WHERE p.ordered_by_run ORDER BY p.kind",
-										0, NULL),
-						  NULL, NULL, true, 0) != SPI_OK_SELECT)
-			elog(ERROR, "outbox: lookup of the kinds ordered by run failed");
-		if (az_ordered != NULL)
-		{
-			for (i = 0; i < (uint64) az_n_ordered; i++)
-				pfree(az_ordered[i]);
-			pfree(az_ordered);
-			az_ordered = NULL;
-		}
-		old = MemoryContextSwitchTo(TopMemoryContext);
-		az_n_ordered = (int) SPI_processed;
-		if (az_n_ordered > 0)
-			az_ordered = palloc(sizeof(text *) * az_n_ordered);
-		for (i = 0; i < SPI_processed; i++)
-		{
-			bool		isnull;
-
-			az_ordered[i] = DatumGetTextPCopy(SPI_getbinval(SPI_tuptable->vals[i],
-															SPI_tuptable->tupdesc, 1, &isnull));
-		}
-		MemoryContextSwitchTo(old);
-		az_ordered_known = true;
+		for (i = 0; i < (uint64) az_n_ordered; i++)
+			pfree(az_ordered[i]);
+		pfree(az_ordered);
+		az_ordered = NULL;
 	}
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	az_n_ordered = (int) SPI_processed;
+	if (az_n_ordered > 0)
+		az_ordered = palloc(sizeof(text *) * az_n_ordered);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		az_ordered[i] = DatumGetTextPCopy(SPI_getbinval(SPI_tuptable->vals[i],
+														SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	MemoryContextSwitchTo(old);
+	az_ordered_known = true;
+}
+
+/*
+ * Whether the policy of kind orders its commands by run (a command decided
+ * without an ordering key gets its run_id as key); with kind NULL, whether
+ * any kind's does.  The ordered kinds are read once and kept like the
+ * deciders (OutboxAnyDeciders); while no kind is ordered, the answer costs
+ * no look-up.  Runs in the caller's SPI connection.
+ */
+bool
+OutboxOrderedByRun(text *kind)
+{
+	az_load_ordered();
 	if (az_n_ordered == 0)
 		return false;
+	if (kind == NULL)
+		return true;
 	return bsearch(&kind, az_ordered, az_n_ordered, sizeof(text *), az_cmp_kind) != NULL;
 }
 

@@ -31,6 +31,14 @@
  * takeover mode is 'auto'; the others are settled by sweep (dead, or
  * uncertain for a manual kind), which the background worker runs.
  *
+ * Ordering keys.  A command waiting behind an earlier one of its ordering
+ * key is pending with due_at NULL, in no index claim reads: claim hands out
+ * keys' heads only and knows nothing of keys beyond returning them.  The
+ * ack of a head (ack, ack_many: their UPDATE returns the key, NULL for an
+ * unordered command, which takes nothing more) releases the next command of
+ * its key under the key's lock (OutboxReleaseNext, src/keys.c).  fail,
+ * renew, sweep and takeovers keep a head the head.
+ *
  * Times.  Leases and availability are computed from the clock at the
  * moment of the call (GetCurrentTimestamp), not from the transaction start:
  * a claim inside a long transaction never hands out a lease that has

@@ -10,6 +10,8 @@
  *				 identity (OutboxCallAsOwner)
  *	 authz.c	 this database's group roles, per-kind rights
  *	 plans.c	 saved plans and the planner steering of their execution
+ *	 keys.c		 ordered delivery per key: the keys' locks, the release of
+ *				 the next command, skip_head
  *	 producer.c, lease.c, consumer.c	the SQL-callable API
  *	 shared.c	 shared memory: counters, the commit, subtransaction and
  *				 two-phase callbacks, the worker slots and request queue,

@@ -37,6 +37,14 @@
  * may carry another traceparent and is still the caller's own retry (the
  * stored headers stay).  A call without headers stores NULL.
  *
+ * A decision may carry an ordering key (or get its run_id as key, for a
+ * kind ordered by run: OutboxOrderedByRun).  Such a decision first takes
+ * the key's lock and reads the key's last command (src/keys.c, which
+ * states the protocol); the command gets the next place in its key and
+ * waits (due_at NULL) when that command is unfinished.  A batch locks all
+ * its keys first, in one order.  A decision without a key runs the
+ * statements it ran before keys existed, and takes no lock.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -980,13 +988,14 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 
 	/* A kind ordered by run: the decisions without a key get their run_id. */
 	SPI_connect();
-	for (i = 0; i < n; i++)
-		if (elnulls[PR_KEY_ORDERING_KEY][i] &&
-			OutboxOrderedByRun(DatumGetTextPP(elems[PR_KEY_COMMAND_KIND][i])))
-		{
-			elems[PR_KEY_ORDERING_KEY][i] = elems[PR_KEY_RUN_ID][i];
-			elnulls[PR_KEY_ORDERING_KEY][i] = false;
-		}
+	if (OutboxOrderedByRun(NULL))
+		for (i = 0; i < n; i++)
+			if (elnulls[PR_KEY_ORDERING_KEY][i] &&
+				OutboxOrderedByRun(DatumGetTextPP(elems[PR_KEY_COMMAND_KIND][i])))
+			{
+				elems[PR_KEY_ORDERING_KEY][i] = elems[PR_KEY_RUN_ID][i];
+				elnulls[PR_KEY_ORDERING_KEY][i] = false;
+			}
 
 	for (j = 0; j < PR_NKEYS; j++)
 	{

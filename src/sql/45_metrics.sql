@@ -28,6 +28,8 @@
 --   status     state    commands                         oldest_age_seconds
 --   pending    ready    claimable now                    since the oldest became claimable
 --   pending    delayed  waiting for their not-before     0
+--   pending    waiting  behind an earlier command of     0
+--                       their ordering key
 --   sending    live     leases that have not ended       0
 --   sending    expired  leases that ended without ack    since the oldest lease ended
 --   dead       held     deliveries used up, or fatal     0
@@ -51,6 +53,8 @@ WITH g AS (
 	SELECT c.kind, c.status COLLATE pg_catalog."C" AS status,
 		   pg_catalog.count(*) FILTER (WHERE c.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS ready,
 		   pg_catalog.count(*) FILTER (WHERE c.due_at OPERATOR(pg_catalog.>) pg_catalog.now()) AS delayed,
+		   pg_catalog.count(*) FILTER (WHERE c.status OPERATOR(pg_catalog.=) 'pending'
+									   AND c.due_at IS NULL) AS waiting,
 		   pg_catalog.min(c.due_at) FILTER (WHERE c.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest_ready,
 		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.>) pg_catalog.now()) AS live,
 		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS expired,
@@ -65,6 +69,7 @@ SELECT g.kind, g.status::pg_catalog.text, x.state, x.n,
  CROSS JOIN LATERAL (VALUES
 	('pending'::pg_catalog.text, 'ready'::pg_catalog.text, g.ready, g.oldest_ready),
 	('pending', 'delayed', g.delayed, NULL),
+	('pending', 'waiting', g.waiting, NULL),
 	('sending', 'live', g.live, NULL),
 	('sending', 'expired', g.expired, g.oldest_expired),
 	('dead', 'held', g.n, NULL),
@@ -73,7 +78,7 @@ SELECT g.kind, g.status::pg_catalog.text, x.state, x.n,
    AND x.n OPERATOR(pg_catalog.>) 0
 $$;
 COMMENT ON FUNCTION @extschema@.metrics_backlog()
-	IS 'per kind, status and state (ready, delayed, live, expired, held): the commands that are not published and the age in seconds of the oldest ready command or expired lease; one index-only scan of commands_unfinished_idx';
+	IS 'per kind, status and state (ready, delayed, waiting, live, expired, held): the commands that are not published and the age in seconds of the oldest ready command or expired lease; one index-only scan of commands_unfinished_idx';
 
 REVOKE ALL ON FUNCTION @extschema@.metrics_backlog() FROM PUBLIC;
 DO $$
