@@ -11,6 +11,8 @@
 #    --drain), against the same backlog decided without keys; commands per
 #    second from the start of the relays to the last ack, median of
 #    REPEATS, and the ratio ordered / unordered.
+# The backlogs are decided in LAYOUT (see load below), the claim latency's
+# in each of LAT_LAYOUTS.
 # 2. Claim latency: HEADS keys with WAITING commands behind each head,
 #    against the HEADS heads alone (HEADS commands in total); PUBLISHERS
 #    pgbench clients run "BEGIN; claim B; ROLLBACK" for LAT_SECS seconds
@@ -18,12 +20,14 @@
 #    transaction, and the ratio of the p50s.
 # 3. A hot key: HOT commands all on one key, PUBLISHERS pgbench clients
 #    looping "claim B; ack the batch" (at most one command is claimable at
-#    a time), against ONE client looping "claim 1; ack 1" on unordered
-#    commands; commands per second over HOT_SECS seconds, the ratio.
+#    a time), and then one such client, against ONE client looping "claim
+#    1; ack 1" on unordered commands; commands per second over HOT_SECS
+#    seconds, the ratios.
 #
 # Settings: KEYS, PER_KEY, B, PUBLISHERS, REPEATS, HEADS, WAITING,
-# LAT_SECS, HOT, HOT_SECS, ONLY (throughput|latency|hot), EXTRA_CONF
-# (lines appended to postgresql.conf).
+# LAT_SECS, HOT, HOT_SECS, LAYOUT (interleaved|key-major), LAT_LAYOUTS,
+# ONLY (throughput|latency|hot), EXTRA_CONF (lines appended to
+# postgresql.conf).
 set -u
 set -o pipefail
 
@@ -42,6 +46,8 @@ HOT=${HOT:-60000}
 HOT_SECS=${HOT_SECS:-10}
 EXTRA_CONF=${EXTRA_CONF:-}
 ONLY=${ONLY:-}
+LAYOUT=${LAYOUT:-interleaved}
+LAT_LAYOUTS=${LAT_LAYOUTS:-"interleaved key-major"}
 if [ -n "${QUICK:-}" ]; then
 	KEYS=2000
 	REPEATS=1
@@ -74,22 +80,26 @@ ROLLBACK;
 EOF
 outbox_give_to_pg_user "$WORK"
 
-# Decide keys x per commands, key-major: command g is the
-# ((g - 1) % per + 1)-th of key (g - 1) / per; with ordering_key (ordered =
-# 1) or without.  5,000 decisions per call, one transaction each (a
-# transaction holds the lock of every key it appends to until it ends);
-# then tidy the table.
+# Decide keys x per commands (one run per key), with ordering_key (ordered
+# = 1) or without, in one of two layouts: interleaved (command g belongs
+# to key (g - 1) % keys: the keys take turns, as keys that receive their
+# commands over time do, and the heads are the oldest rows) or key-major
+# (command g belongs to key (g - 1) / per: each key's commands are
+# decided together, so the heads are spread over the whole table).  5,000
+# decisions per call, one transaction each (a transaction holds the lock
+# of every key it appends to until it ends); then tidy the table.
 load() {
-	local keys=$1 per=$2 ordered=$3
-	local okey=""
-	[ "$ordered" = 1 ] && okey=", 'ordering_key', 'key-' || ((g - 1) / $per)"
+	local keys=$1 per=$2 ordered=$3 layout=${4:-$LAYOUT}
+	local k="((g - 1) % $keys)" s="((g - 1) / $keys + 1)" okey=""
+	[ "$layout" = key-major ] && k="((g - 1) / $per)" s="((g - 1) % $per + 1)"
+	[ "$ordered" = 1 ] && okey=", 'ordering_key', 'key-' || $k"
 	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts;
 DO \$\$
 BEGIN
 	FOR b IN 0 .. ($keys * $per - 1) / 5000 LOOP
 		PERFORM count(*)
 		  FROM outbox.commit_decisions((
-			SELECT jsonb_agg(jsonb_build_object('run_id', 'run-' || ((g - 1) / $per), 'seq', (g - 1) % $per + 1,
+			SELECT jsonb_agg(jsonb_build_object('run_id', 'run-' || $k, 'seq', $s,
 												'event_kind', 'decided', 'command_id', 'cmd-' || g,
 												'command_kind', 'k'$okey,
 												'payload', jsonb_build_object('n', g, 'to', 'someone@example.org'))
@@ -160,30 +170,33 @@ if [ -z "$ONLY" ] || [ "$ONLY" = latency ]; then
 	load "$HEADS" 1 1 || exit 1
 	r=$(claim_lat) || exit 1
 	read -r n1 p50a p99a <<<"$r"
-	printf '  %7d commands (%d heads, none waiting)      p50 %7s  p99 %7s  (%d claims)\n' \
+	printf '  %7d commands (%d heads, none waiting)            p50 %7s  p99 %7s  (%d claims)\n' \
 		"$HEADS" "$HEADS" "$p50a" "$p99a" "$n1"
-	load "$HEADS" $((WAITING + 1)) 1 || exit 1
-	r=$(claim_lat) || exit 1
-	read -r n2 p50b p99b <<<"$r"
-	printf '  %7d commands (%d heads, %d waiting)  p50 %7s  p99 %7s  (%d claims)\n' \
-		"$((HEADS * (WAITING + 1)))" "$HEADS" "$((HEADS * WAITING))" "$p50b" "$p99b" "$n2"
-	echo "  p50 with the waiting commands / without: $(ratio "$p50b" "$p50a")"
+	for layout in $LAT_LAYOUTS; do
+		load "$HEADS" $((WAITING + 1)) 1 "$layout" || exit 1
+		r=$(claim_lat) || exit 1
+		read -r n2 p50b p99b <<<"$r"
+		printf '  %7d commands (%d heads, %d waiting, %-11s) p50 %7s  p99 %7s  (%d claims)\n' \
+			"$((HEADS * (WAITING + 1)))" "$HEADS" "$((HEADS * WAITING))" "$layout" "$p50b" "$p99b" "$n2"
+		echo "  p50 with the waiting commands ($layout) / without: $(ratio "$p50b" "$p50a")"
+	done
 fi
 
 # 3. A hot key against one client's claim-1/ack-1 round trips.
 hot_run() {
-	local clients=$1 batch=$2 start end
+	local clients=$1 batch=$2 start end before
+	before=$(psql_q "SELECT count(*) FROM outbox.commands WHERE status = 'published'")
 	start=$(now)
 	as_pg "'$PGBIN/pgbench' -n -h '$DATA' -p $PORT -c $clients -j $clients -T $HOT_SECS -D batch=$batch -f '$WORK/loop.sql' bench" >"$WORK/pgbench-hot.log" 2>&1 ||
 		{ cat "$WORK/pgbench-hot.log" >&2; exit 1; }
 	end=$(now)
-	psql_q "SELECT round(count(*) / ($end - $start)) FROM outbox.commands WHERE status = 'published'"
+	psql_q "SELECT round((count(*) - $before) / ($end - $start)) FROM outbox.commands WHERE status = 'published'"
 }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = hot ]; then
 	echo
 	echo "one hot key: $PUBLISHERS clients claiming $B against 1 client claim-1/ack-1 unordered, ${HOT_SECS}s (commands/s)"
-	declare -a BASE HOTK
+	declare -a BASE HOTK HOT1
 	for _ in $(seq "$REPEATS"); do
 		load 1 "$HOT" 0 || exit 1
 		r=$(hot_run 1 1) || exit 1
@@ -191,12 +204,17 @@ if [ -z "$ONLY" ] || [ "$ONLY" = hot ]; then
 		load 1 "$HOT" 1 || exit 1
 		r=$(hot_run "$PUBLISHERS" "$B") || exit 1
 		HOTK+=("$r")
+		r=$(hot_run 1 "$B") || exit 1
+		HOT1+=("$r")
 	done
 	base=$(printf '%s\n' "${BASE[@]}" | median)
 	hot=$(printf '%s\n' "${HOTK[@]}" | median)
+	hot1=$(printf '%s\n' "${HOT1[@]}" | median)
 	left=$(psql_q "SELECT count(*) FROM outbox.commands WHERE status = 'pending'")
 	[ "$left" = 0 ] && echo "warning: the hot key drained before the end; raise HOT" >&2
 	printf '  unordered, 1 client claim-1/ack-1 %8s   (runs: %s)\n' "$base" "${BASE[*]}"
 	printf '  one key, %d clients claim-%d      %8s   (runs: %s)\n' "$PUBLISHERS" "$B" "$hot" "${HOTK[*]}"
-	echo "  hot key / claim-1 round trips: $(ratio "$hot" "$base")"
+	printf '  one key, 1 client claim-%d        %8s   (runs: %s)\n' "$B" "$hot1" "${HOT1[*]}"
+	echo "  hot key, $PUBLISHERS clients / claim-1 round trips: $(ratio "$hot" "$base")"
+	echo "  hot key, 1 client / claim-1 round trips: $(ratio "$hot1" "$base")"
 fi
