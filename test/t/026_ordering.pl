@@ -391,16 +391,18 @@ is(sq(q{SELECT string_agg(command_id || ' ' || status || ' ' || deliveries, ',' 
 		  FROM outbox.commands WHERE command_id IN ('dk-2', 'dk-3', 'dk-4')}),
 	'dk-2 pending 0,dk-3 pending 0,dk-4 pending 0', 'dead head: the rest of its key waits, never delivered');
 is(blocked(), 'dead-key dk-1 dr-1 dead 3 t', 'blocked_keys: the key, its dead head, since when, 3 waiting');
-like(error_of(q{SELECT outbox.skip_head('live-key')}), qr/^[0-9A-Z]{5}: /,
-	'skip_head of a key without a dead head: an error with a SQLSTATE');
-like(error_of(q{SELECT outbox.skip_head('no-such-key')}), qr/^[0-9A-Z]{5}: /,
-	'skip_head of an unknown key: an error with a SQLSTATE');
-like(error_of(q{SELECT outbox.skip_head(NULL)}), qr/^[0-9A-Z]{5}: /, 'skip_head(NULL): an error with a SQLSTATE');
+like(error_of(q{SELECT outbox.skip_head('live-key')}), qr/^55000: /,
+	'skip_head of a key with nothing unfinished: 55000');
+like(error_of(q{SELECT outbox.skip_head('no-such-key')}), qr/^55000: /, 'skip_head of an unknown key: 55000');
+like(error_of(q{SELECT outbox.skip_head(NULL)}), qr/^22004: /, 'skip_head(NULL): 22004');
 is(blocked(), 'dead-key dk-1 dr-1 dead 3 t', 'the refused calls changed nothing');
 is(sq(q{SELECT outbox.skip_head('dead-key')}), 'dk-1', 'skip_head returns the skipped head');
 is(blocked(), '', 'the key is no longer blocked');
 is(drain('dk'), 'dk-2 | dk-3 | dk-4', 'after skip_head the key drains in order');
-is(sq(q{SELECT status FROM outbox.commands WHERE command_id = 'dk-1'}), 'dead', 'the skipped head stays dead');
+is(sq(q{SELECT concat_ws(' ', status, ordering_key, ordering_seq) FROM outbox.commands WHERE command_id = 'dk-1'}),
+	'dead', 'the skipped head stays dead and leaves its key');
+like(sq(q{SELECT last_error FROM outbox.commands WHERE command_id = 'dk-1'}), qr/skipped as the head of ordering key dead-key$/,
+	'its last error says so');
 
 # A head in retry backoff holds its key; skip_head refuses it.
 sq(q{SELECT outbox.commit_decision('br', s, 'decided', 'bk-' || s, 'bk', '{}', ordering_key => 'slow-key')
@@ -409,7 +411,7 @@ is(claim('bk'), 'bk-1 slow-key', 'backoff: the head is claimed');
 is(fail('bk-1', 'false'), 'pending', 'backoff: the head fails, to retry in an hour');
 is(claim('bk'), '', 'backoff: nothing of the key is claimable meanwhile');
 is(blocked(), 'slow-key bk-1 br pending 2 t', 'blocked_keys: the head in backoff, 2 waiting');
-like(error_of(q{SELECT outbox.skip_head('slow-key')}), qr/^[0-9A-Z]{5}: /, 'skip_head refuses a head that is not dead');
+like(error_of(q{SELECT outbox.skip_head('slow-key')}), qr/^55000: /, 'skip_head refuses a head that is not dead: 55000');
 is(blocked(), 'slow-key bk-1 br pending 2 t', 'skip_head changed nothing');
 
 # requeue of a dead head: the head goes again, then the next.
