@@ -35,6 +35,16 @@ SELECT outbox.skip_head('');
 SELECT outbox.skip_head(NULL);
 SELECT (SELECT count(*) FROM outbox.commands) AS commands, (SELECT count(*) FROM outbox.events) AS events;
 
+-- A decision with a key holds the key's lock to the end of its transaction:
+-- an advisory lock in a lock space of its own (objsubid 20290); one without
+-- a key takes none.
+BEGIN;
+SELECT outbox.commit_decision('r0', 1, 'e', 'lk0', 'k', '{}');
+SELECT count(*) AS key_locks FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid();
+SELECT outbox.commit_decision('r0', 2, 'e', 'lk1', 'k', '{}', ordering_key => 'L');
+SELECT locktype, objsubid, mode, granted FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid();
+ROLLBACK;
+
 -- Key A gets three commands (two runs), key B one, and one has no key:
 -- only the heads and the unordered one are claimable.
 SELECT outbox.commit_decision('r1', 1, 'e', 'a1', 'k', '{}', ordering_key => 'A');
@@ -50,6 +60,11 @@ SELECT ordering_key IS NULL AS no_key, ordering_seq IS NULL AS no_place, due_at 
 SELECT * FROM pg_temp.claim('w');
 SELECT * FROM pg_temp.claim('w');
 
+-- The ack of an unordered command takes no lock (rolled back: u1 stays leased).
+BEGIN;
+SELECT outbox.ack('w', pg_temp.t('u1'));
+SELECT count(*) AS key_locks FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid();
+ROLLBACK;
 -- The ack of a head releases the next command of its key, in order.
 SELECT outbox.ack('w', pg_temp.t('a1'));
 SELECT * FROM ks;
@@ -125,6 +140,11 @@ SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
   {"run_id": "t4", "seq": 1, "event_kind": "e", "command_id": "t4-1", "command_kind": "k", "payload": {}, "ordering_key": "E"},
   {"run_id": "t4", "seq": 2, "event_kind": "e", "command_id": "t4-2", "command_kind": "k", "payload": {}, "ordering_key": "E"}]');
 SELECT * FROM ks WHERE key IN ('t1', 'D', 'E');
+-- a batch with a retry: the retry keeps its place, the new decision takes the next
+SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
+  {"run_id": "t4", "seq": 2, "event_kind": "e", "command_id": "t4-2", "command_kind": "k", "payload": {}, "ordering_key": "E"},
+  {"run_id": "t4", "seq": 3, "event_kind": "e", "command_id": "t4-3", "command_kind": "k", "payload": {}, "ordering_key": "E"}]');
+SELECT * FROM ks WHERE key = 'E';
 SELECT ordering_key IS NULL AS no_key, due_at IS NOT NULL AS claimable FROM outbox.commands WHERE command_id = 't3-1';
 SELECT outbox.set_policy('trip', ordered_by_run => false);
 SELECT outbox.commit_decision('t1', 5, 'e', 't1-5', 'trip', '{}');

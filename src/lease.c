@@ -890,7 +890,7 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 	Datum		args[5];
 	int			ret;
 	bool		isnull;
-	Datum		key;
+	Datum		okey;
 
 	if (!le_arg_token(fcinfo, 1, &tok))
 		le_raise_not_owned(worker, NULL);
@@ -919,12 +919,12 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 	if (SPI_processed != 1)
 		le_raise_not_owned(worker, &tok);
 	/* The head of an ordering key releases the next command (src/keys.c). */
-	key = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	okey = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (!isnull)
 	{
 		OutboxKeyPlace place;
 
-		place.key = DatumGetTextPCopy(key);
+		place.key = DatumGetTextPCopy(okey);
 		place.seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 												SPI_tuptable->tupdesc, 2, &isnull));
 		OutboxReleaseNext(&place, 1);
@@ -1167,17 +1167,17 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 			HeapTuple	tup = SPI_tuptable->vals[j];
 			TupleDesc	desc = SPI_tuptable->tupdesc;
 			bool		isnull;
-			Datum		key;
+			Datum		okey;
 
 			taken[nacked].command_id = DatumGetTextPP(SPI_getbinval(tup, desc, 1, &isnull));
 			taken[nacked].run_id = SPI_getbinval(tup, desc, 2, &isnull);
 			taken[nacked].version = DatumGetInt64(SPI_getbinval(tup, desc, 3, &isnull)) - 1;
 			taken[nacked].used = false;
 			nacked++;
-			key = SPI_getbinval(tup, desc, 4, &isnull);
+			okey = SPI_getbinval(tup, desc, 4, &isnull);
 			if (!isnull)
 			{
-				places[nplaces].key = DatumGetTextPP(key);
+				places[nplaces].key = DatumGetTextPP(okey);
 				places[nplaces].seq = DatumGetInt64(SPI_getbinval(tup, desc, 5, &isnull));
 				nplaces++;
 			}

@@ -49,8 +49,10 @@ CREATE DOMAIN @extschema@.command_deliveries AS pg_catalog.int4
 -- availability (due_at is available_at while pending, NULL otherwise) and
 -- commands_lease_idx holds sending rows by lease end (for takeovers and the
 -- worker's sweep).  A claim adds one entry to each of commands_pkey and
--- commands_lease_idx, an ack one to commands_pkey only: no other index
--- exists, and no field an ack changes appears in any key.  The fillfactor
+-- commands_lease_idx, an ack one to commands_pkey only: the other indexes
+-- (commands_unfinished_idx, and commands_key_idx for the commands with an
+-- ordering key) get none from the claim or ack of an unordered command, and
+-- no field an ack changes appears in any key.  The fillfactor
 -- leaves room on each page for the new row versions.  A lease's token is
 -- not stored: it carries the claiming role, the version, the run_id and the
 -- command_id, and a MAC of them and of the worker name under the key in

@@ -2,7 +2,8 @@
 # table looked like when the session made its saved plans.  One session
 # calls every producer, publisher, consumer and administrator function while
 # the tables are empty (the plans are made then), fills the tables with
-# 100,000 pending and 50,000 published commands, and calls them all again
+# 100,000 pending and 50,000 published commands and 200 ordering keys of 100
+# commands (one head each, the rest waiting), and calls them all again
 # with auto_explain logging every nested statement's plan; then once more
 # after ANALYZE (plans re-made with statistics).  No plan may read a table
 # of the extension with a sequential or bitmap scan.
@@ -51,6 +52,18 @@ SELECT outbox.inbox_accept('consumer', 'run-$p', '$p-1');
 SELECT outbox.sweep();
 SELECT outbox.purge(10, interval '0');
 DROP TABLE l;
+SELECT outbox.commit_decision('run-$p', 6, 'e', '$p-o1', 'o-$p', '{}', ordering_key => 'key-$p');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "run-$p", "seq": 7, "event_kind": "e", "command_id": "$p-o2",
+	"command_kind": "o-$p", "payload": {}, "ordering_key": "key-$p"},
+	{"run_id": "run-$p", "seq": 8, "event_kind": "e", "command_id": "$p-o3", "command_kind": "o-$p",
+	"payload": {}, "ordering_key": "key-$p"}]');
+CREATE TEMP TABLE lo AS SELECT * FROM outbox.claim('w-$p', 10, NULL, ARRAY['o-$p']);
+SELECT count(*) = 1 AS claimed_the_head FROM lo;
+SELECT outbox.ack('w-$p', (SELECT token FROM lo));
+SELECT count(*) = 1 AS acked_the_next FROM outbox.ack_many('w-$p', ARRAY(SELECT token FROM outbox.claim('w-$p', 10, NULL, ARRAY['o-$p'])));
+SELECT outbox.fail('w-$p', (SELECT token FROM outbox.claim('w-$p', 10, NULL, ARRAY['o-$p'])), 'boom', true);
+SELECT outbox.skip_head('key-$p') = '$p-o3' AS skipped;
+DROP TABLE lo;
 SELECT 'phase $p done';
 };
 }
@@ -67,6 +80,13 @@ SELECT 'fill-' || g, 'fill-' || g / 100, g % 100, 'k', '{}', now(), 'published',
 INSERT INTO outbox.receipts (command_id, outcome, completed_at)
 SELECT 'fill-' || g, 'done', now() + interval '1 day' FROM generate_series(100001, 150000) g;
 INSERT INTO outbox.inbox (consumer, command_id) SELECT 'consumer', 'fill-' || g FROM generate_series(100001, 150000) g;
+-- 200 ordering keys of 100 commands each: the head claimable, the rest waiting
+INSERT INTO outbox.events (run_id, seq, kind, command_id)
+SELECT 'fillo-' || g / 100, g % 100, 'e', 'fillo-' || g FROM generate_series(0, 19999) g;
+INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_at, due_at, ordering_key, ordering_seq)
+SELECT 'fillo-' || g, 'fillo-' || g / 100, g % 100, 'o', '{}', now(), CASE WHEN g % 100 = 0 THEN now() END,
+	   'fk-' || g / 100, g % 100 + 1
+  FROM generate_series(0, 19999) g;
 };
 
 my $script = q{
