@@ -23,10 +23,14 @@
 #    a time), and then one such client, against ONE client looping "claim
 #    1; ack 1" on unordered commands; commands per second over HOT_SECS
 #    seconds, the ratios.
+# 4. Where the time goes: the backlog of 1 decided with and without keys,
+#    PUBLISHERS pgbench clients looping "claim B; ack the batch" over 80%
+#    of it (pgbench -r): the average time of the claim and of the ack
+#    statement, ordered against unordered.
 #
 # Settings: KEYS, PER_KEY, B, PUBLISHERS, REPEATS, HEADS, WAITING,
 # LAT_SECS, HOT, HOT_SECS, LAYOUT (interleaved|key-major), LAT_LAYOUTS,
-# ONLY (throughput|latency|hot), EXTRA_CONF (lines appended to
+# ONLY (throughput|latency|hot|statements), EXTRA_CONF (lines appended to
 # postgresql.conf).
 set -u
 set -o pipefail
@@ -217,4 +221,26 @@ if [ -z "$ONLY" ] || [ "$ONLY" = hot ]; then
 	printf '  one key, 1 client claim-%d        %8s   (runs: %s)\n' "$B" "$hot1" "${HOT1[*]}"
 	echo "  hot key, $PUBLISHERS clients / claim-1 round trips: $(ratio "$hot" "$base")"
 	echo "  hot key, 1 client / claim-1 round trips: $(ratio "$hot1" "$base")"
+fi
+
+# 4. The claim's and the ack's share (pgbench -r, ms per statement).
+statements() {
+	local t=$((KEYS * PER_KEY * 8 / 10 / B / PUBLISHERS))
+	as_pg "'$PGBIN/pgbench' -n -r -h '$DATA' -p $PORT -c $PUBLISHERS -j $PUBLISHERS -t $t -D batch=$B -f '$WORK/loop.sql' bench" >"$WORK/pgbench-st.log" 2>&1 ||
+		{ cat "$WORK/pgbench-st.log" >&2; exit 1; }
+	awk '/outbox\.claim\(/ { c = $1 } /outbox\.ack_many\(/ { a = $1 } END { print c, a }' "$WORK/pgbench-st.log"
+}
+
+if [ -z "$ONLY" ] || [ "$ONLY" = statements ]; then
+	echo
+	echo "where the time goes: $KEYS keys x $PER_KEY, $PUBLISHERS clients claim $B / ack over 80% of it (ms per statement)"
+	for _ in $(seq "$REPEATS"); do
+		load "$KEYS" "$PER_KEY" 0 || exit 1
+		r=$(statements) || exit 1
+		read -r c0 a0 <<<"$r"
+		load "$KEYS" "$PER_KEY" 1 || exit 1
+		r=$(statements) || exit 1
+		read -r c1 a1 <<<"$r"
+		echo "  claim: unordered $c0, ordered $c1 ($(ratio "$c1" "$c0")x); ack: unordered $a0, ordered $a1 ($(ratio "$a1" "$a0")x)"
+	done
 fi
