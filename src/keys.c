@@ -35,9 +35,10 @@
  * read with the latest snapshot (OutboxExecuteLatest), so they see what the
  * lock's last holder committed whatever the caller's isolation level.
  * Hence: a producer that sees the key's last command unfinished makes the
- * new one wait, and the publisher of that command, whose lock waits for
- * the producer's commit, then sees and releases it; a producer that sees
- * it published (or no command) makes the new one the head.  A call that
+ * new one wait, and whoever publishes or skips the key's head later takes
+ * the lock after the producer's commit and sees it (released at once if it
+ * is next); a producer that sees the last command published (or none)
+ * makes the new one the head, since the key has no unfinished command.  A call that
  * locks several keys locks them in the order of their hashes.  Commands
  * without a key take none of this.
  *
@@ -59,6 +60,7 @@ PG_FUNCTION_INFO_V1(outbox_release_key);
 
 static SPIPlanPtr plan_tails = NULL;
 static SPIPlanPtr plan_release = NULL;
+static SPIPlanPtr plan_release_many = NULL;
 static SPIPlanPtr plan_head = NULL;
 static SPIPlanPtr plan_skip = NULL;
 
@@ -170,15 +172,22 @@ OutboxKeyTails(text **keys, int n, int64 *last_seq, bool *busy)
 /*
  * Make the command after each place (a head just published or skipped)
  * claimable, if it waits: lock the keys, then release the next command of
- * each.  Runs in the caller's SPI connection; SPI_tuptable is not kept.
+ * each, in one statement (one for a single place, one for several: an
+ * ack_many of heads of many keys reads each key's next command by an index
+ * probe and updates them all by their ctids, as claim does).  Runs in the
+ * caller's SPI connection; SPI_tuptable is not kept.
  */
 void
 OutboxReleaseNext(OutboxKeyPlace *places, int n)
 {
-	static const Oid argtypes[3] = {TEXTOID, INT8OID, TIMESTAMPTZOID};
+	static const Oid one_types[3] = {TEXTOID, INT8OID, TIMESTAMPTZOID};
+	static const Oid many_types[3] = {TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID};
 	text	  **keys;
+	Datum	   *kd;
+	Datum	   *sd;
 	int			i;
 	Datum		args[3];
+	int			ret;
 
 	if (n == 0)
 		return;
@@ -187,24 +196,53 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 		keys[i] = places[i].key;
 	OutboxLockKeys(keys, n);
 	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
-	for (i = 0; i < n; i++)
+	if (n == 1)
 	{
-		args[0] = PointerGetDatum(places[i].key);
-		args[1] = Int64GetDatum(places[i].seq);
-		if (OutboxExecuteLatest(OutboxPrepare(&plan_release,
-											  "UPDATE outbox.commands t"
-											  "   SET available_at = GREATEST(t.available_at, $3),"
-											  "       due_at = GREATEST(t.available_at, $3)"
-											  " WHERE t.ctid OPERATOR(pg_catalog.=) (SELECT c.ctid FROM outbox.commands c"
-											  "        WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
-											  "          AND c.ordering_seq OPERATOR(pg_catalog.>) $2"
-											  "        ORDER BY c.ordering_seq LIMIT 1)"
-											  "   AND t.status OPERATOR(pg_catalog.=) 'pending'"
-											  "   AND t.due_at IS NULL",
-											  3, argtypes),
-								args, NULL, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "outbox: release of the next command of an ordering key failed");
+		args[0] = PointerGetDatum(places[0].key);
+		args[1] = Int64GetDatum(places[0].seq);
+		ret = OutboxExecuteLatest(OutboxPrepare(&plan_release,
+												"UPDATE outbox.commands t"
+												"   SET available_at = GREATEST(t.available_at, $3),"
+												"       due_at = GREATEST(t.available_at, $3)"
+												" WHERE t.ctid OPERATOR(pg_catalog.=) (SELECT c.ctid FROM outbox.commands c"
+												"        WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
+												"          AND c.ordering_seq OPERATOR(pg_catalog.>) $2"
+												"        ORDER BY c.ordering_seq LIMIT 1)"
+												"   AND t.status OPERATOR(pg_catalog.=) 'pending'"
+												"   AND t.due_at IS NULL",
+												3, one_types),
+								  args, NULL, false, 0);
 	}
+	else
+	{
+		kd = palloc(sizeof(Datum) * n);
+		sd = palloc(sizeof(Datum) * n);
+		for (i = 0; i < n; i++)
+		{
+			kd[i] = PointerGetDatum(places[i].key);
+			sd[i] = Int64GetDatum(places[i].seq);
+		}
+		args[0] = PointerGetDatum(construct_array(kd, n, TEXTOID, -1, false, TYPALIGN_INT));
+		args[1] = PointerGetDatum(construct_array(sd, n, INT8OID, sizeof(int64),
+												  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+		ret = OutboxExecuteLatest(OutboxPrepare(&plan_release_many,
+												"UPDATE outbox.commands t"
+												"   SET available_at = GREATEST(t.available_at, $3),"
+												"       due_at = GREATEST(t.available_at, $3)"
+												" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+												"        SELECT n.tid FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2))"
+												"               AS p(key, seq)"
+												"          CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM outbox.commands c"
+												"                 WHERE c.ordering_key OPERATOR(pg_catalog.=) p.key"
+												"                   AND c.ordering_seq OPERATOR(pg_catalog.>) p.seq"
+												"                 ORDER BY c.ordering_seq LIMIT 1) n))"
+												"   AND t.status OPERATOR(pg_catalog.=) 'pending'"
+												"   AND t.due_at IS NULL",
+												3, many_types),
+								  args, NULL, false, 0);
+	}
+	if (ret != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: release of the next command of an ordering key failed");
 	pfree(keys);
 }
 
@@ -230,7 +268,10 @@ outbox_release_key(PG_FUNCTION_ARGS)
 /*
  * outbox.skip_head(ordering_key): take a dead head out of its key and
  * release the next command.  Returns the skipped command's id.  55000 when
- * the key has no unfinished command or its head is not dead.
+ * the key has no unfinished command or its head is not dead.  The head is
+ * the first command after the key's last published one (found from the
+ * key's end, past its waiting commands), so the key's published history
+ * is not read.
  */
 static Datum
 ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
@@ -256,6 +297,11 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 										  "SELECT c.command_id, c.run_id, c.status::pg_catalog.text, c.ordering_seq"
 										  "  FROM outbox.commands c"
 										  " WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
+										  "   AND c.ordering_seq OPERATOR(pg_catalog.>) COALESCE(("
+										  "       SELECT p.ordering_seq FROM outbox.commands p"
+										  "        WHERE p.ordering_key OPERATOR(pg_catalog.=) $1"
+										  "          AND p.status OPERATOR(pg_catalog.=) 'published'"
+										  "        ORDER BY p.ordering_seq DESC LIMIT 1), 0)"
 										  "   AND c.status OPERATOR(pg_catalog.<>) 'published'"
 										  " ORDER BY c.ordering_seq LIMIT 1"
 										  "   FOR NO KEY UPDATE OF c",

@@ -348,12 +348,14 @@ COMMENT ON VIEW @extschema@.dead_letters
 -- dead or uncertain.  since is the head's available_at: when it became the
 -- head or was last made available (by its not_before, a retry, a requeue),
 -- for a head in backoff the end of the backoff.  A key holding a head
--- that may be claimed now is not listed: it is moving.
+-- that may be claimed now is not listed: it is moving.  One pass over the
+-- unfinished commands with a key (the published history is not read),
+-- and a probe of commands_key_idx for each key's first place.
 CREATE VIEW @extschema@.blocked_keys WITH (security_barrier) AS
 SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_command_id,
 	   h.run_id AS head_run_id, h.status::pg_catalog.text AS head_status,
 	   h.available_at AS since, w.waiting
-  FROM (SELECT k.ordering_key,
+  FROM (SELECT k.ordering_key, pg_catalog.min(k.ordering_seq) AS first,
 			   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
 										   AND k.due_at IS NULL) AS waiting
 		  FROM @extschema@.commands k
@@ -362,6 +364,7 @@ SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_com
 		 GROUP BY k.ordering_key) w
   JOIN @extschema@.commands h
 	ON h.ordering_key OPERATOR(pg_catalog.=) w.ordering_key
+   AND h.ordering_seq OPERATOR(pg_catalog.=) w.first
    AND h.status OPERATOR(pg_catalog.<>) 'published'
    AND NOT (h.status OPERATOR(pg_catalog.=) 'pending' AND h.due_at IS NULL)
  WHERE w.waiting OPERATOR(pg_catalog.>) 0
