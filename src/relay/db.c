@@ -45,7 +45,8 @@ static const char *const claim_sql =
 "       pg_catalog.date_part('epoch', c.lease_until - pg_catalog.clock_timestamp()),"
 "       c.seq, c.headers::pg_catalog.text,"
 "       (SELECT pg_catalog.string_agg(h.key OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) h.value, E'\\n')"
-"          FROM pg_catalog.jsonb_each_text(c.headers) h)"
+"          FROM pg_catalog.jsonb_each_text(c.headers) h),"
+"       c.ordering_key"
 "  FROM outbox.claim($1, $2, pg_catalog.make_interval(secs => $3), $4) AS c";
 static const Oid claim_types[4] = {OID_TEXT, OID_INT4, OID_FLOAT8, OID_TEXTARRAY};
 
@@ -419,6 +420,7 @@ db_claim(RelayBatch *batch)
 		cmd->token = PQgetvalue(res, i, 4);
 		cmd->seq = strtoll(PQgetvalue(res, i, 7), NULL, 10);
 		cmd->deliveries = atoi(PQgetvalue(res, i, 5));
+		cmd->ordering_key = PQgetisnull(res, i, 10) ? NULL : PQgetvalue(res, i, 10);
 		if (!PQgetisnull(res, i, 8))
 			cmd_set_headers(cmd, PQgetvalue(res, i, 8), PQgetvalue(res, i, 9));
 		cmd->state = CMD_TODO;

@@ -90,6 +90,8 @@ typedef struct RelayCommand
 	char	   *run_id;
 	char	   *kind;
 	long long	seq;			/* the deciding event's seq in its run */
+	const char *ordering_key;	/* the command's ordering key, or NULL when
+								 * it is unordered */
 	char	   *payload;		/* JSON text (jsonb output) */
 	char	   *token;			/* the lease token (never logged) */
 	int			deliveries;

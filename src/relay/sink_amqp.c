@@ -415,8 +415,8 @@ amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 	RelayCommand *cmd = &rd->batch->cmds[i];
 	amqp_basic_properties_t props;
 	static const char *const own[] = {"command_id", "run_id", "seq", "kind",
-	"deliveries", NULL};
-	amqp_table_entry_t headers[AMQP_NHEADERS + RELAY_MAX_HEADERS];
+	"deliveries", "ordering_key", NULL};
+	amqp_table_entry_t headers[AMQP_NHEADERS + 1 + RELAY_MAX_HEADERS];
 	int			nh = AMQP_NHEADERS;
 	int			rc;
 	int			j;
@@ -433,6 +433,8 @@ amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 	headers[4].key = amqp_cstring_bytes("seq");
 	headers[4].value.kind = AMQP_FIELD_KIND_I64;
 	headers[4].value.value.i64 = cmd->seq;
+	if (cmd->ordering_key)
+		amqp_header_str(&headers[nh++], "ordering_key", cmd->ordering_key);
 	for (j = 0; j < cmd->nheaders; j++)
 		if (!sink_header_reserved(cmd->headers[j].name) &&
 			!sink_header_listed(cmd->headers[j].name, own))

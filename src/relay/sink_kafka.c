@@ -5,10 +5,11 @@
  *
  * One idempotent producer (enable.idempotence, so acks=all and a bounded,
  * ordered, duplicate-free retry of every message inside librdkafka).  Each
- * command is one message: the key is its run_id, so one run's commands go
- * to one partition in the order the relay produced them; the value is the
- * command's JSON object; the headers are command_id, run_id, seq, kind,
- * deliveries and content-type, then the producer's headers (a name the
+ * command is one message: the key is its ordering key, else its run_id, so
+ * the commands of one key (or run) go to one partition in the order the
+ * relay produced them; the value is the command's JSON object; the headers
+ * are command_id, run_id, seq, kind, deliveries, content-type and
+ * ordering_key (when it has one), then the producer's headers (a name the
  * relay sets itself keeps the relay's value).  A batch is produced at once (at most `window` messages in
  * flight) and deliver returns once librdkafka has settled every message
  * with a delivery report: a command is delivered only when its report is
@@ -383,7 +384,8 @@ static rd_kafka_resp_err_t
 kafka_produce(KafkaSink *s, RelayCommand *cmd, int index, PQExpBuffer body)
 {
 	static const char *const own[] = {"command_id", "run_id", "seq", "kind",
-	"deliveries", "content-type", NULL};
+	"deliveries", "content-type", "ordering_key", NULL};
+	const char *key = cmd->ordering_key ? cmd->ordering_key : cmd->run_id;
 	char		deliveries[16];
 	char		seq[24];
 	uintptr_t	tag = ((uintptr_t) s->gen << 32) | (uintptr_t) index;
@@ -395,13 +397,15 @@ kafka_produce(KafkaSink *s, RelayCommand *cmd, int index, PQExpBuffer body)
 	sink_command_json(body, cmd);
 	snprintf(deliveries, sizeof(deliveries), "%d", cmd->deliveries);
 	snprintf(seq, sizeof(seq), "%lld", cmd->seq);
-	hdrs = rd_kafka_headers_new(6 + cmd->nheaders);
+	hdrs = rd_kafka_headers_new(7 + cmd->nheaders);
 	rd_kafka_header_add(hdrs, "command_id", -1, cmd->command_id, -1);
 	rd_kafka_header_add(hdrs, "run_id", -1, cmd->run_id, -1);
 	rd_kafka_header_add(hdrs, "seq", -1, seq, -1);
 	rd_kafka_header_add(hdrs, "kind", -1, cmd->kind, -1);
 	rd_kafka_header_add(hdrs, "deliveries", -1, deliveries, -1);
 	rd_kafka_header_add(hdrs, "content-type", -1, "application/json", -1);
+	if (cmd->ordering_key)
+		rd_kafka_header_add(hdrs, "ordering_key", -1, cmd->ordering_key, -1);
 	for (i = 0; i < cmd->nheaders; i++)
 		if (!sink_header_reserved(cmd->headers[i].name) &&
 			!sink_header_listed(cmd->headers[i].name, own))
@@ -409,7 +413,7 @@ kafka_produce(KafkaSink *s, RelayCommand *cmd, int index, PQExpBuffer body)
 	err = rd_kafka_producev(s->rk,
 							RD_KAFKA_V_RKT(s->rkt),
 							RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-							RD_KAFKA_V_KEY(cmd->run_id, strlen(cmd->run_id)),
+							RD_KAFKA_V_KEY(key, strlen(key)),
 							RD_KAFKA_V_VALUE(body->data, body->len),
 							RD_KAFKA_V_HEADERS(hdrs),
 							RD_KAFKA_V_OPAQUE((void *) tag),
@@ -538,9 +542,9 @@ const SinkOps sink_kafka_ops = {
 	.schemes = kafka_schemes,
 	.usage =
 	"  kafka://HOST:PORT[,HOST:PORT...]/TOPIC[?config=PATH&window=N]\n"
-	"                      idempotent producer, acks=all; key = run_id; headers\n"
-	"                      command_id, run_id, seq, kind, deliveries and the\n"
-	"                      producer's; acked on a\n"
+	"                      idempotent producer, acks=all; key = ordering key,\n"
+	"                      else run_id; headers command_id, run_id, seq, kind,\n"
+	"                      deliveries, ordering_key and the producer's; acked on a\n"
 	"                      successful delivery report (--timeout bounds the wait)\n",
 	.open = kafka_open,
 	.deliver = kafka_deliver,

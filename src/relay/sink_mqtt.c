@@ -462,7 +462,7 @@ mqtt_publish(MqttSink *s, int i, PQExpBuffer body)
 {
 	RelayCommand *cmd = &s->batch->cmds[i];
 	static const char *const own[] = {"command_id", "run_id", "seq", "kind",
-	"deliveries", NULL};
+	"deliveries", "ordering_key", NULL};
 	mosquitto_property *props = NULL;
 	char		deliveries[16];
 	char		seq[24];
@@ -487,6 +487,8 @@ mqtt_publish(MqttSink *s, int i, PQExpBuffer body)
 		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "seq", seq);
 	if (rc == MOSQ_ERR_SUCCESS)
 		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "deliveries", deliveries);
+	if (rc == MOSQ_ERR_SUCCESS && cmd->ordering_key)
+		rc = mosquitto_property_add_string_pair(&props, MQTT_PROP_USER_PROPERTY, "ordering_key", cmd->ordering_key);
 	/* the producer's headers, as user properties under their own names */
 	for (j = 0; rc == MOSQ_ERR_SUCCESS && j < cmd->nheaders; j++)
 		if (!sink_header_reserved(cmd->headers[j].name) &&

@@ -417,7 +417,7 @@ nats_publish(NatsSink *s, NatsRound *rd, int i, PQExpBuffer body, char *msg, siz
 	natsStatus	st;
 	static const char *const own[] = {"Content-Type", "Outbox-Command-Id",
 		"Outbox-Run-Id", "Outbox-Seq", "Outbox-Kind", "Outbox-Deliveries",
-	NULL};
+	"Outbox-Ordering-Key", NULL};
 	char		deliveries[16];
 	char		seq[24];
 	jsPubOptions po;
@@ -442,6 +442,8 @@ nats_publish(NatsSink *s, NatsRound *rd, int i, PQExpBuffer body, char *msg, siz
 		st = natsMsgHeader_Set(m, "Outbox-Seq", seq);
 	if (st == NATS_OK)
 		st = natsMsgHeader_Set(m, "Outbox-Deliveries", deliveries);
+	if (st == NATS_OK && cmd->ordering_key)
+		st = natsMsgHeader_Set(m, "Outbox-Ordering-Key", cmd->ordering_key);
 
 	/*
 	 * The producer's headers, under their own names; never a Nats-* header

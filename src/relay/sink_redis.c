@@ -254,6 +254,11 @@ redis_append_xadd(RedisSink *s, RelayCommand *cmd)
 	ARG(cmd->kind);
 	ARG("deliveries");
 	ARG(deliveries);
+	if (cmd->ordering_key)
+	{
+		ARG("ordering_key");
+		ARG(cmd->ordering_key);
+	}
 	ARG("payload");
 	ARG(cmd->payload);
 	/* the producer's headers: one field "header:NAME" each */

@@ -5,7 +5,9 @@
 #  1. 2,000 commands from 2 relays: every command exactly once in the
 #     topic, with its metadata in Kafka headers, and in order per key
 #     (run_id).  Each relay serves the runs of one kind, so each key has
-#     one producer and its order is the claim order.
+#     one producer and its order is the claim order.  Commands of three
+#     runs sharing an ordering key, from two relays: one partition, in
+#     the decision order.
 #  2. The broker goes down in the middle of a batch: nothing is acked
 #     while it is down, nothing is dead-lettered or spends a delivery, the
 #     relay logs the outage once and resumes when the broker returns.
@@ -139,8 +141,34 @@ sq(q{SELECT outbox.commit_decision('kh-run', 42, 'decided', 'kh-2', 'kh', '{}')}
 	is($m{'kh-1'}[3]{seq}, '41', 'headers: seq is a Kafka header');
 	is($m{'kh-2'}[3]{seq}, '42', 'headers: seq of a command without headers');
 	ok(!exists $m{'kh-2'}[3]{traceparent}, 'headers: none for a command without');
+	ok(!exists $m{'kh-1'}[3]{ordering_key}, 'headers: no ordering_key for an unordered command');
 	like($m{'kh-1'}[4], qr/"seq":41,.*"headers":\{"kind": "spoof", "traceparent": /,
 		'headers: seq and the headers are in the JSON object too');
+}
+
+# ---------------------------------------------------------------------------
+# 1c. One ordering key across several runs: the key is the message key, so
+#     the commands land in one partition, in their decision order, even
+#     from two relays
+# ---------------------------------------------------------------------------
+sq(q{SELECT outbox.commit_decision('ko-' || s % 3, s, 'decided', 'ko-' || s, 'ko', jsonb_build_object('s', s),
+								   ordering_key => 'acct-7')
+	   FROM generate_series(1, 30) s});
+{
+	my $ra = relay('relay-oa', '--kinds', 'ko', '--batch', '10', '--drain');
+	my $rb = relay('relay-ob', '--kinds', 'ko', '--batch', '10', '--drain');
+	is(wait_exit($ra), 0, 'ordering key: the first relay exits 0');
+	is(wait_exit($rb), 0, 'ordering key: the second relay exits 0');
+	ok($node->poll_query_until('postgres',
+		"SELECT count(*) = 30 FROM outbox.commands WHERE kind = 'ko' AND status = 'published'"),
+		'ordering key: all 30 published');
+	my @m = sort { $a->[2] <=> $b->[2] } grep { $_->[3]{command_id} =~ /^ko-/ } topic();
+	is(scalar(@m), 30, 'ordering key: 30 messages');
+	is(scalar(grep { $_->[0] eq 'acct-7' && ($_->[3]{ordering_key} // '') eq 'acct-7' } @m), 30,
+		'ordering key: key = ordering key; header ordering_key');
+	is(scalar(keys %{ { map { $_->[1] => 1 } @m } }), 1, 'ordering key: one partition for three runs');
+	is(join(',', map { $_->[3]{command_id} =~ s/^ko-//r } @m), join(',', 1 .. 30),
+		'ordering key: the partition holds them in the decision order');
 }
 
 # ---------------------------------------------------------------------------
