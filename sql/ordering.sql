@@ -237,6 +237,81 @@ SELECT outbox.purge(older_than => interval '0') > 0 AS purged;
 SELECT * FROM ks;
 SELECT count(*) AS violations FROM outbox.check_state;
 
+-- A key belongs to the role that decides: two roles using one key string
+-- get two independent keys, and a producer allowed only for kind ord_a
+-- cannot hold a key of kind ord_b (given, or ord_b's run_id).
+CREATE ROLE regress_ord_a;
+CREATE ROLE regress_ord_b;
+SELECT format('GRANT %I TO regress_ord_a, regress_ord_b', outbox.role('producer')) \gexec
+SELECT outbox.set_policy('ord_a', deciders => '{regress_ord_a}');
+SELECT outbox.set_policy('ord_b', deciders => '{regress_ord_b}', ordered_by_run => true);
+CREATE TEMP VIEW kr AS
+SELECT command_id, kind, ordering_key AS key, ordering_seq AS place, decided_by::regrole AS role,
+	   CASE WHEN status = 'pending' AND due_at IS NULL THEN 'waiting'
+			WHEN status = 'pending' THEN 'claimable' ELSE status::text END AS state
+  FROM outbox.commands WHERE kind LIKE 'ord\__' ORDER BY command_id;
+GRANT SELECT ON kr TO PUBLIC;
+SET ROLE regress_ord_b;
+SELECT outbox.commit_decision('tb', 1, 'e', 'tb1', 'ord_b', '{}', ordering_key => 'T');
+RESET ROLE;
+SET ROLE regress_ord_a;
+SELECT outbox.commit_decision('ta', 1, 'e', 'ta1', 'ord_a', '{}', not_before => '2099-01-01', ordering_key => 'T');
+SELECT outbox.commit_decision('ta', 2, 'e', 'ta2', 'ord_a', '{}', not_before => '2099-01-01', ordering_key => 'tb');
+RESET ROLE;
+SET ROLE regress_ord_b;
+SELECT outbox.commit_decision('tb', 2, 'e', 'tb2', 'ord_b', '{}', ordering_key => 'T');
+SELECT outbox.commit_decision('tb', 3, 'e', 'tb3', 'ord_b', '{}');
+SELECT outbox.commit_decision('tb', 4, 'e', 'tb4', 'ord_b', '{}');
+RESET ROLE;
+SELECT * FROM kr;
+-- ord_b's heads are published; its next commands come free, whatever ord_a holds
+SELECT count(*) AS acked
+  FROM (SELECT outbox.ack('w', c.token) FROM outbox.claim('w', 10, kinds => ARRAY['ord_b']) c) a;
+SELECT * FROM kr;
+SELECT ordering_key, decided_by, head_command_id, waiting FROM outbox.blocked_keys WHERE ordering_key IN ('T', 'tb') ORDER BY 1, 2;
+-- one key string of two roles: two locks
+BEGIN;
+SET LOCAL ROLE regress_ord_a;
+SELECT outbox.commit_decision('ta', 3, 'e', 'ta3', 'ord_a', '{}', ordering_key => 'L2');
+RESET ROLE;
+SET LOCAL ROLE regress_ord_b;
+SELECT outbox.commit_decision('tb', 5, 'e', 'tb5', 'ord_b', '{}', ordering_key => 'L2');
+RESET ROLE;
+SELECT count(*) AS key_locks FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 20290 AND pid = pg_backend_pid();
+ROLLBACK;
+-- skip_head names the role when two have unfinished commands on a key
+SELECT outbox.skip_head('T');
+SELECT outbox.skip_head('T', 'regress_ord_a');
+BEGIN;
+UPDATE outbox.commands SET status = 'dead', due_at = NULL, deliveries = 1, version = 2, last_error = 'x'
+ WHERE command_id = 'ta1';
+SELECT outbox.skip_head('T', 'regress_ord_a');
+SELECT * FROM kr;
+ROLLBACK;
+SELECT outbox.skip_head('T', 'regress_ord_b');
+SELECT outbox.skip_head('tb');
+-- The lock of a key is hashed under the database's lease key: the tag
+-- in pg_locks changes when the key is rotated.
+BEGIN;
+SELECT outbox.commit_decision('tr', 1, 'e', 'tr1', 'k', '{}', ordering_key => 'R');
+SELECT classid AS tag1_hi, objid AS tag1_lo FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 20290 AND pid = pg_backend_pid() \gset
+ROLLBACK;
+SELECT outbox.rotate_lease_key();
+BEGIN;
+SELECT outbox.commit_decision('tr', 1, 'e', 'tr1', 'k', '{}', ordering_key => 'R');
+SELECT (classid, objid) <> (:tag1_hi, :tag1_lo) AS tag_changed FROM pg_locks
+ WHERE locktype = 'advisory' AND objsubid = 20290 AND pid = pg_backend_pid();
+ROLLBACK;
+SELECT count(*) AS violations FROM outbox.check_state;
+DROP VIEW kr;
+DELETE FROM outbox.commands WHERE kind LIKE 'ord\__';
+DELETE FROM outbox.events WHERE run_id IN ('ta', 'tb');
+DELETE FROM outbox.policies WHERE kind LIKE 'ord\__';
+SELECT format('REVOKE %I FROM regress_ord_a, regress_ord_b', outbox.role('producer')) \gexec
+DROP ROLE regress_ord_a;
+DROP ROLE regress_ord_b;
+
 -- Leave an empty outbox behind.
 DROP VIEW ks;
 DROP EXTENSION outbox;

@@ -5,7 +5,9 @@
  *		a key's last command, the release of the next command when a head is
  *		published, and outbox.skip_head.
  *
- * The commands that share an ordering_key leave one at a time, in
+ * A key belongs to the role that decides: the key of a command is
+ * (decided_by, ordering_key), so two roles using one key string have two
+ * independent keys.  The commands that share a key leave one at a time, in
  * ordering_seq order: the producer gives each new command of a key the
  * place after the key's last one.  A key's head is its first command that
  * is not published; only the head can be claimable.  Every command after
@@ -24,8 +26,10 @@
  *
  * Locking.  Each key has one heavyweight lock: an advisory lock tag in a
  * lock space of its own (field4 OUTBOX_KEY_LOCK_SPACE, which no
- * pg_advisory_* function can take), on the database and a 64-bit hash of
- * the key, exclusive, held until the transaction ends.  Two keys with the
+ * pg_advisory_* function can take), on the database and a 64-bit SipHash
+ * of the database, the role and the key under the lease key (so pg_locks
+ * tells nothing of a key; OutboxKeyLockKey keeps a rotation out while the
+ * lock is held), exclusive, held until the transaction ends.  Two keys with the
  * same hash share the lock, which only serializes them.  It is taken by
  * the producer that appends to the key (before it looks at the key's last
  * command) and by whatever publishes or skips the key's head (after it
@@ -49,7 +53,6 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
-#include "common/hashfn.h"
 #include "miscadmin.h"
 #include "storage/lock.h"
 #include "utils/builtins.h"
@@ -64,23 +67,40 @@ static SPIPlanPtr plan_tails = NULL;
 static SPIPlanPtr plan_release = NULL;
 static SPIPlanPtr plan_release_many = NULL;
 static SPIPlanPtr plan_head = NULL;
+static SPIPlanPtr plan_roles = NULL;
 static SPIPlanPtr plan_skip = NULL;
 
-/* The seed of the keys' lock hash (any constant: the lock tags must agree). */
-#define KY_HASH_SEED	UINT64CONST(0x6f7264657265640a)
-
-/* A key and the hash its lock is taken on. */
+/* The hash a key's lock is taken on. */
 typedef struct KyLock
 {
 	uint64		hash;
-	text	   *key;
 } KyLock;
 
+/*
+ * The hash of the lock of the key (role, key): SipHash of the database's
+ * oid, the role's oid and the key's bytes under the lease key (sipkey), so
+ * that a lock tag in pg_locks says nothing of the key to whoever does not
+ * hold the lease key.
+ */
 static uint64
-ky_hash(text *key)
+ky_hash(const unsigned char *sipkey, Oid role, text *key)
 {
-	return hash_bytes_extended((const unsigned char *) VARDATA_ANY(key),
-							   VARSIZE_ANY_EXHDR(key), KY_HASH_SEED);
+	int			len = VARSIZE_ANY_EXHDR(key);
+	unsigned char *msg = palloc(8 + len);
+	uint32		db = (uint32) MyDatabaseId;
+	uint32		r = (uint32) role;
+	unsigned char out[8];
+	uint64		h = 0;
+	int			i;
+
+	memcpy(msg, &db, 4);
+	memcpy(msg + 4, &r, 4);
+	memcpy(msg + 8, VARDATA_ANY(key), len);
+	OutboxSipHash(sipkey, msg, 8 + len, out, 8);
+	for (i = 0; i < 8; i++)
+		h = (h << 8) | out[i];
+	pfree(msg);
+	return h;
 }
 
 /* qsort comparator of KyLock by hash. */
@@ -94,21 +114,15 @@ ky_cmp_lock(const void *a, const void *b)
 }
 
 /*
- * Take the locks of n ordering keys (exclusive, until the transaction
- * ends), in the order of their hashes, each once.  A lock this transaction
- * holds already is only counted again.
+ * Take the locks of n hashes (exclusive, until the transaction ends), in
+ * the order of the hashes, each once.  A lock this transaction holds
+ * already is only counted again.
  */
-void
-OutboxLockKeys(text **keys, int n)
+static void
+ky_lock(KyLock *locks, int n)
 {
-	KyLock	   *locks = palloc(sizeof(KyLock) * Max(n, 1));
 	int			i;
 
-	for (i = 0; i < n; i++)
-	{
-		locks[i].hash = ky_hash(keys[i]);
-		locks[i].key = keys[i];
-	}
 	qsort(locks, n, sizeof(KyLock), ky_cmp_lock);
 	for (i = 0; i < n; i++)
 	{
@@ -120,6 +134,36 @@ OutboxLockKeys(text **keys, int n)
 							 (uint32) locks[i].hash, OUTBOX_KEY_LOCK_SPACE);
 		(void) LockAcquire(&tag, ExclusiveLock, false, false);
 	}
+}
+
+/*
+ * Take the locks of n ordering keys of one deciding role (the producer's).
+ * Runs in the caller's SPI connection (for the lease key).
+ */
+void
+OutboxLockKeys(Oid role, text **keys, int n)
+{
+	KyLock	   *locks = palloc(sizeof(KyLock) * Max(n, 1));
+	const unsigned char *sipkey = OutboxKeyLockKey();
+	int			i;
+
+	for (i = 0; i < n; i++)
+		locks[i].hash = ky_hash(sipkey, role, keys[i]);
+	ky_lock(locks, n);
+	pfree(locks);
+}
+
+/* Take the locks of the keys of n places (each its own role). */
+static void
+ky_lock_places(OutboxKeyPlace *places, int n)
+{
+	KyLock	   *locks = palloc(sizeof(KyLock) * Max(n, 1));
+	const unsigned char *sipkey = OutboxKeyLockKey();
+	int			i;
+
+	for (i = 0; i < n; i++)
+		locks[i].hash = ky_hash(sipkey, places[i].role, places[i].key);
+	ky_lock(locks, n);
 	pfree(locks);
 }
 
@@ -131,11 +175,11 @@ OutboxLockKeys(text **keys, int n)
  * published in order.  Runs in the caller's SPI connection.
  */
 void
-OutboxKeyTails(text **keys, int n, int64 *last_seq, bool *busy)
+OutboxKeyTails(Oid role, text **keys, int n, int64 *last_seq, bool *busy)
 {
-	static const Oid argtypes[1] = {TEXTARRAYOID};
+	static const Oid argtypes[2] = {TEXTARRAYOID, OIDOID};
 	Datum	   *elems = palloc(sizeof(Datum) * Max(n, 1));
-	Datum		args[1];
+	Datum		args[2];
 	uint64		i;
 	int			j;
 
@@ -146,14 +190,16 @@ OutboxKeyTails(text **keys, int n, int64 *last_seq, bool *busy)
 		busy[j] = false;
 	}
 	args[0] = PointerGetDatum(construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = ObjectIdGetDatum(role);
 	if (OutboxExecuteLatest(OutboxPrepare(&plan_tails,
 										  "SELECT k.ord, t.ordering_seq,"
 										  "       t.status OPERATOR(pg_catalog.<>) 'published'"
 										  "  FROM pg_catalog.unnest($1) WITH ORDINALITY AS k(key, ord)"
 										  "  JOIN LATERAL (SELECT c.ordering_seq, c.status FROM outbox.commands c"
 										  "                 WHERE c.ordering_key OPERATOR(pg_catalog.=) k.key"
+										  "                   AND c.decided_by OPERATOR(pg_catalog.=) $2"
 										  "                 ORDER BY c.ordering_seq DESC LIMIT 1) t ON true",
-										  1, argtypes),
+										  2, argtypes),
 							args, NULL, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: look-up of the ordering keys failed");
 	for (i = 0; i < SPI_processed; i++)
@@ -183,76 +229,79 @@ OutboxKeyTails(text **keys, int n, int64 *last_seq, bool *busy)
 void
 OutboxReleaseNext(OutboxKeyPlace *places, int n)
 {
-	static const Oid one_types[3] = {TEXTOID, INT8OID, TIMESTAMPTZOID};
-	static const Oid many_types[3] = {TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID};
-	text	  **keys;
+	static const Oid one_types[4] = {TEXTOID, INT8OID, TIMESTAMPTZOID, OIDOID};
+	static const Oid many_types[4] = {TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, OIDARRAYOID};
 	Datum	   *kd;
 	Datum	   *sd;
+	Datum	   *rd;
 	int			i;
-	Datum		args[3];
+	Datum		args[4];
 	int			ret;
 
 	if (n == 0)
 		return;
-	keys = palloc(sizeof(text *) * n);
-	for (i = 0; i < n; i++)
-		keys[i] = places[i].key;
-	OutboxLockKeys(keys, n);
+	ky_lock_places(places, n);
 	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
 	if (n == 1)
 	{
 		args[0] = PointerGetDatum(places[0].key);
 		args[1] = Int64GetDatum(places[0].seq);
+		args[3] = ObjectIdGetDatum(places[0].role);
 		ret = OutboxExecuteLatest(OutboxPrepare(&plan_release,
 												"UPDATE outbox.commands t"
 												"   SET available_at = GREATEST(t.available_at, $3),"
 												"       due_at = GREATEST(t.available_at, $3)"
 												" WHERE t.ctid OPERATOR(pg_catalog.=) (SELECT c.ctid FROM outbox.commands c"
 												"        WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
+												"          AND c.decided_by OPERATOR(pg_catalog.=) $4"
 												"          AND c.ordering_seq OPERATOR(pg_catalog.>) $2"
 												"        ORDER BY c.ordering_seq LIMIT 1)"
 												"   AND t.status OPERATOR(pg_catalog.=) 'pending'"
 												"   AND t.due_at IS NULL",
-												3, one_types),
+												4, one_types),
 								  args, NULL, false, 0);
 	}
 	else
 	{
 		kd = palloc(sizeof(Datum) * n);
 		sd = palloc(sizeof(Datum) * n);
+		rd = palloc(sizeof(Datum) * n);
 		for (i = 0; i < n; i++)
 		{
 			kd[i] = PointerGetDatum(places[i].key);
 			sd[i] = Int64GetDatum(places[i].seq);
+			rd[i] = ObjectIdGetDatum(places[i].role);
 		}
 		args[0] = PointerGetDatum(construct_array(kd, n, TEXTOID, -1, false, TYPALIGN_INT));
 		args[1] = PointerGetDatum(construct_array(sd, n, INT8OID, sizeof(int64),
 												  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+		args[3] = PointerGetDatum(construct_array(rd, n, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
 		ret = OutboxExecuteLatest(OutboxPrepare(&plan_release_many,
 												"UPDATE outbox.commands t"
 												"   SET available_at = GREATEST(t.available_at, $3),"
 												"       due_at = GREATEST(t.available_at, $3)"
 												" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
-												"        SELECT n.tid FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2))"
-												"               AS p(key, seq)"
+												"        SELECT n.tid FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+												"                                     pg_catalog.unnest($4))"
+												"               AS p(key, seq, role)"
 												"          CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM outbox.commands c"
 												"                 WHERE c.ordering_key OPERATOR(pg_catalog.=) p.key"
+												"                   AND c.decided_by OPERATOR(pg_catalog.=) p.role"
 												"                   AND c.ordering_seq OPERATOR(pg_catalog.>) p.seq"
 												"                 ORDER BY c.ordering_seq LIMIT 1) n))"
 												"   AND t.status OPERATOR(pg_catalog.=) 'pending'"
 												"   AND t.due_at IS NULL",
-												3, many_types),
+												4, many_types),
 								  args, NULL, false, 0);
 	}
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: release of the next command of an ordering key failed");
 	if (SPI_processed > 0)
 		OutboxDueAtCommit(OUTBOX_DUE_NOW);
-	pfree(keys);
 }
 
 /*
- * outbox._release_key(ordering_key, ordering_seq): OutboxReleaseNext for
+ * outbox._release_key(ordering_key, ordering_seq, decided_by): OutboxReleaseNext for
  * the PL/pgSQL functions (resolve as published), as the owner.
  */
 Datum
@@ -260,10 +309,11 @@ outbox_release_key(PG_FUNCTION_ARGS)
 {
 	OutboxKeyPlace place;
 
-	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		PG_RETURN_VOID();
 	place.key = PG_GETARG_TEXT_PP(0);
 	place.seq = PG_GETARG_INT64(1);
+	place.role = PG_GETARG_OID(2);
 	SPI_connect();
 	OutboxReleaseNext(&place, 1);
 	SPI_finish();
@@ -271,17 +321,21 @@ outbox_release_key(PG_FUNCTION_ARGS)
 }
 
 /*
- * outbox.skip_head(ordering_key): take a dead head out of its key and
- * release the next command.  Returns the skipped command's id.  55000 when
- * the key has no unfinished command or its head is not dead.  The head is
- * the first command after the key's last published one (found from the
- * key's end, past its waiting commands), so the key's published history
- * is not read.
+ * outbox.skip_head(ordering_key, decided_by): take a dead head out of the
+ * key (decided_by, ordering_key) and release the next command.  decided_by
+ * NULL means the one role with an unfinished command on ordering_key
+ * (21000, changing nothing, when several have one).  Returns the skipped
+ * command's id.  55000 when the key has no unfinished command or its head
+ * is not dead.  The head is the first command after the key's last
+ * published one (found from the key's end, past its waiting commands), so
+ * the key's published history is not read.  The head's row is locked
+ * before the key's lock, in the order ack and resolve take them.
  */
 static Datum
 ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid head_types[1] = {TEXTOID};
+	static const Oid head_types[2] = {TEXTOID, OIDOID};
+	static const Oid roles_types[1] = {TEXTOID};
 	static const Oid skip_types[3] = {TEXTOID, TEXTOID, TEXTOID};
 	text	   *key = OutboxArgId(fcinfo, 0, "ordering_key");
 	MemoryContext outer = CurrentMemoryContext;
@@ -293,24 +347,53 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 	text	   *command_id;
 	text	   *run_id;
 	char	   *status;
+	Oid			role;
 	OutboxKeyPlace place;
 
 	SPI_connect();
-	OutboxLockKeys(&key, 1);
 	args[0] = PointerGetDatum(key);
+	if (PG_NARGS() > 1 && !PG_ARGISNULL(1))
+		role = PG_GETARG_OID(1);
+	else
+	{
+		/* the one role with an unfinished command on the key */
+		if (OutboxExecuteLatest(OutboxPrepare(&plan_roles,
+											  "SELECT DISTINCT c.decided_by FROM outbox.commands c"
+											  " WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
+											  "   AND c.status OPERATOR(pg_catalog.<>) 'published'"
+											  " LIMIT 2",
+											  1, roles_types),
+								args, NULL, true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "outbox: look-up of the roles of an ordering key failed");
+		if (SPI_processed == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("ordering key \"%s\" has no unfinished command", text_to_cstring(key)),
+					 errdetail("Every command of the key is published, or the key has none.")));
+		if (SPI_processed > 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_CARDINALITY_VIOLATION),
+					 errmsg("ordering key \"%s\" has unfinished commands of several deciding roles", text_to_cstring(key)),
+					 errdetail("A key belongs to the role that decides; nothing was skipped."),
+					 errhint("Name the role: outbox.skip_head(ordering_key, decided_by => 'role').")));
+		role = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	args[1] = ObjectIdGetDatum(role);
 	if (OutboxExecuteLatest(OutboxPrepare(&plan_head,
 										  "SELECT c.command_id, c.run_id, c.status::pg_catalog.text, c.ordering_seq"
 										  "  FROM outbox.commands c"
 										  " WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
+										  "   AND c.decided_by OPERATOR(pg_catalog.=) $2"
 										  "   AND c.ordering_seq OPERATOR(pg_catalog.>) COALESCE(("
 										  "       SELECT p.ordering_seq FROM outbox.commands p"
 										  "        WHERE p.ordering_key OPERATOR(pg_catalog.=) $1"
+										  "          AND p.decided_by OPERATOR(pg_catalog.=) $2"
 										  "          AND p.status OPERATOR(pg_catalog.=) 'published'"
 										  "        ORDER BY p.ordering_seq DESC LIMIT 1), 0)"
 										  "   AND c.status OPERATOR(pg_catalog.<>) 'published'"
 										  " ORDER BY c.ordering_seq LIMIT 1"
 										  "   FOR NO KEY UPDATE OF c",
-										  1, head_types),
+										  2, head_types),
 							args, NULL, false, 1) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: look-up of the head of an ordering key failed");
 	if (SPI_processed != 1)
@@ -327,6 +410,7 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 	run_id = DatumGetTextPCopy(SPI_getbinval(tup, desc, 2, &isnull));
 	status = TextDatumGetCString(SPI_getbinval(tup, desc, 3, &isnull));
 	place.key = key;
+	place.role = role;
 	place.seq = DatumGetInt64(SPI_getbinval(tup, desc, 4, &isnull));
 	if (strcmp(status, "dead") != 0)
 		ereport(ERROR,
@@ -335,6 +419,8 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 				 errdetail("The head is command \"%s\"; nothing was skipped.", text_to_cstring(command_id)),
 				 errhint("Only a dead head can be skipped; an uncertain one is resolved with outbox.resolve.")));
 
+	/* the head's row is locked: now the key's lock (as ack takes them) */
+	OutboxLockKeys(role, &key, 1);
 	args[1] = PointerGetDatum(command_id);
 	args[2] = PointerGetDatum(run_id);
 	if (OutboxExecuteLatest(OutboxPrepare(&plan_skip,

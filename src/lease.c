@@ -63,6 +63,7 @@
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
 #include "nodes/primnodes.h"
 #include "utils/acl.h"
 #include "utils/array.h"
@@ -474,6 +475,24 @@ le_token_holds(const unsigned char *key, const LeToken *tok, text *worker, Oid c
 }
 
 /*
+ * The lease key for the hash of the ordering keys' locks (src/keys.c), in
+ * the caller's SPI connection.  The caller takes RowShareLock on
+ * outbox.lease_key until its transaction ends (a fast-path lock: no
+ * contention between callers), which rotate_lease_key's ExclusiveLock
+ * waits for: so every holder of a key's lock hashed it under the same key,
+ * and a rotation cannot let two transactions take one key's lock under two
+ * hashes.  The key is then the cached one, re-read after a rotation.
+ */
+const unsigned char *
+OutboxKeyLockKey(void)
+{
+	if (!OidIsValid(le_key_relid))
+		le_key_relid = get_relname_relid("lease_key", get_namespace_oid("outbox", false));
+	LockRelationOid(le_key_relid, RowShareLock);
+	return le_lease_key();
+}
+
+/*
  * outbox.rotate_lease_key(): replace the database's lease key with 16 new
  * random bytes (pg_strong_random) and tell every backend at commit (a
  * relcache invalidation of outbox.lease_key).  Every token handed out
@@ -495,6 +514,10 @@ le_rotate_lease_key(FunctionCallInfo fcinfo, Oid caller)
 				(errcode(ERRCODE_INTERNAL_ERROR),
 				 errmsg("could not generate a random lease key")));
 	args[0] = PointerGetDatum(k);
+	relid = get_relname_relid("lease_key", get_namespace_oid("outbox", false));
+	/* wait for the holders of ordering keys' locks (OutboxKeyLockKey) */
+	if (OidIsValid(relid))
+		LockRelationOid(relid, ExclusiveLock);
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_rotate,
 									"INSERT INTO outbox.lease_key AS k (key) VALUES ($1)"
@@ -504,7 +527,6 @@ le_rotate_lease_key(FunctionCallInfo fcinfo, Oid caller)
 					  args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "outbox: rotation of the lease key failed");
 	SPI_finish();
-	relid = get_relname_relid("lease_key", get_namespace_oid("outbox", false));
 	if (OidIsValid(relid))
 		CacheInvalidateRelcacheByRelid(relid);
 	le_key_valid = false;
@@ -979,7 +1001,7 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 									  "   AND run_id OPERATOR(pg_catalog.=) $3"
 									  "   AND owner OPERATOR(pg_catalog.=) $4"
 									  "   AND " LE_SENDING("")
-									  " RETURNING ordering_key, ordering_seq",
+									  " RETURNING ordering_key, ordering_seq, decided_by",
 									  5, argtypes),
 						args, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE_RETURNING)
@@ -995,6 +1017,8 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 		place.key = DatumGetTextPCopy(okey);
 		place.seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 												SPI_tuptable->tupdesc, 2, &isnull));
+		place.role = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0],
+													SPI_tuptable->tupdesc, 3, &isnull));
 		OutboxReleaseNext(&place, 1);
 	}
 	SPI_finish();
@@ -1203,7 +1227,7 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 											  "   AND t.owner OPERATOR(pg_catalog.=) $1"
 											  "   AND " LE_SENDING("t.")
 											  " RETURNING t.command_id, t.run_id, t.version,"
-											  "           t.ordering_key, t.ordering_seq",
+											  "           t.ordering_key, t.ordering_seq, t.decided_by",
 											  5, small_types),
 								args, NULL, false, 0);
 		}
@@ -1224,7 +1248,7 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 													  "   AND t.owner OPERATOR(pg_catalog.=) $1"
 													  "   AND " LE_SENDING("t.")
 													  " RETURNING t.command_id, t.run_id, t.version,"
-													  "           t.ordering_key, t.ordering_seq",
+													  "           t.ordering_key, t.ordering_seq, t.decided_by",
 													  5, join_types),
 									  args, NULL, false, 0);
 		}
@@ -1247,6 +1271,7 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 			{
 				places[nplaces].key = DatumGetTextPP(okey);
 				places[nplaces].seq = DatumGetInt64(SPI_getbinval(tup, desc, 5, &isnull));
+				places[nplaces].role = DatumGetObjectId(SPI_getbinval(tup, desc, 6, &isnull));
 				nplaces++;
 			}
 		}

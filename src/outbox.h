@@ -265,12 +265,15 @@ extern int	OutboxExecuteLatest(SPIPlanPtr plan, Datum *args, const char *nulls,
 /* A command of an ordering key that a publish or a skip released. */
 typedef struct OutboxKeyPlace
 {
+	Oid			role;			/* the deciding role: a key is (role, key) */
 	text	   *key;
 	int64		seq;
 } OutboxKeyPlace;
-extern void OutboxLockKeys(text **keys, int n);
-extern void OutboxKeyTails(text **keys, int n, int64 *last_seq, bool *busy);
+extern void OutboxLockKeys(Oid role, text **keys, int n);
+extern void OutboxKeyTails(Oid role, text **keys, int n, int64 *last_seq, bool *busy);
 extern void OutboxReleaseNext(OutboxKeyPlace *places, int n);
+/* lease.c: the lease key for the keys' lock hash, under a lock that keeps a rotation out */
+extern const unsigned char *OutboxKeyLockKey(void);
 
 /* citus.c */
 

@@ -496,8 +496,8 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 		int64		last;
 		bool		busy;
 
-		OutboxLockKeys(&key, 1);
-		OutboxKeyTails(&key, 1, &last, &busy);
+		OutboxLockKeys(caller, &key, 1);
+		OutboxKeyTails(caller, &key, 1, &last, &busy);
 		args[11] = PointerGetDatum(key);
 		args[12] = Int64GetDatum(last + 1);
 		args[13] = BoolGetDatum(busy);
@@ -939,10 +939,11 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 	for (i = 0; i < k; i++)
 		if (i == 0 || OutboxCompareIds(p[i].key, p[i - 1].key) != 0)
 			keys[nk++] = p[i].key;
-	OutboxLockKeys(keys, nk);
+	/* a key belongs to the role that decides: the caller ($10) */
+	OutboxLockKeys(DatumGetObjectId(args[9]), keys, nk);
 	last = palloc(sizeof(int64) * nk);
 	busy = palloc(sizeof(bool) * nk);
-	OutboxKeyTails(keys, nk, last, busy);
+	OutboxKeyTails(DatumGetObjectId(args[9]), keys, nk, last, busy);
 
 	/* Places in batch order within each key. */
 	nk = -1;

@@ -106,10 +106,10 @@ COMMENT ON INDEX @extschema@.commands_unfinished_idx
 -- producer reads a key's last command, the release of a published head its
 -- next one.  A command without a key (ordering_key NULL) has no entry, so
 -- unordered commands write nothing here.
-CREATE INDEX commands_key_idx ON @extschema@.commands (ordering_key, ordering_seq)
+CREATE INDEX commands_key_idx ON @extschema@.commands (ordering_key, decided_by, ordering_seq)
 	WHERE ordering_key IS NOT NULL;
 COMMENT ON INDEX @extschema@.commands_key_idx
-	IS 'commands with an ordering key, by key and place in the key (read by the producer and the release of a head)';
+	IS 'commands with an ordering key, by key, deciding role and place in the key (read by the producer and the release of a head)';
 
 -- One completion receipt per command.  run_id is the command's run: the
 -- column a distributed outbox is sharded by (docs/citus.md); on a single

@@ -182,22 +182,24 @@ COMMENT ON FUNCTION @extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catal
 
 -- Ordering keys (src/keys.c) -------------------------------------------------
 
--- Admin: take a dead head out of its key and release the next command.
-CREATE FUNCTION @extschema@.skip_head(ordering_key pg_catalog.text)
+-- Admin: take a dead head out of its key and release the next command.  A
+-- key belongs to the role that decides: decided_by NULL is the one role with
+-- an unfinished command on the key.
+CREATE FUNCTION @extschema@.skip_head(ordering_key pg_catalog.text, decided_by pg_catalog.regrole DEFAULT NULL)
 RETURNS pg_catalog.text
 LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS 'MODULE_PATHNAME', 'outbox_skip_head';
-COMMENT ON FUNCTION @extschema@.skip_head(pg_catalog.text)
-	IS 'take the dead head of an ordering key out of the key and make the next command claimable; returns the skipped command_id';
+COMMENT ON FUNCTION @extschema@.skip_head(pg_catalog.text, pg_catalog.regrole)
+	IS 'take the dead head of an ordering key (of the role decided_by) out of the key and make the next command claimable; returns the skipped command_id';
 
 -- Internal: release the command after a published head (resolve calls it).
-CREATE FUNCTION @extschema@._release_key(ordering_key pg_catalog.text, ordering_seq pg_catalog.int8)
+CREATE FUNCTION @extschema@._release_key(ordering_key pg_catalog.text, ordering_seq pg_catalog.int8, decided_by pg_catalog.oid)
 RETURNS void
 LANGUAGE c VOLATILE
 AS 'MODULE_PATHNAME', 'outbox_release_key';
-COMMENT ON FUNCTION @extschema@._release_key(pg_catalog.text, pg_catalog.int8)
-	IS 'internal: under the key''s lock, make the command after ordering_seq of the key claimable if it waits';
+COMMENT ON FUNCTION @extschema@._release_key(pg_catalog.text, pg_catalog.int8, pg_catalog.oid)
+	IS 'internal: under the key''s lock, make the command after ordering_seq of the key (decided_by, ordering_key) claimable if it waits';
 
 -- Consumer -----------------------------------------------------------------
 

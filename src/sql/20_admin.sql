@@ -108,6 +108,7 @@ DECLARE
 	st pg_catalog.text;
 	okey pg_catalog.text;
 	oseq pg_catalog.int8;
+	orole pg_catalog.oid;
 	-- One reading of the clock: a retried command's available_at and due_at
 	-- must be equal.
 	now_ts pg_catalog.timestamptz := pg_catalog.clock_timestamp();
@@ -120,7 +121,7 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 				  DETAIL = pg_catalog.format('The value was "%s".', resolution);
 	END IF;
-	SELECT c.status, c.ordering_key, c.ordering_seq INTO st, okey, oseq FROM @extschema@.commands c
+	SELECT c.status, c.ordering_key, c.ordering_seq, c.decided_by INTO st, okey, oseq, orole FROM @extschema@.commands c
 	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id
 	   AND c.run_id OPERATOR(pg_catalog.=) resolve.run_id FOR NO KEY UPDATE;
 	IF NOT FOUND THEN
@@ -149,7 +150,7 @@ BEGIN
 	-- A published head of an ordering key releases the next command (and
 	-- the commit wakes the worker); a retry is claimable now, likewise.
 	IF resolution OPERATOR(pg_catalog.=) 'published' AND okey IS NOT NULL THEN
-		PERFORM @extschema@._release_key(okey, oseq);
+		PERFORM @extschema@._release_key(okey, oseq, orole);
 	ELSIF resolution OPERATOR(pg_catalog.=) 'retry' THEN
 		PERFORM @extschema@._wake_at_commit();
 	END IF;

@@ -105,7 +105,8 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 --                                     (a terminal, purged command came back)
 -- and the rules of ordered delivery (src/keys.c), where a command's
 -- predecessor is an unfinished command of its key with an earlier place
--- (ordering_seq): a waiting command is pending with due_at NULL.
+-- (ordering_seq): a waiting command is pending with due_at NULL.  A key is
+-- (decided_by, ordering_key): a key belongs to the role that decides.
 --   waiting_without_predecessor       waiting, and no predecessor: nothing
 --                                     would ever release it (a stuck key)
 --   claimable_behind_predecessor      not published and not waiting, with a
@@ -113,7 +114,8 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 --   published_out_of_order            published, with a predecessor
 --   key_without_place                 one of ordering_key and ordering_seq
 --                                     is NULL, the other not
---   place_taken                       another command has the same key and place
+--   place_taken                       another command has the same key
+--                                     (role and key) and place
 -- The flags are computed in the subquery; their disjunction filters the scan
 -- and the rules array is built for the offending rows only.  Tombstones are
 -- hashed and probed by the one scan of commands, and so are the keys' first
@@ -174,18 +176,20 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 		  LEFT JOIN @extschema@.purged p
 			ON p.command_id OPERATOR(pg_catalog.=) c.command_id
 		   AND p.run_id OPERATOR(pg_catalog.=) c.run_id
-		  LEFT JOIN (SELECT k.ordering_key, pg_catalog.min(k.ordering_seq) AS first
+		  LEFT JOIN (SELECT k.ordering_key, k.decided_by, pg_catalog.min(k.ordering_seq) AS first
 					   FROM @extschema@.commands k
 					  WHERE k.ordering_key IS NOT NULL
 						AND k.status OPERATOR(pg_catalog.<>) 'published'
-					  GROUP BY k.ordering_key) h
+					  GROUP BY k.ordering_key, k.decided_by) h
 			ON h.ordering_key OPERATOR(pg_catalog.=) c.ordering_key
-		  LEFT JOIN (SELECT k.ordering_key, k.ordering_seq
+		   AND h.decided_by OPERATOR(pg_catalog.=) c.decided_by
+		  LEFT JOIN (SELECT k.ordering_key, k.decided_by, k.ordering_seq
 					   FROM @extschema@.commands k
 					  WHERE k.ordering_key IS NOT NULL
-					  GROUP BY k.ordering_key, k.ordering_seq
+					  GROUP BY k.ordering_key, k.decided_by, k.ordering_seq
 					 HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 1) d
 			ON d.ordering_key OPERATOR(pg_catalog.=) c.ordering_key
+		   AND d.decided_by OPERATOR(pg_catalog.=) c.decided_by
 		   AND d.ordering_seq OPERATOR(pg_catalog.=) c.ordering_seq) f
  WHERE f.r1 OR f.r2 OR f.r3 OR f.r4 OR f.r5 OR f.r6 OR f.r7 OR f.r8 OR f.r9
 	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16;
@@ -348,7 +352,8 @@ SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS statu
 COMMENT ON VIEW @extschema@.dead_letters
 	IS 'dead and uncertain commands with their last error; requeue or resolve them';
 
--- Ordering keys that stand still: one row per key whose head (its first
+-- Ordering keys that stand still: one row per key (decided_by, ordering_key:
+-- a key belongs to the role that decides) whose head (its first
 -- command that is not published) cannot be claimed now, with at least one
 -- command waiting behind it.  The head cannot be claimed while it is in a
 -- retry's backoff or has a not-before time to come (pending, due later),
@@ -369,18 +374,20 @@ SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_com
 	   GREATEST(h.created_at,
 			(SELECT p.published_at FROM @extschema@.commands p
 			  WHERE p.ordering_key OPERATOR(pg_catalog.=) w.ordering_key
+				AND p.decided_by OPERATOR(pg_catalog.=) w.decided_by
 				AND p.ordering_seq OPERATOR(pg_catalog.<) w.first
 			  ORDER BY p.ordering_seq DESC LIMIT 1)) AS since,
-	   w.waiting
-  FROM (SELECT k.ordering_key, pg_catalog.min(k.ordering_seq) AS first,
+	   w.waiting, w.decided_by::pg_catalog.regrole AS decided_by
+  FROM (SELECT k.ordering_key, k.decided_by, pg_catalog.min(k.ordering_seq) AS first,
 			   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
 										   AND k.due_at IS NULL) AS waiting
 		  FROM @extschema@.commands k
 		 WHERE k.ordering_key IS NOT NULL
 		   AND k.status OPERATOR(pg_catalog.<>) 'published'
-		 GROUP BY k.ordering_key) w
+		 GROUP BY k.ordering_key, k.decided_by) w
   JOIN @extschema@.commands h
 	ON h.ordering_key OPERATOR(pg_catalog.=) w.ordering_key
+   AND h.decided_by OPERATOR(pg_catalog.=) w.decided_by
    AND h.ordering_seq OPERATOR(pg_catalog.=) w.first
    AND h.status OPERATOR(pg_catalog.<>) 'published'
    AND NOT (h.status OPERATOR(pg_catalog.=) 'pending' AND h.due_at IS NULL)

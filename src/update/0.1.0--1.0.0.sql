@@ -284,10 +284,10 @@ ALTER TABLE @extschema@.commands
 	ADD COLUMN ordering_seq pg_catalog.int8;
 COMMENT ON COLUMN @extschema@.commands.ordering_key IS 'the ordering key: commands sharing one leave one at a time, in ordering_seq order (NULL: unordered)';
 COMMENT ON COLUMN @extschema@.commands.ordering_seq IS 'the command''s place among the commands of its ordering key (NULL without a key)';
-CREATE INDEX commands_key_idx ON @extschema@.commands (ordering_key, ordering_seq)
+CREATE INDEX commands_key_idx ON @extschema@.commands (ordering_key, decided_by, ordering_seq)
 	WHERE ordering_key IS NOT NULL;
 COMMENT ON INDEX @extschema@.commands_key_idx
-	IS 'commands with an ordering key, by key and place in the key (read by the producer and the release of a head)';
+	IS 'commands with an ordering key, by key, deciding role and place in the key (read by the producer and the release of a head)';
 -- (added without a default, then filled: a column added with a default
 -- keeps it as the "missing value" of the rows stored before, which a fresh
 -- install's table does not have)
