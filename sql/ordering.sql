@@ -33,6 +33,10 @@ SELECT * FROM outbox.commit_decisions('[{"run_id": "r0", "seq": 1, "event_kind":
 SELECT * FROM outbox.commit_decisions('[{"run_id": "r0", "seq": 1, "event_kind": "e", "command_id": "bad", "command_kind": "k", "payload": {}, "ordering_key": 7}]');
 SELECT outbox.skip_head('');
 SELECT outbox.skip_head(NULL);
+-- a key with a control character (it is echoed in messages and last_error)
+SELECT outbox.commit_decision('r0', 1, 'e', 'bad', 'k', '{}', ordering_key => E'K\nforged: line');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r0", "seq": 1, "event_kind": "e", "command_id": "ok", "command_kind": "k", "payload": {}, "ordering_key": "K"}, {"run_id": "r0", "seq": 2, "event_kind": "e", "command_id": "bad", "command_kind": "k", "payload": {}, "ordering_key": "K\u001b[2J"}]');
+SELECT outbox.skip_head(E'K\x7f');
 SELECT (SELECT count(*) FROM outbox.commands) AS commands, (SELECT count(*) FROM outbox.events) AS events;
 
 -- A decision with a key holds the key's lock to the end of its transaction:

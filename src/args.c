@@ -114,6 +114,35 @@ OutboxCheckId(text *t, const char *what)
 						   len, OUTBOX_MAX_ID_LEN)));
 }
 
+/*
+ * Check an ordering key: an identifier (OutboxCheckId) without control
+ * characters (bytes below 0x20 and 0x7f), as header values, since a key is
+ * echoed in messages and in last_error.  elem is the 1-based position in a
+ * batch, or 0.  22023.
+ */
+void
+OutboxCheckKey(text *t, int elem)
+{
+	const unsigned char *p = (const unsigned char *) VARDATA_ANY(t);
+	int			len = VARSIZE_ANY_EXHDR(t);
+	int			i;
+
+	OutboxCheckId(t, "ordering_key");
+	for (i = 0; i < len; i++)
+		if (p[i] < 0x20 || p[i] == 0x7f)
+		{
+			if (elem > 0)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("ordering_key of decision %d has a control character", elem),
+						 errdetail("The byte at offset %d is 0x%02x.", i, p[i])));
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("ordering_key has a control character"),
+					 errdetail("The byte at offset %d is 0x%02x.", i, p[i])));
+		}
+}
+
 /* Fetch and check an identifier argument. */
 text *
 OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what)

@@ -350,6 +350,7 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 	Oid			role;
 	OutboxKeyPlace place;
 
+	OutboxCheckKey(key, 0);
 	SPI_connect();
 	args[0] = PointerGetDatum(key);
 	if (PG_NARGS() > 1 && !PG_ARGISNULL(1))

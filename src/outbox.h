@@ -232,6 +232,7 @@ extern text *OutboxArgId(FunctionCallInfo fcinfo, int argno, const char *what);
 extern Jsonb *OutboxArgPayload(FunctionCallInfo fcinfo, int argno,
 							   const char *what, bool nullable);
 extern void OutboxCheckId(text *t, const char *what);
+extern void OutboxCheckKey(text *t, int elem);
 extern int	OutboxCompareIds(const text *a, const text *b);
 extern void OutboxCheckPayload(Jsonb *j, const char *what);
 extern void OutboxCheckHeaders(Jsonb *j, int elem);

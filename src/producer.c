@@ -469,7 +469,7 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	if (PG_NARGS() > 10 && !PG_ARGISNULL(10))
 	{
 		key = PG_GETARG_TEXT_PP(10);
-		OutboxCheckId(key, "ordering_key");
+		OutboxCheckKey(key, 0);
 	}
 
 	what.run_id = run_id;
@@ -1121,7 +1121,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 		if (!isnull[PR_KEY_NOT_BEFORE])
 			pr_check_not_before(DatumGetTimestampTz(values[PR_KEY_NOT_BEFORE]));
 		if (!isnull[PR_KEY_ORDERING_KEY])
-			OutboxCheckId(DatumGetTextPP(values[PR_KEY_ORDERING_KEY]), "ordering_key");
+			OutboxCheckKey(DatumGetTextPP(values[PR_KEY_ORDERING_KEY]), i + 1);
 		i++;
 	}
 	Assert(i == n);
