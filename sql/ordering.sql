@@ -316,6 +316,18 @@ SELECT format('REVOKE %I FROM regress_ord_a, regress_ord_b', outbox.role('produc
 DROP ROLE regress_ord_a;
 DROP ROLE regress_ord_b;
 
+-- blocked_keys lists every key with commands waiting behind its head: also
+-- one whose head is pending and due but never claimed (head_claimable).
+SELECT outbox.commit_decision('tn', 1, 'e', 'tn1', 'k', '{}', ordering_key => 'N');
+SELECT outbox.commit_decision('tn', 2, 'e', 'tn2', 'k', '{}', ordering_key => 'N');
+SELECT ordering_key, head_command_id, head_status, waiting, head_claimable
+  FROM outbox.blocked_keys WHERE ordering_key = 'N';
+SELECT outbox.pause('k');
+SELECT ordering_key, head_status, head_claimable FROM outbox.blocked_keys WHERE ordering_key = 'N';
+SELECT outbox.resume('k');
+DELETE FROM outbox.commands WHERE run_id = 'tn';
+DELETE FROM outbox.events WHERE run_id = 'tn';
+
 -- Leave an empty outbox behind.
 DROP VIEW ks;
 DROP EXTENSION outbox;

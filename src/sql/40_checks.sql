@@ -352,22 +352,25 @@ SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS statu
 COMMENT ON VIEW @extschema@.dead_letters
 	IS 'dead and uncertain commands with their last error; requeue or resolve them';
 
--- Ordering keys that stand still: one row per key (decided_by, ordering_key:
--- a key belongs to the role that decides) whose head (its first
--- command that is not published) cannot be claimed now, with at least one
--- command waiting behind it.  The head cannot be claimed while it is in a
--- retry's backoff or has a not-before time to come (pending, due later),
--- while its kind is paused, while it is leased (sending), and once it is
--- dead or uncertain.  since is when the key last moved: when its previous
--- command was published (the published_at of the key's command just
--- before the head), or the head's created_at if that is later (or the key
--- has no earlier command left: a key's first command, or the earlier ones
--- purged).  A head skipped by skip_head left the key and does not count.
--- Read from what the calls write already (nothing is written for it).  A
--- key holding a head that may be claimed now is not listed: it is moving.
--- One pass over the unfinished commands with a key (the published history
--- is not read), and two probes of commands_key_idx for each blocked key:
--- its first place and the place before it.
+-- Ordering keys with commands waiting: one row per key (decided_by,
+-- ordering_key: a key belongs to the role that decides) with at least one
+-- command waiting behind its head (its first command that is not
+-- published), whatever the head's status: a head that cannot be claimed
+-- now (pending in a retry's backoff or before its not-before time, of a
+-- paused kind; sending; dead; uncertain) has head_claimable false, and so
+-- has a head that is itself waiting (a stuck key, see check_state); a
+-- pending head that is due, of a kind not paused, has head_claimable true:
+-- it may be claimed now, and one that stays so while since grows is a
+-- head no publisher claims (none may claim its kind).  since is when the
+-- key last moved: when its previous command was published (the
+-- published_at of the key's command just before the head), or the head's
+-- created_at if that is later (or the key has no earlier command left: a
+-- key's first command, or the earlier ones purged).  A head skipped by
+-- skip_head left the key and does not count.  Read from what the calls
+-- write already (nothing is written for it).  One pass over the
+-- unfinished commands with a key (the published history is not read),
+-- and two probes of commands_key_idx for each key listed: its first place
+-- and the place before it.
 CREATE VIEW @extschema@.blocked_keys WITH (security_barrier) AS
 SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_command_id,
 	   h.run_id AS head_run_id, h.status::pg_catalog.text AS head_status,
@@ -377,7 +380,11 @@ SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_com
 				AND p.decided_by OPERATOR(pg_catalog.=) w.decided_by
 				AND p.ordering_seq OPERATOR(pg_catalog.<) w.first
 			  ORDER BY p.ordering_seq DESC LIMIT 1)) AS since,
-	   w.waiting, w.decided_by::pg_catalog.regrole AS decided_by
+	   w.waiting, w.decided_by::pg_catalog.regrole AS decided_by,
+	   (h.status OPERATOR(pg_catalog.=) 'pending'
+		AND h.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+		AND NOT EXISTS (SELECT 1 FROM @extschema@.policies p
+						 WHERE p.kind OPERATOR(pg_catalog.=) h.kind AND p.paused)) AS head_claimable
   FROM (SELECT k.ordering_key, k.decided_by, pg_catalog.min(k.ordering_seq) AS first,
 			   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
 										   AND k.due_at IS NULL) AS waiting
@@ -390,14 +397,10 @@ SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_com
    AND h.decided_by OPERATOR(pg_catalog.=) w.decided_by
    AND h.ordering_seq OPERATOR(pg_catalog.=) w.first
    AND h.status OPERATOR(pg_catalog.<>) 'published'
-   AND NOT (h.status OPERATOR(pg_catalog.=) 'pending' AND h.due_at IS NULL)
- WHERE w.waiting OPERATOR(pg_catalog.>) 0
-   AND (h.status OPERATOR(pg_catalog.<>) 'pending'
-		OR h.due_at OPERATOR(pg_catalog.>) pg_catalog.now()
-		OR EXISTS (SELECT 1 FROM @extschema@.policies p
-					WHERE p.kind OPERATOR(pg_catalog.=) h.kind AND p.paused));
+ WHERE w.waiting OPERATOR(pg_catalog.>) (CASE WHEN h.status OPERATOR(pg_catalog.=) 'pending'
+												AND h.due_at IS NULL THEN 1 ELSE 0 END);
 COMMENT ON VIEW @extschema@.blocked_keys
-	IS 'ordering keys whose head cannot be claimed now (backoff, not-before, paused, sending, dead, uncertain) with commands waiting behind it';
+	IS 'ordering keys with commands waiting behind their head, with the head''s status and whether it may be claimed now (head_claimable)';
 
 -- Privileges: monitoring roles read, nobody else.
 -- What holds the vacuum horizon back: open transactions, prepared

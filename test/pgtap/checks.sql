@@ -45,7 +45,7 @@ SELECT columns_are('outbox', 'dead_letters',
 	ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'deliveries', 'version', 'owner',
 		  'last_error', 'created_at', 'available_at']);
 SELECT columns_are('outbox', 'blocked_keys',
-	ARRAY['ordering_key', 'head_command_id', 'head_run_id', 'head_status', 'since', 'waiting', 'decided_by']);
+	ARRAY['ordering_key', 'head_command_id', 'head_run_id', 'head_status', 'since', 'waiting', 'decided_by', 'head_claimable']);
 SELECT is((SELECT reloptions @> ARRAY['security_barrier=true'] FROM pg_class WHERE oid = 'outbox.blocked_keys'::regclass),
 	true, 'blocked_keys is a security_barrier view');
 

@@ -351,12 +351,13 @@ sub drain
 	return join(' | ', @batches);
 }
 
-# The rows of outbox.blocked_keys.
+# The rows of outbox.blocked_keys of the keys that stand still (a key
+# whose head may be claimed now is listed too, with head_claimable).
 sub blocked
 {
 	return sq(q{SELECT coalesce(string_agg(concat_ws(' ', ordering_key, head_command_id, head_run_id, head_status,
 													 waiting, since IS NOT NULL), ',' ORDER BY ordering_key), '')
-				  FROM outbox.blocked_keys});
+				  FROM outbox.blocked_keys WHERE NOT head_claimable});
 }
 
 # An error with its SQLSTATE, for a statement that must fail.
@@ -398,6 +399,9 @@ like(error_of(q{SELECT outbox.skip_head(NULL)}), qr/^22004: /, 'skip_head(NULL):
 is(blocked(), 'dead-key dk-1 dr-1 dead 3 t', 'the refused calls changed nothing');
 is(sq(q{SELECT outbox.skip_head('dead-key')}), 'dk-1', 'skip_head returns the skipped head');
 is(blocked(), '', 'the key is no longer blocked');
+is(sq(q{SELECT concat_ws(' ', head_command_id, head_status, waiting) FROM outbox.blocked_keys
+		 WHERE ordering_key = 'dead-key' AND head_claimable}),
+	'dk-2 pending 2', 'blocked_keys still lists the key, its head claimable, 2 waiting');
 is(drain('dk'), 'dk-2 | dk-3 | dk-4', 'after skip_head the key drains in order');
 is(sq(q{SELECT concat_ws(' ', status, ordering_key, ordering_seq) FROM outbox.commands WHERE command_id = 'dk-1'}),
 	'dead', 'the skipped head stays dead and leaves its key');
