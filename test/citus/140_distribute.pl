@@ -202,6 +202,22 @@ is(safe_psql(0, $db, q{SELECT string_agg(command_id || ':' || recorded, ' ' ORDE
 	'ship-co-1:false ship-batch-1:true ship-batch-2:true',
 	'commit_decisions over several runs: a retry recognised, two recorded');
 
+# Ordered delivery is refused on a distributed outbox (a key's lock lives on
+# one node), for a key given and for a kind ordered by run, single and batch,
+# and nothing is recorded.
+is(sqlstate(0, $db, q{SELECT outbox.commit_decision('ord-1', 1, 'placed', 'ship-ord-1', 'ship', '{}',
+		ordering_key => 'k-1')}), '0A000', 'a decision with an ordering key on a distributed outbox: 0A000');
+is(sqlstate(0, $db, q{BEGIN; SELECT outbox.set_policy('ship_ordered', ordered_by_run => true);
+		SELECT outbox.commit_decision('ord-2', 1, 'placed', 'ship-ord-2', 'ship_ordered', '{}'); COMMIT}),
+	'0A000', 'a decision of a kind ordered by run on a distributed outbox: 0A000');
+is(sqlstate(0, $db, q{SELECT * FROM outbox.commit_decisions('[
+		{"run_id": "ord-3", "seq": 1, "event_kind": "placed", "command_id": "ship-ord-3",
+		 "command_kind": "ship", "payload": {}, "ordering_key": "k-3"}]')}),
+	'0A000', 'a batch with an ordering key on a distributed outbox: 0A000');
+is(safe_psql(0, $db, q{SELECT (SELECT count(*) FROM outbox.commands WHERE run_id LIKE 'ord-%')
+		+ (SELECT count(*) FROM outbox.events WHERE run_id LIKE 'ord-%')}), '0',
+	'the refused ordered decisions recorded nothing');
+
 # --- claims, a publisher that dies, two relays, a shard move ------------------------------
 # More commands, decided from the coordinator.
 safe_psql(0, $db, q{
