@@ -24,11 +24,14 @@
 #   ack          the sink returned -> the outcome was reported
 # p50 and p99 of each cell, then the median over the repeats.
 #
-# Configurations (CONFIGS, one per line: name | outbox.notify_interval in
-# ms | relay options); the defaults rebuild the levers one at a time:
-#   before       the claim waits for its WAL flush, notify_interval 10 ms
+# Configurations (CONFIGS, one per line: name | server settings, as
+# NAME=VALUE separated by spaces, set with ALTER SYSTEM for the cell | relay
+# options); the defaults add the levers one at a time:
+#   before       the claim waits for its WAL flush; the worker holds every
+#                wake-up for outbox.notify_interval (10 ms)
 #   claim-async  + the claim commits without waiting for its flush
-#   notify-1     + outbox.notify_interval = 1ms
+#   idle-notify  + outbox.notify_idle_interval = 1ms: a wake-up is held no
+#                longer than that while the relay waits (the defaults)
 #   ack-async    + --ack-commit=async
 # Settings: RATES ("200 2000"), SECS (10), REPEATS (3), CONNS (4), CONFIGS,
 # EXTRA_CONF (lines for postgresql.conf), KEEP_TRACES=DIR (copy the raw
@@ -48,10 +51,10 @@ if [ -n "${QUICK:-}" ]; then
 	SECS=5
 	REPEATS=1
 fi
-DEFAULT_CONFIGS="before | 10 | --claim-commit=sync
-claim-async | 10 |
-notify-1 | 1 |
-ack-async | 1 | --ack-commit=async"
+DEFAULT_CONFIGS="before | outbox.notify_idle_interval=10ms | --claim-commit=sync
+claim-async | outbox.notify_idle_interval=10ms |
+idle-notify | |
+ack-async | | --ack-commit=async"
 CONFIGS=${CONFIGS:-$DEFAULT_CONFIGS}
 
 outbox_bench_start bench-latency "$EXTRA_CONF" || exit 1
@@ -89,9 +92,13 @@ URL="http://127.0.0.1:$HPORT/hook"
 # One cell: prints "p50_total p99_total p50_from_answer p99_from_answer
 # then p50/p99 of each step".
 cell() {
-	local name=$1 ni=$2 opts=$3 rate=$4 tag=$5 pidf=$WORK/relay.pid left _
-	psql_q "ALTER SYSTEM SET outbox.notify_interval = '${ni}ms'; SELECT pg_reload_conf();
-TRUNCATE outbox.commands, outbox.events, outbox.receipts;" >/dev/null
+	local name=$1 settings=$2 opts=$3 rate=$4 tag=$5 pidf=$WORK/relay.pid left _ s sql
+	sql="ALTER SYSTEM RESET ALL;"
+	for s in $settings; do
+		sql="$sql ALTER SYSTEM SET ${s%%=*} = '${s#*=}';"
+	done
+	psql_q "$sql" >/dev/null || exit 1
+	psql_q "SELECT pg_reload_conf(); TRUNCATE outbox.commands, outbox.events, outbox.receipts;" >/dev/null
 	as_pg "'$RELAY' --dsn '$DSN' --sink '$URL' --worker lat -vv $opts </dev/null >/dev/null 2>'$WORK/trace-$tag.log' & echo \$! >'$pidf'"
 	for _ in $(seq 100); do
 		[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%FROM outbox.claim(%'")" = 1 ] && break
@@ -115,14 +122,14 @@ TRUNCATE outbox.commands, outbox.events, outbox.receipts;" >/dev/null
 	perl "$ROOT/bench/latency_steps.pl" "$tag" "$WORK/commits-$tag.tsv" "$WORK/arrivals.log" "$WORK/trace-$tag.log"
 }
 
-declare -A R NI OPTS
+declare -A R SETTINGS OPTS
 declare -a v
 names=()
-while IFS='|' read -r name ni opts; do
+while IFS='|' read -r name settings opts; do
 	name=$(echo "$name" | xargs)
 	[ -n "$name" ] || continue
 	names+=("$name")
-	NI[$name]=$(echo "$ni" | xargs)
+	SETTINGS[$name]=$(echo "$settings" | xargs)
 	OPTS[$name]=$(echo "$opts" | xargs)
 done <<<"$CONFIGS"
 
@@ -130,7 +137,7 @@ STEPS="total from_answer commit wait notify claim http ack"
 for rate in $RATES; do
 	for rep in $(seq "$REPEATS"); do
 		for name in "${names[@]}"; do
-			R[$rate,$name,$rep]=$(cell "$name" "${NI[$name]}" "${OPTS[$name]}" "$rate" "lat$rate-$name-$rep")
+			R[$rate,$name,$rep]=$(cell "$name" "${SETTINGS[$name]}" "${OPTS[$name]}" "$rate" "lat$rate-$name-$rep")
 		done
 	done
 	echo
