@@ -22,7 +22,9 @@
 #   claim        the claim's round trip, its commit included
 #   http         claim returned -> the request arrived
 #   ack          the sink returned -> the outcome was reported
-# p50 and p99 of each cell, then the median over the repeats.
+# p50 and p99 of each cell, then the median over the repeats; "conns" is
+# the number of the relay's connections to the receiver at the end of the
+# cell (HTTP keep-alive: one, reused).
 #
 # Configurations (CONFIGS, one per line: name | server settings, as
 # NAME=VALUE separated by spaces, set with ALTER SYSTEM for the cell | relay
@@ -92,7 +94,7 @@ URL="http://127.0.0.1:$HPORT/hook"
 # One cell: prints "p50_total p99_total p50_from_answer p99_from_answer
 # then p50/p99 of each step".
 cell() {
-	local name=$1 settings=$2 opts=$3 rate=$4 tag=$5 pidf=$WORK/relay.pid left _ s sql
+	local name=$1 settings=$2 opts=$3 rate=$4 tag=$5 pidf=$WORK/relay.pid left _ s sql conns
 	sql="ALTER SYSTEM RESET ALL;"
 	for s in $settings; do
 		sql="$sql ALTER SYSTEM SET ${s%%=*} = '${s#*=}';"
@@ -101,12 +103,14 @@ cell() {
 	psql_q "SELECT pg_reload_conf(); TRUNCATE outbox.commands, outbox.events, outbox.receipts;" >/dev/null
 	as_pg "'$RELAY' --dsn '$DSN' --sink '$URL' --worker lat -vv $opts </dev/null >/dev/null 2>'$WORK/trace-$tag.log' & echo \$! >'$pidf'"
 	for _ in $(seq 100); do
-		[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%FROM outbox.claim(%'")" = 1 ] && break
+		[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%outbox.claim(%'")" = 1 ] && break
 		sleep 0.1
 	done
 	sleep 0.5	# the reload reached the worker
 	as_pg "'$WORK/latency_producer' '$DSN' $rate $SECS $CONNS '$tag' '$WORK/commits-$tag.tsv'" 2>>"$WORK/producer.log" ||
 		{ echo "the producer failed" >&2; cat "$WORK/producer.log" >&2; exit 1; }
+	# HTTP keep-alive: the relay's connections to the receiver (one, reused)
+	conns=$(awk -v p="$(printf '%04X' "$HPORT")" '$4 == "01" && $3 ~ (":" p "$") { n++ } END { print n + 0 }' /proc/net/tcp)
 	for _ in $(seq 200); do
 		left=$(psql_q "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")
 		[ "$left" = 0 ] && break
@@ -119,7 +123,7 @@ cell() {
 	if [ -n "${KEEP_TRACES:-}" ]; then
 		mkdir -p "$KEEP_TRACES" && cp "$WORK/commits-$tag.tsv" "$WORK/trace-$tag.log" "$KEEP_TRACES/"
 	fi
-	perl "$ROOT/bench/latency_steps.pl" "$tag" "$WORK/commits-$tag.tsv" "$WORK/arrivals.log" "$WORK/trace-$tag.log"
+	echo "$(perl "$ROOT/bench/latency_steps.pl" "$tag" "$WORK/commits-$tag.tsv" "$WORK/arrivals.log" "$WORK/trace-$tag.log") $conns"
 }
 
 declare -A R SETTINGS OPTS
@@ -144,16 +148,16 @@ for rate in $RATES; do
 	echo "$rate commands/s, ${SECS}s per cell, median of $REPEATS (ms, p50 / p99):"
 	printf '%-13s' "config"
 	for s in $STEPS; do printf '%16s' "$s"; done
-	printf '%8s\n' "n"
+	printf '%8s%7s\n' "n" "conns"
 	for name in "${names[@]}"; do
 		printf '%-13s' "$name"
-		for col in $(seq 1 $(( $(echo $STEPS | wc -w) * 2 + 1 ))); do
+		for col in $(seq 1 $(( $(echo $STEPS | wc -w) * 2 + 2 ))); do
 			v[$col]=$(for rep in $(seq "$REPEATS"); do echo "${R[$rate,$name,$rep]}" | awk -v c="$col" '{ print $c }'; done |
 				sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
 		done
 		for i in $(seq 1 $(echo $STEPS | wc -w)); do
 			printf '%16s' "${v[$((2 * i - 1))]} / ${v[$((2 * i))]}"
 		done
-		printf '%8s\n' "${v[$(( $(echo $STEPS | wc -w) * 2 + 1 ))]}"
+		printf '%8s%7s\n' "${v[$(( $(echo $STEPS | wc -w) * 2 + 1 ))]}" "${v[$(( $(echo $STEPS | wc -w) * 2 + 2 ))]}"
 	done
 done

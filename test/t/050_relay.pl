@@ -184,7 +184,7 @@ program_version_ok('outbox-relay');
 	# With a synchronous standby that never comes, a commit that waits for
 	# its flush waits for the standby forever: the relay drains only if
 	# neither its claims nor its acks wait.
-	produce(map { [ "cm-$_", 'commitmode', '{}' ] } 1 .. 3);
+	sq(join("\n", map { "SELECT outbox.commit_decision('run-cm', $_, 'decided', 'cm-$_', 'commitmode', '{}');" } 1 .. 3));
 	sq(q{ALTER SYSTEM SET synchronous_standby_names = 'nosuch'; SELECT pg_reload_conf()});
 	($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', "file:$tmp/commitmode.ndjson",
 		'--kinds', 'commitmode', '--ack-commit', 'async', '--drain', '--batch', '2');
@@ -588,7 +588,7 @@ produce([ 'role-1', 'rolek', '{}' ]);
 	# LISTEN comes before the first claim: once that claim is over, the
 	# relay is waiting for a notification (or 600 s)
 	ok($node->poll_query_until('postgres',
-		"SELECT count(*) = 1 FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%FROM outbox.claim(\$1, \$2, pg_catalog.make_interval%'"),
+		"SELECT count(*) = 1 FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%outbox.claim(\$1, \$2, pg_catalog.make_interval%'"),
 		'listening relay connected and idle');
 	produce([ 'wake-1', 'wake', '{}' ]);
 	ok($node->poll_query_until('postgres',
