@@ -41,8 +41,9 @@
  *				from the worker's own transaction, at most one per
  *				outbox.notify_interval (a commit arriving sooner leaves the
  *				flag up, and the notification goes out when the interval
- *				ends, covering every commit in between), unless a claim has
- *				found nothing since the last one: a publisher is waiting,
+ *				ends, covering every commit in between), unless a claim of
+ *				every kind has found nothing since the last one: a
+ *				publisher is waiting,
  *				and the notification goes out at once (at most one per
  *				outbox.notify_idle_interval; shared.c, "Waiting
  *				publishers").
@@ -442,11 +443,12 @@ du_notify(void)
  * Send the pending wake-up, unless the previous notification is less than
  * outbox.notify_interval old: then keep it pending (producers will not
  * signal again) and set *hold_until to when the interval ends (else 0).
- * When a claim has found nothing since the previous notification, a
- * publisher is waiting and nothing is gained by holding: the wake-up goes
- * out once the previous one is outbox.notify_idle_interval old (or
- * outbox.notify_interval, if shorter).  While every publisher is busy, their claims are not empty and
- * the interval coalesces the commits of a high rate into few notifications.
+ * When a claim (of every kind) has found nothing since the previous
+ * notification, a publisher is waiting and nothing is gained by holding:
+ * the wake-up goes out once the previous one is
+ * outbox.notify_idle_interval old (or outbox.notify_interval, if shorter).
+ * While every publisher is busy their claims are not empty, and the
+ * interval coalesces the commits of a high rate into few notifications.
  * The loop also calls this between two steps of a long duty.
  */
 void

@@ -858,7 +858,7 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 	for (i = 0; i < SPI_processed; i++)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, order[i].values, order[i].isnull);
 	OutboxCountAtCommit(OBC_CLAIMED, (int64) SPI_processed);
-	if (SPI_processed == 0)
+	if (SPI_processed == 0 && PG_ARGISNULL(3))
 		OutboxNoteIdleClaim();
 	if (takeovers > 0)
 		OutboxCountAtCommit(OBC_TAKEN_OVER, takeovers);

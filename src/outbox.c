@@ -172,7 +172,7 @@ _PG_init(void)
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("outbox.notify_idle_interval",
-							"Shortest time between two wake-up notifications of a worker while a publisher waits (its last claim found nothing); at most outbox.notify_interval.",
+							"Shortest time between two wake-up notifications of a worker while a publisher waits (a claim of every kind found nothing); at most outbox.notify_interval.",
 							NULL,
 							&outbox_notify_idle_interval_ms,
 							1, 0, 60 * 1000,

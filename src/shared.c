@@ -30,12 +30,15 @@
  * older than its start).  That is all a producer pays: no lock, no NOTIFY on its
  * commit path.
  *
- * Waiting publishers.  A claim that finds nothing writes the time into the
- * slot's idle_at (OutboxNoteIdleClaim): a publisher is now waiting for a
- * notification, and the worker sends the next one without waiting out
- * outbox.notify_interval (duties.c).  If a wake-up is already pending then,
- * the claim sets the worker's latch too: the commit that raised it did so
- * while the worker was holding it back.
+ * Waiting publishers.  A claim of every kind that finds nothing writes the
+ * time into the slot's idle_at (OutboxNoteIdleClaim): a publisher is now
+ * waiting for a notification, and the worker sends the next one without
+ * waiting out outbox.notify_interval (duties.c).  If a wake-up is already
+ * pending then, the claim sets the worker's latch too: the commit that
+ * raised it did so while the worker was holding it back.  A claim of some
+ * kinds only does not count: it can find nothing while commands of other
+ * kinds keep coming, and it would have every one of their commits
+ * announced.
  *
  * Two-phase commit.  At PREPARE TRANSACTION the pending counts, the
  * request for a worker and the transaction's start are stored in a free
