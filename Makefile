@@ -18,6 +18,8 @@ endif
 
 MODULE_big = outbox
 OBJS = src/outbox.o src/args.o src/authz.o src/plans.o src/producer.o src/lease.o src/siphash.o src/keys.o src/consumer.o src/shared.o src/bgw.o src/launcher.o src/worker.o src/duties.o src/upkeep.o src/citus.o
+# Every object includes src/outbox.h: a change there rebuilds them all.
+$(OBJS): src/outbox.h
 
 # The install script is assembled from the parts in src/sql/, in name order.
 # The update script from each released version FROM is assembled from the

@@ -223,7 +223,7 @@ run_latency() {
 	case $kind in kafka | rabbitmq | mosquitto) ctl listen "$WORK/stamps-$kind.tsv" >/dev/null || return 1 ;; esac
 	as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$relay' --dsn '$DSN' --sink '$url' --batch $B --worker lat-$kind </dev/null >/dev/null 2>>'$WORK/relay-lat.log' & echo \$! >'$WORK/relay-lat.pid'"
 	for _ in $(seq 100); do
-		[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%FROM outbox.claim(%'")" -ge 1 ] && break
+		[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%outbox.claim(%'")" -ge 1 ] && break
 		sleep 0.1
 	done
 	as_pg "'$PGBIN/pgbench' -n -h '$DATA' -p $PORT -c 2 -j 2 -R $LAT_RATE -T $LAT_SECS -f '$WORK/produce.sql' bench" >"$WORK/pgbench-lat.log" 2>&1

@@ -21,7 +21,9 @@
 # multi-row INSERT of 100 events and 100 commands by hand.
 # Each cell runs CLIENTS_LIST = "1 4 8" clients, DURATION seconds per
 # system, the systems taking turns within each of REPEATS repeats; the
-# median is reported with the ratio outbox / hand.  It runs twice: with the
+# medians are reported with their ratio outbox / hand, and the median of the
+# REPEATS ratios of the two runs of one repeat ("paired"), which the drift
+# of a shared machine's load between repeats disturbs less.  It runs twice: with the
 # library preloaded and the background worker serving the database (as in
 # production), and without the library preloaded.
 set -u
@@ -108,7 +110,7 @@ set_mode() {
 
 # cell MODE KIND CLIENTS: KIND is "" (single decisions) or "-batch".
 cell() {
-	local mode=$1 kind=$2 clients=$3 r o h os=() hs=() om hm unit=tx/s
+	local mode=$1 kind=$2 clients=$3 r o h os=() hs=() om hm pm unit=tx/s
 	for r in $(seq "$REPEATS"); do
 		reset_tables
 		o=$(run_once "outbox$kind" "$clients")
@@ -120,13 +122,16 @@ cell() {
 	om=$(printf '%s\n' "${os[@]}" | median)
 	hm=$(printf '%s\n' "${hs[@]}" | median)
 	[ -n "$kind" ] && unit="tx/s of 100"
-	awk -v m="$mode" -v k="${kind:-single}" -v c="$clients" -v o="$om" -v h="$hm" -v u="$unit" \
+	pm=$(for r in $(seq 0 $((REPEATS - 1))); do
+		awk -v o="${os[$r]}" -v h="${hs[$r]}" 'BEGIN {print (h > 0 ? o / h : 0)}'
+	done | median)
+	awk -v m="$mode" -v k="${kind:-single}" -v c="$clients" -v o="$om" -v h="$hm" -v u="$unit" -v p="$pm" \
 		-v all="$(printf '%s/' "${os[@]}")|$(printf '%s/' "${hs[@]}")" \
-		'BEGIN {printf "| %-9s | %-6s | %2d | %9.0f | %9.0f | %5.2f | %s %s\n", m, k, c, h, o, (h > 0 ? o / h : 0), u, all}'
+		'BEGIN {printf "| %-9s | %-6s | %2d | %9.0f | %9.0f | %5.2f | %5.2f | %s %s\n", m, k, c, h, o, (h > 0 ? o / h : 0), p, u, all}'
 }
 
 echo "# bench/produce.sh: DURATION=${DURATION}s REPEATS=$REPEATS, median; ratio = outbox / hand"
-echo "| mode      | calls  | clients | hand | outbox | ratio | unit, runs (outbox|hand)"
+echo "| mode      | calls  | clients | hand | outbox | ratio | paired | unit, runs (outbox|hand)"
 for mode in $MODES; do
 	set_mode "$mode"
 	for c in $CLIENTS_LIST; do

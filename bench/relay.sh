@@ -186,7 +186,7 @@ N=$SAVED_N
 psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts;" >/dev/null
 as_pg "'$RELAY' --dsn '$DSN' --sink stdout --batch $B --worker bench-lat </dev/null >/dev/null 2>'$WORK/relay-lat.log' & echo \$! >'$WORK/relay-lat.pid'"
 for _ in $(seq 100); do
-	[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%FROM outbox.claim(%'")" = 1 ] && break
+	[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%outbox.claim(%'")" = 1 ] && break
 	sleep 0.1
 done
 as_pg "'$PGBIN/pgbench' -n -h '$DATA' -p $PORT -c 2 -j 2 -R $LAT_RATE -T $LAT_SECS -f '$WORK/produce.sql' bench" >"$WORK/pgbench-lat.log" 2>&1

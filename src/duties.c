@@ -41,7 +41,12 @@
  *				from the worker's own transaction, at most one per
  *				outbox.notify_interval (a commit arriving sooner leaves the
  *				flag up, and the notification goes out when the interval
- *				ends, covering every commit in between).
+ *				ends, covering every commit in between), unless a claim of
+ *				every kind has found nothing since the last one: a
+ *				publisher is waiting,
+ *				and the notification goes out at once (at most one per
+ *				outbox.notify_idle_interval; shared.c, "Waiting
+ *				publishers").
  *
  * The due check.  Commands also become claimable with no commit to announce
  * them.  The check looks for them cheaply in the two claim indexes (per
@@ -452,6 +457,12 @@ du_notify(void)
  * Send the pending wake-up, unless the previous notification is less than
  * outbox.notify_interval old: then keep it pending (producers will not
  * signal again) and set *hold_until to when the interval ends (else 0).
+ * When a claim (of every kind) has found nothing since the previous
+ * notification, a publisher is waiting and nothing is gained by holding:
+ * the wake-up goes out once the previous one is
+ * outbox.notify_idle_interval old (or outbox.notify_interval, if shorter).
+ * While every publisher is busy their claims are not empty, and the
+ * interval coalesces the commits of a high rate into few notifications.
  * The loop also calls this between two steps of a long duty.
  */
 void
@@ -467,8 +478,16 @@ OutboxServeWakeups(TimestampTz *hold_until)
 	until = TimestampTzPlusMilliseconds(du_last_notify, outbox_notify_interval_ms);
 	if (du_last_notify != 0 && now < until)
 	{
-		*hold_until = until;
-		return;
+		pg_memory_barrier();
+		if ((TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->idle_at) >= du_last_notify)
+			until = TimestampTzPlusMilliseconds(du_last_notify,
+												Min(outbox_notify_interval_ms,
+													outbox_notify_idle_interval_ms));
+		if (now < until)
+		{
+			*hold_until = until;
+			return;
+		}
 	}
 	pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 0);
 	du_notify();

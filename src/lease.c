@@ -956,6 +956,8 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 			takeovers++;
 	}
 	OutboxCountAtCommit(OBC_CLAIMED, (int64) n);
+	if (n == 0 && PG_ARGISNULL(3))
+		OutboxNoteIdleClaim();
 	if (takeovers > 0)
 		OutboxCountAtCommit(OBC_TAKEN_OVER, takeovers);
 	SPI_finish();

@@ -40,6 +40,7 @@ int			outbox_receipt_overdue_s = 3600;
 int			outbox_max_workers = 8;
 char	   *outbox_databases = NULL;
 int			outbox_notify_interval_ms = 10;
+int			outbox_notify_idle_interval_ms = 1;
 double		outbox_index_bloat = 3.0;
 int			outbox_index_check_interval_ms = 60000;
 int			outbox_check_interval_ms = 300000;
@@ -167,6 +168,14 @@ _PG_init(void)
 							NULL,
 							&outbox_notify_interval_ms,
 							10, 0, 60 * 1000,
+							PGC_SIGHUP, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("outbox.notify_idle_interval",
+							"Shortest time between two wake-up notifications of a worker while a publisher waits (a claim of every kind found nothing); at most outbox.notify_interval.",
+							NULL,
+							&outbox_notify_idle_interval_ms,
+							1, 0, 60 * 1000,
 							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 

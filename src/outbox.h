@@ -97,6 +97,7 @@ extern int	outbox_receipt_overdue_s;
 extern int	outbox_max_workers;
 extern char *outbox_databases;
 extern int	outbox_notify_interval_ms;
+extern int	outbox_notify_idle_interval_ms;
 extern double outbox_index_bloat;
 extern int	outbox_index_check_interval_ms;
 extern int	outbox_check_interval_ms;
@@ -160,6 +161,9 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint64 look_mark; /* where the due check's next look would
 								 * begin without the floor: its last look or
 								 * notification (0 before the first) */
+	pg_atomic_uint64 idle_at;	/* when a claim last found nothing: a
+								 * publisher waits for a notification (0:
+								 * never) */
 	int			naptime_ms;		/* the worker's current outbox.naptime */
 	TimestampTz started_at;
 	TimestampTz last_run;
@@ -305,6 +309,7 @@ extern void OutboxCountNow(OutboxCounter c, int64 n);
 extern void OutboxRequestWorkerAtCommit(void);
 extern void OutboxRequestWorker(Oid dboid);
 extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
+extern void OutboxNoteIdleClaim(void);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);
 

@@ -35,6 +35,16 @@
  * and lease_until values are never older than its start).  That is all a
  * producer pays: no lock, no NOTIFY on its commit path.
  *
+ * Waiting publishers.  A claim of every kind that finds nothing writes the
+ * time into the slot's idle_at (OutboxNoteIdleClaim): a publisher is now
+ * waiting for a notification, and the worker sends the next one without
+ * waiting out outbox.notify_interval (duties.c).  If a wake-up is already
+ * pending then, the claim sets the worker's latch too: the commit that
+ * raised it did so while the worker was holding it back.  A claim of some
+ * kinds only does not count: it can find nothing while commands of other
+ * kinds keep coming, and it would have every one of their commits
+ * announced.
+ *
  * Two-phase commit.  At PREPARE TRANSACTION the pending counts, the
  * request for a worker and the transaction's start are stored in a free
  * entry of OutboxShared->prepared, under its xid.  Whoever sees the
@@ -53,7 +63,8 @@
  * Locking.  The slots, the request queue, the prepared entries and
  * stats_reset are protected by OutboxShared->lock, which is never held
  * across anything that can fail or wait.  Counters, wake_pending,
- * due_floor and nprepared are atomics, read and written without it.
+ * due_floor, idle_at and nprepared are atomics, read and written without
+ * it.
  *
  *-------------------------------------------------------------------------
  */
@@ -185,6 +196,7 @@ ob_shmem_startup(void)
 			pg_atomic_init_u64(&OutboxShared->slots[i].due_floor,
 							   (uint64) OUTBOX_NO_FLOOR);
 			pg_atomic_init_u64(&OutboxShared->slots[i].look_mark, 0);
+			pg_atomic_init_u64(&OutboxShared->slots[i].idle_at, 0);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -368,6 +380,28 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 	}
 	if (request_worker)
 		OutboxRequestWorker(dboid);
+}
+
+/*
+ * A claim found nothing: tell this database's worker that a publisher is
+ * waiting (see "Waiting publishers" above).
+ */
+void
+OutboxNoteIdleClaim(void)
+{
+	OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
+
+	if (slot == NULL)
+		return;
+	pg_atomic_write_u64(&slot->idle_at, (uint64) GetCurrentTimestamp());
+	pg_memory_barrier();
+	if (pg_atomic_read_u32(&slot->wake_pending) != 0)
+	{
+		Latch	   *latch = slot->latch;
+
+		if (latch != NULL)
+			SetLatch(latch);
+	}
 }
 
 /*

@@ -40,18 +40,37 @@
 static PGconn *conn = NULL;
 static char *channel = NULL;
 
-static const char *const claim_sql =
-"SELECT c.command_id, c.run_id, c.kind, c.payload, c.token, c.deliveries,"
-"       pg_catalog.date_part('epoch', c.lease_until - pg_catalog.clock_timestamp()),"
-"       c.seq, c.headers::pg_catalog.text,"
-"       (SELECT pg_catalog.string_agg(h.key OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) h.value, E'\\n')"
-"          FROM pg_catalog.jsonb_each_text(c.headers) h),"
-"       c.ordering_key"
-"  FROM outbox.claim($1, $2, pg_catalog.make_interval(secs => $3), $4) AS c";
+/*
+ * Joined to a call, this one-row subquery makes the call's transaction
+ * commit without waiting for its WAL flush (OFFSET 0 keeps the planner
+ * from dropping it).  A claim committed that way and lost in a crash of the
+ * server only delays its commands: they are pending again afterwards, and
+ * a relay that delivered them meanwhile has its ack refused (its token's
+ * version and owner no longer match), so they are delivered again.  The
+ * first synchronous commit after it (the batch's ack, by default) flushes
+ * it too.
+ */
+#define ASYNC_COMMIT_FROM \
+	"(SELECT pg_catalog.set_config('synchronous_commit', 'off', true) OFFSET 0) AS async_commit, "
+
+#define CLAIM_SELECT \
+"SELECT c.command_id, c.run_id, c.kind, c.payload, c.token, c.deliveries," \
+"       pg_catalog.date_part('epoch', c.lease_until - pg_catalog.clock_timestamp())," \
+"       c.seq, c.headers::pg_catalog.text," \
+"       (SELECT pg_catalog.string_agg(h.key OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) h.value, E'\\n')" \
+"          FROM pg_catalog.jsonb_each_text(c.headers) h)," \
+"       c.ordering_key" \
+"  FROM "
+#define CLAIM_CALL "outbox.claim($1, $2, pg_catalog.make_interval(secs => $3), $4) AS c"
+
+static const char *const claim_sql = CLAIM_SELECT CLAIM_CALL;
+static const char *const claim_async_sql = CLAIM_SELECT ASYNC_COMMIT_FROM CLAIM_CALL;
 static const Oid claim_types[4] = {OID_TEXT, OID_INT4, OID_FLOAT8, OID_TEXTARRAY};
 
-static const char *const ack_sql =
-"SELECT a.command_id, a.acked, a.reason FROM outbox.ack_many($1, $2) AS a";
+#define ACK_SELECT "SELECT a.command_id, a.acked, a.reason FROM "
+#define ACK_CALL "outbox.ack_many($1, $2) AS a"
+static const char *const ack_sql = ACK_SELECT ACK_CALL;
+static const char *const ack_async_sql = ACK_SELECT ASYNC_COMMIT_FROM ACK_CALL;
 static const Oid ack_types[2] = {OID_TEXT, OID_TEXTARRAY};
 
 static const char *const fail_sql =
@@ -259,8 +278,10 @@ db_connect(void)
 		return DB_RETRY;
 	}
 
-	if ((r = db_prepare("outbox_claim", claim_sql, 4, claim_types)) != DB_OK ||
-		(r = db_prepare("outbox_ack", ack_sql, 2, ack_types)) != DB_OK ||
+	if ((r = db_prepare("outbox_claim", relay_opts.claim_sync ? claim_sql : claim_async_sql,
+						   4, claim_types)) != DB_OK ||
+		(r = db_prepare("outbox_ack", relay_opts.ack_async ? ack_async_sql : ack_sql,
+						2, ack_types)) != DB_OK ||
 		(r = db_prepare("outbox_fail", fail_sql, 4, fail_types)) != DB_OK ||
 		(r = db_prepare("outbox_renew", renew_sql, 3, renew_types)) != DB_OK)
 	{

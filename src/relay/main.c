@@ -49,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -61,6 +62,11 @@ static bool sink_broken = false;
 static double backoff = 0;		/* current reconnect/retry backoff */
 static bool ever_connected = false;
 static double outage_since = 0; /* monotonic time the sink went down, or 0 */
+
+/* For the trace of -vv: wall-clock milliseconds of a batch's steps. */
+static double trace_woke = 0;	/* a notification ended the wait before the
+								 * claim, or 0 */
+static double trace_delivered = 0;	/* the sink returned */
 
 /* Print --help. */
 static void
@@ -84,6 +90,12 @@ usage(void)
 		   "                            a time, in claim order)\n"
 		   "  -H, --header='NAME: VALUE'  extra HTTP header (repeatable)\n"
 		   "      --drain               exit 0 as soon as a claim finds nothing\n"
+		   "      --claim-commit=MODE   async (default): a claim does not wait for its WAL\n"
+		   "                            flush (a crash can lose it: its commands are only\n"
+		   "                            delayed); sync: it waits\n"
+		   "      --ack-commit=MODE     sync (default): an ack waits for its WAL flush;\n"
+		   "                            async: it does not (a crash can lose it: its\n"
+		   "                            commands are delivered again, never lost)\n"
 		   "      --metrics=HOST:PORT   serve Prometheus metrics at http://HOST:PORT/metrics\n"
 		   "  -v, --verbose             log every batch\n"
 		   "  -V, --version             print the version and exit\n"
@@ -101,6 +113,37 @@ usage(void)
 		   "  1  runtime error: the database refused the relay (extension missing,\n"
 		   "     privileges, bad settings) or the sink could not be written\n"
 		   "  2  usage error: a bad option, DSN or sink URL\n");
+}
+
+/* Wall-clock milliseconds, for the trace (comparable across processes). */
+static double
+trace_clock(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (double) ts.tv_sec * 1000.0 + (double) ts.tv_nsec / 1e6;
+}
+
+/*
+ * With -vv, one line per batch: when a notification woke the relay (0: the
+ * claim followed the previous batch), when the claim was sent and when it
+ * returned, when the sink returned and when the outcomes were reported, and
+ * the seq of each command (numbers: nothing a producer can forge a line
+ * with).  bench/latency.sh reads it.
+ */
+static void
+trace_batch(const RelayBatch *batch, double claim_sent, double claimed, double reported)
+{
+	StrBuf		sb;
+	int			i;
+
+	sb_init(&sb);
+	for (i = 0; i < batch->n; i++)
+		sb_printf(&sb, "%s%lld", i > 0 ? "," : "", batch->cmds[i].seq);
+	relay_log("trace: n=%d woke=%.3f claim=%.3f claimed=%.3f delivered=%.3f acked=%.3f seqs=%s",
+			  batch->n, trace_woke, claim_sent, claimed, trace_delivered, reported, sb.data);
+	sb_free(&sb);
 }
 
 /* Report a usage error and exit 2. */
@@ -217,6 +260,8 @@ parse_options(int argc, char **argv)
 		{"header", required_argument, NULL, 'H'},
 		{"drain", no_argument, NULL, 3},
 		{"metrics", required_argument, NULL, 4},
+		{"claim-commit", required_argument, NULL, 5},
+		{"ack-commit", required_argument, NULL, 6},
 		{"verbose", no_argument, NULL, 'v'},
 		{"version", no_argument, NULL, 'V'},
 		{"help", no_argument, NULL, 'h'},
@@ -296,6 +341,21 @@ parse_options(int argc, char **argv)
 					free(h);
 					free(p);
 					relay_opts.metrics = optarg;
+				}
+				break;
+			case 5:
+			case 6:
+				{
+					bool		sync = strcmp(optarg, "sync") == 0;
+
+					if (!sync && strcmp(optarg, "async") != 0 && c == 5)
+						usage_error("invalid value \"%s\" for --claim-commit: sync or async is expected", optarg);
+					if (!sync && strcmp(optarg, "async") != 0)
+						usage_error("invalid value \"%s\" for --ack-commit: sync or async is expected", optarg);
+					if (c == 5)
+						relay_opts.claim_sync = sync;
+					else
+						relay_opts.ack_async = !sync;
 				}
 				break;
 			case 'v':
@@ -561,6 +621,7 @@ process_batch(RelayBatch *batch)
 		double		began = relay_now();
 		SinkResult	r = sink_deliver(sink, batch, relay_tick, batch);
 
+		trace_delivered = trace_clock();
 		confirm_sink(batch);
 		metrics_sink_done(r != SINK_UNAVAILABLE, relay_now() - began);
 		if (r != SINK_UNAVAILABLE)
@@ -675,6 +736,8 @@ main(int argc, char **argv)
 		RelayBatch	batch;
 		DbResult	r;
 		double		claimed_at;
+		double		claim_sent;
+		double		claimed_wall;
 
 		metrics_publish();
 		if (relay_stop)
@@ -702,7 +765,9 @@ main(int argc, char **argv)
 			}
 		}
 
+		claim_sent = trace_clock();
 		r = db_claim(&batch);
+		claimed_wall = trace_clock();
 		if (r == DB_FATAL)
 		{
 			exit_code = RELAY_EXIT_RUNTIME;
@@ -723,7 +788,7 @@ main(int argc, char **argv)
 				relay_log("nothing left to claim");
 				break;
 			}
-			(void) db_wait(relay_opts.poll);
+			trace_woke = db_wait(relay_opts.poll) ? trace_clock() : 0;
 			continue;
 		}
 
@@ -732,6 +797,9 @@ main(int argc, char **argv)
 		metrics_claimed(batch.n);
 		process_batch(&batch);
 		metrics_batch_done(relay_now() - claimed_at);
+		if (relay_opts.verbose >= 2)
+			trace_batch(&batch, claim_sent, claimed_wall, trace_clock());
+		trace_woke = 0;
 		batch_free(&batch);
 		if (exit_code != RELAY_EXIT_OK)
 			break;

@@ -60,6 +60,8 @@ typedef struct RelayOptions
 	const char **headers;		/* extra HTTP headers */
 	int			nheaders;
 	bool		drain;			/* exit when a claim finds nothing */
+	bool		claim_sync;		/* claims wait for their WAL flush */
+	bool		ack_async;		/* acks do not wait for their WAL flush */
 	const char *metrics;		/* HOST:PORT of the /metrics endpoint, or NULL */
 	int			verbose;
 } RelayOptions;

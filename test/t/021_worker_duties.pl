@@ -1,5 +1,6 @@
 # The background worker's duties: one notification per committed decision
-# and none for a rolled-back one, few for a burst, and one when a delayed
+# and none for a rolled-back one, few for a burst, a wake-up not held back
+# from a waiting publisher (a claim found nothing), and one when a delayed
 # command, a retry backoff or a lease becomes due; dead-lettering exactly at
 # the delivery limit; uncertain for a manual kind; a purge that removes only
 # what guarantee 6 allows; and counters in outbox.stats that match all of
@@ -126,6 +127,42 @@ $exp{acked} += 1000;
 my ($rc, $out, $err) = $node->psql('postgres', q{SELECT outbox.ack('p', token) FROM burst WHERE command_id = 'b-1'});
 like($err, qr/lease_not_owned/, 'a repeated ack is refused');
 $exp{stale_refused}++;
+
+# --- a waiting publisher is woken at once ------------------------------------------
+# With a one-minute outbox.notify_interval, a commit soon after a
+# notification is held back, unless a claim has found nothing since: then a
+# publisher waits, and the wake-up goes out after notify_idle_interval.
+sql(q{ALTER SYSTEM SET outbox.notify_interval = '1min'; SELECT pg_reload_conf()});
+wait_rounds(2);
+sub claim_ack
+{
+	return sql(q{SELECT count(*) FILTER (WHERE acked) FROM outbox.ack_many('p',
+		ARRAY(SELECT token FROM outbox.claim('p', 10)))});
+}
+is(claim_ack(), '1', 'the command left pending ("one"), claimed and acked');
+drain();
+is(sql(q{SELECT count(*) FROM outbox.claim('p', 10)}), '0',
+	'a claim of every kind that finds nothing: the publisher waits');
+sql(q{SELECT outbox.commit_decision('idle', 1, 'e', 'idle-1', 'idle', '{}')});
+ok(wait_notification(30) >= 1, 'a commit is announced at once to a waiting publisher');
+is(claim_ack(), '1', 'a claim that finds the command (the publisher is busy), acked');
+sql(q{SELECT outbox.commit_decision('idle', 2, 'e', 'idle-2', 'idle', '{}')});
+wait_rounds(3);
+is(drain(), 0, 'the next commit soon after the notification is held back');
+is(sql(q{SELECT count(*) FROM outbox.claim('p', 10, NULL, ARRAY['nothing-here'])}), '0',
+	'a claim of one kind that finds nothing');
+wait_rounds(3);
+is(drain(), 0, 'does not end the hold');
+is(claim_ack(), '1', 'the held command claimed and acked');
+is(sql(q{SELECT count(*) FROM outbox.claim('p', 10)}), '0',
+	'a claim of every kind that finds nothing while a wake-up is held back');
+ok(wait_notification(30) >= 1, 'wakes the worker, which sends it');
+$exp{enqueued} += 2;
+$exp{claimed} += 3;
+$exp{acked} += 3;
+sql(q{ALTER SYSTEM RESET outbox.notify_interval; SELECT pg_reload_conf()});
+wait_rounds(2);
+drain();
 
 # --- what becomes claimable with no commit to announce it -------------------------
 # With a one-minute nap only the worker's look at what is due can announce

@@ -172,6 +172,31 @@ program_version_ok('outbox-relay');
 }
 
 # ---------------------------------------------------------------------------
+# --claim-commit and --ack-commit
+# ---------------------------------------------------------------------------
+{
+	my ($rc, $out, $err) = run_relay('--sink', 'stdout', '--claim-commit', 'later');
+	is($rc, 2, '--claim-commit later: exit 2');
+	like($err, qr/invalid value "later" for --claim-commit/, '--claim-commit later: says so');
+	($rc, $out, $err) = run_relay('--sink', 'stdout', '--ack-commit', '');
+	is($rc, 2, '--ack-commit with an empty value: exit 2');
+
+	# With a synchronous standby that never comes, a commit that waits for
+	# its flush waits for the standby forever: the relay drains only if
+	# neither its claims nor its acks wait.
+	sq(join("\n", map { "SELECT outbox.commit_decision('run-cm', $_, 'decided', 'cm-$_', 'commitmode', '{}');" } 1 .. 3));
+	sq(q{ALTER SYSTEM SET synchronous_standby_names = 'nosuch'; SELECT pg_reload_conf()});
+	($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', "file:$tmp/commitmode.ndjson",
+		'--kinds', 'commitmode', '--ack-commit', 'async', '--drain', '--batch', '2');
+	sq(q{ALTER SYSTEM RESET synchronous_standby_names; SELECT pg_reload_conf()});
+	is($rc, 0, 'claims (async by default) and --ack-commit async wait for no flush: exit 0');
+	like($err, qr/summary: .*claimed=3 delivered=3 acked=3 /, 'all three delivered and acked');
+	ok($node->poll_query_until('postgres',
+		"SELECT count(*) = 3 FROM outbox.commands WHERE kind = 'commitmode' AND status = 'published'"),
+		'the asynchronous acks are applied');
+}
+
+# ---------------------------------------------------------------------------
 # NDJSON to a file and to stdout
 # ---------------------------------------------------------------------------
 my @tricky = (
@@ -563,7 +588,7 @@ produce([ 'role-1', 'rolek', '{}' ]);
 	# LISTEN comes before the first claim: once that claim is over, the
 	# relay is waiting for a notification (or 600 s)
 	ok($node->poll_query_until('postgres',
-		"SELECT count(*) = 1 FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%FROM outbox.claim(\$1, \$2, pg_catalog.make_interval%'"),
+		"SELECT count(*) = 1 FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%outbox.claim(\$1, \$2, pg_catalog.make_interval%'"),
 		'listening relay connected and idle');
 	produce([ 'wake-1', 'wake', '{}' ]);
 	ok($node->poll_query_until('postgres',
