@@ -237,61 +237,6 @@ typedef struct LeToken
 	int			cmd_len;
 } LeToken;
 
-static unsigned char le_key[LE_MAC_LEN];
-static bool le_key_valid = false;
-static Oid	le_key_relid = InvalidOid;
-static bool le_key_callback = false;
-
-/* Relcache invalidation callback: forget the key when its table changed. */
-static void
-le_forget_key(Datum arg, Oid relid)
-{
-	if (relid == InvalidOid || relid == le_key_relid)
-		le_key_valid = false;
-}
-
-/*
- * The database's lease key, read from outbox.lease_key on first use (in the
- * caller's SPI connection, as the extension's owner) and then kept.
- * Pending invalidations are taken in first, so a rotation committed before
- * this call is seen.
- */
-static const unsigned char *
-le_lease_key(void)
-{
-	static SPIPlanPtr plan_key = NULL;
-	bool		isnull;
-	bytea	   *k;
-
-	if (!le_key_callback)
-	{
-		CacheRegisterRelcacheCallback(le_forget_key, (Datum) 0);
-		le_key_callback = true;
-	}
-	AcceptInvalidationMessages();
-	if (le_key_valid)
-		return le_key;
-	le_key_relid = get_relname_relid("lease_key", get_namespace_oid("outbox", false));
-	if (OutboxExecute(OutboxPrepare(&plan_key, "SELECT key FROM outbox.lease_key", 0, NULL),
-					  NULL, NULL, true, 2) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: lookup of the lease key failed");
-	if (SPI_processed != 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("outbox.lease_key must hold one key"),
-				 errdetail("It holds %d rows.", (int) SPI_processed),
-				 errhint("Call outbox.rotate_lease_key() to make a new key.")));
-	k = DatumGetByteaPP(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-	if (isnull || VARSIZE_ANY_EXHDR(k) != LE_MAC_LEN)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("the key in outbox.lease_key is not 16 bytes long"),
-				 errhint("Call outbox.rotate_lease_key() to make a new key.")));
-	memcpy(le_key, VARDATA_ANY(k), LE_MAC_LEN);
-	le_key_valid = true;
-	return le_key;
-}
-
 static inline unsigned char *
 le_put32(unsigned char *p, uint32 v)
 {
@@ -455,7 +400,7 @@ le_arg_token(FunctionCallInfo fcinfo, int argno, LeToken *tok)
  * its role is the caller's (a role the caller has the privileges of) or the
  * caller is an outbox admin (asked only when the role is another's).  The MAC is compared in constant time.  Whether
  * the lease is still the row's is for the statement to say (version).  key
- * is the lease key (le_lease_key).
+ * is the lease key (OutboxLeaseKey).
  */
 static bool
 le_token_holds(const unsigned char *key, const LeToken *tok, text *worker, Oid caller)
@@ -475,24 +420,6 @@ le_token_holds(const unsigned char *key, const LeToken *tok, text *worker, Oid c
 }
 
 /*
- * The lease key for the hash of the ordering keys' locks (src/keys.c), in
- * the caller's SPI connection.  The caller takes RowShareLock on
- * outbox.lease_key until its transaction ends (a fast-path lock: no
- * contention between callers), which rotate_lease_key's ExclusiveLock
- * waits for: so every holder of a key's lock hashed it under the same key,
- * and a rotation cannot let two transactions take one key's lock under two
- * hashes.  The key is then the cached one, re-read after a rotation.
- */
-const unsigned char *
-OutboxKeyLockKey(void)
-{
-	if (!OidIsValid(le_key_relid))
-		le_key_relid = get_relname_relid("lease_key", get_namespace_oid("outbox", false));
-	LockRelationOid(le_key_relid, RowShareLock);
-	return le_lease_key();
-}
-
-/*
  * outbox.rotate_lease_key(): replace the database's lease key with 16 new
  * random bytes (pg_strong_random) and tell every backend at commit (a
  * relcache invalidation of outbox.lease_key).  Every token handed out
@@ -504,18 +431,18 @@ le_rotate_lease_key(FunctionCallInfo fcinfo, Oid caller)
 {
 	static SPIPlanPtr plan_rotate = NULL;
 	static const Oid argtypes[1] = {BYTEAOID};
-	bytea	   *k = palloc(VARHDRSZ + LE_MAC_LEN);
+	bytea	   *k = palloc(VARHDRSZ + OUTBOX_LEASE_KEY_LEN);
 	Datum		args[1];
 	Oid			relid;
 
-	SET_VARSIZE(k, VARHDRSZ + LE_MAC_LEN);
-	if (!pg_strong_random(VARDATA(k), LE_MAC_LEN))
+	SET_VARSIZE(k, VARHDRSZ + OUTBOX_LEASE_KEY_LEN);
+	if (!pg_strong_random(VARDATA(k), OUTBOX_LEASE_KEY_LEN))
 		ereport(ERROR,
 				(errcode(ERRCODE_INTERNAL_ERROR),
 				 errmsg("could not generate a random lease key")));
 	args[0] = PointerGetDatum(k);
 	relid = get_relname_relid("lease_key", get_namespace_oid("outbox", false));
-	/* wait for the holders of ordering keys' locks (OutboxKeyLockKey) */
+	/* wait for the holders of ordering keys' locks (OutboxKeyLockKey, src/leasekey.c) */
 	if (OidIsValid(relid))
 		LockRelationOid(relid, ExclusiveLock);
 	SPI_connect();
@@ -529,7 +456,7 @@ le_rotate_lease_key(FunctionCallInfo fcinfo, Oid caller)
 	SPI_finish();
 	if (OidIsValid(relid))
 		CacheInvalidateRelcacheByRelid(relid);
-	le_key_valid = false;
+	OutboxForgetLeaseKey();
 	PG_RETURN_VOID();
 }
 
@@ -913,7 +840,7 @@ le_claim(FunctionCallInfo fcinfo, Oid caller)
 	args[8] = le_max_until(now);
 
 	SPI_connect();
-	key = le_lease_key();
+	key = OutboxLeaseKey();
 
 	/* Naming a kind the caller may not claim is refused (42501). */
 	if (!PG_ARGISNULL(3))
@@ -987,7 +914,7 @@ le_ack(FunctionCallInfo fcinfo, Oid caller)
 	if (!le_arg_token(fcinfo, 1, &tok))
 		le_raise_not_owned(worker, NULL);
 	SPI_connect();
-	if (!le_token_holds(le_lease_key(), &tok, worker, caller))
+	if (!le_token_holds(OutboxLeaseKey(), &tok, worker, caller))
 		le_raise_not_owned(worker, &tok);
 	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.command_id, tok.cmd_len));
 	args[1] = Int64GetDatum(tok.version);
@@ -1173,7 +1100,7 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 		valid[i] = le_parse_token(DatumGetTextPP(elems[i]), &toks[i]);
 
 	SPI_connect();
-	key = le_lease_key();
+	key = OutboxLeaseKey();
 	for (i = 0; i < n; i++)
 	{
 		if (!valid[i])
@@ -1449,7 +1376,7 @@ le_fail(FunctionCallInfo fcinfo, Oid caller)
 	args[3] = PointerGetDatum(worker);
 
 	SPI_connect();
-	if (!le_token_holds(le_lease_key(), &tok, worker, caller))
+	if (!le_token_holds(OutboxLeaseKey(), &tok, worker, caller))
 		le_raise_not_owned(worker, &tok);
 	if (OutboxExecute(OutboxPrepare(&plan_fail_lock,
 									"SELECT c.deliveries, p.max_deliveries,"
@@ -1565,7 +1492,7 @@ le_renew(FunctionCallInfo fcinfo, Oid caller)
 	args[7] = le_max_until(now);
 
 	SPI_connect();
-	if (!le_token_holds(le_lease_key(), &tok, worker, caller))
+	if (!le_token_holds(OutboxLeaseKey(), &tok, worker, caller))
 		le_raise_not_owned(worker, &tok);
 	if (OutboxExecute(OutboxPrepare(&plan_renew,
 									"UPDATE outbox.commands t"

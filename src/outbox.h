@@ -277,8 +277,12 @@ typedef struct OutboxKeyPlace
 extern void OutboxLockKeys(Oid role, text **keys, int n);
 extern void OutboxKeyTails(Oid role, text **keys, int n, int64 *last_seq, bool *busy);
 extern void OutboxReleaseNext(OutboxKeyPlace *places, int n);
-/* lease.c: the lease key for the keys' lock hash, under a lock that keeps a rotation out */
+
+/* leasekey.c: the database's lease key (16 bytes), cached per backend */
+#define OUTBOX_LEASE_KEY_LEN	16
+extern const unsigned char *OutboxLeaseKey(void);
 extern const unsigned char *OutboxKeyLockKey(void);
+extern void OutboxForgetLeaseKey(void);
 
 /* citus.c */
 
