@@ -711,6 +711,18 @@ fail:
 	return -1;
 }
 
+/*
+ * Wipe a secret (a password or token) and free it, so that it does not
+ * linger in freed memory.  NULL is allowed.
+ */
+void
+sink_free_secret(char *secret)
+{
+	if (secret != NULL)
+		explicit_bzero(secret, strlen(secret));
+	free(secret);
+}
+
 /* Free what sink_url_parse allocated. */
 void
 sink_url_free(SinkUrl *u)
@@ -726,7 +738,7 @@ sink_url_free(SinkUrl *u)
 	free(u->values);
 	free(u->scheme);
 	free(u->user);
-	free(u->password);
+	sink_free_secret(u->password);
 	free(u->hosts);
 	free(u->path);
 	memset(u, 0, sizeof(SinkUrl));

@@ -803,9 +803,7 @@ amqp_close(Sink *sink)
 	free(s->host);
 	free(s->vhost);
 	free(s->user);
-	if (s->password != NULL)
-		memset(s->password, 0, strlen(s->password));
-	free(s->password);
+	sink_free_secret(s->password);
 	free(s->exchange);
 	free(s->routing_key);
 	free(s->shown);

@@ -224,7 +224,7 @@ mqtt_free(MqttSink *s)
 		mosquitto_destroy(s->mosq);
 	free(s->host);
 	free(s->user);
-	free(s->password);
+	sink_free_secret(s->password);
 	free(s->topic);
 	free(s->client_id);
 	free(s->shown);

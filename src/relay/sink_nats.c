@@ -304,15 +304,6 @@ nats_jetstream(NatsSink *s, char *msg, size_t size)
 	return true;
 }
 
-/* Wipe a secret and free it (it must not linger in freed memory). */
-static void
-nats_free_secret(char *secret)
-{
-	if (secret != NULL)
-		memset(secret, 0, strlen(secret));
-	free(secret);
-}
-
 /* Drop the connection; the round, if any, must be detached already. */
 static void
 nats_drop(NatsSink *s)
@@ -390,8 +381,8 @@ nats_open(const char *url, Sink **out, char **err)
 		free(s->server);
 		free(s->subject);
 		free(s->user);
-		nats_free_secret(s->password);
-		nats_free_secret(s->token);
+		sink_free_secret(s->password);
+		sink_free_secret(s->token);
 		free(s->shown);
 		free(s);
 		*out = NULL;
@@ -673,8 +664,8 @@ nats_close(Sink *sink)
 	free(s->server);
 	free(s->subject);
 	free(s->user);
-	nats_free_secret(s->password);
-	nats_free_secret(s->token);
+	sink_free_secret(s->password);
+	sink_free_secret(s->token);
 	free(s->shown);
 	free(s);
 }

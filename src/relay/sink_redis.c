@@ -447,9 +447,7 @@ redis_close(Sink *base)
 	free(s->host);
 	free(s->stream);
 	free(s->user);
-	if (s->password != NULL)
-		memset(s->password, 0, strlen(s->password));
-	free(s->password);
+	sink_free_secret(s->password);
 	free(s);
 }
 
