@@ -73,7 +73,7 @@ static SPIPlanPtr plan_ordered = NULL;
 
 /* Relcache invalidation callback: forget what was known of the policies. */
 static void
-az_forget_deciders(Datum arg, Oid relid)
+az_forget_policies(Datum arg, Oid relid)
 {
 	az_deciders = AZ_DECIDERS_UNKNOWN;
 	az_ordered_known = false;
@@ -174,6 +174,22 @@ OutboxCheckClaimable(ArrayType *kinds, Oid caller)
 }
 
 /*
+ * Bring the kept policy facts (the deciders, the kinds ordered by run) up
+ * to date: register their relcache callback once, then take in pending
+ * invalidations, so that a set_policy committed before this call is seen.
+ */
+static void
+az_policies_current(void)
+{
+	if (!az_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(az_forget_policies, (Datum) 0);
+		az_callback_registered = true;
+	}
+	AcceptInvalidationMessages();
+}
+
+/*
  * Whether any kind's policy lists deciders (read once, then kept until a
  * relcache invalidation).  Runs in the caller's SPI connection.  Pending
  * invalidations are taken in first, so a set_policy committed before this
@@ -184,12 +200,7 @@ OutboxAnyDeciders(void)
 {
 	bool		isnull;
 
-	if (!az_callback_registered)
-	{
-		CacheRegisterRelcacheCallback(az_forget_deciders, (Datum) 0);
-		az_callback_registered = true;
-	}
-	AcceptInvalidationMessages();
+	az_policies_current();
 	if (az_deciders == AZ_DECIDERS_UNKNOWN)
 	{
 		if (OutboxExecute(OutboxPrepare(&plan_any_deciders,
@@ -223,12 +234,7 @@ az_load_ordered(void)
 	MemoryContext old;
 	uint64		i;
 
-	if (!az_callback_registered)
-	{
-		CacheRegisterRelcacheCallback(az_forget_deciders, (Datum) 0);
-		az_callback_registered = true;
-	}
-	AcceptInvalidationMessages();
+	az_policies_current();
 	if (az_ordered_known)
 		return;
 	if (OutboxExecute(OutboxPrepare(&plan_ordered,
