@@ -712,6 +712,33 @@ fail:
 }
 
 /*
+ * Read a secret (a password) from the first line of the file path names,
+ * without its line end; NULL with *err naming the sink (scheme), the file
+ * and why.  The buffer it passed through is wiped.
+ */
+char *
+sink_read_secret(const char *scheme, const char *path, char **err)
+{
+	FILE	   *fp = fopen(path, "r");
+	char		buf[1024];
+	char	   *secret;
+
+	if (fp == NULL)
+	{
+		*err = sink_errorf("could not open the %s sink's password_file \"%s\": %s",
+						   scheme, path, strerror(errno));
+		return NULL;
+	}
+	if (fgets(buf, sizeof(buf), fp) == NULL)
+		buf[0] = '\0';
+	fclose(fp);
+	buf[strcspn(buf, "\r\n")] = '\0';
+	secret = relay_strdup(buf);
+	explicit_bzero(buf, sizeof(buf));
+	return secret;
+}
+
+/*
  * Wipe a secret (a password or token) and free it, so that it does not
  * linger in freed memory.  NULL is allowed.
  */

@@ -188,6 +188,7 @@ extern bool sink_url_int_option(const SinkUrl *u, const char *key, long min, lon
 								long *value, char **err);
 extern int	sink_url_hosts(const SinkUrl *u, int default_port, SinkHost **hosts, char **err);
 extern void sink_url_free(SinkUrl *u);
+extern char *sink_read_secret(const char *scheme, const char *path, char **err);
 extern void sink_free_secret(char *secret);
 extern void sink_hosts_free(SinkHost *hosts, int n);
 extern SinkOpenResult sink_url_one_host(const char *url, const char *scheme,

@@ -103,27 +103,6 @@ static const char *const amqp_schemes[] = {"amqp", NULL};
 static const char *const amqp_options[] = {"exchange", "routing_key", "window",
 "password_file", NULL};
 
-/* Read a secret from a file (its first line). NULL with *err. */
-static char *
-amqp_read_secret(const char *path, char **err)
-{
-	FILE	   *fp = fopen(path, "r");
-	char		buf[1024];
-	size_t		len;
-
-	if (fp == NULL)
-	{
-		*err = sink_errorf("could not open the amqp sink's password_file: %s", strerror(errno));
-		return NULL;
-	}
-	if (fgets(buf, sizeof(buf), fp) == NULL)
-		buf[0] = '\0';
-	fclose(fp);
-	len = strcspn(buf, "\r\n");
-	buf[len] = '\0';
-	return relay_strdup(buf);
-}
-
 /* Parse and check the URL (sink.h: open). */
 static SinkOpenResult
 amqp_open(const char *url, Sink **out, char **err)
@@ -174,7 +153,7 @@ amqp_open(const char *url, Sink **out, char **err)
 	s->routing_key = relay_strdup(sink_url_option(&u, "routing_key"));
 	if ((v = sink_url_option(&u, "password_file")) != NULL)
 	{
-		s->password = amqp_read_secret(v, err);
+		s->password = sink_read_secret("amqp", v, err);
 		if (s->password == NULL)
 		{
 			free(s);

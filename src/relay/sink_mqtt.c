@@ -197,25 +197,6 @@ mqtt_on_publish(struct mosquitto *mosq, void *obj, int mid, int reason,
 	}
 }
 
-/* Read a secret from a file (its first line).  NULL with *err. */
-static char *
-mqtt_read_secret(const char *path, char **err)
-{
-	FILE	   *fp = fopen(path, "r");
-	char		buf[1024];
-
-	if (fp == NULL)
-	{
-		*err = sink_errorf("could not open the mqtt sink's password_file: %s", strerror(errno));
-		return NULL;
-	}
-	if (fgets(buf, sizeof(buf), fp) == NULL)
-		buf[0] = '\0';
-	fclose(fp);
-	buf[strcspn(buf, "\r\n")] = '\0';
-	return relay_strdup(buf);
-}
-
 /* Free the sink's own fields. */
 static void
 mqtt_free(MqttSink *s)
@@ -317,7 +298,7 @@ mqtt_open(const char *url, Sink **out, char **err)
 	}
 	if ((v = sink_url_option(&u, "password_file")) != NULL)
 	{
-		s->password = mqtt_read_secret(v, err);
+		s->password = sink_read_secret("mqtt", v, err);
 		if (s->password == NULL)
 		{
 			mqtt_free(s);

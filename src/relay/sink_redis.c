@@ -61,29 +61,6 @@ typedef struct RedisSink
 static const char *const redis_schemes[] = {"redis", NULL};
 static const char *const redis_options[] = {"stream", "maxlen", "user", "password_file", NULL};
 
-/* Read the first line of a file (a password); NULL with *err. */
-static char *
-redis_read_secret(const char *path, char **err)
-{
-	FILE	   *f = fopen(path, "r");
-	char		buf[1024];
-	size_t		len;
-
-	if (f == NULL)
-	{
-		*err = sink_errorf("invalid redis sink URL: could not open password_file \"%s\": %s",
-						   path, strerror(errno));
-		return NULL;
-	}
-	if (fgets(buf, sizeof(buf), f) == NULL)
-		buf[0] = '\0';
-	fclose(f);
-	len = strlen(buf);
-	while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-		buf[--len] = '\0';
-	return relay_strdup(buf);
-}
-
 /* Open redis://HOST:PORT[/DB]?stream=KEY[&...]: parse and check only. */
 static SinkOpenResult
 redis_open(const char *url, Sink **sink, char **err)
@@ -149,14 +126,15 @@ redis_open(const char *url, Sink **sink, char **err)
 	pwfile = sink_url_option(&u, "password_file");
 	if (pwfile != NULL)
 	{
-		s->password = redis_read_secret(pwfile, err);
+		s->password = sink_read_secret("redis", pwfile, err);
 		if (s->password == NULL)
 		{
 			free(s->host);
 			free(s->stream);
 			free(s->user);
 			free(s);
-			goto config;
+			sink_url_free(&u);
+			return SINK_OPEN_FAILED;	/* a file that cannot be read now */
 		}
 	}
 	else if (env != NULL && env[0] != '\0')

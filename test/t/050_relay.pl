@@ -166,6 +166,19 @@ program_version_ok('outbox-relay');
 	is($rc, 1, 'unwritable file sink: exit 1');
 	like($err, qr/could not open file/, 'unwritable file sink: says why');
 
+	# A broker sink's password_file that cannot be read: exit 1 at start-up
+	# (the sink could not be opened), naming the sink and the file.
+	for my $url ("redis://127.0.0.1:1/0?stream=s&password_file=$tmp/no.pw",
+		"amqp://u\@127.0.0.1:1?exchange=x&routing_key=k&password_file=$tmp/no.pw",
+		"mqtt://u\@127.0.0.1:1/t?password_file=$tmp/no.pw")
+	{
+		my ($scheme) = $url =~ /^(\w+):/;
+		($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', $url, '--drain');
+		is($rc, 1, "$scheme sink, unreadable password_file: exit 1");
+		like($err, qr/could not open the $scheme sink's password_file "\Q$tmp\E\/no\.pw": No such file/,
+			"$scheme sink, unreadable password_file: says which file");
+	}
+
 	($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', 'stdout', '--drain', '--batch', '20000');
 	is($rc, 1, 'batch over outbox.max_batch: exit 1');
 	like($err, qr/batch_size must be between 1 and/, 'batch over outbox.max_batch: server message shown');
