@@ -6,6 +6,7 @@
 #                                     # isolation, pgtap, tap, citus, package)
 #   TAP_FILES="020 050" bash test/run.sh tap   # only TAP files whose names contain these
 #   CITUS_FILES="110" bash test/run.sh citus   # only test/citus files whose names contain these
+#   CITUS_VERBOSE=1 ...                       # also print the output of the files that pass
 #
 # On a fresh Debian 12 machine, run as root: it installs what is missing from
 # Debian's archive (test/lib.sh: OUTBOX_PACKAGES, OUTBOX_TEST_PACKAGES),
@@ -547,6 +548,7 @@ run_citus() {
 		[ $rc -ne 0 ] && [ "$f" -eq 0 ] && f=1
 		[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && f=1
 		printf '%-40s %4d passed, %d failed\n' "$name" "$p" "$f"
+		[ -n "${CITUS_VERBOSE:-}" ] && [ "$f" -eq 0 ] && echo "$out"
 		if [ "$f" -gt 0 ]; then
 			echo "$out" | tail -60
 			for n in coordinator worker1 worker2; do

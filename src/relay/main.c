@@ -77,6 +77,9 @@ usage(void)
 		   "  %s --sink SINK [--dsn CONNINFO] [OPTION]...\n\n", RELAY_NAME);
 	printf("Options:\n"
 		   "  -d, --dsn=CONNINFO        libpq connection string or URI (default: PG* environment)\n"
+		   "      --citus               the DSN is a Citus coordinator: run a relay per node\n"
+		   "                            holding shards of the outbox (see the man page)\n"
+		   "      --citus-refresh=SECONDS  --citus: read the node list this often (default 10)\n"
 		   "  -s, --sink=SINK           where to publish: a URL (see Sinks below)\n"
 		   "  -b, --batch=N             commands claimed per batch (default 100)\n"
 		   "  -l, --lease=SECONDS       lease per claim (default: the kind's policy or\n"
@@ -248,6 +251,8 @@ parse_options(int argc, char **argv)
 {
 	static const struct option longopts[] = {
 		{"dsn", required_argument, NULL, 'd'},
+		{"citus", no_argument, NULL, 40},
+		{"citus-refresh", required_argument, NULL, 41},
 		{"sink", required_argument, NULL, 's'},
 		{"batch", required_argument, NULL, 'b'},
 		{"lease", required_argument, NULL, 'l'},
@@ -276,6 +281,7 @@ parse_options(int argc, char **argv)
 	relay_opts.timeout = 10.0;
 	relay_opts.connect_timeout = 5.0;
 	relay_opts.concurrency = 1;
+	relay_opts.citus_refresh = 10.0;
 	relay_opts.headers = relay_malloc(sizeof(char *) * (argc + 1));
 
 	while ((c = getopt_long(argc, argv, "d:s:b:l:k:w:p:c:H:vVh", longopts, NULL)) != -1)
@@ -284,6 +290,12 @@ parse_options(int argc, char **argv)
 		{
 			case 'd':
 				relay_opts.dsn = optarg;
+				break;
+			case 40:
+				relay_opts.citus = true;
+				break;
+			case 41:
+				relay_opts.citus_refresh = parse_seconds(optarg, "--citus-refresh");
 				break;
 			case 's':
 				relay_opts.sink = optarg;
@@ -395,7 +407,7 @@ parse_options(int argc, char **argv)
 		check_dsn_ports(opts);
 		PQconninfoFree(opts);
 	}
-	if (relay_opts.worker == NULL)
+	if (relay_opts.worker == NULL && !relay_opts.citus)
 	{
 		char		host[256];
 		char		name[300];
@@ -709,6 +721,8 @@ main(int argc, char **argv)
 	parse_options(argc, argv);
 	srandom((unsigned int) getpid() ^ (unsigned int) (started * 1000));
 	relay_signal_init();
+	if (relay_opts.citus)
+		citus_supervise();		/* returns in each node's relay only */
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
 	{
 		relay_log("could not initialize libcurl");

@@ -63,6 +63,8 @@ typedef struct RelayOptions
 	bool		claim_sync;		/* claims wait for their WAL flush */
 	bool		ack_async;		/* acks do not wait for their WAL flush */
 	const char *metrics;		/* HOST:PORT of the /metrics endpoint, or NULL */
+	bool		citus;			/* --citus: a relay per node (citus.c) */
+	double		citus_refresh;	/* --citus: seconds between node lists */
 	int			verbose;
 } RelayOptions;
 
@@ -156,6 +158,7 @@ extern void relay_sleep(double seconds);
 extern void relay_signal_init(void);
 extern int	relay_signal_fd(void);
 extern void relay_drain_signal_fd(void);
+extern void relay_signal_reinit(void);
 
 /* db.c */
 typedef enum DbResult
@@ -173,6 +176,9 @@ extern DbResult db_report(RelayBatch *batch);
 extern DbResult db_renew(RelayBatch *batch);
 extern bool db_wait(double timeout);
 extern void batch_free(RelayBatch *batch);
+
+/* citus.c */
+extern void citus_supervise(void);
 
 /* sink.c and the sink modules: see sink.h */
 

@@ -332,6 +332,19 @@ relay_on_hup(int signo)
 	errno = save_errno;
 }
 
+/*
+ * In a child forked after relay_signal_init: a self-pipe of its own (the
+ * parent's stays the parent's).  A stop request already received stays.
+ */
+void
+relay_signal_reinit(void)
+{
+	close(sig_pipe[0]);
+	close(sig_pipe[1]);
+	relay_reopen = 0;
+	relay_signal_init();
+}
+
 /* Install the signal handlers and the self-pipe. */
 void
 relay_signal_init(void)
