@@ -17,10 +17,16 @@
 #          row and calls outbox.commit_decision: on the cluster a function
 #          distributed by the run (create_distributed_function), sent by
 #          the coordinator to the run's node; transactions per second
-# relay    the produced commands drained by two outbox-relays (--drain,
-#          B = 100, stdout sink to /dev/null): both on the single server,
-#          one on each worker of the cluster; commands per second from
-#          their start to the last exit
+# relay    the produced commands drained by outbox-relays (--drain,
+#          B = 100, stdout sink to /dev/null); commands per second from
+#          their start to the last exit:
+#            2 publishers: two relays on the single server; on the cluster
+#              one relay on each worker, and two `outbox-relay --citus`
+#              pointed at the coordinator (each runs a relay per worker,
+#              so four processes claim)
+#            4 publishers: four relays on the single server; four
+#              `--citus` relays on the cluster (eight processes)
+#          before each drain the backlog is produced again as above
 # The machine's cores are shared by all four servers and the clients, so
 # the cluster does not get more hardware than the single server: the ratio
 # is the cost of the distribution (coordinator hops, per-shard claims), not
@@ -119,39 +125,53 @@ produce() {
 		sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -1
 }
 
-# Two relays with --drain against the DSNs given; commands per second.
+# Relays with --drain, one per argument (its options after --dsn);
+# commands per second.
 drain() {
-	local start end n dsn pids=()
-	n=$(psql_on "$1" bench "SELECT count(*) FROM outbox.commands WHERE status = 'pending'")
+	local start end n args pids=()
+	local node=$1
+	n=$(psql_on "$node" bench "SELECT count(*) FROM outbox.commands WHERE status = 'pending'")
+	shift
 	start=$(date +%s.%N)
-	for dsn in "$2" "$3"; do
-		as_pg "'$RELAY' --dsn '$dsn' --sink stdout --batch 100 --drain >/dev/null 2>>'$WORK/relay.log'" &
+	for args in "$@"; do
+		as_pg "'$RELAY' --dsn $args --sink stdout --batch 100 --drain >/dev/null 2>>'$WORK/relay.log'" &
 		pids+=($!)
 	done
 	wait "${pids[@]}"
 	end=$(date +%s.%N)
-	left=$(psql_on "$1" bench "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")
-	[ "$left" = 0 ] || echo "bench/citus.sh: $left commands left unpublished on $1" >&2
+	left=$(psql_on "$node" bench "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")
+	[ "$left" = 0 ] || echo "bench/citus.sh: $left commands left unpublished on $node" >&2
 	echo "$n $start $end" | awk '{ printf "%.0f", $1 / ($3 - $2) }'
 }
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.1f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
-P_S="" P_C="" R_S="" R_C=""
+dsn() { echo "'host=127.0.0.1 port=${PORTS[$1]} dbname=bench user=postgres'"; }
+P_S="" P_C="" R_S2="" R_W="" R_S4="" R_C2="" R_C4=""
 for r in $(seq "$REPEATS"); do
 	setup || { echo "setup failed" >&2; exit 1; }
 	P_S="$P_S $(produce single)"
 	P_C="$P_C $(produce coordinator)"
-	single="host=127.0.0.1 port=${PORTS[single]} dbname=bench user=postgres"
-	R_S="$R_S $(drain single "$single" "$single")"
-	R_C="$R_C $(drain coordinator "host=127.0.0.1 port=${PORTS[worker1]} dbname=bench user=postgres" \
-		"host=127.0.0.1 port=${PORTS[worker2]} dbname=bench user=postgres")"
+	R_S2="$R_S2 $(drain single "$(dsn single)" "$(dsn single)")"
+	R_W="$R_W $(drain coordinator "$(dsn worker1)" "$(dsn worker2)")"
+	produce single >/dev/null
+	produce coordinator >/dev/null
+	R_S4="$R_S4 $(drain single "$(dsn single)" "$(dsn single)" "$(dsn single)" "$(dsn single)")"
+	R_C2="$R_C2 $(drain coordinator "$(dsn coordinator) --citus" "$(dsn coordinator) --citus")"
+	produce coordinator >/dev/null
+	R_C4="$R_C4 $(drain coordinator "$(dsn coordinator) --citus" "$(dsn coordinator) --citus" \
+		"$(dsn coordinator) --citus" "$(dsn coordinator) --citus")"
 done
 
-ps=$(median <<<"$P_S") pc=$(median <<<"$P_C") rs=$(median <<<"$R_S") rc=$(median <<<"$R_C")
+row() {
+	local s c
+	s=$(median <<<"$2") c=$(median <<<"$3")
+	printf '| %-46s | %6.0f | %7.0f | %5.2f | %s |%s\n' "$1" "$s" "$c" \
+		"$(awk -v a="$c" -v b="$s" 'BEGIN { print (b > 0 ? a / b : 0) }')" "$2" "$3"
+}
 echo "# bench/citus.sh: DURATION=${DURATION}s CLIENTS=$CLIENTS REPEATS=$REPEATS, median; ratio = cluster / single"
-echo "| work                                   | single | cluster | ratio | runs (single|cluster)"
-printf '| produce, tx/s (function, %d clients)    | %6.0f | %7.0f | %5.2f | %s |%s\n' "$CLIENTS" "$ps" "$pc" \
-	"$(awk -v a="$pc" -v b="$ps" 'BEGIN { print (b > 0 ? a / b : 0) }')" "$P_S" "$P_C"
-printf '| relay, commands/s (2 relays, B = 100)  | %6.0f | %7.0f | %5.2f | %s |%s\n' "$rs" "$rc" \
-	"$(awk -v a="$rc" -v b="$rs" 'BEGIN { print (b > 0 ? a / b : 0) }')" "$R_S" "$R_C"
+echo "| work                                           | single | cluster | ratio | runs (single|cluster)"
+row "produce, tx/s (function, $CLIENTS clients)" "$P_S" "$P_C"
+row "relay, commands/s, 2 relays: one per worker" "$R_S2" "$R_W"
+row "relay, commands/s, 2 relays: --citus" "$R_S2" "$R_C2"
+row "relay, commands/s, 4 relays: --citus" "$R_S4" "$R_C4"
