@@ -22,8 +22,9 @@
  * The supervisor holds no connection between two readings of the node
  * list (every --citus-refresh seconds, and on SIGHUP); a node that appears
  * gets a child, a node that is gone has its child stopped (SIGTERM).  A
- * child that dies (a signal, exit 1) is started again after a backoff of
- * 1 s doubling to 60 s (back to 1 s after a child ran for a minute);
+ * child that ends while the supervisor runs (killed by a signal, exit 1,
+ * or exit 0 after a SIGTERM of its own) is started again after a backoff
+ * of 1 s doubling to 60 s (back to 1 s after a child ran for a minute);
  * exit 2 (usage) stops every child and the supervisor; with --drain a
  * child that exits 0 or 1 is not started again, and the supervisor exits
  * when none is left.  SIGTERM and SIGINT are forwarded to every child as

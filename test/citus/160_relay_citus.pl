@@ -11,10 +11,10 @@
 # coordinator made to take shards) in the middle of the drain, the
 # supervisors finding the coordinator's new shards; every command
 # delivered, applied once, duplicates only with their command_id;
-# verify() clean over the whole cluster; --drain with a file per node; the
-# metrics port of each child.  (Business rows with their decisions, 200
-# runs, through a distributed function and from the coordinator, and the
-# rollbacks, are test 140's.)
+# verify() clean over the whole cluster; --drain with a file per node, as
+# a role that is only a publisher; the metrics port of each child.
+# (Business rows with their decisions, 200 runs, through a distributed
+# function and from the coordinator, and the rollbacks, are test 140's.)
 use strict;
 use warnings;
 use FindBin;
@@ -418,16 +418,21 @@ is(safe_psql(0, $db, q{SELECT string_agg(DISTINCT split_part(owner, '@', 1), ' '
 ($rc, undef, $err) = psql(0, $db, 'SELECT outbox.verify(include_warnings => true)');
 is($rc, 0, 'verify() on the coordinator is clean over the whole cluster') or diag($err);
 
-# --- --drain with a file per node -----------------------------------------------------------------
+# --- --drain with a file per node, as a role that is only a publisher ----------------------------
 safe_psql(0, $db, q{SELECT count(*) FROM (SELECT outbox.commit_decision('drain-' || g, 1, 'placed',
 	'ship-drain-' || g, 'ship', '{}') FROM generate_series(1, 60) g) s});
-($rc, $err) = run_relay('--citus', '--dsn', $coord, '--sink', "file:$dir/drain.ndjson", '--drain', '--worker', 'drainer');
+safe_psql(0, $db, q{CREATE ROLE relay_160 LOGIN;
+	SELECT format('GRANT %I TO relay_160', outbox.role('publisher')) \gexec});
+($rc, $err) = run_relay('--citus', '--dsn', "host=127.0.0.1 port=$ports[0] user=relay_160 dbname=$db",
+	'--sink', "file:$dir/drain.ndjson", '--drain', '--worker', 'drainer');
 is($rc, 0, '--citus --drain: exit 0 when every node\'s relay found nothing') or diag($err);
 my @per_node = map { scalar(() = slurp("$dir/drain.ndjson.$_") =~ /"command_id":"ship-drain-/g) } 0 .. 2;
 is($per_node[0] + $per_node[1] + $per_node[2], 60, 'the 60 commands are in the files of the three slots');
 is(scalar(grep { $_ > 0 } @per_node), 3, '... each node\'s in a file of its own') or diag("@per_node");
 is(safe_psql(0, $db, q{SELECT count(*) FROM outbox.commands WHERE status <> 'published'}), '0',
 	'... all published');
+is(safe_psql(0, $db, q{SELECT string_agg(DISTINCT split_part(owner, '@', 1), ',') FROM outbox.commands
+	WHERE run_id LIKE 'drain-%'}), 'drainer', '... under the worker names drainer@HOST:PORT');
 
 for my $node (@NODES)
 {
