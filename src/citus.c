@@ -42,15 +42,22 @@
 
 #include <ctype.h>
 
+#include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
 #include "commands/extension.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
 #include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_citus_lease_key_changed);
 
 static ProcessUtility_hook_type ci_prev_process_utility = NULL;
 
@@ -102,25 +109,102 @@ ci_keep(SPIPlanPtr *cache, const char *sql)
 }
 
 /*
+ * Whether the outbox of the current database is distributed, and whether
+ * this node is the coordinator, as last read from Citus's metadata; valid
+ * until a relcache invalidation of outbox.events or of pg_dist_partition
+ * (or a reset of the whole relcache).  Citus sends one for a table
+ * whenever it adds or removes the table's row of pg_dist_partition, on the
+ * coordinator and, through the metadata sync, on every worker
+ * (distribute(), undistribute(), a node added later); the invalidation
+ * reaches every backend at its next transaction or lock.  A backend so
+ * reads the catalog once, not in every API call and worker round.
+ */
+static bool ci_cache_valid = false;
+static bool ci_cache_registered = false;
+static bool ci_distributed = false;
+static bool ci_coordinator = false;
+static Oid	ci_events_relid = InvalidOid;
+static Oid	ci_partition_relid = InvalidOid;
+
+/* Relcache invalidation callback: forget the answer when it may change. */
+static void
+ci_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == ci_events_relid ||
+		relid == ci_partition_relid)
+		ci_cache_valid = false;
+}
+
+/*
+ * Read the answers of OutboxCitusDistributed and OutboxCitusCoordinator
+ * from Citus's metadata (inside SPI), unless the cached ones still hold.
+ */
+static void
+ci_read_metadata(void)
+{
+	static SPIPlanPtr plan = NULL;
+	bool		isnull;
+	Oid			nsp;
+	Datum		v;
+
+	if (ci_cache_valid)
+		return;
+	if (!ci_cache_registered)
+	{
+		CacheRegisterRelcacheCallback(ci_relcache_callback, (Datum) 0);
+		ci_cache_registered = true;
+	}
+	nsp = get_namespace_oid("outbox", true);
+	ci_events_relid = OidIsValid(nsp) ? get_relname_relid("events", nsp) : InvalidOid;
+	ci_partition_relid = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+	ci_distributed = false;
+	ci_coordinator = false;
+	if (!OidIsValid(ci_events_relid))
+		return;					/* no outbox: not cached */
+	if (!OidIsValid(ci_partition_relid))
+	{
+		/* no Citus here: distribute() would invalidate outbox.events */
+		ci_cache_valid = true;
+		return;
+	}
+	if (SPI_execute_plan(ci_keep(&plan,
+								 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p"
+								 " WHERE p.logicalrelid OPERATOR(pg_catalog.=)"
+								 "       'outbox.events'::pg_catalog.regclass),"
+								 " COALESCE((SELECT g.groupid OPERATOR(pg_catalog.=) 0"
+								 "             FROM pg_catalog.pg_dist_local_group g), true)"),
+						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: could not read Citus's metadata");
+	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	ci_distributed = !isnull && DatumGetBool(v);
+	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	ci_coordinator = !isnull && DatumGetBool(v);
+	ci_cache_valid = true;
+}
+
+/*
  * True when the outbox of the current database is distributed (Citus's
  * metadata, synced to every node, lists outbox.events).  Called by the API
- * inside SPI; without Citus it costs a lookup of one setting.
+ * inside SPI; without Citus it costs a lookup of one setting, with it a
+ * look at the cached answer (see above).
  */
 bool
 OutboxCitusDistributed(void)
 {
-	static SPIPlanPtr plan = NULL;
-	bool		isnull;
-
-	if (!OutboxCitusInstalled())
+	if (GetConfigOption("citus.version", true, false) == NULL)
 		return false;
-	if (SPI_execute_plan(ci_keep(&plan,
-								 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p"
-								 " WHERE p.logicalrelid OPERATOR(pg_catalog.=)"
-								 "       'outbox.events'::pg_catalog.regclass)"),
-						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: could not read Citus's metadata");
-	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	ci_read_metadata();
+	return ci_distributed;
+}
+
+/*
+ * True when the outbox is distributed and this node is Citus's coordinator
+ * (which holds no shard of it).  Inside SPI, like OutboxCitusDistributed.
+ */
+bool
+OutboxCitusCoordinator(void)
+{
+	return OutboxCitusDistributed() && ci_coordinator;
 }
 
 /*
@@ -314,4 +398,32 @@ ci_process_utility(PlannedStmt *pstmt, const char *queryString,
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
 								params, queryEnv, dest, qc);
+}
+
+/*
+ * outbox._citus_lease_key_changed(): the statement trigger that
+ * outbox.distribute() puts on the reference table outbox.lease_key, and
+ * Citus on each node's copy (shard) of it.  A rotation of the key writes
+ * every node's copy in the rotating transaction; on each node the trigger
+ * invalidates the relcache entry of outbox.lease_key there, the table whose
+ * invalidation tells that node's backends to read the key again
+ * (src/leasekey.c), at the commit of that node's part of the transaction.
+ * Without it the nodes where the key was not rotated would keep accepting
+ * the old key's tokens.
+ */
+Datum
+outbox_citus_lease_key_changed(PG_FUNCTION_ARGS)
+{
+	Oid			nsp;
+	Oid			relid;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("outbox._citus_lease_key_changed() must be called as a trigger")));
+	nsp = get_namespace_oid("outbox", true);
+	relid = OidIsValid(nsp) ? get_relname_relid("lease_key", nsp) : InvalidOid;
+	if (OidIsValid(relid))
+		CacheInvalidateRelcacheByRelid(relid);
+	return PointerGetDatum(NULL);
 }
