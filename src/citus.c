@@ -24,6 +24,16 @@
  *   LOCKED works as on a single server.  Citus refuses row locks in a
  *   statement over several shards.
  *
+ * - Whether the outbox is distributed (OutboxCitusDistributed, asked by
+ *   every API call and worker round) and whether this node is the
+ *   coordinator: read from pg_dist_partition once per backend, kept until
+ *   a relcache invalidation of outbox.events, which Citus sends on every
+ *   node whenever the table's metadata is added or removed.
+ *
+ * - The trigger outbox.distribute() puts on the reference table
+ *   outbox.lease_key (outbox_citus_lease_key_changed): a rotation of the
+ *   key invalidates the key's cache (src/leasekey.c) on every node.
+ *
  * - DROP EXTENSION outbox on the coordinator of a distributed outbox (a
  *   utility hook, installed whenever the library is loaded): Citus leaves
  *   an extension's shards behind when the extension is dropped, so the hook
@@ -34,7 +44,8 @@
  * lease.c, producer.c and duties.c call it).
  *
  * Locking: none of its own; _before_drop() takes the locks of the DDL and
- * of Citus's metadata functions it runs.
+ * of Citus's metadata functions it runs.  The cached answers are
+ * backend-local.
  *
  *-------------------------------------------------------------------------
  */

@@ -73,9 +73,15 @@
  * conditionally and skips its turn if that fails, so a DROP EXTENSION (or
  * any other lock holder) never waits for the worker.
  *
- * On a distributed outbox (docs/citus.md) the sweep settles the node's own
- * shards (outbox.sweep) and the purge, the due check and the checks skip
- * their turns on every node.
+ * On a distributed outbox (docs/citus.md) each worker node's sweep, purge
+ * (outbox.sweep, outbox.purge) and due check look at the shards that node
+ * holds, the due check looking back DU_CITUS_LOOKBACK_MS further for the
+ * decisions routed from the coordinator (they commit on the node without
+ * lowering its due floor); the checks are counted on the coordinator, over
+ * the whole cluster (the views are distributed queries there), and not on
+ * the worker nodes; the coordinator, which holds no shard, neither purges
+ * nor looks for due commands; the index duty skips its turns on every node
+ * (its tables are the shells).
  *
  * Calls bgw.c (the transaction runner), plans.c (saved plans), shared.c
  * (counters, prepared transactions), upkeep.c and citus.c.
@@ -612,6 +618,14 @@ du_wakeups(OutboxTurn *turn)
 	return false;
 }
 
+/* Transaction: whether the outbox is distributed (without Citus: false, at once). */
+static bool
+du_distributed_txn(void *arg)
+{
+	*(bool *) arg = OutboxCitusDistributed();
+	return true;
+}
+
 /*
  * index: measure the indexes of the extension's tables (several short
  * transactions, with turn->between in between), and start an upkeep worker
@@ -621,8 +635,13 @@ static bool
 du_index(OutboxTurn *turn)
 {
 	pid_t		pid;
+	bool		distributed = false;
 
 	if (outbox_index_bloat <= 0 || du_upkeep_running(&pid))
+		return false;
+	/* a distributed outbox's tables here are shells (docs/citus.md) */
+	if (OutboxRunTransaction("outbox: reading Citus's metadata", du_distributed_txn,
+							 &distributed) && distributed)
 		return false;
 	if (OutboxUpkeepFind(OutboxRunTransaction, turn->between, true) == NIL)
 		return false;
