@@ -137,13 +137,37 @@ static bool ci_coordinator = false;
 static Oid	ci_events_relid = InvalidOid;
 static Oid	ci_partition_relid = InvalidOid;
 
-/* Relcache invalidation callback: forget the answer when it may change. */
+/*
+ * This node's shards (OutboxCitusLocalShards), kept likewise until a
+ * relcache invalidation of outbox.commands or outbox.policies: Citus sends
+ * one for a table whenever a shard or placement of it is added, moved or
+ * removed, on every node that has the metadata.
+ */
+static OutboxShard *ci_shards = NULL;
+static int	ci_nshards = 0;
+static bool ci_shards_valid = false;
+static bool ci_shards_on_coordinator = false;
+static Oid	ci_commands_relid = InvalidOid;
+static Oid	ci_policies_relid = InvalidOid;
+
+/*
+ * Invalidations seen: a read that saw one arrive while it ran (its own
+ * catalog reads take them in) keeps its answer for the one call only.
+ */
+static uint64 ci_invalidations = 0;
+
+/* Relcache invalidation callback: forget the answers when they may change. */
 static void
 ci_relcache_callback(Datum arg, Oid relid)
 {
+	ci_invalidations++;
 	if (relid == InvalidOid || relid == ci_events_relid ||
 		relid == ci_partition_relid)
 		ci_cache_valid = false;
+	if (relid == InvalidOid || relid == ci_events_relid ||
+		relid == ci_partition_relid || relid == ci_commands_relid ||
+		relid == ci_policies_relid)
+		ci_shards_valid = false;
 }
 
 /*
@@ -157,6 +181,7 @@ ci_read_metadata(void)
 	bool		isnull;
 	Oid			nsp;
 	Datum		v;
+	uint64		seen;
 
 	if (ci_cache_valid)
 		return;
@@ -165,6 +190,7 @@ ci_read_metadata(void)
 		CacheRegisterRelcacheCallback(ci_relcache_callback, (Datum) 0);
 		ci_cache_registered = true;
 	}
+	seen = ci_invalidations;
 	nsp = get_namespace_oid("outbox", true);
 	ci_events_relid = OidIsValid(nsp) ? get_relname_relid("events", nsp) : InvalidOid;
 	ci_partition_relid = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
@@ -175,7 +201,7 @@ ci_read_metadata(void)
 	if (!OidIsValid(ci_partition_relid))
 	{
 		/* no Citus here: distribute() would invalidate outbox.events */
-		ci_cache_valid = true;
+		ci_cache_valid = (seen == ci_invalidations);
 		return;
 	}
 	if (SPI_execute_plan(ci_keep(&plan,
@@ -190,7 +216,7 @@ ci_read_metadata(void)
 	ci_distributed = !isnull && DatumGetBool(v);
 	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
 	ci_coordinator = !isnull && DatumGetBool(v);
-	ci_cache_valid = true;
+	ci_cache_valid = (seen == ci_invalidations);
 }
 
 /*
@@ -221,11 +247,12 @@ OutboxCitusCoordinator(void)
 /*
  * This node's shards of outbox.commands, in shard id order, each with this
  * node's copy of outbox.policies; *n of them (palloc'd in the caller's
- * context).  Read from Citus's metadata at each call, so that a shard
- * moved here or away (citus_move_shard_placement, the rebalancer) is
- * served from the next claim on.  On the coordinator, which holds no
- * shard of a distributed outbox, none, or with coordinator_error an error
- * (55000) that says where to claim.
+ * context).  Read from Citus's metadata when a relcache invalidation said
+ * they changed (see above), so that a shard moved here or away
+ * (citus_move_shard_placement, the rebalancer) is served from the next
+ * transaction on.  On the coordinator, which holds no shard of a
+ * distributed outbox, none, or with coordinator_error an error (55000)
+ * that says where to claim.  Inside SPI.
  */
 OutboxShard *
 OutboxCitusLocalShards(int *n, bool coordinator_error)
@@ -234,46 +261,74 @@ OutboxCitusLocalShards(int *n, bool coordinator_error)
 	OutboxShard *shards;
 	uint64		i;
 	bool		isnull;
+	bool		on_coordinator = false;
+	int			found = 0;
+	Oid			nsp;
+	uint64		seen = ci_invalidations;
 
-	if (SPI_execute_plan(ci_keep(&plan,
-								 "SELECT s.shardid,"
-								 "       (SELECT r.shardid FROM pg_catalog.pg_dist_shard r"
-								 "          JOIN pg_catalog.pg_dist_placement q ON q.shardid OPERATOR(pg_catalog.=) r.shardid"
-								 "         WHERE r.logicalrelid OPERATOR(pg_catalog.=) 'outbox.policies'::pg_catalog.regclass"
-								 "           AND q.groupid OPERATOR(pg_catalog.=) g.groupid),"
-								 "       g.groupid OPERATOR(pg_catalog.=) 0"
-								 "  FROM pg_catalog.pg_dist_local_group g"
-								 "  LEFT JOIN (pg_catalog.pg_dist_shard s"
-								 "             JOIN pg_catalog.pg_dist_placement p"
-								 "               ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
-								 "              AND s.logicalrelid OPERATOR(pg_catalog.=) 'outbox.commands'::pg_catalog.regclass)"
-								 "    ON p.groupid OPERATOR(pg_catalog.=) g.groupid"
-								 " ORDER BY s.shardid"),
-						 NULL, NULL, true, 0) != SPI_OK_SELECT || SPI_processed < 1)
-		elog(ERROR, "outbox: could not read Citus's shard placements");
-	shards = palloc(sizeof(OutboxShard) * SPI_processed);
-	*n = 0;
-	for (i = 0; i < SPI_processed; i++)
+	if (!ci_shards_valid)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		nopolicies;
-
-		shards[*n].commands = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		if (isnull)
+		if (!ci_cache_registered)
 		{
-			if (coordinator_error && DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
-				ereport(ERROR,
-						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						 errmsg("the coordinator holds no shard of the distributed outbox"),
-						 errhint("Claim on the worker nodes: each claims from the shards it holds.")));
-			continue;
+			CacheRegisterRelcacheCallback(ci_relcache_callback, (Datum) 0);
+			ci_cache_registered = true;
 		}
-		shards[*n].policies = DatumGetInt64(SPI_getbinval(tup, desc, 2, &nopolicies));
-		if (nopolicies)
-			elog(ERROR, "outbox: this node has no copy of outbox.policies");
-		(*n)++;
+		nsp = get_namespace_oid("outbox", false);
+		ci_commands_relid = get_relname_relid("commands", nsp);
+		ci_policies_relid = get_relname_relid("policies", nsp);
+		if (SPI_execute_plan(ci_keep(&plan,
+									 "SELECT s.shardid,"
+									 "       (SELECT r.shardid FROM pg_catalog.pg_dist_shard r"
+									 "          JOIN pg_catalog.pg_dist_placement q ON q.shardid OPERATOR(pg_catalog.=) r.shardid"
+									 "         WHERE r.logicalrelid OPERATOR(pg_catalog.=) 'outbox.policies'::pg_catalog.regclass"
+									 "           AND q.groupid OPERATOR(pg_catalog.=) g.groupid),"
+									 "       g.groupid OPERATOR(pg_catalog.=) 0"
+									 "  FROM pg_catalog.pg_dist_local_group g"
+									 "  LEFT JOIN (pg_catalog.pg_dist_shard s"
+									 "             JOIN pg_catalog.pg_dist_placement p"
+									 "               ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
+									 "              AND s.logicalrelid OPERATOR(pg_catalog.=) 'outbox.commands'::pg_catalog.regclass)"
+									 "    ON p.groupid OPERATOR(pg_catalog.=) g.groupid"
+									 " ORDER BY s.shardid"),
+							 NULL, NULL, true, 0) != SPI_OK_SELECT || SPI_processed < 1)
+			elog(ERROR, "outbox: could not read Citus's shard placements");
+		shards = MemoryContextAlloc(TopMemoryContext, sizeof(OutboxShard) * SPI_processed);
+		for (i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			bool		nopolicies;
+
+			shards[found].commands = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+			if (isnull)
+			{
+				if (DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
+					on_coordinator = true;
+				continue;
+			}
+			shards[found].policies = DatumGetInt64(SPI_getbinval(tup, desc, 2, &nopolicies));
+			if (nopolicies)
+			{
+				pfree(shards);
+				elog(ERROR, "outbox: this node has no copy of outbox.policies");
+			}
+			found++;
+		}
+		if (ci_shards != NULL)
+			pfree(ci_shards);
+		ci_shards = shards;
+		ci_nshards = found;
+		ci_shards_on_coordinator = on_coordinator;
+		ci_shards_valid = (seen == ci_invalidations);
 	}
+	if (ci_nshards == 0 && coordinator_error && ci_shards_on_coordinator)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the coordinator holds no shard of the distributed outbox"),
+				 errhint("Claim on the worker nodes: each claims from the shards it holds.")));
+	*n = ci_nshards;
+	shards = palloc(sizeof(OutboxShard) * Max(ci_nshards, 1));
+	memcpy(shards, ci_shards, sizeof(OutboxShard) * ci_nshards);
 	return shards;
 }
 
