@@ -301,8 +301,9 @@ for my $node (@NODES)
 	is(session_query($s[$node], $renew), "t\nt", node_name($node) . ' accepts both tokens');
 }
 my $old_key = safe_psql(0, $db, q{SELECT encode(key, 'hex') FROM outbox.lease_key});
-($rc, $out, $err) = psql(0, $db, 'SELECT outbox.rotate_lease_key()');
+($rc, $out, $err) = psql(0, $db, "SET citus.log_remote_commands = on;\nSELECT outbox.rotate_lease_key()");
 is($rc, 0, 'rotate_lease_key() on the coordinator') or diag($err);
+like($err, qr/COMMIT PREPARED/, '... writing every node\'s copy of lease_key, with two-phase commit');
 my %keys = map { safe_psql($_, $db, q{SELECT encode(key, 'hex') FROM outbox.lease_key}) => 1 } @NODES;
 is(join(' ', map { $_ eq $old_key ? 'old' : 'new' } keys %keys), 'new', 'every node reads the one new key');
 for my $node (@NODES)
@@ -323,6 +324,35 @@ for my $node (@NODES)
 		"t\nt", node_name($node) . ' accepts the tokens made under the new key');
 }
 session_end($_) for @s;
+
+# --- a shard moved under a session that claimed before ----------------------------------------
+safe_psql(0, $db, q{SELECT count(*) FROM (SELECT outbox.commit_decision('mv-' || g, 1, 'placed', 'move-mv-' || g,
+	'move', '{}') FROM generate_series(1, 40) g) s});
+my %on_w1 = map { $_ => 1 } split /,/, safe_psql(0, $db, qq{
+	SELECT string_agg(s.shardid::text, ',') FROM pg_dist_shard s
+	  JOIN pg_dist_placement p ON p.shardid = s.shardid JOIN pg_dist_node n ON n.groupid = p.groupid
+	 WHERE s.logicalrelid = 'outbox.commands'::regclass AND n.nodeport = $ports[1]});
+my %per_shard = map { split /\|/ } split /\n/, safe_psql(0, $db, q{
+	SELECT s || '|' || n FROM (SELECT get_shard_id_for_distribution_column('outbox.commands', run_id) AS s,
+		count(*) AS n FROM outbox.commands WHERE kind = 'move' GROUP BY 1) x});
+my ($moved) = sort { $per_shard{$b} <=> $per_shard{$a} || $a <=> $b } grep { $on_w1{$_} } keys %per_shard;
+ok(defined $moved, 'a shard on worker1 holds commands of kind move');
+my $on_w2 = 0;
+$on_w2 += $per_shard{$_} for grep { !$on_w1{$_} } keys %per_shard;
+my $s2 = session(2, $db);
+is(session_query($s2, q{SELECT count(*) FROM outbox.claim('mover', 100, kinds => '{move}');}), $on_w2,
+	'a session on worker2 claims the commands of its own shards');
+($rc, $out, $err) = psql(0, $db, qq{
+	SELECT citus_move_shard_placement($moved, '127.0.0.1', $ports[1], '127.0.0.1', $ports[2],
+									  shard_transfer_mode => 'block_writes')});
+is($rc, 0, 'that shard group moves from worker1 to worker2') or diag($err);
+is(session_query($s2, q{SELECT count(*) FROM outbox.claim('mover', 100, kinds => '{move}');}), $per_shard{$moved},
+	'the same session\'s next claim serves the shard moved in (its shard list was invalidated)');
+session_end($s2);
+my $left_w1 = 0;
+$left_w1 += $per_shard{$_} for grep { $on_w1{$_} && $_ != $moved } keys %per_shard;
+is(safe_psql(1, $db, q{SELECT count(*) FROM outbox.claim('mover', 100, kinds => '{move}')}), $left_w1,
+	'worker1 claims those of the shards it kept, none of the moved one');
 
 # --- nothing went wrong in the workers' rounds ---------------------------------------------
 for my $node (@NODES)
