@@ -429,14 +429,14 @@ BEGIN
 		FOR sh IN SELECT * FROM @extschema@._citus_local_shards()
 		LOOP
 			EXIT WHEN n OPERATOR(pg_catalog.>=) lim;
-			EXECUTE pg_catalog.format($q$
+			EXECUTE pg_catalog.format('
 	WITH victims AS (
 		SELECT c.command_id, c.run_id, c.seq, c.kind, c.published_at, r.outcome
 		  FROM %1$s r
 		  JOIN %2$s c ON c.run_id OPERATOR(pg_catalog.=) r.run_id
 					 AND c.command_id OPERATOR(pg_catalog.=) r.command_id
 		 WHERE r.completed_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
-		   AND c.status OPERATOR(pg_catalog.=) 'published'
+		   AND c.status OPERATOR(pg_catalog.=) ''published''
 		   AND c.published_at IS NOT NULL
 		   AND GREATEST(c.published_at, r.completed_at)
 			   OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-)
@@ -456,7 +456,7 @@ BEGIN
 		   AND r.command_id OPERATOR(pg_catalog.=) tomb.command_id)
 	DELETE FROM %2$s c USING tomb
 	 WHERE c.run_id OPERATOR(pg_catalog.=) tomb.run_id
-	   AND c.command_id OPERATOR(pg_catalog.=) tomb.command_id$q$,
+	   AND c.command_id OPERATOR(pg_catalog.=) tomb.command_id',
 				sh.receipts, sh.commands, sh.policies, sh.purged)
 			USING cutoff_ret, older_than IS NULL, dflt, lim OPERATOR(pg_catalog.-) n;
 			GET DIAGNOSTICS k = ROW_COUNT;
