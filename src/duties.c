@@ -80,8 +80,8 @@
  * lowering its due floor); the checks are counted on the coordinator, over
  * the whole cluster (the views are distributed queries there), and not on
  * the worker nodes; the coordinator, which holds no shard, neither purges
- * nor looks for due commands; the index duty skips its turns on every node
- * (its tables are the shells).
+ * nor looks for due commands; the index duty measures a worker node's
+ * shards and nothing on the coordinator (upkeep.c).
  *
  * Calls bgw.c (the transaction runner), plans.c (saved plans), shared.c
  * (counters, prepared transactions), upkeep.c and citus.c.
@@ -618,14 +618,6 @@ du_wakeups(OutboxTurn *turn)
 	return false;
 }
 
-/* Transaction: whether the outbox is distributed (without Citus: false, at once). */
-static bool
-du_distributed_txn(void *arg)
-{
-	*(bool *) arg = OutboxCitusDistributed();
-	return true;
-}
-
 /*
  * index: measure the indexes of the extension's tables (several short
  * transactions, with turn->between in between), and start an upkeep worker
@@ -635,13 +627,8 @@ static bool
 du_index(OutboxTurn *turn)
 {
 	pid_t		pid;
-	bool		distributed = false;
 
 	if (outbox_index_bloat <= 0 || du_upkeep_running(&pid))
-		return false;
-	/* a distributed outbox's tables here are shells (docs/citus.md) */
-	if (OutboxRunTransaction("outbox: reading Citus's metadata", du_distributed_txn,
-							 &distributed) && distributed)
 		return false;
 	if (OutboxUpkeepFind(OutboxRunTransaction, turn->between, true) == NIL)
 		return false;

@@ -61,14 +61,15 @@ COMMENT ON FUNCTION @extschema@._distributed()
 	IS 'true when the outbox''s tables are distributed on Citus';
 
 -- This node's shards of the distributed outbox: for each shard of
--- commands, the co-located shards of receipts and purged (same hash range;
+-- commands, the co-located shards of receipts, purged and inbox (same hash range;
 -- a shard group lives on one node) and this node's copy of policies, as
 -- qualified names of plain tables here.  None on the coordinator.  Read
 -- from Citus's metadata at each call (a shard moved here or away is seen
--- at once); outbox.purge() runs its statement against each.
+-- at once); outbox.purge() runs its statement against each, and the index
+-- upkeep looks after them (src/upkeep.c).
 CREATE FUNCTION @extschema@._citus_local_shards()
 RETURNS TABLE (commands pg_catalog.text, receipts pg_catalog.text, purged pg_catalog.text,
-			   policies pg_catalog.text)
+			   policies pg_catalog.text, inbox pg_catalog.text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -81,7 +82,8 @@ BEGIN
 			(SELECT y.shardid FROM pg_catalog.pg_dist_shard y
 			   JOIN pg_catalog.pg_dist_placement yp ON yp.shardid OPERATOR(pg_catalog.=) y.shardid
 			  WHERE y.logicalrelid OPERATOR(pg_catalog.=) ''@extschema@.policies''::pg_catalog.regclass
-				AND yp.groupid OPERATOR(pg_catalog.=) g.groupid)
+				AND yp.groupid OPERATOR(pg_catalog.=) g.groupid),
+			''@extschema@.inbox_'' OPERATOR(pg_catalog.||) i.shardid
 	   FROM pg_catalog.pg_dist_local_group g
 	   JOIN pg_catalog.pg_dist_placement cp ON cp.groupid OPERATOR(pg_catalog.=) g.groupid
 	   JOIN pg_catalog.pg_dist_shard c ON c.shardid OPERATOR(pg_catalog.=) cp.shardid
@@ -90,6 +92,8 @@ BEGIN
 		AND r.shardminvalue OPERATOR(pg_catalog.=) c.shardminvalue
 	   JOIN pg_catalog.pg_dist_shard u ON u.logicalrelid OPERATOR(pg_catalog.=) ''@extschema@.purged''::pg_catalog.regclass
 		AND u.shardminvalue OPERATOR(pg_catalog.=) c.shardminvalue
+	   JOIN pg_catalog.pg_dist_shard i ON i.logicalrelid OPERATOR(pg_catalog.=) ''@extschema@.inbox''::pg_catalog.regclass
+		AND i.shardminvalue OPERATOR(pg_catalog.=) c.shardminvalue
 	  ORDER BY c.shardid';
 END;
 $$;

@@ -58,6 +58,7 @@ safe_psql(0, 'postgres', q{ALTER SYSTEM SET outbox.check_interval = '1s'; SELECT
 END
 {
 	psql(0, 'postgres', q{ALTER SYSTEM RESET outbox.check_interval; SELECT pg_reload_conf()});
+	psql(1, 'postgres', q{ALTER SYSTEM RESET outbox.index_check_interval; SELECT pg_reload_conf()});
 }
 
 safe_psql(0, $db, 'CREATE EXTENSION outbox');
@@ -353,6 +354,38 @@ my $left_w1 = 0;
 $left_w1 += $per_shard{$_} for grep { $on_w1{$_} && $_ != $moved } keys %per_shard;
 is(safe_psql(1, $db, q{SELECT count(*) FROM outbox.claim('mover', 100, kinds => '{move}')}), $left_w1,
 	'worker1 claims those of the shards it kept, none of the moved one');
+
+# --- index upkeep of a worker's shards --------------------------------------------------------
+# 60,000 rows through one of worker1's shards of commands (written into
+# the shard directly, then deleted and vacuumed) leave its primary key's
+# index mostly empty: worker1's worker rebuilds it.
+my ($bloated) = grep { $_ != $moved } sort { $a <=> $b } keys %on_w1;
+my $w1_log = "$ENV{CITUS_DATA}/" . node_name(1) . '/server.log';
+my $w1_at = -s $w1_log;
+safe_psql(1, $db, qq{
+	INSERT INTO outbox.commands_$bloated (command_id, run_id, seq, kind, available_at, due_at, payload)
+	SELECT 'bloat-' || g, 'bloat-' || g, 1, 'bloat', now(), now(), '{}' FROM generate_series(1, 60000) g;
+	DELETE FROM outbox.commands_$bloated WHERE kind = 'bloat';
+	VACUUM outbox.commands_$bloated;});
+my $kb_before = safe_psql(1, $db, "SELECT pg_relation_size('outbox.commands_pkey_$bloated') / 1024");
+ok($kb_before >= 1024, "the shard's primary key index takes $kb_before kB");
+safe_psql(1, 'postgres', q{ALTER SYSTEM SET outbox.index_check_interval = '1s'; SELECT pg_reload_conf()});
+my $rebuilt = 0;
+for (1 .. 600)
+{
+	open(my $fh, '<', $w1_log) or die "$w1_log: $!";
+	seek($fh, $w1_at, 0);
+	$rebuilt = grep { /outbox upkeep rebuilt index "commands_pkey_$bloated"/ } <$fh>;
+	close $fh;
+	last if $rebuilt;
+	Time::HiRes::usleep(100_000);
+}
+psql(1, 'postgres', q{ALTER SYSTEM RESET outbox.index_check_interval; SELECT pg_reload_conf()});
+ok($rebuilt, "worker1's outbox worker rebuilt the shard's index commands_pkey_$bloated");
+cmp_ok(safe_psql(1, $db, "SELECT pg_relation_size('outbox.commands_pkey_$bloated') / 1024"), '<', $kb_before / 4,
+	'... which is much smaller now');
+is(safe_psql(1, $db, qq{SELECT count(*) FROM pg_index WHERE indexrelid = 'outbox.commands_pkey_$bloated'::regclass
+	AND indisvalid AND indisprimary}), '1', '... a valid primary key still');
 
 # --- nothing went wrong in the workers' rounds ---------------------------------------------
 for my $node (@NODES)
