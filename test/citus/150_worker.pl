@@ -9,8 +9,10 @@
 # counts and metrics_backlog() from the coordinator over the whole cluster,
 # not counted on the worker nodes; resolve, requeue and rotate_lease_key
 # from the coordinator, the rotation refusing the old tokens in sessions of
-# every node; sessions opened before distribute() and undistribute() that
-# see the change (the cached answer of src/citus.c is invalidated).
+# every node; a session whose next claim serves a shard moved to its node;
+# the index upkeep rebuilding a worker's bloated shard index; sessions
+# opened before distribute() and undistribute() that see the change (the
+# cached answers of src/citus.c are invalidated).
 use strict;
 use warnings;
 use FindBin;
