@@ -24,6 +24,16 @@
  *   LOCKED works as on a single server.  Citus refuses row locks in a
  *   statement over several shards.
  *
+ * - Whether the outbox is distributed (OutboxCitusDistributed, asked by
+ *   every API call and worker round) and whether this node is the
+ *   coordinator: read from pg_dist_partition once per backend, kept until
+ *   a relcache invalidation of outbox.events, which Citus sends on every
+ *   node whenever the table's metadata is added or removed.
+ *
+ * - The trigger outbox.distribute() puts on the reference table
+ *   outbox.lease_key (outbox_citus_lease_key_changed): a rotation of the
+ *   key invalidates the key's cache (src/leasekey.c) on every node.
+ *
  * - DROP EXTENSION outbox on the coordinator of a distributed outbox (a
  *   utility hook, installed whenever the library is loaded): Citus leaves
  *   an extension's shards behind when the extension is dropped, so the hook
@@ -34,7 +44,8 @@
  * lease.c, producer.c and duties.c call it).
  *
  * Locking: none of its own; _before_drop() takes the locks of the DDL and
- * of Citus's metadata functions it runs.
+ * of Citus's metadata functions it runs.  The cached answers are
+ * backend-local.
  *
  *-------------------------------------------------------------------------
  */
@@ -42,15 +53,22 @@
 
 #include <ctype.h>
 
+#include "catalog/namespace.h"
+#include "catalog/pg_namespace.h"
 #include "commands/extension.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
 #include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_citus_lease_key_changed);
 
 static ProcessUtility_hook_type ci_prev_process_utility = NULL;
 
@@ -102,35 +120,139 @@ ci_keep(SPIPlanPtr *cache, const char *sql)
 }
 
 /*
+ * Whether the outbox of the current database is distributed, and whether
+ * this node is the coordinator, as last read from Citus's metadata; valid
+ * until a relcache invalidation of outbox.events or of pg_dist_partition
+ * (or a reset of the whole relcache).  Citus sends one for a table
+ * whenever it adds or removes the table's row of pg_dist_partition, on the
+ * coordinator and, through the metadata sync, on every worker
+ * (distribute(), undistribute(), a node added later); the invalidation
+ * reaches every backend at its next transaction or lock.  A backend so
+ * reads the catalog once, not in every API call and worker round.
+ */
+static bool ci_cache_valid = false;
+static bool ci_cache_registered = false;
+static bool ci_distributed = false;
+static bool ci_coordinator = false;
+static Oid	ci_events_relid = InvalidOid;
+static Oid	ci_partition_relid = InvalidOid;
+
+/*
+ * This node's shards (OutboxCitusLocalShards), kept likewise until a
+ * relcache invalidation of outbox.commands or outbox.policies: Citus sends
+ * one for a table whenever a shard or placement of it is added, moved or
+ * removed, on every node that has the metadata.
+ */
+static OutboxShard *ci_shards = NULL;
+static int	ci_nshards = 0;
+static bool ci_shards_valid = false;
+static bool ci_shards_on_coordinator = false;
+static Oid	ci_commands_relid = InvalidOid;
+static Oid	ci_policies_relid = InvalidOid;
+
+/*
+ * Invalidations seen: a read that saw one arrive while it ran (its own
+ * catalog reads take them in) keeps its answer for the one call only.
+ */
+static uint64 ci_invalidations = 0;
+
+/* Relcache invalidation callback: forget the answers when they may change. */
+static void
+ci_relcache_callback(Datum arg, Oid relid)
+{
+	ci_invalidations++;
+	if (relid == InvalidOid || relid == ci_events_relid ||
+		relid == ci_partition_relid)
+		ci_cache_valid = false;
+	if (relid == InvalidOid || relid == ci_events_relid ||
+		relid == ci_partition_relid || relid == ci_commands_relid ||
+		relid == ci_policies_relid)
+		ci_shards_valid = false;
+}
+
+/*
+ * Read the answers of OutboxCitusDistributed and OutboxCitusCoordinator
+ * from Citus's metadata (inside SPI), unless the cached ones still hold.
+ */
+static void
+ci_read_metadata(void)
+{
+	static SPIPlanPtr plan = NULL;
+	bool		isnull;
+	Oid			nsp;
+	Datum		v;
+	uint64		seen;
+
+	if (ci_cache_valid)
+		return;
+	if (!ci_cache_registered)
+	{
+		CacheRegisterRelcacheCallback(ci_relcache_callback, (Datum) 0);
+		ci_cache_registered = true;
+	}
+	seen = ci_invalidations;
+	nsp = get_namespace_oid("outbox", true);
+	ci_events_relid = OidIsValid(nsp) ? get_relname_relid("events", nsp) : InvalidOid;
+	ci_partition_relid = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+	ci_distributed = false;
+	ci_coordinator = false;
+	if (!OidIsValid(ci_events_relid))
+		return;					/* no outbox: not cached */
+	if (!OidIsValid(ci_partition_relid))
+	{
+		/* no Citus here: distribute() would invalidate outbox.events */
+		ci_cache_valid = (seen == ci_invalidations);
+		return;
+	}
+	if (SPI_execute_plan(ci_keep(&plan,
+								 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p"
+								 " WHERE p.logicalrelid OPERATOR(pg_catalog.=)"
+								 "       'outbox.events'::pg_catalog.regclass),"
+								 " COALESCE((SELECT g.groupid OPERATOR(pg_catalog.=) 0"
+								 "             FROM pg_catalog.pg_dist_local_group g), true)"),
+						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: could not read Citus's metadata");
+	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	ci_distributed = !isnull && DatumGetBool(v);
+	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	ci_coordinator = !isnull && DatumGetBool(v);
+	ci_cache_valid = (seen == ci_invalidations);
+}
+
+/*
  * True when the outbox of the current database is distributed (Citus's
  * metadata, synced to every node, lists outbox.events).  Called by the API
- * inside SPI; without Citus it costs a lookup of one setting.
+ * inside SPI; without Citus it costs a lookup of one setting, with it a
+ * look at the cached answer (see above).
  */
 bool
 OutboxCitusDistributed(void)
 {
-	static SPIPlanPtr plan = NULL;
-	bool		isnull;
-
-	if (!OutboxCitusInstalled())
+	if (GetConfigOption("citus.version", true, false) == NULL)
 		return false;
-	if (SPI_execute_plan(ci_keep(&plan,
-								 "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p"
-								 " WHERE p.logicalrelid OPERATOR(pg_catalog.=)"
-								 "       'outbox.events'::pg_catalog.regclass)"),
-						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: could not read Citus's metadata");
-	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	ci_read_metadata();
+	return ci_distributed;
+}
+
+/*
+ * True when the outbox is distributed and this node is Citus's coordinator
+ * (which holds no shard of it).  Inside SPI, like OutboxCitusDistributed.
+ */
+bool
+OutboxCitusCoordinator(void)
+{
+	return OutboxCitusDistributed() && ci_coordinator;
 }
 
 /*
  * This node's shards of outbox.commands, in shard id order, each with this
  * node's copy of outbox.policies; *n of them (palloc'd in the caller's
- * context).  Read from Citus's metadata at each call, so that a shard
- * moved here or away (citus_move_shard_placement, the rebalancer) is
- * served from the next claim on.  On the coordinator, which holds no
- * shard of a distributed outbox, none, or with coordinator_error an error
- * (55000) that says where to claim.
+ * context).  Read from Citus's metadata when a relcache invalidation said
+ * they changed (see above), so that a shard moved here or away
+ * (citus_move_shard_placement, the rebalancer) is served from the next
+ * transaction on.  On the coordinator, which holds no shard of a
+ * distributed outbox, none, or with coordinator_error an error (55000)
+ * that says where to claim.  Inside SPI.
  */
 OutboxShard *
 OutboxCitusLocalShards(int *n, bool coordinator_error)
@@ -139,46 +261,74 @@ OutboxCitusLocalShards(int *n, bool coordinator_error)
 	OutboxShard *shards;
 	uint64		i;
 	bool		isnull;
+	bool		on_coordinator = false;
+	int			found = 0;
+	Oid			nsp;
+	uint64		seen = ci_invalidations;
 
-	if (SPI_execute_plan(ci_keep(&plan,
-								 "SELECT s.shardid,"
-								 "       (SELECT r.shardid FROM pg_catalog.pg_dist_shard r"
-								 "          JOIN pg_catalog.pg_dist_placement q ON q.shardid OPERATOR(pg_catalog.=) r.shardid"
-								 "         WHERE r.logicalrelid OPERATOR(pg_catalog.=) 'outbox.policies'::pg_catalog.regclass"
-								 "           AND q.groupid OPERATOR(pg_catalog.=) g.groupid),"
-								 "       g.groupid OPERATOR(pg_catalog.=) 0"
-								 "  FROM pg_catalog.pg_dist_local_group g"
-								 "  LEFT JOIN (pg_catalog.pg_dist_shard s"
-								 "             JOIN pg_catalog.pg_dist_placement p"
-								 "               ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
-								 "              AND s.logicalrelid OPERATOR(pg_catalog.=) 'outbox.commands'::pg_catalog.regclass)"
-								 "    ON p.groupid OPERATOR(pg_catalog.=) g.groupid"
-								 " ORDER BY s.shardid"),
-						 NULL, NULL, true, 0) != SPI_OK_SELECT || SPI_processed < 1)
-		elog(ERROR, "outbox: could not read Citus's shard placements");
-	shards = palloc(sizeof(OutboxShard) * SPI_processed);
-	*n = 0;
-	for (i = 0; i < SPI_processed; i++)
+	if (!ci_shards_valid)
 	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		nopolicies;
-
-		shards[*n].commands = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
-		if (isnull)
+		if (!ci_cache_registered)
 		{
-			if (coordinator_error && DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
-				ereport(ERROR,
-						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						 errmsg("the coordinator holds no shard of the distributed outbox"),
-						 errhint("Claim on the worker nodes: each claims from the shards it holds.")));
-			continue;
+			CacheRegisterRelcacheCallback(ci_relcache_callback, (Datum) 0);
+			ci_cache_registered = true;
 		}
-		shards[*n].policies = DatumGetInt64(SPI_getbinval(tup, desc, 2, &nopolicies));
-		if (nopolicies)
-			elog(ERROR, "outbox: this node has no copy of outbox.policies");
-		(*n)++;
+		nsp = get_namespace_oid("outbox", false);
+		ci_commands_relid = get_relname_relid("commands", nsp);
+		ci_policies_relid = get_relname_relid("policies", nsp);
+		if (SPI_execute_plan(ci_keep(&plan,
+									 "SELECT s.shardid,"
+									 "       (SELECT r.shardid FROM pg_catalog.pg_dist_shard r"
+									 "          JOIN pg_catalog.pg_dist_placement q ON q.shardid OPERATOR(pg_catalog.=) r.shardid"
+									 "         WHERE r.logicalrelid OPERATOR(pg_catalog.=) 'outbox.policies'::pg_catalog.regclass"
+									 "           AND q.groupid OPERATOR(pg_catalog.=) g.groupid),"
+									 "       g.groupid OPERATOR(pg_catalog.=) 0"
+									 "  FROM pg_catalog.pg_dist_local_group g"
+									 "  LEFT JOIN (pg_catalog.pg_dist_shard s"
+									 "             JOIN pg_catalog.pg_dist_placement p"
+									 "               ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
+									 "              AND s.logicalrelid OPERATOR(pg_catalog.=) 'outbox.commands'::pg_catalog.regclass)"
+									 "    ON p.groupid OPERATOR(pg_catalog.=) g.groupid"
+									 " ORDER BY s.shardid"),
+							 NULL, NULL, true, 0) != SPI_OK_SELECT || SPI_processed < 1)
+			elog(ERROR, "outbox: could not read Citus's shard placements");
+		shards = MemoryContextAlloc(TopMemoryContext, sizeof(OutboxShard) * SPI_processed);
+		for (i = 0; i < SPI_processed; i++)
+		{
+			HeapTuple	tup = SPI_tuptable->vals[i];
+			TupleDesc	desc = SPI_tuptable->tupdesc;
+			bool		nopolicies;
+
+			shards[found].commands = DatumGetInt64(SPI_getbinval(tup, desc, 1, &isnull));
+			if (isnull)
+			{
+				if (DatumGetBool(SPI_getbinval(tup, desc, 3, &isnull)))
+					on_coordinator = true;
+				continue;
+			}
+			shards[found].policies = DatumGetInt64(SPI_getbinval(tup, desc, 2, &nopolicies));
+			if (nopolicies)
+			{
+				pfree(shards);
+				elog(ERROR, "outbox: this node has no copy of outbox.policies");
+			}
+			found++;
+		}
+		if (ci_shards != NULL)
+			pfree(ci_shards);
+		ci_shards = shards;
+		ci_nshards = found;
+		ci_shards_on_coordinator = on_coordinator;
+		ci_shards_valid = (seen == ci_invalidations);
 	}
+	if (ci_nshards == 0 && coordinator_error && ci_shards_on_coordinator)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the coordinator holds no shard of the distributed outbox"),
+				 errhint("Claim on the worker nodes: each claims from the shards it holds.")));
+	*n = ci_nshards;
+	shards = palloc(sizeof(OutboxShard) * Max(ci_nshards, 1));
+	memcpy(shards, ci_shards, sizeof(OutboxShard) * ci_nshards);
 	return shards;
 }
 
@@ -314,4 +464,32 @@ ci_process_utility(PlannedStmt *pstmt, const char *queryString,
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
 								params, queryEnv, dest, qc);
+}
+
+/*
+ * outbox._citus_lease_key_changed(): the statement trigger that
+ * outbox.distribute() puts on the reference table outbox.lease_key, and
+ * Citus on each node's copy (shard) of it.  A rotation of the key writes
+ * every node's copy in the rotating transaction; on each node the trigger
+ * invalidates the relcache entry of outbox.lease_key there, the table whose
+ * invalidation tells that node's backends to read the key again
+ * (src/leasekey.c), at the commit of that node's part of the transaction.
+ * Without it the nodes where the key was not rotated would keep accepting
+ * the old key's tokens.
+ */
+Datum
+outbox_citus_lease_key_changed(PG_FUNCTION_ARGS)
+{
+	Oid			nsp;
+	Oid			relid;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("outbox._citus_lease_key_changed() must be called as a trigger")));
+	nsp = get_namespace_oid("outbox", true);
+	relid = OidIsValid(nsp) ? get_relname_relid("lease_key", nsp) : InvalidOid;
+	if (OidIsValid(relid))
+		CacheInvalidateRelcacheByRelid(relid);
+	return PointerGetDatum(NULL);
 }

@@ -73,9 +73,15 @@
  * conditionally and skips its turn if that fails, so a DROP EXTENSION (or
  * any other lock holder) never waits for the worker.
  *
- * On a distributed outbox (docs/citus.md) the sweep settles the node's own
- * shards (outbox.sweep) and the purge, the due check and the checks skip
- * their turns on every node.
+ * On a distributed outbox (docs/citus.md) each worker node's sweep, purge
+ * (outbox.sweep, outbox.purge) and due check look at the shards that node
+ * holds, the due check looking back DU_CITUS_LOOKBACK_MS further for the
+ * decisions routed from the coordinator (they commit on the node without
+ * lowering its due floor); the checks are counted on the coordinator, over
+ * the whole cluster (the views are distributed queries there), and not on
+ * the worker nodes; the coordinator, which holds no shard, neither purges
+ * nor looks for due commands; the index duty measures a worker node's
+ * shards and nothing on the coordinator (upkeep.c).
  *
  * Calls bgw.c (the transaction runner), plans.c (saved plans), shared.c
  * (counters, prepared transactions), upkeep.c and citus.c.
@@ -109,6 +115,7 @@
 
 #define DU_CHECK_MS			500		/* longest time between two due checks */
 #define WK_PURGE_IDLE_ROUNDS 10		/* naps between purges that find nothing */
+#define DU_CITUS_LOOKBACK_MS 2000	/* on a distributed outbox, see du_due_txn */
 #define DU_CHECKS_MAX		64		/* steps of a checks turn (more than the
 									 * checks there are) */
 
@@ -197,8 +204,8 @@ du_statement_txn(void *arg)
 
 	if (!du_lock_tables(st->write))
 		return false;
-	/* a distributed outbox is purged by no node yet (docs/citus.md) */
-	if (st->plan == &du_plan_purge && OutboxCitusDistributed())
+	/* the coordinator holds no shard of a distributed outbox to purge */
+	if (st->plan == &du_plan_purge && OutboxCitusCoordinator())
 		return true;
 	st->result = du_exec_int(st->plan, st->sql, st->arg);
 	return true;
@@ -277,6 +284,21 @@ typedef struct DuDue
 	TimestampTz next;			/* out: next moment, 0 if none */
 } DuDue;
 
+/* Fold the look's row (SPI_tuptable) into d: any became, the earliest next. */
+static void
+du_due_result(DuDue *d)
+{
+	bool		isnull;
+	Datum		v;
+
+	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull && DatumGetBool(v))
+		d->became = true;
+	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	if (!isnull && (d->next == 0 || DatumGetTimestampTz(v) < d->next))
+		d->next = DatumGetTimestampTz(v);
+}
+
 /* Transaction: the look at what is due. */
 static bool
 du_due_txn(void *arg)
@@ -284,28 +306,46 @@ du_due_txn(void *arg)
 	static const Oid argtypes[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
 	DuDue	   *d = (DuDue *) arg;
 	Datum		args[2];
-	bool		isnull;
-	Datum		v;
 
 	if (!du_lock_tables(false))
 		return false;
-	/* on a distributed outbox the index read would be the empty shell's */
-	if (OutboxCitusDistributed())
-	{
-		d->became = false;
-		d->next = 0;
-		return true;
-	}
+	d->became = false;
+	d->next = 0;
 	args[0] = TimestampTzGetDatum(d->lo);
 	args[1] = TimestampTzGetDatum(d->now);
+	if (OutboxCitusDistributed())
+	{
+		/*
+		 * The distributed table's shell is empty: look at each of this
+		 * node's shards (none on the coordinator), as the claim does.
+		 */
+		int			nshards;
+		int			k;
+		OutboxShard *shards = OutboxCitusLocalShards(&nshards, false);
+
+		/*
+		 * A decision routed from the coordinator commits here without
+		 * lowering the due floor (it runs no outbox code on this node), and
+		 * its due_at is the coordinator's start of its transaction: look
+		 * back DU_CITUS_LOOKBACK_MS more for it.
+		 */
+		args[0] = TimestampTzGetDatum(Min(d->lo,
+										  TimestampTzPlusMilliseconds(d->now, -DU_CITUS_LOOKBACK_MS)));
+		for (k = 0; k < nshards; k++)
+		{
+			if (SPI_execute_plan(OutboxCitusShardPlan(&shards[k], du_due_sql, 2, argtypes),
+								 args, NULL, true, 1) != SPI_OK_SELECT ||
+				SPI_processed != 1)
+				elog(ERROR, "outbox: due look-up failed");
+			du_due_result(d);
+		}
+		return true;
+	}
 	if (SPI_execute_plan(OutboxPrepare(&du_plan_due, du_due_sql, 2, argtypes),
 						 args, NULL, true, 1) != SPI_OK_SELECT ||
 		SPI_processed != 1)
 		elog(ERROR, "outbox: due look-up failed");
-	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	d->became = !isnull && DatumGetBool(v);
-	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
-	d->next = isnull ? 0 : DatumGetTimestampTz(v);
+	du_due_result(d);
 	return true;
 }
 
@@ -653,8 +693,12 @@ du_check_txn(void *arg)
 		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, mode))
 			return false;
 	}
-	/* a distributed outbox is checked from the coordinator (outbox.verify) */
-	if (OutboxCitusDistributed())
+	/*
+	 * A distributed outbox is counted by the coordinator over the whole
+	 * cluster (the views' distributed queries); a worker node would count
+	 * the empty shells.
+	 */
+	if (OutboxCitusDistributed() && !OutboxCitusCoordinator())
 		return true;
 	io[1] = du_exec_int(&du_plan_check, "SELECT outbox._check_run($1)", io[0]);
 	return true;

@@ -53,6 +53,7 @@
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "access/tableam.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_index.h"
@@ -430,9 +431,9 @@ static Datum
 le_rotate_lease_key(FunctionCallInfo fcinfo, Oid caller)
 {
 	static SPIPlanPtr plan_rotate = NULL;
-	static const Oid argtypes[1] = {BYTEAOID};
+	static const Oid argtypes[2] = {BYTEAOID, TIMESTAMPTZOID};
 	bytea	   *k = palloc(VARHDRSZ + OUTBOX_LEASE_KEY_LEN);
-	Datum		args[1];
+	Datum		args[2];
 	Oid			relid;
 
 	SET_VARSIZE(k, VARHDRSZ + OUTBOX_LEASE_KEY_LEN);
@@ -441,16 +442,18 @@ le_rotate_lease_key(FunctionCallInfo fcinfo, Oid caller)
 				(errcode(ERRCODE_INTERNAL_ERROR),
 				 errmsg("could not generate a random lease key")));
 	args[0] = PointerGetDatum(k);
+	/* now(), passed in: Citus refuses a function in the reference table's DO UPDATE */
+	args[1] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
 	relid = get_relname_relid("lease_key", get_namespace_oid("outbox", false));
 	/* wait for the holders of ordering keys' locks (OutboxKeyLockKey, src/leasekey.c) */
 	if (OidIsValid(relid))
 		LockRelationOid(relid, ExclusiveLock);
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_rotate,
-									"INSERT INTO outbox.lease_key AS k (key) VALUES ($1)"
+									"INSERT INTO outbox.lease_key AS k (key, made_at) VALUES ($1, $2)"
 									" ON CONFLICT (one) DO UPDATE"
-									"   SET key = EXCLUDED.key, made_at = pg_catalog.now()",
-									1, argtypes),
+									"   SET key = EXCLUDED.key, made_at = EXCLUDED.made_at",
+									2, argtypes),
 					  args, NULL, false, 0) != SPI_OK_INSERT)
 		elog(ERROR, "outbox: rotation of the lease key failed");
 	SPI_finish();

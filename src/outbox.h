@@ -297,6 +297,7 @@ typedef struct OutboxShard
 extern void OutboxCitusInit(void);
 extern bool OutboxCitusInstalled(void);
 extern bool OutboxCitusDistributed(void);
+extern bool OutboxCitusCoordinator(void);
 extern int	OutboxPlanOptions(void);
 extern OutboxShard *OutboxCitusLocalShards(int *n, bool coordinator_error);
 extern SPIPlanPtr OutboxCitusShardPlan(const OutboxShard *shard, const char *sql,

@@ -42,8 +42,12 @@
  * is stopped, and its REINDEX is rolled back (the next upkeep drops its
  * leftover).  It is also stopped when the per-database worker exits.
  *
- * Calls bgw.c (registration); the transaction runner it measures with is
- * passed in by its caller.
+ * On a distributed outbox (docs/citus.md) a worker node looks after the
+ * indexes of its shards of those tables (plain tables there, which REINDEX
+ * CONCURRENTLY rebuilds as any other), and the coordinator after none.
+ *
+ * Calls bgw.c (registration) and citus.c (the shards); the transaction
+ * runner it measures with is passed in by its caller.
  *
  * Locking.  AccessShareLock on the tables looked after and their indexes,
  * conditionally (what cannot be locked is skipped); ShareUpdateExclusiveLock
@@ -65,6 +69,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "commands/extension.h"
+#include "executor/spi.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "nodes/plannodes.h"
@@ -102,6 +107,8 @@ typedef struct UpWork
  * The extension's tables whose indexes are looked after: those that rows
  * leave.  The event log and the tombstones only grow (nothing of the
  * extension deletes from them), and the policies are a handful of rows.
+ * On a distributed outbox (docs/citus.md) these are a worker node's shards
+ * of them, and none on the coordinator (its tables are empty shells).
  */
 static const char *const up_tables[] = {"commands", "receipts", "inbox"};
 
@@ -153,32 +160,76 @@ up_work(Relation index, bool rebuild)
 }
 
 /*
- * Lock the tables looked after (AccessShareLock, conditionally) and read
- * their index lists: relids[t] is InvalidOid and indexes[t] NIL for a table
- * that is missing or could not be locked.  False if any such table.
+ * The names of the tables looked after, in the caller's memory context: the
+ * three of up_tables, or on a distributed outbox this node's shards of them
+ * (outbox._citus_local_shards(), read through SPI, which may be nested).
  */
-static bool
-up_lock_tables(Oid nsp, Oid *relids, List **indexes)
+static List *
+up_table_names(void)
 {
-	bool		all = true;
+	MemoryContext caller = CurrentMemoryContext;
+	List	   *names = NIL;
+	uint64		i;
 	int			t;
 
-	for (t = 0; t < UP_NTABLES; t++)
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (!OutboxCitusDistributed())
 	{
-		Oid			relid = get_relname_relid(up_tables[t], nsp);
+		MemoryContextSwitchTo(caller);
+		for (t = 0; t < UP_NTABLES; t++)
+			names = lappend(names, pstrdup(up_tables[t]));
+	}
+	else if (!OutboxCitusCoordinator())
+	{
+		if (SPI_execute("SELECT (pg_catalog.parse_ident(s.commands))[2], (pg_catalog.parse_ident(s.receipts))[2],"
+						"       (pg_catalog.parse_ident(s.inbox))[2]"
+						"  FROM outbox._citus_local_shards() s", true, 0) != SPI_OK_SELECT)
+			elog(ERROR, "outbox: could not list this node's shards");
+		for (i = 0; i < SPI_processed; i++)
+			for (t = 0; t < UP_NTABLES; t++)
+			{
+				char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, t + 1);
+				MemoryContext old = MemoryContextSwitchTo(caller);
+
+				names = lappend(names, pstrdup(name));
+				MemoryContextSwitchTo(old);
+			}
+	}
+	SPI_finish();
+	return names;
+}
+
+/*
+ * Lock the tables looked after (AccessShareLock, conditionally) and read
+ * their index lists: *relids and *indexes get one entry per table
+ * (InvalidOid and NIL for a table that is missing or could not be locked).
+ * False if any such table.
+ */
+static bool
+up_lock_tables(Oid nsp, List **relids, List **indexes)
+{
+	bool		all = true;
+	ListCell   *lc;
+
+	*relids = NIL;
+	*indexes = NIL;
+	foreach(lc, up_table_names())
+	{
+		Oid			relid = get_relname_relid((const char *) lfirst(lc), nsp);
 		Relation	rel = NULL;
 
-		relids[t] = InvalidOid;
-		indexes[t] = NIL;
 		if (OidIsValid(relid) && ConditionalLockRelationOid(relid, AccessShareLock))
 			rel = try_relation_open(relid, NoLock);
 		if (rel == NULL)
 		{
 			all = false;
+			*relids = lappend_oid(*relids, InvalidOid);
+			*indexes = lappend(*indexes, NIL);
 			continue;
 		}
-		relids[t] = relid;
-		indexes[t] = RelationGetIndexList(rel);
+		*relids = lappend_oid(*relids, relid);
+		*indexes = lappend(*indexes, RelationGetIndexList(rel));
 		relation_close(rel, NoLock);
 	}
 	return all;
@@ -190,24 +241,25 @@ up_list_duty(void *arg)
 {
 	UpFind	   *f = (UpFind *) arg;
 	Oid			nsp = up_schema();
-	Oid			relids[UP_NTABLES];
-	List	   *indexes[UP_NTABLES];
+	List	   *relids;
+	List	   *indexes;
 	MemoryContext oldcxt;
-	int			t;
+	ListCell   *lr;
+	ListCell   *li;
 
 	if (!OidIsValid(nsp))
 		return false;
-	(void) up_lock_tables(nsp, relids, indexes);
+	(void) up_lock_tables(nsp, &relids, &indexes);
 	oldcxt = MemoryContextSwitchTo(f->cxt);
-	for (t = 0; t < UP_NTABLES; t++)
+	forboth(lr, relids, li, indexes)
 	{
 		ListCell   *lc;
 
-		foreach(lc, indexes[t])
+		foreach(lc, (List *) lfirst(li))
 		{
 			UpIndex    *ix = palloc0(sizeof(UpIndex));
 
-			ix->tableid = relids[t];
+			ix->tableid = lfirst_oid(lr);
 			ix->indexid = lfirst_oid(lc);
 			ix->next = BTREE_METAPAGE + 1;
 			f->indexes = lappend(f->indexes, ix);
@@ -502,18 +554,19 @@ bool
 OutboxUpkeepUnopposed(int pid)
 {
 	Oid			nsp = up_schema();
-	Oid			relids[UP_NTABLES];
-	List	   *indexes[UP_NTABLES];
+	List	   *relids;
+	List	   *indexes;
 	List	   *watched = NIL;
 	LockData   *locks;
-	int			t;
+	ListCell   *lr;
+	ListCell   *li;
 	int			i;
 
 	/* Locking fails as well when a waiter's lock would conflict with ours. */
-	if (!OidIsValid(nsp) || !up_lock_tables(nsp, relids, indexes))
+	if (!OidIsValid(nsp) || !up_lock_tables(nsp, &relids, &indexes))
 		return false;
-	for (t = 0; t < UP_NTABLES; t++)
-		watched = list_concat(lappend_oid(watched, relids[t]), indexes[t]);
+	forboth(lr, relids, li, indexes)
+		watched = list_concat(lappend_oid(watched, lfirst_oid(lr)), (List *) lfirst(li));
 
 	locks = GetLockStatusData();
 	for (i = 0; i < locks->nelements; i++)

@@ -91,7 +91,8 @@ BEGIN
 		   available_at = now_ts,
 		   due_at = now_ts,
 		   version = c.version OPERATOR(pg_catalog.+) 1
-	 WHERE c.command_id OPERATOR(pg_catalog.=) requeue.command_id;
+	 WHERE c.command_id OPERATOR(pg_catalog.=) requeue.command_id
+	   AND c.run_id OPERATOR(pg_catalog.=) requeue.run_id;
 	-- Claimable now: the commit wakes the worker, which notifies publishers.
 	PERFORM @extschema@._wake_at_commit();
 END;
@@ -132,21 +133,31 @@ BEGIN
 			USING ERRCODE = 'object_not_in_prerequisite_state',
 				  HINT = 'Only uncertain commands are resolved; use requeue for dead ones.';
 	END IF;
-	UPDATE @extschema@.commands c
-	   SET status = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry' THEN 'pending' ELSE resolution END,
-		   published_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'published'
-							   THEN now_ts END,
-		   owner = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry' THEN NULL ELSE c.owner END,
-		   lease_until = NULL,
-		   available_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry'
-							   THEN now_ts ELSE c.available_at END,
-		   due_at = CASE WHEN resolution OPERATOR(pg_catalog.=) 'retry'
-						 THEN now_ts END,
-		   last_error = CASE WHEN resolution OPERATOR(pg_catalog.=) 'dead'
-							 THEN pg_catalog.concat_ws('; ', c.last_error, 'resolved as dead')
-							 ELSE c.last_error END,
-		   version = c.version OPERATOR(pg_catalog.+) 1
-	 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id;
+	-- One statement per resolution, every value a parameter or an immutable
+	-- expression of the row: Citus routes it by the run (it refuses a CASE
+	-- or COALESCE over a stable function in a distributed UPDATE).
+	IF resolution OPERATOR(pg_catalog.=) 'published' THEN
+		UPDATE @extschema@.commands c
+		   SET status = 'published', published_at = now_ts, lease_until = NULL, due_at = NULL,
+			   version = c.version OPERATOR(pg_catalog.+) 1
+		 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id
+		   AND c.run_id OPERATOR(pg_catalog.=) resolve.run_id;
+	ELSIF resolution OPERATOR(pg_catalog.=) 'retry' THEN
+		UPDATE @extschema@.commands c
+		   SET status = 'pending', published_at = NULL, owner = NULL, lease_until = NULL,
+			   available_at = now_ts, due_at = now_ts,
+			   version = c.version OPERATOR(pg_catalog.+) 1
+		 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id
+		   AND c.run_id OPERATOR(pg_catalog.=) resolve.run_id;
+	ELSE
+		UPDATE @extschema@.commands c
+		   SET status = 'dead', published_at = NULL, lease_until = NULL, due_at = NULL,
+			   last_error = COALESCE(c.last_error OPERATOR(pg_catalog.||) '; ', '')
+							OPERATOR(pg_catalog.||) 'resolved as dead',
+			   version = c.version OPERATOR(pg_catalog.+) 1
+		 WHERE c.command_id OPERATOR(pg_catalog.=) resolve.command_id
+		   AND c.run_id OPERATOR(pg_catalog.=) resolve.run_id;
+	END IF;
 	-- A published head of an ordering key releases the next command (and
 	-- the commit wakes the worker); a retry is claimable now, likewise.
 	IF resolution OPERATOR(pg_catalog.=) 'published' AND okey IS NOT NULL THEN
@@ -365,14 +376,22 @@ DECLARE
 	-- C functions' list, OUTBOX_PLANNER_STEERING of src/outbox.h.
 	steer CONSTANT pg_catalog.text[] := ARRAY[@OUTBOX_PLANNER_STEERING@];
 	saved pg_catalog.text[];
+	distributed pg_catalog.bool := @extschema@._distributed();
+	coordinator pg_catalog.bool;
+	sh record;
+	k pg_catalog.int4;
 BEGIN
 	IF lim OPERATOR(pg_catalog.<) 1 THEN
 		RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = 'invalid_parameter_value';
 	END IF;
-	IF @extschema@._distributed() THEN
-		RAISE EXCEPTION 'outbox.purge() does not run on a distributed outbox'
-			USING ERRCODE = 'feature_not_supported',
-				  DETAIL = 'Citus refuses row locks in a statement over several shards (docs/citus.md).';
+	IF distributed THEN
+		EXECUTE 'SELECT pg_catalog.citus_is_coordinator()' INTO coordinator;
+		IF coordinator THEN
+			RAISE EXCEPTION 'the coordinator holds no shard of the distributed outbox'
+				USING ERRCODE = 'object_not_in_prerequisite_state',
+					  DETAIL = 'Citus refuses row locks in a statement over several shards (docs/citus.md).',
+					  HINT = 'Purge on the worker nodes: each purges the shards it holds, and so does its background worker.';
+		END IF;
 	END IF;
 	IF dflt OPERATOR(pg_catalog.<) '0'::pg_catalog.interval THEN
 		RAISE EXCEPTION 'older_than must not be negative' USING ERRCODE = 'invalid_parameter_value';
@@ -400,6 +419,54 @@ BEGIN
 					 FROM pg_catalog.generate_subscripts(steer, 1) AS i ORDER BY i);
 	PERFORM pg_catalog.set_config(steer[i], 'off', true)
 	   FROM pg_catalog.generate_subscripts(steer, 1) AS i;
+	IF distributed THEN
+		-- A distributed outbox on a worker node: the same statement against
+		-- each of this node's shards (plain tables here, where the row
+		-- locks work), until the batch is done.  The shards of commands,
+		-- receipts and purged are co-located, so a command, its receipt
+		-- and its tombstone are on one node; command_id is unique per run.
+		n := 0;
+		FOR sh IN SELECT * FROM @extschema@._citus_local_shards()
+		LOOP
+			EXIT WHEN n OPERATOR(pg_catalog.>=) lim;
+			EXECUTE pg_catalog.format('
+	WITH victims AS (
+		SELECT c.command_id, c.run_id, c.seq, c.kind, c.published_at, r.outcome
+		  FROM %1$s r
+		  JOIN %2$s c ON c.run_id OPERATOR(pg_catalog.=) r.run_id
+					 AND c.command_id OPERATOR(pg_catalog.=) r.command_id
+		 WHERE r.completed_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1)
+		   AND c.status OPERATOR(pg_catalog.=) ''published''
+		   AND c.published_at IS NOT NULL
+		   AND GREATEST(c.published_at, r.completed_at)
+			   OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-)
+			   COALESCE(CASE WHEN $2 THEN
+					(SELECT p.retention FROM %3$s p
+					  WHERE p.kind OPERATOR(pg_catalog.=) c.kind) END, $3))
+		 ORDER BY r.completed_at
+		 LIMIT $4
+		   FOR UPDATE OF c, r SKIP LOCKED),
+	tomb AS (
+		INSERT INTO %4$s AS t (command_id, run_id, seq, kind, published_at, outcome)
+		SELECT v.command_id, v.run_id, v.seq, v.kind, v.published_at, v.outcome FROM victims v
+		RETURNING t.command_id, t.run_id),
+	gone_r AS (
+		DELETE FROM %1$s r USING tomb
+		 WHERE r.run_id OPERATOR(pg_catalog.=) tomb.run_id
+		   AND r.command_id OPERATOR(pg_catalog.=) tomb.command_id)
+	DELETE FROM %2$s c USING tomb
+	 WHERE c.run_id OPERATOR(pg_catalog.=) tomb.run_id
+	   AND c.command_id OPERATOR(pg_catalog.=) tomb.command_id',
+				sh.receipts, sh.commands, sh.policies, sh.purged)
+			USING cutoff_ret, older_than IS NULL, dflt, lim OPERATOR(pg_catalog.-) n;
+			GET DIAGNOSTICS k = ROW_COUNT;
+			n := n OPERATOR(pg_catalog.+) k;
+		END LOOP;
+		PERFORM pg_catalog.set_config(steer[i], saved[i], true)
+		   FROM pg_catalog.generate_subscripts(steer, 1) AS i;
+		PERFORM @extschema@._count_purged(n);
+		RETURN n;
+	END IF;
 	WITH victims AS (
 		SELECT c.command_id, c.run_id, c.seq, c.kind, c.published_at, r.outcome
 		  FROM @extschema@.receipts r

@@ -60,6 +60,56 @@ $$;
 COMMENT ON FUNCTION @extschema@._distributed()
 	IS 'true when the outbox''s tables are distributed on Citus';
 
+-- This node's shards of the distributed outbox: for each shard of
+-- commands, the co-located shards of receipts, purged and inbox (same hash range;
+-- a shard group lives on one node) and this node's copy of policies, as
+-- qualified names of plain tables here.  None on the coordinator.  Read
+-- from Citus's metadata at each call (a shard moved here or away is seen
+-- at once); outbox.purge() runs its statement against each, and the index
+-- upkeep looks after them (src/upkeep.c).
+CREATE FUNCTION @extschema@._citus_local_shards()
+RETURNS TABLE (commands pg_catalog.text, receipts pg_catalog.text, purged pg_catalog.text,
+			   policies pg_catalog.text, inbox pg_catalog.text)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	RETURN QUERY EXECUTE
+	'SELECT ''@extschema@.commands_'' OPERATOR(pg_catalog.||) c.shardid,
+			''@extschema@.receipts_'' OPERATOR(pg_catalog.||) r.shardid,
+			''@extschema@.purged_'' OPERATOR(pg_catalog.||) u.shardid,
+			''@extschema@.policies_'' OPERATOR(pg_catalog.||)
+			(SELECT y.shardid FROM pg_catalog.pg_dist_shard y
+			   JOIN pg_catalog.pg_dist_placement yp ON yp.shardid OPERATOR(pg_catalog.=) y.shardid
+			  WHERE y.logicalrelid OPERATOR(pg_catalog.=) ''@extschema@.policies''::pg_catalog.regclass
+				AND yp.groupid OPERATOR(pg_catalog.=) g.groupid),
+			''@extschema@.inbox_'' OPERATOR(pg_catalog.||) i.shardid
+	   FROM pg_catalog.pg_dist_local_group g
+	   JOIN pg_catalog.pg_dist_placement cp ON cp.groupid OPERATOR(pg_catalog.=) g.groupid
+	   JOIN pg_catalog.pg_dist_shard c ON c.shardid OPERATOR(pg_catalog.=) cp.shardid
+		AND c.logicalrelid OPERATOR(pg_catalog.=) ''@extschema@.commands''::pg_catalog.regclass
+	   JOIN pg_catalog.pg_dist_shard r ON r.logicalrelid OPERATOR(pg_catalog.=) ''@extschema@.receipts''::pg_catalog.regclass
+		AND r.shardminvalue OPERATOR(pg_catalog.=) c.shardminvalue
+	   JOIN pg_catalog.pg_dist_shard u ON u.logicalrelid OPERATOR(pg_catalog.=) ''@extschema@.purged''::pg_catalog.regclass
+		AND u.shardminvalue OPERATOR(pg_catalog.=) c.shardminvalue
+	   JOIN pg_catalog.pg_dist_shard i ON i.logicalrelid OPERATOR(pg_catalog.=) ''@extschema@.inbox''::pg_catalog.regclass
+		AND i.shardminvalue OPERATOR(pg_catalog.=) c.shardminvalue
+	  ORDER BY c.shardid';
+END;
+$$;
+COMMENT ON FUNCTION @extschema@._citus_local_shards()
+	IS 'this node''s shards of the distributed outbox: each shard of commands with its co-located receipts and purged shards and this node''s copy of policies';
+
+-- The statement trigger on the reference table lease_key (and, through
+-- Citus, on every node's copy of it): at the commit of a rotation each
+-- node's backends read the new key (src/citus.c).
+CREATE FUNCTION @extschema@._citus_lease_key_changed()
+RETURNS trigger
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'outbox_citus_lease_key_changed';
+COMMENT ON FUNCTION @extschema@._citus_lease_key_changed()
+	IS 'trigger on every node''s copy of the reference table lease_key: that node''s backends read the key again at commit';
+
 -- This node's local copies to the keys of a distributed outbox (true) or
 -- of a single server (false).  Idempotent: a node already in that shape
 -- is left alone.  On a worker the tables may be a distributed table's
@@ -229,6 +279,11 @@ BEGIN
 	-- locks this transaction takes there.  Should the rest fail, they are
 	-- put back.
 	PERFORM @extschema@._citus_on_workers('SELECT outbox._citus_keys(true)');
+	-- The workers' own counts of the checks are of their local tables,
+	-- which the shards replace: forgotten (the coordinator's worker counts
+	-- the distributed outbox, outbox.metrics_checks() there).
+	PERFORM @extschema@._citus_on_workers(
+		'UPDATE outbox.check_results SET violations = NULL, computed_at = NULL, duration_seconds = NULL');
 	BEGIN
 		PERFORM @extschema@._citus_keys(true);
 		FOREACH t IN ARRAY @extschema@._citus_tables(true)
@@ -236,6 +291,13 @@ BEGIN
 			EXECUTE 'SELECT pg_catalog.create_reference_table($1)'
 			  USING pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;
 		END LOOP;
+		-- A rotation of the key must reach every node's backends: Citus
+		-- puts the trigger on each node's copy of lease_key (it allows
+		-- triggers on reference tables only when told to).
+		PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+		CREATE TRIGGER lease_key_changed
+			AFTER INSERT OR UPDATE OR DELETE ON @extschema@.lease_key
+			FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._citus_lease_key_changed();
 		FOREACH t IN ARRAY @extschema@._citus_tables(false)
 		LOOP
 			EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''run_id'', colocate_with => $2)'
@@ -303,6 +365,9 @@ BEGIN
 	-- nothing: the shards keep theirs until they are dropped.
 	PERFORM @extschema@._citus_on_workers('SELECT outbox._citus_keys(false)');
 	BEGIN
+		-- distribute()'s trigger, from every node's copy of lease_key
+		PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
+		DROP TRIGGER IF EXISTS lease_key_changed ON @extschema@.lease_key;
 		FOREACH t IN ARRAY @extschema@._citus_tables(false) OPERATOR(pg_catalog.||) @extschema@._citus_tables(true)
 		LOOP
 			rel := pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(168);
+SELECT plan(172);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -173,6 +173,14 @@ INSERT INTO expected VALUES
 	('outbox._before_drop()',
 	 'function', '{}', false,
 	 $$SELECT outbox._before_drop()$$),
+	('outbox._citus_local_shards()',
+	 'function', '{}', false,
+	 $c$DO $d$ BEGIN PERFORM outbox._citus_local_shards(); EXCEPTION WHEN undefined_table THEN NULL; END $d$$c$),
+	('outbox._citus_lease_key_changed()',
+	 'function', '{}', false,
+	 $c$DO $d$ BEGIN CREATE TEMP TABLE pt_lk (x int);
+		CREATE TRIGGER pt_lk AFTER INSERT ON pt_lk FOR EACH STATEMENT EXECUTE FUNCTION outbox._citus_lease_key_changed();
+		INSERT INTO pt_lk VALUES (1); END $d$$c$),
 	('outbox._check_run(integer)',
 	 'function', '{}', false,
 	 $$SELECT outbox._check_run(99)$$),
