@@ -285,8 +285,9 @@ pr_raise_keyed_distributed(text *command_id, int elem)
  * Without any deciders in the policies the probe is left out
  * (OutboxAnyDeciders).  A decision with an ordering key also writes the
  * key ($12) and its place in the key ($13), and waits ($14: due_at NULL)
- * behind an unfinished command of its key (src/keys.c); one without a key
- * runs the statement without them.
+ * behind an unfinished command of its key (src/keys.c), or else is the
+ * key's head and its last command (ordering_tail true, which keeps it in
+ * commands_key_idx); one without a key runs the statement without them.
  */
 #define PR_DECIDE(key_cols, key_vals, due, kind_filter) \
 	"WITH c AS (" \
@@ -304,8 +305,8 @@ pr_raise_keyed_distributed(text *command_id, int elem)
 	"SELECT $1, $2, $3, $7, $4 FROM c"
 #define PR_DUE			"COALESCE($8, pg_catalog.now())"
 #define PR_DUE_KEYED	"CASE WHEN $14 THEN NULL ELSE COALESCE($8, pg_catalog.now()) END"
-#define PR_KEY_COLS		", ordering_key, ordering_seq"
-#define PR_KEY_VALS		", $12, $13"
+#define PR_KEY_COLS		", ordering_key, ordering_seq, ordering_tail"
+#define PR_KEY_VALS		", $12, $13, CASE WHEN NOT $14 THEN true END"
 #define PR_DECIDERS_FILTER \
 	"     AND NOT EXISTS (SELECT 1 FROM outbox.policies p" \
 	"                      WHERE p.kind OPERATOR(pg_catalog.=) $5" \
@@ -1292,12 +1293,13 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 									"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
 									"INSERT INTO outbox.commands"
 									"  (command_id, run_id, seq, kind, payload, priority,"
-									"   available_at, due_at, decided_by, headers, ordering_key, ordering_seq)"
+									"   available_at, due_at, decided_by, headers, ordering_key, ordering_seq,"
+									"   ordering_tail)"
 									"SELECT command_id, run_id, seq, command_kind, payload,"
 									"       COALESCE(priority, 0),"
 									"       COALESCE(not_before, pg_catalog.now()),"
 									"       CASE WHEN waiting THEN NULL ELSE COALESCE(not_before, pg_catalog.now()) END,"
-									"       $10, headers, ordering_key, ordering_seq"
+									"       $10, headers, ordering_key, ordering_seq, CASE WHEN NOT waiting THEN true END"
 									"  FROM u",
 									14, argtypes),
 					  args, nulls, &what, false);
