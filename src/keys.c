@@ -98,17 +98,19 @@ static SPIPlanPtr plan_skip = NULL;
 	"      OR (" c "status OPERATOR(pg_catalog.<>) 'pending' AND " c "status OPERATOR(pg_catalog.<>) 'sending'))"
 
 /*
- * The mark of a command being released: true when no command of its key
- * follows it (it becomes the head as the key's last command, so it stays in
- * commands_key_idx while pending and sending), NULL otherwise.  Under the
- * key's lock: no producer appends meanwhile.
+ * The look-up of the release: the ctids of the (at most) two commands after
+ * place p.seq of the key (p.key, p.role) in commands_key_idx, in order.  The
+ * first is the one to release; it is marked as its key's last command
+ * (ordering_tail) when there is no second, so that it stays in the index
+ * while it is the head.  One index scan reads both.
  */
-#define KY_TAIL_MARK \
-	"       ordering_tail = CASE WHEN NOT EXISTS (SELECT 1 FROM outbox.commands n" \
-	"            WHERE n.ordering_key OPERATOR(pg_catalog.=) t.ordering_key" \
-	"              AND n.decided_by OPERATOR(pg_catalog.=) t.decided_by" \
-	"              AND n.ordering_seq OPERATOR(pg_catalog.>) t.ordering_seq" \
-	KY_KEPT("n.") ") THEN true END"
+#define KY_NEXT_TWO(key, role, seq) \
+	"ARRAY(SELECT c.ctid FROM outbox.commands c" \
+	"       WHERE c.ordering_key OPERATOR(pg_catalog.=) " key \
+	"         AND c.decided_by OPERATOR(pg_catalog.=) " role \
+	"         AND c.ordering_seq OPERATOR(pg_catalog.>) " seq \
+	KY_KEPT("c.") \
+	"       ORDER BY c.ordering_seq LIMIT 2)"
 
 /* The hash a key's lock is taken on. */
 typedef struct KyLock
@@ -289,16 +291,13 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 		args[1] = Int64GetDatum(places[0].seq);
 		args[3] = ObjectIdGetDatum(places[0].role);
 		ret = OutboxExecuteLatest(OutboxPrepare(&plan_release,
+												"WITH n AS MATERIALIZED (SELECT " KY_NEXT_TWO("$1", "$4", "$2") " AS tids)"
 												"UPDATE outbox.commands t"
 												"   SET available_at = GREATEST(t.available_at, $3),"
 												"       due_at = GREATEST(t.available_at, $3),"
-												KY_TAIL_MARK
-												" WHERE t.ctid OPERATOR(pg_catalog.=) (SELECT c.ctid FROM outbox.commands c"
-												"        WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
-												"          AND c.decided_by OPERATOR(pg_catalog.=) $4"
-												"          AND c.ordering_seq OPERATOR(pg_catalog.>) $2"
-												KY_KEPT("c.")
-												"        ORDER BY c.ordering_seq LIMIT 1)"
+												"       ordering_tail = CASE WHEN pg_catalog.cardinality((SELECT n.tids FROM n))"
+												"                                 OPERATOR(pg_catalog.=) 1 THEN true END"
+												" WHERE t.ctid OPERATOR(pg_catalog.=) (SELECT n.tids[1] FROM n)"
 												"   AND t.status OPERATOR(pg_catalog.=) 'pending'"
 												"   AND t.due_at IS NULL",
 												4, one_types),
@@ -320,20 +319,19 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 												  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 		args[3] = PointerGetDatum(construct_array(rd, n, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
 		ret = OutboxExecuteLatest(OutboxPrepare(&plan_release_many,
+												"WITH n AS MATERIALIZED ("
+												"  SELECT x.tids[1] AS tid,"
+												"         pg_catalog.cardinality(x.tids) OPERATOR(pg_catalog.=) 1 AS last"
+												"    FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+												"                    pg_catalog.unnest($4)) AS p(key, seq, role)"
+												"   CROSS JOIN LATERAL (SELECT " KY_NEXT_TWO("p.key", "p.role", "p.seq") " AS tids) x)"
 												"UPDATE outbox.commands t"
 												"   SET available_at = GREATEST(t.available_at, $3),"
 												"       due_at = GREATEST(t.available_at, $3),"
-												KY_TAIL_MARK
-												" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
-												"        SELECT n.tid FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-												"                                     pg_catalog.unnest($4))"
-												"               AS p(key, seq, role)"
-												"          CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM outbox.commands c"
-												"                 WHERE c.ordering_key OPERATOR(pg_catalog.=) p.key"
-												"                   AND c.decided_by OPERATOR(pg_catalog.=) p.role"
-												"                   AND c.ordering_seq OPERATOR(pg_catalog.>) p.seq"
-												KY_KEPT("c.")
-												"                 ORDER BY c.ordering_seq LIMIT 1) n))"
+												"       ordering_tail = CASE WHEN t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+												"            SELECT n.tid FROM n WHERE n.last)) THEN true END"
+												" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT n.tid FROM n"
+												"                                                WHERE n.tid IS NOT NULL))"
 												"   AND t.status OPERATOR(pg_catalog.=) 'pending'"
 												"   AND t.due_at IS NULL",
 												4, many_types),

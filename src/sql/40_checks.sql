@@ -116,6 +116,11 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 --                                     is NULL, the other not
 --   place_taken                       another command has the same key
 --                                     (role and key) and place
+--   unmarked_last_head                pending and due, or sending, the last
+--                                     unfinished command of its key, and
+--                                     ordering_tail not true: it is not in
+--                                     commands_key_idx, so a producer would
+--                                     make a second head behind it
 -- The flags are computed in the subquery; their disjunction filters the scan
 -- and the rules array is built for the offending rows only.  Tombstones are
 -- hashed and probed by the one scan of commands, and so are the keys' first
@@ -139,7 +144,8 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 		   CASE WHEN f.r13 THEN 'claimable_behind_predecessor' END,
 		   CASE WHEN f.r14 THEN 'published_out_of_order' END,
 		   CASE WHEN f.r15 THEN 'key_without_place' END,
-		   CASE WHEN f.r16 THEN 'place_taken' END]::pg_catalog.text[], NULL) AS rules,
+		   CASE WHEN f.r16 THEN 'place_taken' END,
+		   CASE WHEN f.r17 THEN 'unmarked_last_head' END]::pg_catalog.text[], NULL) AS rules,
 	   f.owner, f.version::pg_catalog.int8 AS version, f.deliveries::pg_catalog.int4 AS deliveries,
 	   f.lease_until, f.published_at,
 	   f.available_at, f.due_at, f.ordering_key, f.ordering_seq
@@ -171,12 +177,17 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 			   c.status OPERATOR(pg_catalog.=) 'published'
 				   AND COALESCE(h.first OPERATOR(pg_catalog.<) c.ordering_seq, false) AS r14,
 			   (c.ordering_key IS NULL) OPERATOR(pg_catalog.<>) (c.ordering_seq IS NULL) AS r15,
-			   d.ordering_key IS NOT NULL AS r16
+			   d.ordering_key IS NOT NULL AS r16,
+			   c.ordering_tail IS NOT TRUE
+				   AND (c.status OPERATOR(pg_catalog.=) 'sending'
+						OR (c.status OPERATOR(pg_catalog.=) 'pending' AND c.due_at IS NOT NULL))
+				   AND COALESCE(h.last OPERATOR(pg_catalog.=) c.ordering_seq, false) AS r17
 		  FROM @extschema@.commands c
 		  LEFT JOIN @extschema@.purged p
 			ON p.command_id OPERATOR(pg_catalog.=) c.command_id
 		   AND p.run_id OPERATOR(pg_catalog.=) c.run_id
-		  LEFT JOIN (SELECT k.ordering_key, k.decided_by, pg_catalog.min(k.ordering_seq) AS first
+		  LEFT JOIN (SELECT k.ordering_key, k.decided_by, pg_catalog.min(k.ordering_seq) AS first,
+							pg_catalog.max(k.ordering_seq) AS last
 					   FROM @extschema@.commands k
 					  WHERE k.ordering_key IS NOT NULL
 						AND k.status OPERATOR(pg_catalog.<>) 'published'
@@ -192,7 +203,7 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 		   AND d.decided_by OPERATOR(pg_catalog.=) c.decided_by
 		   AND d.ordering_seq OPERATOR(pg_catalog.=) c.ordering_seq) f
  WHERE f.r1 OR f.r2 OR f.r3 OR f.r4 OR f.r5 OR f.r6 OR f.r7 OR f.r8 OR f.r9
-	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16;
+	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16 OR f.r17;
 COMMENT ON VIEW @extschema@.check_state
 	IS 'conservation check (error): commands whose status and fields disagree, with the rules they break; empty when healthy';
 COMMENT ON COLUMN @extschema@.check_state.rules
