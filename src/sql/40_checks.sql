@@ -380,35 +380,39 @@ COMMENT ON VIEW @extschema@.dead_letters
 -- skip_head left the key and does not count.  Read from what the calls
 -- write already (nothing is written for it).  One pass over the
 -- unfinished commands with a key (the published history is not read),
--- and two probes of commands_key_idx for each key listed: its first place
--- and the place before it.
+-- sorted by key and place (the head is the first of its key: a head with
+-- commands behind it is not in commands_key_idx), and one probe of
+-- commands_key_idx for each key listed: the place before its head (a
+-- published command, which the index holds).
 CREATE VIEW @extschema@.blocked_keys WITH (security_barrier) AS
 SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_command_id,
 	   h.run_id AS head_run_id, h.status::pg_catalog.text AS head_status,
 	   GREATEST(h.created_at,
 			(SELECT p.published_at FROM @extschema@.commands p
-			  WHERE p.ordering_key OPERATOR(pg_catalog.=) w.ordering_key
-				AND p.decided_by OPERATOR(pg_catalog.=) w.decided_by
-				AND p.ordering_seq OPERATOR(pg_catalog.<) w.first
+			  WHERE p.ordering_key OPERATOR(pg_catalog.=) h.ordering_key
+				AND p.decided_by OPERATOR(pg_catalog.=) h.decided_by
+				AND p.ordering_seq OPERATOR(pg_catalog.<) h.ordering_seq
+				AND (p.ordering_tail
+					 OR (p.status OPERATOR(pg_catalog.=) 'pending' AND p.due_at IS NULL)
+					 OR (p.status OPERATOR(pg_catalog.<>) 'pending' AND p.status OPERATOR(pg_catalog.<>) 'sending'))
 			  ORDER BY p.ordering_seq DESC LIMIT 1)) AS since,
-	   w.waiting, w.decided_by::pg_catalog.regrole AS decided_by,
+	   h.waiting, h.decided_by::pg_catalog.regrole AS decided_by,
 	   (h.status OPERATOR(pg_catalog.=) 'pending'
 		AND h.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()
 		AND NOT EXISTS (SELECT 1 FROM @extschema@.policies p
 						 WHERE p.kind OPERATOR(pg_catalog.=) h.kind AND p.paused)) AS head_claimable
-  FROM (SELECT k.ordering_key, k.decided_by, pg_catalog.min(k.ordering_seq) AS first,
+  FROM (SELECT k.ordering_key, k.decided_by, k.ordering_seq, k.command_id, k.run_id, k.status,
+			   k.created_at, k.due_at, k.kind,
+			   pg_catalog.row_number() OVER (PARTITION BY k.ordering_key, k.decided_by
+											 ORDER BY k.ordering_seq) AS place,
 			   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
-										   AND k.due_at IS NULL) AS waiting
+										   AND k.due_at IS NULL)
+				   OVER (PARTITION BY k.ordering_key, k.decided_by) AS waiting
 		  FROM @extschema@.commands k
 		 WHERE k.ordering_key IS NOT NULL
-		   AND k.status OPERATOR(pg_catalog.<>) 'published'
-		 GROUP BY k.ordering_key, k.decided_by) w
-  JOIN @extschema@.commands h
-	ON h.ordering_key OPERATOR(pg_catalog.=) w.ordering_key
-   AND h.decided_by OPERATOR(pg_catalog.=) w.decided_by
-   AND h.ordering_seq OPERATOR(pg_catalog.=) w.first
-   AND h.status OPERATOR(pg_catalog.<>) 'published'
- WHERE w.waiting OPERATOR(pg_catalog.>) (CASE WHEN h.status OPERATOR(pg_catalog.=) 'pending'
+		   AND k.status OPERATOR(pg_catalog.<>) 'published') h
+ WHERE h.place OPERATOR(pg_catalog.=) 1
+   AND h.waiting OPERATOR(pg_catalog.>) (CASE WHEN h.status OPERATOR(pg_catalog.=) 'pending'
 												AND h.due_at IS NULL THEN 1 ELSE 0 END);
 COMMENT ON VIEW @extschema@.blocked_keys
 	IS 'ordering keys with commands waiting behind their head, with the head''s status and whether it may be claimed now (head_claimable)';
