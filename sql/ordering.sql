@@ -252,6 +252,18 @@ SELECT command_id, status, due_at IS NULL AS waits, ordering_tail FROM outbox.co
  WHERE ordering_key = 'M' ORDER BY ordering_seq;
 SELECT count(*) AS violations FROM outbox.check_state;
 ROLLBACK;
+-- A batch marks the head of an idle key only when it is the key's only new
+-- command (N: n1 alone; P: p1 with p2 behind it, not marked).
+BEGIN;
+SELECT count(*) FROM outbox.commit_decisions('[
+  {"run_id": "r8", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "ordering_key": "N"},
+  {"run_id": "r8", "seq": 2, "event_kind": "e", "command_id": "p1", "command_kind": "k", "payload": {}, "ordering_key": "P"},
+  {"run_id": "r8", "seq": 3, "event_kind": "e", "command_id": "u8", "command_kind": "k", "payload": {}},
+  {"run_id": "r8", "seq": 4, "event_kind": "e", "command_id": "p2", "command_kind": "k", "payload": {}, "ordering_key": "P"}]');
+SELECT command_id, ordering_key, ordering_seq, due_at IS NULL AS waits, ordering_tail FROM outbox.commands
+ WHERE command_id IN ('n1', 'p1', 'p2', 'u8') ORDER BY 1;
+SELECT count(*) AS violations FROM outbox.check_state;
+ROLLBACK;
 -- and an unordered pending command without due_at is still lost
 SELECT outbox.commit_decision('r6', 3, 'e', 'u2', 'k', '{}');
 BEGIN;

@@ -27,8 +27,9 @@
  * What commands_key_idx holds (KY_KEPT): the waiting, published, dead and
  * uncertain commands of each key, and a head that is pending and due or
  * sending only when it is marked (ordering_tail): when it became the head
- * as its key's last command (the producer's new head of an idle key, or a
- * release that found nothing behind the released command).  An unmarked
+ * as its key's last command (the producer's new head of an idle key when
+ * it is the key's only new command, or a release that found nothing
+ * behind the released command).  An unmarked
  * head has a command waiting behind it, in the index, until it is
  * published: only its own publish releases that one.  So the key's last
  * command is always in the index, which is all the producer reads, and the
