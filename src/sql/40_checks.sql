@@ -124,7 +124,7 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 -- The flags are computed in the subquery; their disjunction filters the scan
 -- and the rules array is built for the offending rows only.  Tombstones are
 -- hashed and probed by the one scan of commands, and so are the keys' first
--- unfinished places (h) and the places held twice (d), each one pass over
+-- and last unfinished places (h) and the places held twice (d), each one pass over
 -- the commands with a key.
 CREATE VIEW @extschema@.check_state WITH (security_barrier) AS
 SELECT f.command_id, f.status::pg_catalog.text AS status,
