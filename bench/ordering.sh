@@ -17,7 +17,9 @@
 #    against the HEADS heads alone (HEADS commands in total); PUBLISHERS
 #    pgbench clients run "BEGIN; claim B; ROLLBACK" for LAT_SECS seconds
 #    (the rollback keeps the backlog as it is); p50 and p99 of the claim
-#    transaction, and the ratio of the p50s.
+#    transaction, and the ratio of the p50s.  Then a control without keys:
+#    HEADS pending commands spread over the same table as the key-major
+#    heads, the other rows published.
 # 3. A hot key: HOT commands all on one key, PUBLISHERS pgbench clients
 #    looping "claim B; ack the batch" (at most one command is claimable at
 #    a time), and then one such client, against ONE client looping "claim
@@ -184,6 +186,29 @@ if [ -z "$ONLY" ] || [ "$ONLY" = latency ]; then
 			"$((HEADS * (WAITING + 1)))" "$HEADS" "$((HEADS * WAITING))" "$layout" "$p50b" "$p99b" "$n2"
 		echo "  p50 with the waiting commands ($layout) / without: $(ratio "$p50b" "$p50a")"
 	done
+	# The control: no key at all, the same rows in the key-major layout
+	# (every (WAITING + 1)th row pending, the others published, which no
+	# claim index holds either): what the spread of the claimable rows
+	# over a large table costs without ordering.
+	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts;
+INSERT INTO outbox.commands (command_id, run_id, seq, kind, payload, available_at, due_at,
+							 status, version, deliveries, owner, published_at)
+SELECT 'cmd-' || g, 'run-' || (g - 1) / $((WAITING + 1)), (g - 1) % $((WAITING + 1)) + 1, 'k',
+	   jsonb_build_object('n', g, 'to', 'someone@example.org'), now(),
+	   CASE WHEN (g - 1) % $((WAITING + 1)) = 0 THEN now() END,
+	   CASE WHEN (g - 1) % $((WAITING + 1)) = 0 THEN 'pending' ELSE 'published' END,
+	   CASE WHEN (g - 1) % $((WAITING + 1)) = 0 THEN 1 ELSE 3 END,
+	   CASE WHEN (g - 1) % $((WAITING + 1)) = 0 THEN 0 ELSE 1 END,
+	   CASE WHEN (g - 1) % $((WAITING + 1)) = 0 THEN NULL ELSE 'w' END,
+	   CASE WHEN (g - 1) % $((WAITING + 1)) = 0 THEN NULL ELSE now() END
+  FROM generate_series(1, $((HEADS * (WAITING + 1)))) g;
+VACUUM ANALYZE outbox.commands;
+CHECKPOINT;" >/dev/null || exit 1
+	r=$(claim_lat) || exit 1
+	read -r n3 p50c p99c <<<"$r"
+	printf '  %7d commands (%d pending, %d published, unordered, key-major spread) p50 %7s  p99 %7s  (%d claims)\n' \
+		"$((HEADS * (WAITING + 1)))" "$HEADS" "$((HEADS * WAITING))" "$p50c" "$p99c" "$n3"
+	echo "  p50 of that unordered control / the heads alone: $(ratio "$p50c" "$p50a")"
 fi
 
 # 3. A hot key against one client's claim-1/ack-1 round trips.

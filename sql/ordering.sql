@@ -227,6 +227,43 @@ UPDATE outbox.commands SET ordering_seq = (SELECT ordering_seq FROM outbox.comma
  WHERE command_id = 'g2';
 SELECT command_id, rules FROM outbox.check_state ORDER BY command_id;
 ROLLBACK;
+BEGIN;
+-- the last head of a key not marked: a producer would not see it
+SELECT outbox.commit_decision('r6', 4, 'e', 'h1', 'k', '{}', ordering_key => 'H');
+SELECT command_id, ordering_tail FROM outbox.commands WHERE command_id IN ('g1', 'g2', 'h1') ORDER BY 1;
+UPDATE outbox.commands SET ordering_tail = NULL WHERE command_id IN ('g1', 'h1');
+SELECT command_id, rules FROM outbox.check_state;
+ROLLBACK;
+-- The new head of an idle key is marked as its last command (m1), and so
+-- is a released command with nothing behind it (m2, released by m1's ack),
+-- so that a command appended while it is leased waits behind it; one
+-- released with a command behind it is not (m3, m4 waiting).
+BEGIN;
+SELECT outbox.commit_decision('r7', 1, 'e', 'm1', 'k', '{}', ordering_key => 'M');
+SELECT outbox.commit_decision('r7', 2, 'e', 'm2', 'k', '{}', ordering_key => 'M');
+SELECT outbox.ack('w', pg_temp.t('m1')) FROM pg_temp.claim('w') WHERE command_id = 'm1';
+SELECT command_id FROM pg_temp.claim('w') WHERE ordering_key = 'M';
+SELECT outbox.commit_decision('r7', 3, 'e', 'm3', 'k', '{}', ordering_key => 'M');
+SELECT outbox.commit_decision('r7', 4, 'e', 'm4', 'k', '{}', ordering_key => 'M');
+SELECT command_id, status, due_at IS NULL AS waits, ordering_tail FROM outbox.commands
+ WHERE ordering_key = 'M' ORDER BY ordering_seq;
+SELECT outbox.ack('w', pg_temp.t('m2'));
+SELECT command_id, status, due_at IS NULL AS waits, ordering_tail FROM outbox.commands
+ WHERE ordering_key = 'M' ORDER BY ordering_seq;
+SELECT count(*) AS violations FROM outbox.check_state;
+ROLLBACK;
+-- A batch marks the head of an idle key only when it is the key's only new
+-- command (N: n1 alone; P: p1 with p2 behind it, not marked).
+BEGIN;
+SELECT count(*) FROM outbox.commit_decisions('[
+  {"run_id": "r8", "seq": 1, "event_kind": "e", "command_id": "n1", "command_kind": "k", "payload": {}, "ordering_key": "N"},
+  {"run_id": "r8", "seq": 2, "event_kind": "e", "command_id": "p1", "command_kind": "k", "payload": {}, "ordering_key": "P"},
+  {"run_id": "r8", "seq": 3, "event_kind": "e", "command_id": "u8", "command_kind": "k", "payload": {}},
+  {"run_id": "r8", "seq": 4, "event_kind": "e", "command_id": "p2", "command_kind": "k", "payload": {}, "ordering_key": "P"}]');
+SELECT command_id, ordering_key, ordering_seq, due_at IS NULL AS waits, ordering_tail FROM outbox.commands
+ WHERE command_id IN ('n1', 'p1', 'p2', 'u8') ORDER BY 1;
+SELECT count(*) AS violations FROM outbox.check_state;
+ROLLBACK;
 -- and an unordered pending command without due_at is still lost
 SELECT outbox.commit_decision('r6', 3, 'e', 'u2', 'k', '{}');
 BEGIN;

@@ -24,6 +24,21 @@
  * head leaves the key: its ordering_key and ordering_seq become NULL and
  * its last_error says which key it was the head of.
  *
+ * What commands_key_idx holds (KY_KEPT): the waiting, published, dead and
+ * uncertain commands of each key, and a head that is pending and due or
+ * sending only when it is marked (ordering_tail): when it became the head
+ * as its key's last command (the producer's new head of an idle key when
+ * it is the key's only new command, or a release that found nothing
+ * behind the released command).  An unmarked
+ * head has a command waiting behind it, in the index, until it is
+ * published: only its own publish releases that one.  So the key's last
+ * command is always in the index, which is all the producer reads, and the
+ * release, claim and renewed claims of an unmarked head add no entry to
+ * it; its ack adds one (published, which keeps the producer's places
+ * above every place the key still holds, however the purge removed its
+ * history).  A mark stays when commands are appended behind a marked
+ * head: it only costs that head its entries.
+ *
  * Locking.  Each key has one heavyweight lock: an advisory lock tag in a
  * lock space of its own (field4 OUTBOX_KEY_LOCK_SPACE, which no
  * pg_advisory_* function can take), on the database and a 64-bit SipHash
@@ -69,6 +84,34 @@ static SPIPlanPtr plan_release_many = NULL;
 static SPIPlanPtr plan_head = NULL;
 static SPIPlanPtr plan_roles = NULL;
 static SPIPlanPtr plan_skip = NULL;
+
+/*
+ * The predicate of commands_key_idx beyond ordering_key IS NOT NULL
+ * (src/sql/00_schema.sql), written as the index says it, so that a look-up
+ * that states it reads the index: the command is marked as its key's last
+ * head, or waits, or is published, dead or uncertain.  A head that is
+ * pending and due, or sending, is left out unless marked: it has commands
+ * waiting behind it, which are in the index.
+ */
+#define KY_KEPT(c) \
+	" AND (" c "ordering_tail" \
+	"      OR (" c "status OPERATOR(pg_catalog.=) 'pending' AND " c "due_at IS NULL)" \
+	"      OR (" c "status OPERATOR(pg_catalog.<>) 'pending' AND " c "status OPERATOR(pg_catalog.<>) 'sending'))"
+
+/*
+ * The look-up of the release: the ctids of the (at most) two commands after
+ * place p.seq of the key (p.key, p.role) in commands_key_idx, in order.  The
+ * first is the one to release; it is marked as its key's last command
+ * (ordering_tail) when there is no second, so that it stays in the index
+ * while it is the head.  One index scan reads both.
+ */
+#define KY_NEXT_TWO(key, role, seq) \
+	"ARRAY(SELECT c.ctid FROM outbox.commands c" \
+	"       WHERE c.ordering_key OPERATOR(pg_catalog.=) " key \
+	"         AND c.decided_by OPERATOR(pg_catalog.=) " role \
+	"         AND c.ordering_seq OPERATOR(pg_catalog.>) " seq \
+	KY_KEPT("c.") \
+	"       ORDER BY c.ordering_seq LIMIT 2)"
 
 /* The hash a key's lock is taken on. */
 typedef struct KyLock
@@ -198,6 +241,7 @@ OutboxKeyTails(Oid role, text **keys, int n, int64 *last_seq, bool *busy)
 										  "  JOIN LATERAL (SELECT c.ordering_seq, c.status FROM outbox.commands c"
 										  "                 WHERE c.ordering_key OPERATOR(pg_catalog.=) k.key"
 										  "                   AND c.decided_by OPERATOR(pg_catalog.=) $2"
+										  KY_KEPT("c.")
 										  "                 ORDER BY c.ordering_seq DESC LIMIT 1) t ON true",
 										  2, argtypes),
 							args, NULL, true, 0) != SPI_OK_SELECT)
@@ -248,14 +292,13 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 		args[1] = Int64GetDatum(places[0].seq);
 		args[3] = ObjectIdGetDatum(places[0].role);
 		ret = OutboxExecuteLatest(OutboxPrepare(&plan_release,
+												"WITH n AS MATERIALIZED (SELECT " KY_NEXT_TWO("$1", "$4", "$2") " AS tids)"
 												"UPDATE outbox.commands t"
 												"   SET available_at = GREATEST(t.available_at, $3),"
-												"       due_at = GREATEST(t.available_at, $3)"
-												" WHERE t.ctid OPERATOR(pg_catalog.=) (SELECT c.ctid FROM outbox.commands c"
-												"        WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
-												"          AND c.decided_by OPERATOR(pg_catalog.=) $4"
-												"          AND c.ordering_seq OPERATOR(pg_catalog.>) $2"
-												"        ORDER BY c.ordering_seq LIMIT 1)"
+												"       due_at = GREATEST(t.available_at, $3),"
+												"       ordering_tail = CASE WHEN pg_catalog.cardinality((SELECT n.tids FROM n))"
+												"                                 OPERATOR(pg_catalog.=) 1 THEN true END"
+												" WHERE t.ctid OPERATOR(pg_catalog.=) (SELECT n.tids[1] FROM n)"
 												"   AND t.status OPERATOR(pg_catalog.=) 'pending'"
 												"   AND t.due_at IS NULL",
 												4, one_types),
@@ -277,18 +320,19 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 												  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 		args[3] = PointerGetDatum(construct_array(rd, n, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
 		ret = OutboxExecuteLatest(OutboxPrepare(&plan_release_many,
+												"WITH n AS MATERIALIZED ("
+												"  SELECT x.tids[1] AS tid,"
+												"         pg_catalog.cardinality(x.tids) OPERATOR(pg_catalog.=) 1 AS last"
+												"    FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+												"                    pg_catalog.unnest($4)) AS p(key, seq, role)"
+												"   CROSS JOIN LATERAL (SELECT " KY_NEXT_TWO("p.key", "p.role", "p.seq") " AS tids) x)"
 												"UPDATE outbox.commands t"
 												"   SET available_at = GREATEST(t.available_at, $3),"
-												"       due_at = GREATEST(t.available_at, $3)"
-												" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
-												"        SELECT n.tid FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-												"                                     pg_catalog.unnest($4))"
-												"               AS p(key, seq, role)"
-												"          CROSS JOIN LATERAL (SELECT c.ctid AS tid FROM outbox.commands c"
-												"                 WHERE c.ordering_key OPERATOR(pg_catalog.=) p.key"
-												"                   AND c.decided_by OPERATOR(pg_catalog.=) p.role"
-												"                   AND c.ordering_seq OPERATOR(pg_catalog.>) p.seq"
-												"                 ORDER BY c.ordering_seq LIMIT 1) n))"
+												"       due_at = GREATEST(t.available_at, $3),"
+												"       ordering_tail = CASE WHEN t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+												"            SELECT n.tid FROM n WHERE n.last)) THEN true END"
+												" WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT n.tid FROM n"
+												"                                                WHERE n.tid IS NOT NULL))"
 												"   AND t.status OPERATOR(pg_catalog.=) 'pending'"
 												"   AND t.due_at IS NULL",
 												4, many_types),
@@ -361,6 +405,7 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 		if (OutboxExecuteLatest(OutboxPrepare(&plan_roles,
 											  "SELECT DISTINCT c.decided_by FROM outbox.commands c"
 											  " WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
+											  KY_KEPT("c.")
 											  "   AND c.status OPERATOR(pg_catalog.<>) 'published'"
 											  " LIMIT 2",
 											  1, roles_types),
@@ -381,7 +426,8 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 	}
 	args[1] = ObjectIdGetDatum(role);
 	if (OutboxExecuteLatest(OutboxPrepare(&plan_head,
-										  "SELECT c.command_id, c.run_id, c.status::pg_catalog.text, c.ordering_seq"
+										  "SELECT c.command_id, c.run_id, c.status::pg_catalog.text, c.ordering_seq,"
+										  "       c.status OPERATOR(pg_catalog.=) 'pending' AND c.due_at IS NULL"
 										  "  FROM outbox.commands c"
 										  " WHERE c.ordering_key OPERATOR(pg_catalog.=) $1"
 										  "   AND c.decided_by OPERATOR(pg_catalog.=) $2"
@@ -389,8 +435,10 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 										  "       SELECT p.ordering_seq FROM outbox.commands p"
 										  "        WHERE p.ordering_key OPERATOR(pg_catalog.=) $1"
 										  "          AND p.decided_by OPERATOR(pg_catalog.=) $2"
+										  KY_KEPT("p.")
 										  "          AND p.status OPERATOR(pg_catalog.=) 'published'"
 										  "        ORDER BY p.ordering_seq DESC LIMIT 1), 0)"
+										  KY_KEPT("c.")
 										  "   AND c.status OPERATOR(pg_catalog.<>) 'published'"
 										  " ORDER BY c.ordering_seq LIMIT 1"
 										  "   FOR NO KEY UPDATE OF c",
@@ -413,6 +461,16 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 	place.key = key;
 	place.role = role;
 	place.seq = DatumGetInt64(SPI_getbinval(tup, desc, 4, &isnull));
+	/*
+	 * The first command of the key in commands_key_idx waits: the head is
+	 * pending and due, or sending (not in the index), so not dead.
+	 */
+	if (DatumGetBool(SPI_getbinval(tup, desc, 5, &isnull)))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the head of ordering key \"%s\" is pending or sending, not dead", text_to_cstring(key)),
+				 errdetail("Command \"%s\" waits behind the head; nothing was skipped.", text_to_cstring(command_id)),
+				 errhint("Only a dead head can be skipped; an uncertain one is resolved with outbox.resolve.")));
 	if (strcmp(status, "dead") != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -426,7 +484,7 @@ ky_skip_head(FunctionCallInfo fcinfo, Oid caller)
 	args[2] = PointerGetDatum(run_id);
 	if (OutboxExecuteLatest(OutboxPrepare(&plan_skip,
 										  "UPDATE outbox.commands c"
-										  "   SET ordering_key = NULL, ordering_seq = NULL,"
+										  "   SET ordering_key = NULL, ordering_seq = NULL, ordering_tail = NULL,"
 										  "       last_error = pg_catalog.concat_ws('; ', c.last_error,"
 										  "           pg_catalog.format('skipped as the head of ordering key %s', $1))"
 										  " WHERE c.command_id OPERATOR(pg_catalog.=) $2"

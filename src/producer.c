@@ -285,8 +285,9 @@ pr_raise_keyed_distributed(text *command_id, int elem)
  * Without any deciders in the policies the probe is left out
  * (OutboxAnyDeciders).  A decision with an ordering key also writes the
  * key ($12) and its place in the key ($13), and waits ($14: due_at NULL)
- * behind an unfinished command of its key (src/keys.c); one without a key
- * runs the statement without them.
+ * behind an unfinished command of its key (src/keys.c), or else is the
+ * key's head and its last command (ordering_tail true, which keeps it in
+ * commands_key_idx); one without a key runs the statement without them.
  */
 #define PR_DECIDE(key_cols, key_vals, due, kind_filter) \
 	"WITH c AS (" \
@@ -304,8 +305,8 @@ pr_raise_keyed_distributed(text *command_id, int elem)
 	"SELECT $1, $2, $3, $7, $4 FROM c"
 #define PR_DUE			"COALESCE($8, pg_catalog.now())"
 #define PR_DUE_KEYED	"CASE WHEN $14 THEN NULL ELSE COALESCE($8, pg_catalog.now()) END"
-#define PR_KEY_COLS		", ordering_key, ordering_seq"
-#define PR_KEY_VALS		", $12, $13"
+#define PR_KEY_COLS		", ordering_key, ordering_seq, ordering_tail"
+#define PR_KEY_VALS		", $12, $13, CASE WHEN NOT $14 THEN true END"
 #define PR_DECIDERS_FILTER \
 	"     AND NOT EXISTS (SELECT 1 FROM outbox.policies p" \
 	"                      WHERE p.kind OPERATOR(pg_catalog.=) $5" \
@@ -848,6 +849,7 @@ typedef struct PrPlace
 	int64		place;			/* its ordering_seq */
 	int64		first;			/* the place of the key's first new command */
 	bool		busy;			/* the key has an unfinished command already */
+	bool		alone;			/* the key's only new command */
 } PrPlace;
 
 /* qsort comparator of PrPlace: key, then position. */
@@ -897,8 +899,10 @@ pr_cmp_place_seq(const void *a, const void *b)
  * batch, except that the commands of one run take their places in seq
  * order: the places the run's decisions hold in batch order go to them
  * sorted by seq.  The first new command of a key is its head when the key
- * had no unfinished command; every other one waits.  Returns false, doing
- * nothing, when no decision has a key.
+ * had no unfinished command; every other one waits.  $15 marks a head
+ * that is its key's only new command (ordering_tail: the key's last
+ * command, src/keys.c).  Returns false, doing nothing, when no decision
+ * has a key.
  */
 static bool
 pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
@@ -911,6 +915,7 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 	Datum	   *places;
 	bool	   *pnulls;
 	Datum	   *waits;
+	Datum	   *tails;
 	int			k = 0;
 	int			nk = 0;
 	int			i;
@@ -958,6 +963,8 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 			p[i].place = p[i - 1].place + 1;
 		p[i].first = last[nk] + 1;
 		p[i].busy = busy[nk];
+		p[i].alone = (i == 0 || OutboxCompareIds(p[i].key, p[i - 1].key) != 0) &&
+			(i == k - 1 || OutboxCompareIds(p[i].key, p[i + 1].key) != 0);
 	}
 
 	/* Within a key, a run's places go to its decisions in seq order. */
@@ -968,22 +975,27 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 	places = palloc0(sizeof(Datum) * n);
 	pnulls = palloc(sizeof(bool) * n);
 	waits = palloc(sizeof(Datum) * n);
+	tails = palloc(sizeof(Datum) * n);
 	for (i = 0; i < n; i++)
 	{
 		pnulls[i] = true;
 		waits[i] = BoolGetDatum(false);
+		tails[i] = BoolGetDatum(false);
 	}
 	for (i = 0; i < k; i++)
 	{
 		places[q[i].elem] = Int64GetDatum(p[i].place);
 		pnulls[q[i].elem] = false;
 		waits[q[i].elem] = BoolGetDatum(p[i].busy || p[i].place != p[i].first);
+		tails[q[i].elem] = BoolGetDatum(!p[i].busy && p[i].alone);
 	}
 	args[12] = PointerGetDatum(construct_md_array(places, pnulls, 1, dims, lbs, INT8OID,
 												  sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 	nulls[12] = ' ';
 	args[13] = PointerGetDatum(construct_array(waits, n, BOOLOID, 1, true, TYPALIGN_CHAR));
 	nulls[13] = ' ';
+	args[14] = PointerGetDatum(construct_array(tails, n, BOOLOID, 1, true, TYPALIGN_CHAR));
+	nulls[14] = ' ';
 	return true;
 }
 
@@ -1044,10 +1056,10 @@ pr_decide_each(Datum **elems, bool **elnulls, int n, Oid caller, bool *retry)
 static Datum
 pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 {
-	static const Oid argtypes[14] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
+	static const Oid argtypes[15] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
 		TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID, JSONBARRAYOID,
 		TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID, JSONBARRAYOID, TEXTARRAYOID,
-	INT8ARRAYOID, BOOLARRAYOID};
+	INT8ARRAYOID, BOOLARRAYOID, BOOLARRAYOID};
 	static const Oid elemtypes[PR_NKEYS] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
 	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, JSONBOID, TEXTOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
@@ -1058,8 +1070,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	Datum	   *elems[PR_NKEYS];
 	bool	   *elnulls[PR_NKEYS];
 	bool	   *retry;
-	Datum		args[14];
-	char		nulls[14];
+	Datum		args[15];
+	char		nulls[15];
 	int			n;
 	int			m;
 	int			i;
@@ -1283,23 +1295,24 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 									"                            pg_catalog.unnest($7), pg_catalog.unnest($8),"
 									"                            pg_catalog.unnest($9), pg_catalog.unnest($11),"
 									"                            pg_catalog.unnest($12), pg_catalog.unnest($13),"
-									"                            pg_catalog.unnest($14))"
+									"                            pg_catalog.unnest($14), pg_catalog.unnest($15))"
 									"    AS u(run_id, seq, event_kind, command_id, command_kind, payload,"
 									"         event_payload, not_before, priority, headers,"
-									"         ordering_key, ordering_seq, waiting)),"
+									"         ordering_key, ordering_seq, waiting, tail)),"
 									" e AS ("
 									"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
 									"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
 									"INSERT INTO outbox.commands"
 									"  (command_id, run_id, seq, kind, payload, priority,"
-									"   available_at, due_at, decided_by, headers, ordering_key, ordering_seq)"
+									"   available_at, due_at, decided_by, headers, ordering_key, ordering_seq,"
+									"   ordering_tail)"
 									"SELECT command_id, run_id, seq, command_kind, payload,"
 									"       COALESCE(priority, 0),"
 									"       COALESCE(not_before, pg_catalog.now()),"
 									"       CASE WHEN waiting THEN NULL ELSE COALESCE(not_before, pg_catalog.now()) END,"
-									"       $10, headers, ordering_key, ordering_seq"
+									"       $10, headers, ordering_key, ordering_seq, CASE WHEN tail THEN true END"
 									"  FROM u",
-									14, argtypes),
+									15, argtypes),
 					  args, nulls, &what, false);
 	}
 	SPI_finish();

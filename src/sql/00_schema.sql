@@ -79,6 +79,7 @@ CREATE TABLE @extschema@.commands (
 	headers		pg_catalog.jsonb,
 	ordering_key pg_catalog.text COLLATE pg_catalog."C",
 	ordering_seq pg_catalog.int8,
+	ordering_tail pg_catalog.bool,
 	CONSTRAINT commands_pkey PRIMARY KEY (command_id)
 ) WITH (fillfactor = 80);
 
@@ -105,11 +106,20 @@ COMMENT ON INDEX @extschema@.commands_unfinished_idx
 -- The commands of each ordering key in their order (src/keys.c): the
 -- producer reads a key's last command, the release of a published head its
 -- next one.  A command without a key (ordering_key NULL) has no entry, so
--- unordered commands write nothing here.
+-- unordered commands write nothing here.  Nor does a head in the two
+-- states every ordered command passes through, pending and due, then
+-- sending, unless it was its key's last command when it became the head
+-- (ordering_tail): a head with commands waiting behind it is found through
+-- them, so the release of the next command and its claim add no entry
+-- here, and its ack one (published).  The key's last command is always in
+-- the index (waiting, published, dead, uncertain, or marked).
 CREATE INDEX commands_key_idx ON @extschema@.commands (ordering_key, decided_by, ordering_seq)
-	WHERE ordering_key IS NOT NULL;
+	WHERE ordering_key IS NOT NULL
+	  AND (ordering_tail
+		   OR (status OPERATOR(pg_catalog.=) 'pending' AND due_at IS NULL)
+		   OR (status OPERATOR(pg_catalog.<>) 'pending' AND status OPERATOR(pg_catalog.<>) 'sending'));
 COMMENT ON INDEX @extschema@.commands_key_idx
-	IS 'commands with an ordering key, by key, deciding role and place in the key (read by the producer and the release of a head)';
+	IS 'commands with an ordering key that are waiting, published, dead or uncertain, or marked as their key''s last head (ordering_tail), by key, deciding role and place in the key (read by the producer and the release of a head)';
 
 -- One completion receipt per command.  run_id is the command's run: the
 -- column a distributed outbox is sharded by (docs/citus.md); on a single
@@ -252,5 +262,6 @@ COMMENT ON DOMAIN @extschema@.command_deliveries IS 'how many times a command wa
 COMMENT ON COLUMN @extschema@.commands.headers IS 'the producer''s headers (a JSON object of strings, or NULL), handed to the relay by claim and shown in no view';
 COMMENT ON COLUMN @extschema@.commands.ordering_key IS 'the ordering key: commands sharing one leave one at a time, in ordering_seq order (NULL: unordered)';
 COMMENT ON COLUMN @extschema@.commands.ordering_seq IS 'the command''s place among the commands of its ordering key (NULL without a key)';
+COMMENT ON COLUMN @extschema@.commands.ordering_tail IS 'true when the command became the head of its ordering key as the key''s last command, which keeps it in commands_key_idx (NULL otherwise)';
 COMMENT ON COLUMN @extschema@.policies.ordered_by_run IS 'a command of the kind decided without an ordering key is ordered by its run_id';
 COMMENT ON COLUMN @extschema@.commands.due_at IS 'available_at while the command is pending and not waiting behind an earlier command of its ordering key, NULL otherwise (the key of the claim index)';

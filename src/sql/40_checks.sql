@@ -116,10 +116,15 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 --                                     is NULL, the other not
 --   place_taken                       another command has the same key
 --                                     (role and key) and place
+--   unmarked_last_head                pending and due, or sending, the last
+--                                     unfinished command of its key, and
+--                                     ordering_tail not true: it is not in
+--                                     commands_key_idx, so a producer would
+--                                     make a second head behind it
 -- The flags are computed in the subquery; their disjunction filters the scan
 -- and the rules array is built for the offending rows only.  Tombstones are
 -- hashed and probed by the one scan of commands, and so are the keys' first
--- unfinished places (h) and the places held twice (d), each one pass over
+-- and last unfinished places (h) and the places held twice (d), each one pass over
 -- the commands with a key.
 CREATE VIEW @extschema@.check_state WITH (security_barrier) AS
 SELECT f.command_id, f.status::pg_catalog.text AS status,
@@ -139,7 +144,8 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 		   CASE WHEN f.r13 THEN 'claimable_behind_predecessor' END,
 		   CASE WHEN f.r14 THEN 'published_out_of_order' END,
 		   CASE WHEN f.r15 THEN 'key_without_place' END,
-		   CASE WHEN f.r16 THEN 'place_taken' END]::pg_catalog.text[], NULL) AS rules,
+		   CASE WHEN f.r16 THEN 'place_taken' END,
+		   CASE WHEN f.r17 THEN 'unmarked_last_head' END]::pg_catalog.text[], NULL) AS rules,
 	   f.owner, f.version::pg_catalog.int8 AS version, f.deliveries::pg_catalog.int4 AS deliveries,
 	   f.lease_until, f.published_at,
 	   f.available_at, f.due_at, f.ordering_key, f.ordering_seq
@@ -171,12 +177,17 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 			   c.status OPERATOR(pg_catalog.=) 'published'
 				   AND COALESCE(h.first OPERATOR(pg_catalog.<) c.ordering_seq, false) AS r14,
 			   (c.ordering_key IS NULL) OPERATOR(pg_catalog.<>) (c.ordering_seq IS NULL) AS r15,
-			   d.ordering_key IS NOT NULL AS r16
+			   d.ordering_key IS NOT NULL AS r16,
+			   c.ordering_tail IS NOT TRUE
+				   AND (c.status OPERATOR(pg_catalog.=) 'sending'
+						OR (c.status OPERATOR(pg_catalog.=) 'pending' AND c.due_at IS NOT NULL))
+				   AND COALESCE(h.last OPERATOR(pg_catalog.=) c.ordering_seq, false) AS r17
 		  FROM @extschema@.commands c
 		  LEFT JOIN @extschema@.purged p
 			ON p.command_id OPERATOR(pg_catalog.=) c.command_id
 		   AND p.run_id OPERATOR(pg_catalog.=) c.run_id
-		  LEFT JOIN (SELECT k.ordering_key, k.decided_by, pg_catalog.min(k.ordering_seq) AS first
+		  LEFT JOIN (SELECT k.ordering_key, k.decided_by, pg_catalog.min(k.ordering_seq) AS first,
+							pg_catalog.max(k.ordering_seq) AS last
 					   FROM @extschema@.commands k
 					  WHERE k.ordering_key IS NOT NULL
 						AND k.status OPERATOR(pg_catalog.<>) 'published'
@@ -192,7 +203,7 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 		   AND d.decided_by OPERATOR(pg_catalog.=) c.decided_by
 		   AND d.ordering_seq OPERATOR(pg_catalog.=) c.ordering_seq) f
  WHERE f.r1 OR f.r2 OR f.r3 OR f.r4 OR f.r5 OR f.r6 OR f.r7 OR f.r8 OR f.r9
-	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16;
+	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16 OR f.r17;
 COMMENT ON VIEW @extschema@.check_state
 	IS 'conservation check (error): commands whose status and fields disagree, with the rules they break; empty when healthy';
 COMMENT ON COLUMN @extschema@.check_state.rules
@@ -369,35 +380,39 @@ COMMENT ON VIEW @extschema@.dead_letters
 -- skip_head left the key and does not count.  Read from what the calls
 -- write already (nothing is written for it).  One pass over the
 -- unfinished commands with a key (the published history is not read),
--- and two probes of commands_key_idx for each key listed: its first place
--- and the place before it.
+-- sorted by key and place (the head is the first of its key: a head with
+-- commands behind it is not in commands_key_idx), and one probe of
+-- commands_key_idx for each key listed: the place before its head (a
+-- published command, which the index holds).
 CREATE VIEW @extschema@.blocked_keys WITH (security_barrier) AS
 SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_command_id,
 	   h.run_id AS head_run_id, h.status::pg_catalog.text AS head_status,
 	   GREATEST(h.created_at,
 			(SELECT p.published_at FROM @extschema@.commands p
-			  WHERE p.ordering_key OPERATOR(pg_catalog.=) w.ordering_key
-				AND p.decided_by OPERATOR(pg_catalog.=) w.decided_by
-				AND p.ordering_seq OPERATOR(pg_catalog.<) w.first
+			  WHERE p.ordering_key OPERATOR(pg_catalog.=) h.ordering_key
+				AND p.decided_by OPERATOR(pg_catalog.=) h.decided_by
+				AND p.ordering_seq OPERATOR(pg_catalog.<) h.ordering_seq
+				AND (p.ordering_tail
+					 OR (p.status OPERATOR(pg_catalog.=) 'pending' AND p.due_at IS NULL)
+					 OR (p.status OPERATOR(pg_catalog.<>) 'pending' AND p.status OPERATOR(pg_catalog.<>) 'sending'))
 			  ORDER BY p.ordering_seq DESC LIMIT 1)) AS since,
-	   w.waiting, w.decided_by::pg_catalog.regrole AS decided_by,
+	   h.waiting, h.decided_by::pg_catalog.regrole AS decided_by,
 	   (h.status OPERATOR(pg_catalog.=) 'pending'
 		AND h.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()
 		AND NOT EXISTS (SELECT 1 FROM @extschema@.policies p
 						 WHERE p.kind OPERATOR(pg_catalog.=) h.kind AND p.paused)) AS head_claimable
-  FROM (SELECT k.ordering_key, k.decided_by, pg_catalog.min(k.ordering_seq) AS first,
+  FROM (SELECT k.ordering_key, k.decided_by, k.ordering_seq, k.command_id, k.run_id, k.status,
+			   k.created_at, k.due_at, k.kind,
+			   pg_catalog.row_number() OVER (PARTITION BY k.ordering_key, k.decided_by
+											 ORDER BY k.ordering_seq) AS place,
 			   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
-										   AND k.due_at IS NULL) AS waiting
+										   AND k.due_at IS NULL)
+				   OVER (PARTITION BY k.ordering_key, k.decided_by) AS waiting
 		  FROM @extschema@.commands k
 		 WHERE k.ordering_key IS NOT NULL
-		   AND k.status OPERATOR(pg_catalog.<>) 'published'
-		 GROUP BY k.ordering_key, k.decided_by) w
-  JOIN @extschema@.commands h
-	ON h.ordering_key OPERATOR(pg_catalog.=) w.ordering_key
-   AND h.decided_by OPERATOR(pg_catalog.=) w.decided_by
-   AND h.ordering_seq OPERATOR(pg_catalog.=) w.first
-   AND h.status OPERATOR(pg_catalog.<>) 'published'
- WHERE w.waiting OPERATOR(pg_catalog.>) (CASE WHEN h.status OPERATOR(pg_catalog.=) 'pending'
+		   AND k.status OPERATOR(pg_catalog.<>) 'published') h
+ WHERE h.place OPERATOR(pg_catalog.=) 1
+   AND h.waiting OPERATOR(pg_catalog.>) (CASE WHEN h.status OPERATOR(pg_catalog.=) 'pending'
 												AND h.due_at IS NULL THEN 1 ELSE 0 END);
 COMMENT ON VIEW @extschema@.blocked_keys
 	IS 'ordering keys with commands waiting behind their head, with the head''s status and whether it may be claimed now (head_claimable)';

@@ -281,13 +281,18 @@ INSERT INTO @extschema@.check_results (check_name, severity) VALUES
 -- ordered by run.
 ALTER TABLE @extschema@.commands
 	ADD COLUMN ordering_key pg_catalog.text COLLATE pg_catalog."C",
-	ADD COLUMN ordering_seq pg_catalog.int8;
+	ADD COLUMN ordering_seq pg_catalog.int8,
+	ADD COLUMN ordering_tail pg_catalog.bool;
 COMMENT ON COLUMN @extschema@.commands.ordering_key IS 'the ordering key: commands sharing one leave one at a time, in ordering_seq order (NULL: unordered)';
 COMMENT ON COLUMN @extschema@.commands.ordering_seq IS 'the command''s place among the commands of its ordering key (NULL without a key)';
+COMMENT ON COLUMN @extschema@.commands.ordering_tail IS 'true when the command became the head of its ordering key as the key''s last command, which keeps it in commands_key_idx (NULL otherwise)';
 CREATE INDEX commands_key_idx ON @extschema@.commands (ordering_key, decided_by, ordering_seq)
-	WHERE ordering_key IS NOT NULL;
+	WHERE ordering_key IS NOT NULL
+	  AND (ordering_tail
+		   OR (status OPERATOR(pg_catalog.=) 'pending' AND due_at IS NULL)
+		   OR (status OPERATOR(pg_catalog.<>) 'pending' AND status OPERATOR(pg_catalog.<>) 'sending'));
 COMMENT ON INDEX @extschema@.commands_key_idx
-	IS 'commands with an ordering key, by key, deciding role and place in the key (read by the producer and the release of a head)';
+	IS 'commands with an ordering key that are waiting, published, dead or uncertain, or marked as their key''s last head (ordering_tail), by key, deciding role and place in the key (read by the producer and the release of a head)';
 -- (added without a default, then filled: a column added with a default
 -- keeps it as the "missing value" of the rows stored before, which a fresh
 -- install's table does not have)

@@ -16,7 +16,8 @@ SELECT col_has_check('outbox', 'events', 'seq', 'col_has_check outbox, events, s
 -- commands
 SELECT columns_are('outbox', 'commands', ARRAY['command_id', 'run_id', 'seq', 'kind', 'status', 'version',
 	'deliveries', 'priority', 'available_at', 'due_at', 'lease_until', 'owner', 'created_at',
-	'published_at', 'last_error', 'payload', 'decided_by', 'headers', 'ordering_key', 'ordering_seq']);
+	'published_at', 'last_error', 'payload', 'decided_by', 'headers', 'ordering_key', 'ordering_seq',
+	'ordering_tail']);
 SELECT col_type_is('outbox', 'commands', 'headers', 'jsonb', 'the producer''s headers are jsonb');
 -- No view (pg_monitor reads them all) shows or reads the producer's headers.
 SELECT is((SELECT pg_catalog.count(*) FROM pg_catalog.pg_views
@@ -46,7 +47,8 @@ SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid 
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_unfinished_idx'::regclass),
 	'((status)::text <> ''published''::text)', 'unfinished index holds the commands that are not published only');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_key_idx'::regclass),
-	'(ordering_key IS NOT NULL)', 'key index holds the commands with an ordering key only');
+	'((ordering_key IS NOT NULL) AND (ordering_tail OR (((status)::text = ''pending''::text) AND (due_at IS NULL)) OR (((status)::text <> ''pending''::text) AND ((status)::text <> ''sending''::text))))',
+	'key index holds the commands with an ordering key that wait, are published, dead or uncertain, or are marked as their key''s last head');
 SELECT ok((SELECT reloptions @> ARRAY['fillfactor=80'] FROM pg_class WHERE oid = 'outbox.commands'::regclass),
 	'commands leaves room for new row versions');
 
