@@ -318,6 +318,9 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
 	SPI_finish();
+	/* nothing to do: a publisher waits for the next notification */
+	if (nrows == 0)
+		OutboxNoteIdleClaim();
 	return (Datum) 0;
 }
 
@@ -338,13 +341,16 @@ st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 	static const Oid argtypes[8] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID,
 	TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
 	StToken		tok;
-	text	   *worker = st_args_token(fcinfo, caller, &tok);
+	text	   *worker;
 	Datum		args[8];
 	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	Datum		n;
 	int			j;
 
+	/* (the lease key is read through SPI) */
+	SPI_connect();
+	worker = st_args_token(fcinfo, caller, &tok);
 	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
 	args[1] = Int32GetDatum(tok.part);
 	args[2] = Int64GetDatum(tok.batch_id);
@@ -356,7 +362,6 @@ st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 		if (PG_ARGISNULL(j))
 			nulls[j + 3] = 'n';
 	}
-	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan,
 									"SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8)",
 									8, argtypes),
@@ -383,12 +388,15 @@ st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 	static SPIPlanPtr plan = NULL;
 	static const Oid argtypes[6] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID, INTERVALOID};
 	StToken		tok;
-	text	   *worker = st_args_token(fcinfo, caller, &tok);
+	text	   *worker;
 	Datum		args[6];
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	Datum		until;
 
+	/* (the lease key is read through SPI) */
+	SPI_connect();
+	worker = st_args_token(fcinfo, caller, &tok);
 	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
 	args[1] = Int32GetDatum(tok.part);
 	args[2] = Int64GetDatum(tok.batch_id);
@@ -397,7 +405,6 @@ st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 	args[5] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
 	if (PG_ARGISNULL(2))
 		nulls[5] = 'n';
-	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan,
 									"SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6)",
 									6, argtypes),
