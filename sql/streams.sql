@@ -238,8 +238,31 @@ UPDATE outbox.stream_failures SET last_error = 'e-c10' WHERE command_id = 'c10';
 UPDATE outbox.stream_progress SET owner = NULL WHERE subscription = 'webhook' AND part = 0;
 SELECT outbox.verify();
 
--- drop_subscription takes its progress and failures with it.
+-- Rotation: the next log table is emptied once its commands are past
+-- retention; done ones leave tombstones, stragglers move to stream_kept.
+-- (Set by hand here: table 1 holds a done command, c8, and c9, dead in a
+-- subscription and of a kind with completers: a straggler until it is
+-- requeued or its subscription dropped, and its receipt is in.)
+SELECT outbox.drop_subscription('restricted');
+SELECT outbox.set_policy('order.placed', retention => '0');
+SELECT outbox.set_policy('order.paid', retention => '0', completers => '{}');
+INSERT INTO outbox.stream_log_1 SELECT * FROM outbox.stream_log_0 WHERE command_id IN ('c8', 'c9');
+DELETE FROM outbox.stream_log_0 WHERE command_id IN ('c8', 'c9');
+SELECT outbox.rotate_streams() AS left_the_log;
+SELECT (SELECT count(*) FROM outbox.stream_log_1) AS table_1,
+	   (SELECT string_agg(command_id, ',') FROM outbox.stream_kept) AS kept,
+	   (SELECT string_agg(command_id || ':' || outcome, ',') FROM outbox.purged) AS tombstones;
+SELECT current FROM outbox.stream_rotation;
+SELECT outbox.verify();
+SELECT outbox.complete('r7', 'c9', 'done');
+SELECT outbox.rotate_streams() AS left_the_log;
 SELECT outbox.drop_subscription('kafka');
+SELECT outbox.rotate_streams() AS left_the_log;
+SELECT (SELECT count(*) FROM outbox.stream_kept) AS kept,
+	   (SELECT string_agg(command_id || ':' || outcome, ',' ORDER BY command_id) FROM outbox.purged) AS tombstones;
+SELECT outbox.verify();
+
+-- drop_subscription took its progress and failures with it.
 SELECT (SELECT count(*) FROM outbox.stream_progress WHERE subscription = 'kafka') AS progress,
 	   (SELECT count(*) FROM outbox.stream_failures WHERE subscription = 'kafka') AS failures;
 SELECT outbox.verify();

@@ -92,6 +92,7 @@ extern int	outbox_backoff_base_ms;
 extern int	outbox_backoff_max_ms;
 extern int	outbox_retention_s;
 extern int	outbox_purge_batch;
+extern int	outbox_stream_rotation_s;
 extern int	outbox_max_payload_bytes;
 extern int	outbox_max_batch;
 extern char *outbox_notify_channel;
