@@ -297,6 +297,8 @@ typedef enum OutboxStreamNot
 	OUTBOX_STREAM_CONFLICT		/* another decision holds the command id */
 } OutboxStreamNot;
 extern SPIPlanPtr OutboxStreamDecidePlan(bool deciders);
+extern SPIPlanPtr OutboxStreamBatchPlan(void);
+extern SPIPlanPtr OutboxStreamBatchWhyPlan(void);
 extern OutboxStreamNot OutboxStreamWhyNot(Datum *args, const char *nulls);
 extern void OutboxStreamCheckDecision(text *command_id, bool has_not_before, int elem);
 

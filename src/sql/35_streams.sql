@@ -192,7 +192,7 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 
 -- Cut a tick of every stream that has commands its last tick does not see
 -- (committed since, or by a transaction that was running then); returns
--- how many ticks were cut.  The background worker calls it when a commit
+-- how many ticks were cut, -1 when there is no stream at all.  The background worker calls it when a commit
 -- wakes it, before it notifies the publishers.  One probe of each
 -- partition's index per stream.
 CREATE FUNCTION @extschema@._stream_tick(unused pg_catalog.int4 DEFAULT 0)
@@ -204,6 +204,9 @@ DECLARE
 	s record;
 	n pg_catalog.int4 := 0;
 BEGIN
+	IF NOT EXISTS (SELECT 1 FROM @extschema@.streams) THEN
+		RETURN -1;
+	END IF;
 	FOR s IN
 		SELECT t.stream_id, t.partitions, k.tick, k.snap
 		  FROM @extschema@.streams t
@@ -241,7 +244,7 @@ CREATE FUNCTION @extschema@.tick_streams()
 RETURNS pg_catalog.int4
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._stream_tick(0) $$;
+AS $$ SELECT GREATEST(@extschema@._stream_tick(0), 0) $$;
 COMMENT ON FUNCTION @extschema@.tick_streams()
 	IS 'cut a tick of every stream with new commands now (the background worker does it when commits wake it); returns the number of ticks cut';
 
