@@ -438,6 +438,15 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
  * none).  The partition is a hash of the key, else of the run_id.  Its top
  * statement is the INSERT of the event, so the count is the events'.
  */
+/*
+ * The transaction id a log row carries: the writer's plus the
+ * installation's xid_base (stream_rotation), so that a restore into
+ * another cluster keeps the order of the ids (docs/streams.md).
+ */
+#define ST_XID(r) \
+	"(pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8" \
+	" OPERATOR(pg_catalog.+) " r ".xid_base)::pg_catalog.text::pg_catalog.xid8"
+
 #define ST_LOG_INSERT(n) \
 	" l" #n " AS (" \
 	"  INSERT INTO outbox.stream_log_" #n \
@@ -447,7 +456,7 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
 	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) " #n " RETURNING 1),"
 #define ST_DECIDE(filter) \
 	"WITH i AS (" \
-	"  SELECT s.stream_id, s.partitions, r.current" \
+	"  SELECT s.stream_id, s.partitions, r.current, r.xid_base" \
 	"    FROM outbox.policies p" \
 	"    JOIN outbox.streams s ON s.stream OPERATOR(pg_catalog.=) p.stream" \
 	"   CROSS JOIN outbox.stream_rotation r" \
@@ -457,7 +466,7 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
 	filter "), " \
 	" v AS (" \
 	"  SELECT pg_catalog.nextval('outbox.stream_log_id_seq'::pg_catalog.regclass) AS id," \
-	"         pg_catalog.pg_current_xact_id() AS xid, i.stream_id, i.current," \
+	"         " ST_XID("i") " AS xid, i.stream_id, i.current," \
 	"         (pg_catalog.hashtext(COALESCE($12, $1)) OPERATOR(pg_catalog.&) 2147483647)" \
 	"           OPERATOR(pg_catalog.%) i.partitions AS part" \
 	"    FROM i)," \
@@ -570,7 +579,7 @@ OutboxStreamBatchPlan(void)
 						 "    WITH ORDINALITY AS u(run_id, seq, event_kind, command_id, command_kind,"
 						 "                         payload, event_payload, headers, okey, ord)),"
 						 " w AS ("
-						 "  SELECT u.*, s.stream_id, r.current,"
+						 "  SELECT u.*, s.stream_id, r.current, r.xid_base,"
 						 "         (pg_catalog.hashtext(COALESCE(u.okey, u.run_id)) OPERATOR(pg_catalog.&) 2147483647)"
 						 "           OPERATOR(pg_catalog.%) s.partitions AS part"
 						 "    FROM u"
@@ -580,7 +589,7 @@ OutboxStreamBatchPlan(void)
 						 "   ORDER BY u.ord),"
 						 " v AS ("
 						 "  SELECT w.*, pg_catalog.nextval('outbox.stream_log_id_seq'::pg_catalog.regclass) AS id,"
-						 "         pg_catalog.pg_current_xact_id() AS xid"
+						 "         " ST_XID("w") " AS xid"
 						 "    FROM w),"
 						 ST_BATCH_LOG_INSERT(0) "," ST_BATCH_LOG_INSERT(1) "," ST_BATCH_LOG_INSERT(2)
 						 "INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"

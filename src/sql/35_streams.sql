@@ -61,6 +61,22 @@ CREATE TYPE @extschema@.stream_lease AS (
 COMMENT ON TYPE @extschema@.stream_lease
 	IS 'a command of a leased stream batch: the columns of outbox.lease (token and version are the batch''s), then batch_id and part';
 
+-- A snapshot in the streams' transaction ids: every id of snap plus the
+-- installation's xid_base (outbox.stream_rotation).
+CREATE FUNCTION @extschema@._stream_snapshot(snap pg_catalog.pg_snapshot)
+RETURNS pg_catalog.pg_snapshot
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT pg_catalog.format('%s:%s:%s',
+		pg_catalog.pg_snapshot_xmin($1)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+		pg_catalog.pg_snapshot_xmax($1)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+		COALESCE((SELECT pg_catalog.string_agg((x::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base)::pg_catalog.text,
+												',' ORDER BY x)
+					FROM pg_catalog.pg_snapshot_xip($1) x), ''))::pg_catalog.pg_snapshot
+  FROM @extschema@.stream_rotation r
+$$;
+
 -- Admin ------------------------------------------------------------------
 
 CREATE FUNCTION @extschema@.create_stream(
@@ -101,7 +117,7 @@ BEGIN
 	-- have written to a stream that did not exist.
 	x := pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot());
 	INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
-	VALUES (sid, 0, pg_catalog.format('%s:%s:', x, x)::pg_catalog.pg_snapshot,
+	VALUES (sid, 0, @extschema@._stream_snapshot(pg_catalog.format('%s:%s:', x, x)::pg_catalog.pg_snapshot),
 			(SELECT q.last_value FROM @extschema@.stream_log_id_seq q));
 END;
 $$;
@@ -227,7 +243,8 @@ BEGIN
 		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id FOR UPDATE SKIP LOCKED;
 		CONTINUE WHEN NOT FOUND;
 		INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
-		SELECT s.stream_id, pg_catalog.max(k.tick) OPERATOR(pg_catalog.+) 1, pg_catalog.pg_current_snapshot(),
+		SELECT s.stream_id, pg_catalog.max(k.tick) OPERATOR(pg_catalog.+) 1,
+			   @extschema@._stream_snapshot(pg_catalog.pg_current_snapshot()),
 			   (SELECT q.last_value FROM @extschema@.stream_log_id_seq q)
 		  FROM @extschema@.stream_ticks k
 		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
@@ -1021,6 +1038,7 @@ REVOKE ALL ON FUNCTION
 	@extschema@._stream_lease_end(pg_catalog.interval, pg_catalog.timestamptz),
 	@extschema@._stream_batch_rows(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, pg_catalog.int4),
 	@extschema@._stream_snap(pg_catalog.int4, pg_catalog.int8),
+	@extschema@._stream_snapshot(pg_catalog.pg_snapshot),
 	@extschema@._claim_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval, pg_catalog.oid),
 	@extschema@._ack_batch(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.text, pg_catalog.text[], pg_catalog.text[], pg_catalog.bool[]),
 	@extschema@._stream_published_retries(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.timestamptz),
