@@ -40,8 +40,8 @@
  * streams		At every wake-up (a commit woke the worker), cut a tick of
  *				each stream with commands its last tick does not see (SQL
  *				outbox._stream_tick, docs/streams.md), before the notify
- *				duty tells the publishers; while there is no stream, look
- *				for one once per outbox.naptime only.
+ *				duty tells the publishers (one short transaction, which
+ *				finds nothing to do in a database without streams).
  * rotate		Every outbox.naptime, one step of the stream log's rotation
  *				(SQL outbox._stream_rotate: truncate a log table whose
  *				commands are all done, or switch the appends to the next).
@@ -574,26 +574,15 @@ du_due(OutboxTurn *turn)
 	return false;
 }
 
-/*
- * streams: cut the ticks of the streams with new commands.  While the
- * database has no stream, look again at most once per outbox.naptime, so
- * that the wake-ups of the row path do not pay a transaction for it.
- */
+/* streams: cut the ticks of the streams with new commands. */
 static bool
 du_streams(OutboxTurn *turn)
 {
 	static SPIPlanPtr du_plan_tick = NULL;
-	static bool du_no_streams = false;
-	static TimestampTz du_streams_looked = 0;
 	int32		n;
 
-	if (du_no_streams &&
-		turn->now < TimestampTzPlusMilliseconds(du_streams_looked, outbox_naptime_ms))
-		return false;
-	du_streams_looked = turn->now;
-	if (du_run("outbox: cutting the stream ticks", &du_plan_tick,
-			   "SELECT outbox._stream_tick($1)", false, 0, &n))
-		du_no_streams = (n < 0);
+	(void) du_run("outbox: cutting the stream ticks", &du_plan_tick,
+				  "SELECT outbox._stream_tick($1)", false, 0, &n);
 	return false;
 }
 
