@@ -37,6 +37,14 @@
  *				metrics read the counts (outbox.metrics_checks).  A count
  *				reads its tables whole (under a second per million
  *				commands): DDL that comes during one waits for that one.
+ * streams		At every wake-up (a commit woke the worker), cut a tick of
+ *				each stream with commands its last tick does not see (SQL
+ *				outbox._stream_tick, docs/streams.md), before the notify
+ *				duty tells the publishers (one short transaction, which
+ *				finds nothing to do in a database without streams).
+ * rotate		Every outbox.naptime, one step of the stream log's rotation
+ *				(SQL outbox._stream_rotate: truncate a log table whose
+ *				commands are all done, or switch the appends to the next).
  * notify		Send the pending wake-up: one NOTIFY on outbox.notify_channel
  *				from the worker's own transaction, at most one per
  *				outbox.notify_interval (a commit arriving sooner leaves the
@@ -121,6 +129,8 @@
 
 static SPIPlanPtr du_plan_sweep = NULL;
 static SPIPlanPtr du_plan_purge = NULL;
+static SPIPlanPtr du_plan_tick = NULL;
+static SPIPlanPtr du_plan_rotate = NULL;
 static SPIPlanPtr du_plan_due = NULL;
 static SPIPlanPtr du_plan_prepared = NULL;
 static SPIPlanPtr du_plan_check = NULL;
@@ -168,6 +178,36 @@ du_lock_tables(bool write)
 	return true;
 }
 
+/*
+ * Take the locks of the stream duties' statements without waiting (ROW
+ * EXCLUSIVE on every table of the streams, which also covers their reads,
+ * and on the view and sequence they read): false if one is gone or anyone
+ * holds or waits for a conflicting lock, such as DROP EXTENSION (then the
+ * duty skips its turn; a lock it waited for behind DROP EXTENSION would be
+ * a deadlock).
+ */
+static bool
+du_lock_stream_tables(void)
+{
+	static const char *const names[] = {"streams", "subscriptions", "stream_ticks",
+		"stream_log_0", "stream_log_1", "stream_log_2", "stream_kept",
+		"stream_rotation", "stream_progress", "stream_failures",
+	"_stream_log", "stream_log_id_seq"};
+	Oid			nsp = get_namespace_oid("outbox", true);
+	int			i;
+
+	if (!OidIsValid(nsp))
+		return false;
+	for (i = 0; i < (int) lengthof(names); i++)
+	{
+		Oid			relid = get_relname_relid(names[i], nsp);
+
+		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, RowExclusiveLock))
+			return false;
+	}
+	return true;
+}
+
 /* Run a saved one-int4-argument, one-int4-result statement. */
 static int32
 du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg)
@@ -202,10 +242,27 @@ du_statement_txn(void *arg)
 {
 	DuStatement *st = (DuStatement *) arg;
 
+	/*
+	 * The tick reads and writes the streams' tables only: their locks, and
+	 * nothing of the row path's (no distributed table of Citus either).
+	 */
+	if (st->plan == &du_plan_tick)
+	{
+		if (!du_lock_stream_tables())
+			return false;
+		st->result = du_exec_int(st->plan, st->sql, st->arg);
+		return true;
+	}
 	if (!du_lock_tables(st->write))
 		return false;
-	/* the coordinator holds no shard of a distributed outbox to purge */
-	if (st->plan == &du_plan_purge && OutboxCitusCoordinator())
+	if (st->plan == &du_plan_rotate && !du_lock_stream_tables())
+		return false;
+	/*
+	 * the coordinator holds no shard of a distributed outbox to purge, and a
+	 * distributed outbox has no streams (docs/citus.md)
+	 */
+	if ((st->plan == &du_plan_purge && OutboxCitusCoordinator()) ||
+		(st->plan == &du_plan_rotate && OutboxCitusDistributed()))
 		return true;
 	st->result = du_exec_int(st->plan, st->sql, st->arg);
 	return true;
@@ -606,6 +663,28 @@ du_due(OutboxTurn *turn)
 	return false;
 }
 
+/* streams: cut the ticks of the streams with new commands. */
+static bool
+du_streams(OutboxTurn *turn)
+{
+	int32		n;
+
+	(void) du_run("outbox: cutting the stream ticks", &du_plan_tick,
+				  "SELECT outbox._stream_tick($1)", false, 0, &n);
+	return false;
+}
+
+/* rotate: one step of the stream log's rotation. */
+static bool
+du_rotate(OutboxTurn *turn)
+{
+	int32		n;
+
+	(void) du_run("outbox: rotating the stream log", &du_plan_rotate,
+				  "SELECT outbox._stream_rotate($1)", true, 0, &n);
+	return false;
+}
+
 /* notify: send the pending wake-up, or come back when the interval ends. */
 static bool
 du_wakeups(OutboxTurn *turn)
@@ -730,6 +809,8 @@ const OutboxDuty OutboxDuties[] = {
 	{"index", &outbox_index_check_interval_ms, 0, du_index, 1, false, false,
 	du_index_watch, du_index_stop},
 	{"checks", &outbox_check_interval_ms, 0, du_checks, DU_CHECKS_MAX, false, false},
+	{"streams", NULL, 0, du_streams, 1, false, false},
+	{"rotate", &outbox_naptime_ms, 0, du_rotate, 1, false, false},
 	{"notify", NULL, 0, du_wakeups, 1, false, false},
 };
 

@@ -30,15 +30,20 @@
 -- runs only on the rows the view returns, never on those it filters out.
 
 
--- Invariant 1: every event that decided a command has that command, or the
+-- Invariant 1: every event that decided a command has that command (in
+-- outbox.commands, or in the stream log for a kind with a stream), or the
 -- tombstone the purge left for exactly that event's command.
 CREATE VIEW @extschema@.check_decisions_without_command WITH (security_barrier) AS
 SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
   FROM @extschema@.events e
+  LEFT JOIN (SELECT x.command_id, x.run_id FROM @extschema@._stream_log x) l
+	ON l.command_id OPERATOR(pg_catalog.=) e.command_id
+   AND l.run_id OPERATOR(pg_catalog.=) e.run_id
  WHERE e.command_id IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM @extschema@.commands c
 					WHERE c.command_id OPERATOR(pg_catalog.=) e.command_id
 					  AND c.run_id OPERATOR(pg_catalog.=) e.run_id)
+   AND l.command_id IS NULL
    AND NOT EXISTS (SELECT 1 FROM @extschema@.purged p
 					WHERE p.command_id OPERATOR(pg_catalog.=) e.command_id
 					  AND p.run_id OPERATOR(pg_catalog.=) e.run_id
@@ -46,8 +51,13 @@ SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
 COMMENT ON VIEW @extschema@.check_decisions_without_command
 	IS 'conservation check (error): events that decided a command that neither exists nor was purged; empty when healthy';
 
--- Invariant 2: every command traces to its source event, and that event
--- names this command.  events.command_id is unique, so "the event
+-- Invariant 2: every command (in outbox.commands or in the stream log,
+-- status 'stream') traces to its source event, and that event names this
+-- command.  (The stream log is matched by anti-joins to a subquery, in
+-- invariants 1 and 3 too, not by NOT EXISTS: Citus plans a local table
+-- only in a subquery, and no correlated subquery over one.  The events'
+-- key is (run_id, seq), so "no event (run_id, seq) names the command" is
+-- "the event at (run_id, seq) is missing or names another".)  events.command_id is unique, so "the event
 -- (run_id, seq) names c" is the same as "the event naming c is
 -- (run_id, seq)": the anti-join runs on command_id.
 CREATE VIEW @extschema@.check_orphan_commands WITH (security_barrier) AS
@@ -63,7 +73,18 @@ SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS statu
  WHERE NOT EXISTS (SELECT 1 FROM @extschema@.events s
 					WHERE s.command_id OPERATOR(pg_catalog.=) c.command_id
 					  AND s.run_id OPERATOR(pg_catalog.=) c.run_id
-					  AND s.seq OPERATOR(pg_catalog.=) c.seq);
+					  AND s.seq OPERATOR(pg_catalog.=) c.seq)
+UNION ALL
+SELECT c.command_id, c.run_id, c.seq, c.kind, 'stream'::pg_catalog.text,
+	   e.command_id,
+	   CASE WHEN e.run_id IS NULL THEN 'event_missing'
+			WHEN e.command_id IS NULL THEN 'event_decided_nothing'
+			ELSE 'event_decided_other' END::pg_catalog.text
+  FROM (SELECT x.command_id, x.run_id, x.seq, x.kind FROM @extschema@._stream_log x) c
+  LEFT JOIN @extschema@.events e
+	ON e.run_id OPERATOR(pg_catalog.=) c.run_id
+   AND e.seq OPERATOR(pg_catalog.=) c.seq
+ WHERE e.command_id IS NULL OR e.command_id OPERATOR(pg_catalog.<>) c.command_id;
 COMMENT ON VIEW @extschema@.check_orphan_commands
 	IS 'conservation check (error): commands whose source event (run_id, seq) is missing or does not name them; empty when healthy';
 COMMENT ON COLUMN @extschema@.check_orphan_commands.problem
@@ -79,11 +100,123 @@ SELECT r.command_id, r.outcome, r.completed_at,
 				WHERE p.command_id OPERATOR(pg_catalog.=) r.command_id
 				  AND p.run_id OPERATOR(pg_catalog.=) r.run_id) AS purged
   FROM @extschema@.receipts r
+  LEFT JOIN (SELECT x.command_id, x.run_id FROM @extschema@._stream_log x) l
+	ON l.command_id OPERATOR(pg_catalog.=) r.command_id
+   AND l.run_id OPERATOR(pg_catalog.=) r.run_id
  WHERE NOT EXISTS (SELECT 1 FROM @extschema@.commands c
 					WHERE c.command_id OPERATOR(pg_catalog.=) r.command_id
-					  AND c.run_id OPERATOR(pg_catalog.=) r.run_id);
+					  AND c.run_id OPERATOR(pg_catalog.=) r.run_id)
+   AND l.command_id IS NULL;
 COMMENT ON VIEW @extschema@.check_orphan_receipts
 	IS 'conservation check (error): receipts whose command does not exist; empty when healthy';
+
+-- Invariant 4, streams (docs/streams.md).  A stream command's state in a
+-- subscription is derived, never stored: failed (retry, dead or waiting:
+-- its row in stream_failures), else published (its transaction visible in
+-- the snapshot of the acked tick of its partition), else pending (sending
+-- while the open batch holds it).  The rules below make that derivation
+-- exact: each command of a subscription is in one state only.  One row per
+-- offending failure row (command_id set) or progress row (command_id NULL):
+--   stream_failure_without_command     the failed command is in no log table
+--   stream_failure_wrong_partition     it is of another partition or stream
+--   stream_failure_not_reached         its partition's progress (acked tick,
+--                                      or the open batch's end) does not see
+--                                      it: it would be pending and failed
+--   stream_retry_outside_batch         marked for a batch that is not open
+--   stream_waiting_without_predecessor waiting, with no earlier failed
+--                                      command of its key: nothing releases it
+--   stream_dead_without_error          dead, last_error is NULL
+--   stream_progress_without_subscription
+--   stream_partition_unknown           a progress row of no partition of the
+--                                      stream, or a partition without one
+--   stream_batch_without_lease         a batch is open without owner, lease,
+--                                      version or delivery
+--   stream_lease_without_batch         an owner or lease with no open batch
+--   stream_tick_missing                the acked tick or the batch's end is
+--                                      no tick of the stream
+--   stream_progress_before_start       acked before the subscription's start
+CREATE VIEW @extschema@.check_stream_state WITH (security_barrier) AS
+SELECT f.subscription::pg_catalog.text AS subscription, f.part, f.command_id,
+	   f.state AS status,
+	   pg_catalog.array_remove(ARRAY[
+		   CASE WHEN l.command_id IS NULL THEN 'stream_failure_without_command' END,
+		   CASE WHEN l.command_id IS NOT NULL AND (l.part OPERATOR(pg_catalog.<>) f.part
+				OR l.stream_id OPERATOR(pg_catalog.<>) t.stream_id OR t.stream_id IS NULL)
+				THEN 'stream_failure_wrong_partition' END,
+		   CASE WHEN NOT COALESCE(pg_catalog.pg_visible_in_snapshot(f.xid, k.snap), false)
+				THEN 'stream_failure_not_reached' END,
+		   CASE WHEN f.batch_id IS NOT NULL AND NOT COALESCE(p.batch_to IS NOT NULL
+				AND p.batch_id OPERATOR(pg_catalog.=) f.batch_id, false)
+				THEN 'stream_retry_outside_batch' END,
+		   CASE WHEN f.state OPERATOR(pg_catalog.=) 'waiting'
+				AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures w
+								 WHERE w.subscription OPERATOR(pg_catalog.=) f.subscription
+								   AND w.ordering_key OPERATOR(pg_catalog.=) f.ordering_key
+								   AND w.decided_by OPERATOR(pg_catalog.=) f.decided_by
+								   AND w.log_id OPERATOR(pg_catalog.<) f.log_id)
+				THEN 'stream_waiting_without_predecessor' END,
+		   CASE WHEN f.state OPERATOR(pg_catalog.=) 'dead' AND f.last_error IS NULL
+				THEN 'stream_dead_without_error' END]::pg_catalog.text[], NULL) AS rules
+  FROM @extschema@.stream_failures f
+  LEFT JOIN @extschema@.subscriptions u ON u.subscription OPERATOR(pg_catalog.=) f.subscription
+  LEFT JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+  LEFT JOIN @extschema@.stream_progress p
+	ON p.subscription OPERATOR(pg_catalog.=) f.subscription AND p.part OPERATOR(pg_catalog.=) f.part
+  LEFT JOIN @extschema@.stream_ticks k
+	ON k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+   AND k.tick OPERATOR(pg_catalog.=) COALESCE(p.batch_to, p.acked_tick)
+  LEFT JOIN LATERAL (SELECT x.command_id, x.part, x.stream_id FROM @extschema@._stream_log x
+					  WHERE x.command_id OPERATOR(pg_catalog.=) f.command_id LIMIT 1) l ON true
+ WHERE l.command_id IS NULL
+	OR l.part OPERATOR(pg_catalog.<>) f.part OR t.stream_id IS NULL
+	OR l.stream_id OPERATOR(pg_catalog.<>) t.stream_id
+	OR NOT COALESCE(pg_catalog.pg_visible_in_snapshot(f.xid, k.snap), false)
+	OR (f.batch_id IS NOT NULL AND NOT COALESCE(p.batch_to IS NOT NULL
+		AND p.batch_id OPERATOR(pg_catalog.=) f.batch_id, false))
+	OR (f.state OPERATOR(pg_catalog.=) 'waiting'
+		AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures w
+						 WHERE w.subscription OPERATOR(pg_catalog.=) f.subscription
+						   AND w.ordering_key OPERATOR(pg_catalog.=) f.ordering_key
+						   AND w.decided_by OPERATOR(pg_catalog.=) f.decided_by
+						   AND w.log_id OPERATOR(pg_catalog.<) f.log_id))
+	OR (f.state OPERATOR(pg_catalog.=) 'dead' AND f.last_error IS NULL)
+UNION ALL
+SELECT q.subscription, q.part, NULL::pg_catalog.text COLLATE pg_catalog."C", NULL, q.rules
+  FROM (SELECT COALESCE(p.subscription, u.subscription)::pg_catalog.text AS subscription,
+			   COALESCE(p.part, g.part) AS part,
+			   pg_catalog.array_remove(ARRAY[
+				   CASE WHEN p.subscription IS NOT NULL AND u.subscription IS NULL
+						THEN 'stream_progress_without_subscription' END,
+				   CASE WHEN p.subscription IS NULL OR g.part IS NULL
+						THEN 'stream_partition_unknown' END,
+				   CASE WHEN p.batch_to IS NOT NULL AND (p.owner IS NULL OR p.lease_until IS NULL
+						OR p.version OPERATOR(pg_catalog.<) 1 OR p.deliveries OPERATOR(pg_catalog.<) 1)
+						THEN 'stream_batch_without_lease' END,
+				   CASE WHEN p.batch_to IS NULL AND (p.owner IS NOT NULL OR p.lease_until IS NOT NULL)
+						THEN 'stream_lease_without_batch' END,
+				   CASE WHEN p.subscription IS NOT NULL AND u.subscription IS NOT NULL
+						AND (NOT EXISTS (SELECT 1 FROM @extschema@.stream_ticks k
+										  WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+											AND k.tick OPERATOR(pg_catalog.=) p.acked_tick)
+							 OR (p.batch_to IS NOT NULL
+								 AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_ticks k
+												  WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+													AND k.tick OPERATOR(pg_catalog.=) p.batch_to)))
+						THEN 'stream_tick_missing' END,
+				   CASE WHEN p.acked_tick OPERATOR(pg_catalog.<) u.start_tick
+						THEN 'stream_progress_before_start' END]::pg_catalog.text[], NULL) AS rules
+		  FROM (SELECT u.subscription, u.stream, u.start_tick, gs.part
+				  FROM @extschema@.subscriptions u
+				  JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+				 CROSS JOIN LATERAL pg_catalog.generate_series(0, t.partitions OPERATOR(pg_catalog.-) 1) AS gs(part)) g
+		  FULL JOIN @extschema@.stream_progress p
+			ON p.subscription OPERATOR(pg_catalog.=) g.subscription AND p.part OPERATOR(pg_catalog.=) g.part
+		  LEFT JOIN @extschema@.subscriptions u
+			ON u.subscription OPERATOR(pg_catalog.=) COALESCE(p.subscription, g.subscription)
+		  LEFT JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream) q
+ WHERE pg_catalog.cardinality(q.rules) OPERATOR(pg_catalog.>) 0;
+COMMENT ON VIEW @extschema@.check_stream_state
+	IS 'conservation check (error, counted in the check state): stream failures and progress rows whose fields disagree, with the rules they break; empty when healthy';
 
 -- Invariant 4: the state of each command is consistent.  One row per
 -- inconsistent command; rules lists every rule it breaks:
@@ -125,7 +258,8 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 -- and the rules array is built for the offending rows only.  Tombstones are
 -- hashed and probed by the one scan of commands, and so are the keys' first
 -- and last unfinished places (h) and the places held twice (d), each one pass over
--- the commands with a key.
+-- the commands with a key.  (The streams' rules are check_stream_state,
+-- above, counted with these as the check "state".)
 CREATE VIEW @extschema@.check_state WITH (security_barrier) AS
 SELECT f.command_id, f.status::pg_catalog.text AS status,
 	   pg_catalog.array_remove(ARRAY[
@@ -241,6 +375,7 @@ WITH d AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_decisio
 	 o AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_orphan_commands v),
 	 r AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_orphan_receipts v),
 	 s AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_state v),
+	 ss AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_stream_state v),
 	 w AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_receipt_overdue v)
 SELECT x.check_name, x.severity, x.violations, x.sample, x.description
   FROM (VALUES
@@ -257,9 +392,9 @@ SELECT x.check_name, x.severity, x.violations, x.sample, x.description
 	 ARRAY(SELECT r.id FROM r ORDER BY r.id LIMIT 5),
 	 'every receipt references an existing command'),
 	('state', 'error',
-	 (SELECT pg_catalog.count(*) FROM s),
-	 ARRAY(SELECT s.id FROM s ORDER BY s.id LIMIT 5),
-	 'every command''s status agrees with its owner, lease, publish time, deliveries and version, and with the order of its ordering key'),
+	 (SELECT pg_catalog.count(*) FROM s) OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM ss),
+	 ARRAY(SELECT u.id FROM (SELECT s.id FROM s UNION ALL SELECT ss.id FROM ss) u ORDER BY u.id LIMIT 5),
+	 'every command''s status agrees with its owner, lease, publish time, deliveries and version, and with the order of its ordering key; every stream command is in one state per subscription'),
 	('receipt_overdue', 'warning',
 	 (SELECT pg_catalog.count(*) FROM w),
 	 ARRAY(SELECT w.id FROM w ORDER BY w.id LIMIT 5),
@@ -449,7 +584,7 @@ REVOKE ALL ON
 	@extschema@.check_orphan_receipts, @extschema@.check_state,
 	@extschema@.check_receipt_overdue, @extschema@.conservation,
 	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
-	@extschema@.horizon, @extschema@.blocked_keys
+	@extschema@.horizon, @extschema@.blocked_keys, @extschema@.check_stream_state
 	FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.verify(pg_catalog.bool) FROM PUBLIC;
 
@@ -462,7 +597,7 @@ BEGIN
 	@extschema@.check_orphan_receipts, @extschema@.check_state,
 	@extschema@.check_receipt_overdue, @extschema@.conservation,
 	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
-	@extschema@.horizon, @extschema@.blocked_keys
+	@extschema@.horizon, @extschema@.blocked_keys, @extschema@.check_stream_state
 	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
 	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.verify(pg_catalog.bool) TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
 END;
