@@ -52,6 +52,8 @@ typedef struct RelayOptions
 	int			batch;			/* claim batch size */
 	double		lease;			/* lease in seconds, 0: server default */
 	const char *kinds;			/* text[] literal, NULL: all kinds */
+	const char *stream;			/* --stream: claim batches of this stream */
+	const char *subscription;	/* --subscription (set with --stream) */
 	char	   *worker;			/* worker name (lease owner) */
 	double		poll;			/* backstop poll interval, seconds */
 	double		timeout;		/* HTTP total timeout, seconds */
