@@ -34,6 +34,12 @@
 # kcat, and a command counts as delivered once per message carrying its
 # command_id header: lost when committed but not in the topic, unexpected
 # when rolled back yet in the topic, duplicated beyond its first message.
+#
+# With OUTBOX_CHAOS_STREAM=1 (tests 067 and 068 run this file so) the kind
+# is written once into a stream of 4 partitions and batches of 20, and the
+# relays publish its subscription (--stream, --subscription): the same
+# chaos, the same classification, from the subscription's per-command
+# status instead of outbox.commands.
 
 use strict;
 use warnings;
@@ -51,6 +57,7 @@ use OutboxTest;
 use OutboxBroker;
 
 my $KAFKA = ($ENV{OUTBOX_CHAOS_SINK} // 'http') eq 'kafka';
+my $STREAM = $ENV{OUTBOX_CHAOS_STREAM} ? 1 : 0;
 
 my $src = $ENV{OUTBOX_SRC} // dirname(__FILE__) . '/../..';
 my $receiver = "$src/src/outbox-receiver";
@@ -93,6 +100,16 @@ $node->safe_psql('postgres', 'CREATE EXTENSION amcheck');
 $node->safe_psql('postgres',
 	'CREATE TABLE biz (command_id text NOT NULL, payload jsonb, applied_at timestamptz DEFAULT clock_timestamp())');
 my $dsn = $node->connstr('postgres');
+
+# Where each command's status is: (command_id, status, deliveries).
+my $STATUS_SQL = 'SELECT command_id, status, deliveries FROM outbox.commands';
+if ($STREAM)
+{
+	$node->safe_psql('postgres', qq{SELECT outbox.create_stream('chaos', 4, $BATCH);
+SELECT outbox.create_subscription('chaos', 'chaos');
+SELECT outbox.set_policy('chaos', stream => 'chaos');});
+	$STATUS_SQL = q{SELECT command_id, status, deliveries FROM outbox.stream_commands WHERE subscription = 'chaos'};
+}
 
 # One query, errors tolerated (the server may be down): its output or undef.
 sub try_query
@@ -236,7 +253,7 @@ sub start_relay
 	$relay_gen[$i]++;
 	$relay_pid[$i] = spawn("$tmp/$name.out", "$tmp/$name.err", 'outbox-relay',
 		'--dsn', $dsn, '--sink', ($KAFKA ? "kafka://$bootstrap/chaos" : "http://127.0.0.1:$port/apply"),
-		'--batch', $BATCH, '--lease', $LEASE, '--poll', '0.5', '--concurrency', 4,
+		($STREAM ? ('--stream', 'chaos', '--subscription', 'chaos') : ('--batch', $BATCH)), '--lease', $LEASE, '--poll', '0.5', '--concurrency', 4,
 		'--timeout', '5', '--worker', $name);
 }
 start_relay($_) for 0 .. $RELAYS - 1;
@@ -292,7 +309,7 @@ while (time() - $started < $DEADLINE)
 	{
 		$next_check = time() + 0.25;
 		my $c = try_query(
-			"SELECT count(*) || ' ' || count(*) FILTER (WHERE status <> 'published') FROM outbox.commands");
+			"SELECT count(*) || ' ' || count(*) FILTER (WHERE status <> 'published') FROM ($STATUS_SQL) c");
 		if (defined $c && $c =~ /^(\d+) (\d+)$/)
 		{
 			my ($total, $open) = ($1, $2);
@@ -387,8 +404,7 @@ is($by_status{notrun} // 0, 0, 'every producer ran all its transactions');
 cmp_ok($by_status{rolledback} // 0, '>', $DECISIONS * $ROLLBACK / 2, 'rolled-back decisions were produced');
 
 my %cmd;
-for (split /\n/, $node->safe_psql('postgres',
-	"SELECT command_id, status, deliveries FROM outbox.commands"))
+for (split /\n/, $node->safe_psql('postgres', $STATUS_SQL))
 {
 	my ($id, $st, $d) = split /\|/;
 	$cmd{$id} = { status => $st, deliveries => $d };
@@ -460,9 +476,9 @@ for my $id (sort keys %all)
 
 my $bound = ($kills + $RELAYS) * $BATCH;
 diag(sprintf(
-	"chaos (%s): ok=%d lost=%d unexpected=%d duplicated=%d (bound %d: (%d kills + %d relays) x batch %d); "
+	"chaos (%s%s): ok=%d lost=%d unexpected=%d duplicated=%d (bound %d: (%d kills + %d relays) x batch %d); "
 	  . "committed=%d rolledback=%d unknown=%d (recovered %d); production %.1fs, all published %.1fs",
-	$KAFKA ? 'kafka' : 'http', $ok, $lost, $unexpected, $duplicated, $bound, $kills, $RELAYS, $BATCH,
+	$KAFKA ? 'kafka' : 'http', $STREAM ? ', stream' : '', $ok, $lost, $unexpected, $duplicated, $bound, $kills, $RELAYS, $BATCH,
 	$by_status{committed} // 0, $by_status{rolledback} // 0, $by_status{unknown} // 0,
 	$recovered, $production_secs // -1, $chaos_secs));
 
@@ -474,9 +490,9 @@ cmp_ok($duplicated, '<=', $bound, 'duplicated deliveries within the bound');
 is($ok, ($by_status{committed} // 0) + $recovered, 'ok = every committed command (and every recovered one)');
 
 is($node->safe_psql('postgres',
-	"SELECT count(*) FROM outbox.commands c WHERE NOT EXISTS (SELECT 1 FROM outbox.receipts r WHERE r.command_id = c.command_id)"),
+	"SELECT count(*) FROM ($STATUS_SQL) c WHERE NOT EXISTS (SELECT 1 FROM outbox.receipts r WHERE r.command_id = c.command_id)"),
 	'0', 'every command has its receipt') unless $KAFKA;
-is($node->safe_psql('postgres', "SELECT count(*) FROM outbox.commands WHERE status <> 'published'"),
+is($node->safe_psql('postgres', "SELECT count(*) FROM ($STATUS_SQL) c WHERE status <> 'published'"),
 	'0', 'no command dead, uncertain or left behind');
 is($node->safe_psql('postgres',
 	"SELECT count(*) FROM outbox.inbox i WHERE i.consumer = 'chaos' AND NOT EXISTS (SELECT 1 FROM biz b WHERE b.command_id = i.command_id)"),
@@ -506,6 +522,11 @@ else
 	{
 		is($node->safe_psql('postgres', $inv{$name}), '0', "invariant: no $name");
 	}
+}
+
+{
+	my ($vrc, $vout, $verr) = $node->psql('postgres', 'SELECT outbox.verify()');
+	is($vrc, 0, 'outbox.verify() passes') or diag($verr);
 }
 
 # amcheck on every B-tree index of the extension.
