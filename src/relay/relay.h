@@ -12,6 +12,9 @@
  * delivered commands and one fail per failed command.  Every call carries
  * the token the claim returned (opaque text), so a relay whose lease was
  * taken over is refused (SQLSTATE OB001) and changes nothing.
+ * With --stream the batch is one of a stream's subscription, leased,
+ * acked (one ack_batch, naming the failed commands) and renewed as a whole
+ * (db.c).
  *
  *-------------------------------------------------------------------------
  */
