@@ -26,6 +26,22 @@ bench_commit_commands() {
        LATERAL outbox.commit_decisions(b.d);" >/dev/null
 }
 
+# The same in transactions of $4 decisions, each followed by the SQL $5 in a
+# transaction of its own (a stream's tick: outbox.tick_streams()), from one
+# psql script in $WORK.
+bench_commit_chunks() {
+	local n=$1 kind=$2 prefix=$3 chunk=$4 after=$5 i
+	for ((i = 0; i < n; i += chunk)); do
+		echo "SELECT count(*) FROM (SELECT jsonb_agg(jsonb_build_object('run_id', '$prefix-run-' || (g / 100), 'seq', g, 'event_kind', 'decided',
+       'command_id', '$prefix-' || g, 'command_kind', '$kind',
+       'payload', jsonb_build_object('n', g, 'to', 'someone@example.org'))) AS d
+  FROM generate_series($i + 1, least($i + $chunk, $n)) g) b, LATERAL outbox.commit_decisions(b.d);"
+		echo "$after"
+	done >"$WORK/chunks.sql"
+	outbox_give_to_pg_user "$WORK"
+	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d ${BENCH_DB:-bench} -v ON_ERROR_STOP=1 -f '$WORK/chunks.sql'" >/dev/null
+}
+
 # The hand-written baseline: a table with the columns of outbox.commands, a
 # plain text key and the classic partial index on pending rows.
 bench_baseline_table() {

@@ -111,20 +111,11 @@ SELECT outbox.create_subscription('$1', '$1');
 SELECT outbox.set_policy('$1-k', stream => '$1');" >/dev/null
 }
 
-# Commands of subscription $1 not published yet.
-stream_left() {
-	psql_q "SELECT coalesce(sum(pending + leased), 0) FROM outbox.stream_progress WHERE subscription = '$1'"
-}
-
-# Wait until the worker has cut every command of subscription $1 into
-# batches (it does so when the producers' commits wake it).
-stream_wait_cut() {
-	local _
-	for _ in $(seq 300); do
-		[ "$(psql_q "SELECT coalesce(sum(uncut), 0) FROM outbox.stream_progress WHERE subscription = '$1'")" = 0 ] && return 0
-		sleep 0.1
-	done
-	echo "warning: subscription $1 not cut after 30 s" >&2
+# Commit $2 commands of stream $1's kind in transactions of $3, a tick of
+# the streams cut after each (as the worker does when commits wake it), so
+# that the batches have about the stream's batch_size per partition.
+load_stream() {
+	bench_commit_chunks "$2" "$1-k" "$1" "$3" "SELECT outbox.tick_streams();"
 }
 
 # The row-lease backlog: N pending commands in outbox.commands.
@@ -167,14 +158,18 @@ EOF
 bench_delete_script "$WORK/delete.sql"
 outbox_give_to_pg_user "$WORK"
 
-# k relays of the given kind draining: relays K [stream options].
+# K relays draining to stdout (into files, counted afterwards): relays K
+# [options]; prints nothing, leaves the number of lines written in
+# $WORK/delivered.
 relays() {
 	local k=$1 i
 	shift
+	rm -f "$WORK"/relay-out-*
 	for i in $(seq "$k"); do
-		as_pg "'$RELAY' --dsn '$DSN' --sink stdout --drain --worker bench-$i $* >/dev/null 2>>'$WORK/relay.log'" &
+		as_pg "'$RELAY' --dsn '$DSN' --sink stdout --drain --worker bench-$i $* >'$WORK/relay-out-$i' 2>>'$WORK/relay.log'" &
 	done
 	wait
+	cat "$WORK"/relay-out-* | wc -l >"$WORK/delivered"
 }
 
 # One throughput cell: prints commands per second.
@@ -197,16 +192,15 @@ cell() {
 			s=$(now)
 			relays "$k" --batch "$b"
 			e=$(now)
-			left=$(psql_q "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")
+			left=$((N - $(cat "$WORK/delivered")))
 			;;
 		relay-stream)
-			stream_new "$name" "$b" && bench_commit_commands "$N" "$name-k" "$name" || exit 1
-			stream_wait_cut "$name"
+			stream_new "$name" "$b" && load_stream "$name" "$N" "$b" || exit 1
 			psql_q "CHECKPOINT;" >/dev/null
 			s=$(now)
 			relays "$k" --stream "$name" --subscription "$name"
 			e=$(now)
-			left=$(stream_left "$name")
+			left=$((N - $(cat "$WORK/delivered")))
 			;;
 		pgq)
 			load_pgq "q$name" "$N" "$b" || exit 1
@@ -259,50 +253,60 @@ fi
 lsn() { psql_q "SELECT pg_current_wal_lsn()"; }
 bytes() { psql_q "SELECT round(pg_wal_lsn_diff('$2', '$1') / $3::numeric)"; }
 
+# The streams' rotation, when this build has one (ROTATE_SQL).
+ROTATE_SQL=${ROTATE_SQL:-"SELECT outbox.rotate_streams()"}
+has_rotation() { [ "$(psql_q "SELECT to_regprocedure('outbox.rotate_streams()') IS NOT NULL")" = t ]; }
+
 if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
-	echo "== WAL bytes per command, $N commands (producer alone | + publisher + purge or rotation; ratio)"
-	# row leases: produce, drain, complete (purge needs receipts), purge
+	echo "== WAL bytes per command, $N commands: the producer alone | producer + publisher (1 relay, batches of 100) + consumer receipts + purge or rotation; ratio"
+	# row leases: produce (alone), then produce, drain, complete, purge
 	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts; CHECKPOINT;" >/dev/null
 	a=$(lsn)
-	bench_commit_commands "$N" k walrows
-	b1=$(lsn)
+	bench_commit_chunks "$N" k walrows-a 100 ""
+	p=$(bytes "$a" "$(lsn)" "$N")
+	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts; CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	bench_commit_chunks "$N" k walrows 100 ""
 	relays 1 --batch 100
 	psql_q "SELECT count(outbox.complete(command_id)) FROM outbox.commands;" >/dev/null
 	psql_q "SELECT outbox.purge($N, interval '0');" >/dev/null
-	b2=$(lsn)
-	p=$(bytes "$a" "$b1" "$N")
-	t=$(bytes "$a" "$b2" "$N")
-	printf '  %-8s %8s | %8s  %s\n' rows "$p" "$t" "$(ratio "$t" "$p")"
-	# a stream: produce, drain, complete, rotate
+	t=$(bytes "$a" "$(lsn)" "$N")
+	printf '  %-8s %8s | %8s  %s  (%s delivered; %s rows left)\n' rows "$p" "$t" "$(ratio "$t" "$p")" \
+		"$(cat "$WORK/delivered")" "$(psql_q "SELECT count(*) FROM outbox.commands")"
+	# a stream: produce (alone), then produce with ticks, drain, complete, rotate
+	stream_new walalone 100
 	stream_new walstream 100
 	psql_q "CHECKPOINT;" >/dev/null
 	a=$(lsn)
-	bench_commit_commands "$N" walstream-k walstream
-	b1=$(lsn)
-	stream_wait_cut walstream
+	bench_commit_chunks "$N" walalone-k walalone 100 ""
+	p=$(bytes "$a" "$(lsn)" "$N")
+	psql_q "CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	load_stream walstream "$N" 100
 	relays 1 --stream walstream --subscription walstream
-	psql_q "SELECT outbox.rotate_streams();" >/dev/null
-	b2=$(lsn)
-	p=$(bytes "$a" "$b1" "$N")
-	t=$(bytes "$a" "$b2" "$N")
-	printf '  %-8s %8s | %8s  %s\n' stream "$p" "$t" "$(ratio "$t" "$p")"
-	# PgQ: insert, tick, consume, rotate
+	psql_q "SELECT count(outbox.complete(c)) FROM (SELECT 'walstream-' || g AS c FROM generate_series(1, $N) g) s;" >/dev/null
+	rot="no rotation in this build"
+	if has_rotation; then
+		psql_q "$ROTATE_SQL" >/dev/null
+		rot="rotated"
+	fi
+	t=$(bytes "$a" "$(lsn)" "$N")
+	printf '  %-8s %8s | %8s  %s  (%s delivered; %s)\n' stream "$p" "$t" "$(ratio "$t" "$p")" "$(cat "$WORK/delivered")" "$rot"
+	# PgQ: insert (alone), then insert, tick, consume, rotate
 	psql_q "SELECT pgq.create_queue('walq'); SELECT pgq.register_consumer('walq', 'c');
-SELECT pgq.set_queue_config('walq', 'ticker_max_count', '100');
 SELECT pgq.set_queue_config('walq', 'queue_rotation_period', '1 second'); CHECKPOINT;" >/dev/null
 	a=$(lsn)
 	psql_q "SELECT count(pgq.insert_event('walq', 'k', json_build_object('n', g, 'to', 'someone@example.org')::text)) FROM generate_series(1, $N) g;" >/dev/null
 	b1=$(lsn)
+	p=$(bytes "$a" "$b1" "$N")
 	psql_q "SELECT pgq.force_tick('walq');" >/dev/null
 	psql_q "SELECT pgq.ticker('walq');" >/dev/null
-	as_pg "'$PGBIN/pgbench' -n -h '$DATA' -p $PORT -M prepared -c 1 -t 1 -D queue=walq -f '$WORK/pgq-consume.sql' bench" >/dev/null 2>&1
+	as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c 1 -t 1 -D queue=walq -f '$WORK/pgq-consume.sql' bench" >/dev/null 2>&1
 	sleep 1.1
 	psql_q "SELECT pgq.maint_rotate_tables_step1('walq');" >/dev/null
 	psql_q "SELECT pgq.maint_rotate_tables_step2();" >/dev/null
-	b2=$(lsn)
-	p=$(bytes "$a" "$b1" "$N")
-	t=$(bytes "$a" "$b2" "$N")
-	printf '  %-8s %8s | %8s  %s\n' pgq "$p" "$t" "$(ratio "$t" "$p")"
+	t=$(bytes "$a" "$(lsn)" "$N")
+	printf '  %-8s %8s | %8s  %s  (one batch; one rotation; no receipts)\n' pgq "$p" "$t" "$(ratio "$t" "$p")"
 	echo
 fi
 
@@ -341,11 +345,7 @@ EOF
 	for size in $SIZES; do
 		name=claim$size
 		stream_new "$name" 100
-		for ((done_ = 0; done_ < size; done_ += 100000)); do
-			chunk=$((size - done_ < 100000 ? size - done_ : 100000))
-			bench_commit_commands "$chunk" "$name-k" "$name-$done_"
-		done
-		stream_wait_cut "$name"
+		load_stream "$name" "$size" 1000
 		psql_q "VACUUM ANALYZE; CHECKPOINT;" >/dev/null
 		lat=$(as_pg "'$PGBIN/pgbench' -n -h '$DATA' -p $PORT -M prepared -c 1 -t 50 -D stream=$name -f '$WORK/claim.sql' bench" 2>&1 |
 			awk '/^latency average/ { print $4; exit }')
