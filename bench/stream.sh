@@ -359,7 +359,9 @@ if [ -z "$ONLY" ] || [ "$ONLY" = latency ]; then
 	echo "== commit -> delivered (bench/latency.sh's harness: rows against a stream)"
 	OUTBOX_SKIP_BUILD=1 QUICK= REPEATS=1 SECS=$LAT_SECS RATES=$RATES \
 		SETUP_SQL="SELECT outbox.create_stream('lat', $PARTS, 100); SELECT outbox.create_subscription('lat', 'lat');" \
-		PENDING_SQL="SELECT (SELECT count(*) FROM outbox.commands WHERE status <> 'published') + (SELECT coalesce(sum(pending + leased), 0) FROM outbox.stream_progress WHERE subscription = 'lat')" \
+		PENDING_SQL="SELECT (SELECT count(*) FROM outbox.commands WHERE status <> 'published') + outbox.tick_streams() * 0
+  + (SELECT count(*) FROM outbox.stream_lag WHERE subscription = 'lat' AND (ticks_behind > 0 OR batch_open))
+  + (SELECT count(*) FROM outbox.stream_failed WHERE subscription = 'lat' AND status <> 'dead')" \
 		CONFIGS="rows | | | SELECT outbox.set_policy('lat', stream => '')
 stream | | --stream lat --subscription lat | SELECT outbox.set_policy('lat', stream => 'lat')" \
 		bash "$ROOT/bench/latency.sh"

@@ -108,7 +108,17 @@ if ($STREAM)
 	$node->safe_psql('postgres', qq{SELECT outbox.create_stream('chaos', 4, $BATCH);
 SELECT outbox.create_subscription('chaos', 'chaos');
 SELECT outbox.set_policy('chaos', stream => 'chaos');});
-	$STATUS_SQL = q{SELECT command_id, status, deliveries FROM outbox.stream_commands WHERE subscription = 'chaos'};
+	# every command of the stream's log: published when its partition's
+	# acked tick sees it, unless it failed in the subscription (retry,
+	# waiting or dead, with its deliveries)
+	$STATUS_SQL = q{SELECT l.command_id,
+       coalesce(f.status, CASE WHEN pg_catalog.pg_visible_in_snapshot(l.xid, k.snap) THEN 'published' ELSE 'pending' END) AS status,
+       coalesce(f.deliveries, 1) AS deliveries
+  FROM outbox._stream_log l
+  JOIN outbox.streams t ON t.stream_id = l.stream_id AND t.stream = 'chaos'
+  JOIN outbox.stream_progress p ON p.subscription = 'chaos' AND p.part = l.part
+  JOIN outbox.stream_ticks k ON k.stream_id = l.stream_id AND k.tick = p.acked_tick
+  LEFT JOIN outbox.stream_failures f ON f.subscription = 'chaos' AND f.command_id = l.command_id};
 }
 
 # One query, errors tolerated (the server may be down): its output or undef.

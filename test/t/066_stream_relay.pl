@@ -72,11 +72,16 @@ sq(q{SELECT outbox.create_stream('s1', 4, 50)});
 sq(q{SELECT outbox.create_subscription('s1', sub) FROM unnest(ARRAY['web', 'out', 'kafka']) sub});
 sq(q{SELECT outbox.set_policy('sk', stream => 's1')});
 
-# Commands of subscription $sub not published yet (pending or leased).
+# What subscription $sub has not finished, after a tick of the streams (so
+# that every commit is in one): its partitions behind the last tick or with
+# an open batch (outbox.stream_lag), and its failed commands still to retry
+# or waiting (outbox.stream_failed); "0" when it has published everything.
 sub left
 {
 	my ($sub) = @_;
-	return sq("SELECT coalesce(sum(pending + leased), 0) FROM outbox.stream_progress WHERE subscription = '$sub'");
+	sq('SELECT outbox.tick_streams()');
+	return sq("SELECT (SELECT count(*) FROM outbox.stream_lag WHERE subscription = '$sub' AND (ticks_behind > 0 OR batch_open))
+  + (SELECT count(*) FROM outbox.stream_failed WHERE subscription = '$sub' AND status <> 'dead')");
 }
 
 # The receiver: applies every command (inbox_accept, biz, complete).
@@ -126,7 +131,7 @@ my $total = 2003;
 for my $sub (qw(web out kafka))
 {
 	ok(wait_until(sub { left($sub) eq '0' }), "$sub: nothing left to publish")
-	  or diag(sq("SELECT * FROM outbox.stream_progress"));
+	  or diag(sq("SELECT * FROM outbox.stream_lag"));
 }
 for my $sub (qw(web out kafka))
 {
@@ -155,10 +160,10 @@ is(join(' ', map { "$_->[0]:$_->[1]" } @{ $web{'st-f-fatal'} // [] }), '1:422',
 	'web: a fatal failure is not retried');
 is(sq(q{SELECT count(*) FROM biz WHERE command_id LIKE 'st-%'}), '2002', 'web: 2002 applied once each (the 422 one not)');
 is(sq(q{SELECT count(DISTINCT command_id) FROM biz}), '2002', 'web: none applied twice');
-is(sq(q{SELECT count(*) FROM outbox.stream_dead WHERE subscription = 'web' AND command_id = 'st-f-fatal'}), '1',
+is(sq(q{SELECT count(*) FROM outbox.stream_failed WHERE status = 'dead' AND subscription = 'web' AND command_id = 'st-f-fatal'}), '1',
 	'web: the fatal one is dead for its subscription');
-is(sq(q{SELECT count(*) FROM outbox.stream_dead WHERE subscription <> 'web'}), '0',
-	'the other subscriptions have no dead command');
+is(sq(q{SELECT count(*) FROM outbox.stream_failed WHERE subscription <> 'web'}), '0',
+	'the other subscriptions have no failed command');
 
 # out: the relays' stdout
 my %out;
