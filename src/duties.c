@@ -37,6 +37,10 @@
  *				metrics read the counts (outbox.metrics_checks).  A count
  *				reads its tables whole (under a second per million
  *				commands): DDL that comes during one waits for that one.
+ * streams		At every wake-up (a commit woke the worker), cut a tick of
+ *				each stream with commands its last tick does not see (SQL
+ *				outbox._stream_tick, docs/streams.md), before the notify
+ *				duty tells the publishers.
  * notify		Send the pending wake-up: one NOTIFY on outbox.notify_channel
  *				from the worker's own transaction, at most one per
  *				outbox.notify_interval (a commit arriving sooner leaves the
@@ -566,6 +570,18 @@ du_due(OutboxTurn *turn)
 	return false;
 }
 
+/* streams: cut the ticks of the streams with new commands. */
+static bool
+du_streams(OutboxTurn *turn)
+{
+	static SPIPlanPtr du_plan_tick = NULL;
+	int32		n;
+
+	(void) du_run("outbox: cutting the stream ticks", &du_plan_tick,
+				  "SELECT outbox._stream_tick($1)", false, 0, &n);
+	return false;
+}
+
 /* notify: send the pending wake-up, or come back when the interval ends. */
 static bool
 du_wakeups(OutboxTurn *turn)
@@ -686,6 +702,7 @@ const OutboxDuty OutboxDuties[] = {
 	{"index", &outbox_index_check_interval_ms, 0, du_index, 1, false, false,
 	du_index_watch, du_index_stop},
 	{"checks", &outbox_check_interval_ms, 0, du_checks, DU_CHECKS_MAX, false, false},
+	{"streams", NULL, 0, du_streams, 1, false, false},
 	{"notify", NULL, 0, du_wakeups, 1, false, false},
 };
 

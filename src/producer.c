@@ -404,6 +404,35 @@ pr_decide_routed(Datum *args, const char *nulls, const PrWhat *what)
 }
 
 /*
+ * A decision of a kind with a stream (args as commit_decision's statement
+ * takes them, with room for the key at args[11]): appended to the stream
+ * log with its event (OutboxStreamDecidePlan, src/stream.c).  True when
+ * recorded, false for the caller's own retry; raises as commit_decision
+ * does for a forbidden kind or a conflict (ord: the place in a batch, or 0).
+ */
+static bool
+pr_decide_stream(Datum *args, char *nulls, text *key, const PrWhat *what, int ord)
+{
+	OutboxStreamCheckDecision(DatumGetTextPP(args[3]), nulls[7] != 'n', ord);
+	args[11] = key != NULL ? PointerGetDatum(key) : (Datum) 0;
+	nulls[11] = key != NULL ? ' ' : 'n';
+	if (pr_insert(OutboxStreamDecidePlan(OutboxAnyDeciders()), args, nulls, what, true))
+		return true;
+	switch (OutboxStreamWhyNot(args, nulls))
+	{
+		case OUTBOX_STREAM_FORBIDDEN:
+			pr_raise_forbidden(text_to_cstring(DatumGetTextPP(args[4])), ord);
+			break;
+		case OUTBOX_STREAM_CONFLICT:
+			pr_raise_conflict(text_to_cstring(DatumGetTextPP(args[3])), ord);
+			break;
+		case OUTBOX_STREAM_RETRY:
+			break;
+	}
+	return false;
+}
+
+/*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
  *						  payload, event_payload, not_before, priority,
  *						  headers, ordering_key)
@@ -479,6 +508,16 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	SPI_connect();
 	if (key == NULL && OutboxOrderedByRun(command_kind))
 		key = run_id;
+	/* a kind with a stream: appended to its log (src/stream.c) */
+	if (OutboxStreamKind(command_kind))
+	{
+		bool		recorded = pr_decide_stream(args, nulls, key, &what, 0);
+
+		SPI_finish();
+		if (recorded)
+			OutboxCountAtCommit(OBC_ENQUEUED, 1);
+		PG_RETURN_BOOL(recorded);
+	}
 	if (OutboxCitusDistributed())
 	{
 		/* the key's lock lives on one node: not yet on a distributed outbox */
@@ -1138,6 +1177,55 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 				elems[PR_KEY_ORDERING_KEY][i] = elems[PR_KEY_RUN_ID][i];
 				elnulls[PR_KEY_ORDERING_KEY][i] = false;
 			}
+
+	/*
+	 * Kinds with a stream: each decision appended to its log
+	 * (pr_decide_stream); a batch does not mix them with other kinds.
+	 */
+	if (OutboxStreamKind(NULL))
+	{
+		int			ns = 0;
+
+		for (i = 0; i < n; i++)
+			if (OutboxStreamKind(DatumGetTextPP(elems[PR_KEY_COMMAND_KIND][i])))
+				ns++;
+		if (ns > 0 && ns < n)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("a batch of decisions must not mix kinds written to a stream with other kinds"),
+					 errhint("Decide them in two calls of commit_decisions.")));
+		if (ns > 0)
+		{
+			m = 0;
+			for (i = 0; i < n; i++)
+			{
+				Datum		sargs[12];
+				char		snulls[12];
+
+				for (j = 0; j < PR_NKEYS - 1; j++)
+				{
+					sargs[PR_KEY_PARAM(j)] = elems[j][i];
+					snulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+				}
+				sargs[9] = ObjectIdGetDatum(caller);
+				snulls[9] = ' ';
+				what.run_id = DatumGetTextPP(sargs[0]);
+				what.seq = DatumGetInt64(sargs[1]);
+				what.command_id = DatumGetTextPP(sargs[3]);
+				what.rows = 1;
+				if (!pr_decide_stream(sargs, snulls,
+									  elnulls[PR_KEY_ORDERING_KEY][i] ? NULL :
+									  DatumGetTextPP(elems[PR_KEY_ORDERING_KEY][i]),
+									  &what, i + 1))
+				{
+					retry[i] = true;
+					m++;
+				}
+			}
+			SPI_finish();
+			goto done;
+		}
+	}
 
 	/* a distributed outbox: one routed decision at a time */
 	if (OutboxCitusDistributed())

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(168);
+SELECT plan(232);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -49,6 +49,15 @@ INSERT INTO expected VALUES
 	('outbox.renew(text,text,interval)',
 	 'function', '{outbox_publisher}', false,
 	 $$SELECT outbox.renew('pt-w3', (SELECT token FROM outbox.claim('pt-w3', 1, kinds => '{pt-kind-fresh}')))$$),
+	('outbox.claim_batch(text,text,text,interval)',
+	 'function', '{outbox_publisher}', false,
+	 $$SELECT count(*) FROM outbox.claim_batch('pt-stream', 'pt-sub', 'pt-w6')$$),
+	('outbox.ack_batch(text,text,text[],text[],boolean[])',
+	 'function', '{outbox_publisher}', false,
+	 $$SELECT outbox.ack_batch('pt-w6', (SELECT token FROM outbox.claim_batch('pt-stream', 'pt-sub', 'pt-w6') LIMIT 1))$$),
+	('outbox.renew_batch(text,text,interval)',
+	 'function', '{outbox_publisher}', false,
+	 $$SELECT outbox.renew_batch('pt-w6', (SELECT token FROM outbox.claim_batch('pt-stream', 'pt-sub', 'pt-w6') LIMIT 1))$$),
 	-- consumer
 	('outbox.complete(text,text,text,jsonb)',
 	 'function', '{outbox_consumer}', false,
@@ -72,9 +81,21 @@ INSERT INTO expected VALUES
 	('outbox.skip_head(text,regrole)',
 	 'function', '{outbox_admin}', false,
 	 $$SELECT outbox.skip_head('pt-key')$$),
-	('outbox.set_policy(text,integer,interval,interval,interval,text,interval,regrole[],regrole[],regrole[],boolean)',
+	('outbox.set_policy(text,integer,interval,interval,interval,text,interval,regrole[],regrole[],regrole[],boolean,text)',
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.set_policy('pt-kind-x', max_deliveries => 3)$$),
+	('outbox.create_stream(text,integer,integer)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.create_stream('pt-stream-2')$$),
+	('outbox.create_subscription(text,text,regrole[])',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.create_subscription('pt-stream', 'pt-sub-2')$$),
+	('outbox.drop_subscription(text)',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.drop_subscription('pt-sub')$$),
+	('outbox.tick_streams()',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.tick_streams()$$),
 	('outbox.pause(text)',
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.pause('pt-kind-x')$$),
@@ -147,6 +168,31 @@ INSERT INTO expected VALUES
 	('outbox._request_worker()',
 	 'function', '{}', false,
 	 $$SELECT outbox._request_worker()$$),
+	-- streams (src/sql/60_streams.sql): the owner only
+	('outbox._stream_tick(integer)',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_tick(0)$$),
+	('outbox._stream_lease_end(interval,timestamp with time zone)',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_lease_end(NULL, now())$$),
+	('outbox._stream_batch_rows(text,integer,bigint,integer,pg_snapshot,pg_snapshot,integer)',
+	 'function', '{}', false,
+	 $$SELECT count(*) FROM outbox._stream_batch_rows('pt-sub', 0, 1, 1, '1:1:', '1:1:', 1)$$),
+	('outbox._stream_snap(integer,bigint)',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_snap(1, 0)$$),
+	('outbox._claim_batch(text,text,text,interval,oid)',
+	 'function', '{}', false,
+	 $$SELECT count(*) FROM outbox._claim_batch('pt-stream', 'pt-sub', 'pt-w7', NULL, 10)$$),
+	('outbox._ack_batch(text,integer,bigint,integer,text,text[],text[],boolean[])',
+	 'function', '{}', false,
+	 $$SELECT outbox._ack_batch('pt-sub', 0, 1, 1, 'pt-w7', NULL, NULL, NULL)$$),
+	('outbox._stream_published_retries(text,integer,bigint,timestamp with time zone)',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_published_retries('pt-sub', 0, 1, now())$$),
+	('outbox._renew_batch(text,integer,bigint,integer,text,interval)',
+	 'function', '{}', false,
+	 $$SELECT outbox._renew_batch('pt-sub', 0, 1, 1, 'pt-w7', NULL)$$),
 	-- Citus (src/sql/50_citus.sql): the owner only
 	('outbox.distribute(text)',
 	 'function', '{}', false,
@@ -195,6 +241,30 @@ INSERT INTO expected VALUES
 	 $$WITH d AS (DELETE FROM outbox.check_results RETURNING 1) SELECT count(*) FROM d$$),
 	('outbox.lease_key', 'relation', '{}', NULL,
 	 $$SELECT count(*) FROM outbox.lease_key$$),
+	('outbox.streams', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.streams$$),
+	('outbox.subscriptions', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.subscriptions$$),
+	('outbox.stream_ticks', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_ticks$$),
+	('outbox.stream_log_0', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_log_0$$),
+	('outbox.stream_log_1', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_log_1$$),
+	('outbox.stream_log_2', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_log_2$$),
+	('outbox.stream_kept', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_kept$$),
+	('outbox.stream_rotation', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_rotation$$),
+	('outbox.stream_progress', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_progress$$),
+	('outbox.stream_failures', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_failures$$),
+	('outbox.stream_log_id_seq', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_log_id_seq$$),
+	('outbox._stream_log', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox._stream_log$$),
 	-- views: monitoring roles read them
 	('outbox.stats', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.stats$$),
@@ -220,6 +290,14 @@ INSERT INTO expected VALUES
 	 $$SELECT count(*) FROM outbox.leases$$),
 	('outbox.dead_letters', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.dead_letters$$),
+	('outbox.check_stream_state', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.check_stream_state$$),
+	('outbox.stream_lag', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_lag$$),
+	('outbox.stream_batches', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_batches$$),
+	('outbox.stream_failed', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_failed$$),
 	('outbox.horizon', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.horizon$$),
 	-- result types of the publisher API
@@ -227,6 +305,8 @@ INSERT INTO expected VALUES
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.lease) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.ack_result', 'type', '{outbox_publisher}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.ack_result) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
+	('outbox.stream_lease', 'type', '{outbox_publisher}', NULL,
+	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.stream_lease) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.decision_result', 'type', '{outbox_producer}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.decision_result) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.command_status', 'type', '{}', NULL,
@@ -321,6 +401,17 @@ BEGIN
 	PERFORM outbox.fail('pt-w', (SELECT token FROM outbox.claim('pt-w', 1, kinds => '{pt-kind-dead}')),
 						'boom', fatal => true);
 	PERFORM outbox.claim('pt-w', 1, kinds => '{pt-kind-unc}');
+	-- pt-stream: a stream with one command in a tick, for the batch calls.
+	PERFORM outbox.create_stream('pt-stream', 1, 10);
+	PERFORM outbox.set_policy('pt-kind-stream', stream => 'pt-stream');
+	PERFORM outbox.create_subscription('pt-stream', 'pt-sub');
+	PERFORM outbox.commit_decision('pt-run', 7, 'e', 'pt-s1', 'pt-kind-stream', '{}');
+	-- (a tick sees only committed transactions: this one's, made by hand,
+	-- sees the test's own transaction as committed)
+	INSERT INTO outbox.stream_ticks (stream_id, tick, snap, last_id)
+	SELECT s.stream_id, 1, format('%s:%s:', pg_current_xact_id()::text::bigint + 1,
+								  pg_current_xact_id()::text::bigint + 1)::pg_snapshot, 1
+	  FROM outbox.streams s WHERE s.stream = 'pt-stream';
 	UPDATE outbox.commands
 	   SET status = 'uncertain', lease_until = NULL, version = version + 1,
 		   last_error = 'lease of worker pt-w expired; kind pt-kind-unc needs a manual takeover'
