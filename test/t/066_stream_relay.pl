@@ -142,6 +142,13 @@ for my $sub (qw(web out kafka))
 	}
 }
 
+# each of the two relays of a subscription took its share
+for my $sub (qw(web out kafka))
+{
+	my @claimed = map { slurp_file("$tmp/$sub-$_.err") =~ /summary: .* claimed=(\d+) / ? $1 : 0 } 1 .. 2;
+	ok($claimed[0] > 0 && $claimed[1] > 0, "$sub: both relays published (claimed $claimed[0] and $claimed[1])");
+}
+
 # web: what the receiver saw, per command: [deliveries, status]
 my %web;
 for (split /\n/, slurp_file("$tmp/receiver.log"))
