@@ -675,10 +675,49 @@ stream_batch_lost(RelayBatch *batch, const char *what)
 }
 
 /*
+ * Keep the order of an ordering key across a failure: the commands of the
+ * batch after a failed one with the same ordering key are failed too
+ * (retryable, with its error), so that they are published after it.  The
+ * server parks the key's commands of later batches behind the failed one;
+ * those of this batch were handed out already, so it is the relay's to name
+ * them.
+ */
+static void
+stream_fail_key_followers(RelayBatch *batch)
+{
+	int			i;
+	int			j;
+
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *f = &batch->cmds[i];
+
+		if (f->state != CMD_FAILED || f->ordering_key == NULL)
+			continue;
+		for (j = i + 1; j < batch->n; j++)
+		{
+			RelayCommand *c = &batch->cmds[j];
+
+			if (c->state != CMD_DELIVERED || c->ordering_key == NULL ||
+				strcmp(c->ordering_key, f->ordering_key) != 0)
+				continue;
+			c->state = CMD_FAILED;
+			c->fatal = false;
+			free(c->error);
+			c->error = relay_strdup(f->error ? f->error : "delivery failed");
+			relay_stats.delivered--;
+			relay_debug("command \"%s\" goes back after the failure of \"%s\" (same ordering key)",
+						log_text(c->command_id), log_text(f->command_id));
+		}
+	}
+}
+
+/*
  * With --stream: report the batch in one ack_batch call once every command
  * has an outcome (delivered, or failed by the sink: those are named with
- * their errors).  Until then nothing is reported: the batch's lease covers
- * the held commands and those delivered alike.
+ * their errors, and so are the later commands of a failed one's ordering
+ * key).  Until then nothing is reported: the batch's lease covers the held
+ * commands and those delivered alike.
  */
 static DbResult
 db_report_stream(RelayBatch *batch)
@@ -699,6 +738,7 @@ db_report_stream(RelayBatch *batch)
 	for (i = 0; i < batch->n; i++)
 		if (batch->cmds[i].state == CMD_TODO)
 			return DB_OK;
+	stream_fail_key_followers(batch);
 
 	sb_init(&ids);
 	sb_init(&errs);

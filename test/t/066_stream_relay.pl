@@ -16,6 +16,9 @@
 #  2. A relay whose batch was taken over (stopped with SIGSTOP past its
 #     lease, the batch claimed by another relay) has its ack refused
 #     (OB001): it logs one line, keeps running, and exits 0 on SIGTERM.
+#  3. A failed command with an ordering key: the later commands of its key
+#     in the same batch are named failed too, and all of them are delivered
+#     again in the key's order.
 # Conservation is clean at the end (outbox.conservation, outbox.verify()).
 
 use strict;
@@ -105,12 +108,14 @@ my %sink = (
 	out => 'stdout',
 	kafka => "kafka://$bootstrap/outbox");
 
+# A relay of subscription $sub (of stream s1, or of $stream{$sub}).
+my %stream;
 sub relay
 {
 	my ($name, $sub, @args) = @_;
 	return track_pid(spawn("$tmp/$name.out", "$tmp/$name.err", 'outbox-relay',
 		'--dsn', $dsn, '--sink', $sink{$sub}, '--worker', $name, '--poll', '0.2',
-		'--stream', 's1', '--subscription', $sub, @args));
+		'--stream', $stream{$sub} // 's1', '--subscription', $sub, @args));
 }
 
 # ---------------------------------------------------------------------------
@@ -253,6 +258,40 @@ is(wait_exit($a), 0, 'late: and exits 0 on SIGTERM');
 like(slurp_file("$tmp/late-a.err"), qr/summary: .* stale=([1-9]\d*) /, 'late: its refused batch is counted as stale');
 is(sq(q{SELECT count(*) || ' ' || count(DISTINCT command_id) FROM biz WHERE command_id LIKE 'lt-%'}), '3 3',
 	'late: each command applied once');
+
+# ---------------------------------------------------------------------------
+# 3. A key's order across a failure: the later commands of the failed one's
+#    ordering key in the same batch go back with it
+# ---------------------------------------------------------------------------
+sq(q{SELECT outbox.create_stream('s3', 1, 10)});
+sq(q{SELECT outbox.create_subscription('s3', 'keyed')});
+sq(q{SELECT outbox.set_policy('kk', stream => 's3')});
+$sink{keyed} = "http://127.0.0.1:$port/apply";
+$stream{keyed} = 's3';
+# one transaction, so one batch: kc-1 fails once, kc-2 and kc-3 follow it
+# on key k1, kc-4 is of another key
+sq(q{BEGIN;
+SELECT outbox.commit_decision('kr', i, 'decided', 'kc-' || i, 'kk',
+	(CASE WHEN i = 1 THEN '{"test_status": 500, "test_times": 1}' ELSE '{}' END)::jsonb,
+	ordering_key => CASE WHEN i = 4 THEN 'other' ELSE 'k1' END)
+  FROM generate_series(1, 4) i;
+COMMIT;});
+my $k = relay('keyed-1', 'keyed', '-v');
+ok(wait_until(sub { left('keyed') eq '0' }), 'keyed: everything published after the retry');
+kill 'TERM', $k;
+is(wait_exit($k), 0, 'keyed: the relay exits 0');
+my @arrivals = grep { $_->[0] =~ /^kc-/ } map { [ split /\t/ ] } split /\n/, slurp_file("$tmp/receiver.log");
+my %n;
+$n{ $_->[0] }++ for @arrivals;
+is(join(' ', map { $n{"kc-$_"} // 0 } 1 .. 4), '2 2 2 1',
+	'keyed: the failed command and the two after it on its key are delivered again, the other key once');
+my %last;
+$last{ $arrivals[$_][0] } = $_ for 0 .. $#arrivals;
+ok($last{'kc-1'} < $last{'kc-2'} && $last{'kc-2'} < $last{'kc-3'},
+	'keyed: the last deliveries of key k1 arrive in its order')
+  or diag(join(' ', map { "$_->[0]:$_->[1]:$_->[2]" } @arrivals));
+like(slurp_file("$tmp/keyed-1.err"), qr/"kc-2" goes back after the failure of "kc-1" \(same ordering key\)/,
+	'keyed: the relay logged why kc-2 went back');
 
 kill 'TERM', $rpid;
 wait_exit($rpid);
