@@ -40,7 +40,11 @@
  * streams		At every wake-up (a commit woke the worker), cut a tick of
  *				each stream with commands its last tick does not see (SQL
  *				outbox._stream_tick, docs/streams.md), before the notify
- *				duty tells the publishers.
+ *				duty tells the publishers (one short transaction, which
+ *				finds nothing to do in a database without streams).
+ * rotate		Every outbox.naptime, one step of the stream log's rotation
+ *				(SQL outbox._stream_rotate: truncate a log table whose
+ *				commands are all done, or switch the appends to the next).
  * notify		Send the pending wake-up: one NOTIFY on outbox.notify_channel
  *				from the worker's own transaction, at most one per
  *				outbox.notify_interval (a commit arriving sooner leaves the
@@ -582,6 +586,18 @@ du_streams(OutboxTurn *turn)
 	return false;
 }
 
+/* rotate: one step of the stream log's rotation. */
+static bool
+du_rotate(OutboxTurn *turn)
+{
+	static SPIPlanPtr du_plan_rotate = NULL;
+	int32		n;
+
+	(void) du_run("outbox: rotating the stream log", &du_plan_rotate,
+				  "SELECT outbox._stream_rotate($1)", true, 0, &n);
+	return false;
+}
+
 /* notify: send the pending wake-up, or come back when the interval ends. */
 static bool
 du_wakeups(OutboxTurn *turn)
@@ -703,6 +719,7 @@ const OutboxDuty OutboxDuties[] = {
 	du_index_watch, du_index_stop},
 	{"checks", &outbox_check_interval_ms, 0, du_checks, DU_CHECKS_MAX, false, false},
 	{"streams", NULL, 0, du_streams, 1, false, false},
+	{"rotate", &outbox_naptime_ms, 0, du_rotate, 1, false, false},
 	{"notify", NULL, 0, du_wakeups, 1, false, false},
 };
 

@@ -92,6 +92,7 @@ extern int	outbox_backoff_base_ms;
 extern int	outbox_backoff_max_ms;
 extern int	outbox_retention_s;
 extern int	outbox_purge_batch;
+extern int	outbox_stream_rotation_s;
 extern int	outbox_max_payload_bytes;
 extern int	outbox_max_batch;
 extern char *outbox_notify_channel;
@@ -296,6 +297,8 @@ typedef enum OutboxStreamNot
 	OUTBOX_STREAM_CONFLICT		/* another decision holds the command id */
 } OutboxStreamNot;
 extern SPIPlanPtr OutboxStreamDecidePlan(bool deciders);
+extern SPIPlanPtr OutboxStreamBatchPlan(void);
+extern SPIPlanPtr OutboxStreamBatchWhyPlan(void);
 extern OutboxStreamNot OutboxStreamWhyNot(Datum *args, const char *nulls);
 extern void OutboxStreamCheckDecision(text *command_id, bool has_not_before, int elem);
 

@@ -1104,6 +1104,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	int			i;
 	int			j;
 	PrWhat		what;
+	bool		stream_batch;
 
 	OutboxArgNotNull(fcinfo, 0, "decisions");
 	doc = PG_GETARG_JSONB_P(0);
@@ -1179,56 +1180,32 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 			}
 
 	/*
-	 * Kinds with a stream: each decision appended to its log
-	 * (pr_decide_stream); a batch does not mix them with other kinds.
+	 * Kinds with a stream (src/stream.c): the same two statements, a
+	 * diagnosis and one INSERT of them all, on the stream log; a batch does
+	 * not mix them with other kinds.
 	 */
+	stream_batch = false;
 	if (OutboxStreamKind(NULL))
 	{
 		int			ns = 0;
 
 		for (i = 0; i < n; i++)
 			if (OutboxStreamKind(DatumGetTextPP(elems[PR_KEY_COMMAND_KIND][i])))
+			{
+				OutboxStreamCheckDecision(DatumGetTextPP(elems[PR_KEY_COMMAND_ID][i]),
+										  !elnulls[PR_KEY_NOT_BEFORE][i], i + 1);
 				ns++;
+			}
 		if (ns > 0 && ns < n)
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 					 errmsg("a batch of decisions must not mix kinds written to a stream with other kinds"),
 					 errhint("Decide them in two calls of commit_decisions.")));
-		if (ns > 0)
-		{
-			m = 0;
-			for (i = 0; i < n; i++)
-			{
-				Datum		sargs[12];
-				char		snulls[12];
-
-				for (j = 0; j < PR_NKEYS - 1; j++)
-				{
-					sargs[PR_KEY_PARAM(j)] = elems[j][i];
-					snulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
-				}
-				sargs[9] = ObjectIdGetDatum(caller);
-				snulls[9] = ' ';
-				what.run_id = DatumGetTextPP(sargs[0]);
-				what.seq = DatumGetInt64(sargs[1]);
-				what.command_id = DatumGetTextPP(sargs[3]);
-				what.rows = 1;
-				if (!pr_decide_stream(sargs, snulls,
-									  elnulls[PR_KEY_ORDERING_KEY][i] ? NULL :
-									  DatumGetTextPP(elems[PR_KEY_ORDERING_KEY][i]),
-									  &what, i + 1))
-				{
-					retry[i] = true;
-					m++;
-				}
-			}
-			SPI_finish();
-			goto done;
-		}
+		stream_batch = (ns > 0);
 	}
 
 	/* a distributed outbox: one routed decision at a time */
-	if (OutboxCitusDistributed())
+	if (!stream_batch && OutboxCitusDistributed())
 	{
 		for (i = 0; i < n; i++)
 			if (!elnulls[PR_KEY_ORDERING_KEY][i])
@@ -1262,7 +1239,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	 * diagnosis, OutboxExecuteHashJoin), whatever its statistics said when
 	 * the plan was made.
 	 */
-	if (OutboxExecuteHashJoin(OutboxPrepare(&plan_batch_why,
+	if (OutboxExecuteHashJoin(stream_batch ? OutboxStreamBatchWhyPlan() :
+							  OutboxPrepare(&plan_batch_why,
 									"WITH u AS ("
 									"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
 									"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
@@ -1339,7 +1317,9 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 		what.seq = 0;
 		what.command_id = NULL;
 		what.rows = n - m;
-		if (!pr_place_batch(elems, elnulls, n - m, args, nulls))
+		if (stream_batch)
+			pr_insert(OutboxStreamBatchPlan(), args, nulls, &what, false);
+		else if (!pr_place_batch(elems, elnulls, n - m, args, nulls))
 			pr_insert(OutboxPrepare(&plan_batch,
 									"WITH u AS ("
 									"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"

@@ -318,6 +318,9 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
 	SPI_finish();
+	/* nothing to do: a publisher waits for the next notification */
+	if (nrows == 0)
+		OutboxNoteIdleClaim();
 	return (Datum) 0;
 }
 
@@ -338,13 +341,16 @@ st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 	static const Oid argtypes[8] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID,
 	TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
 	StToken		tok;
-	text	   *worker = st_args_token(fcinfo, caller, &tok);
+	text	   *worker;
 	Datum		args[8];
 	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	Datum		n;
 	int			j;
 
+	/* (the lease key is read through SPI) */
+	SPI_connect();
+	worker = st_args_token(fcinfo, caller, &tok);
 	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
 	args[1] = Int32GetDatum(tok.part);
 	args[2] = Int64GetDatum(tok.batch_id);
@@ -356,7 +362,6 @@ st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 		if (PG_ARGISNULL(j))
 			nulls[j + 3] = 'n';
 	}
-	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan,
 									"SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8)",
 									8, argtypes),
@@ -383,12 +388,15 @@ st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 	static SPIPlanPtr plan = NULL;
 	static const Oid argtypes[6] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID, INTERVALOID};
 	StToken		tok;
-	text	   *worker = st_args_token(fcinfo, caller, &tok);
+	text	   *worker;
 	Datum		args[6];
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 	bool		isnull;
 	Datum		until;
 
+	/* (the lease key is read through SPI) */
+	SPI_connect();
+	worker = st_args_token(fcinfo, caller, &tok);
 	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
 	args[1] = Int32GetDatum(tok.part);
 	args[2] = Int64GetDatum(tok.batch_id);
@@ -397,7 +405,6 @@ st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 	args[5] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
 	if (PG_ARGISNULL(2))
 		nulls[5] = 'n';
-	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan,
 									"SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6)",
 									6, argtypes),
@@ -431,6 +438,15 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
  * none).  The partition is a hash of the key, else of the run_id.  Its top
  * statement is the INSERT of the event, so the count is the events'.
  */
+/*
+ * The transaction id a log row carries: the writer's plus the
+ * installation's xid_base (stream_rotation), so that a restore into
+ * another cluster keeps the order of the ids (docs/streams.md).
+ */
+#define ST_XID(r) \
+	"(pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8" \
+	" OPERATOR(pg_catalog.+) " r ".xid_base)::pg_catalog.text::pg_catalog.xid8"
+
 #define ST_LOG_INSERT(n) \
 	" l" #n " AS (" \
 	"  INSERT INTO outbox.stream_log_" #n \
@@ -440,7 +456,7 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
 	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) " #n " RETURNING 1),"
 #define ST_DECIDE(filter) \
 	"WITH i AS (" \
-	"  SELECT s.stream_id, s.partitions, r.current" \
+	"  SELECT s.stream_id, s.partitions, r.current, r.xid_base" \
 	"    FROM outbox.policies p" \
 	"    JOIN outbox.streams s ON s.stream OPERATOR(pg_catalog.=) p.stream" \
 	"   CROSS JOIN outbox.stream_rotation r" \
@@ -450,7 +466,7 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
 	filter "), " \
 	" v AS (" \
 	"  SELECT pg_catalog.nextval('outbox.stream_log_id_seq'::pg_catalog.regclass) AS id," \
-	"         pg_catalog.pg_current_xact_id() AS xid, i.stream_id, i.current," \
+	"         " ST_XID("i") " AS xid, i.stream_id, i.current," \
 	"         (pg_catalog.hashtext(COALESCE($12, $1)) OPERATOR(pg_catalog.&) 2147483647)" \
 	"           OPERATOR(pg_catalog.%) i.partitions AS part" \
 	"    FROM i)," \
@@ -478,6 +494,107 @@ OutboxStreamDecidePlan(bool deciders)
 							 ST_DECIDE("     AND (p.deciders IS NULL OR outbox._may(p.deciders, $10))"),
 							 12, argtypes);
 	return OutboxPrepare(&plan_open, ST_DECIDE(""), 12, argtypes);
+}
+
+/*
+ * The set-based form (commit_decisions of kinds with a stream): the
+ * parameters of producer.c's batch statements, arrays of run_id ($1), seq,
+ * event_kind, command_id, command_kind, payload, event_payload ($7),
+ * not_before, priority, the caller ($10), headers ($11) and ordering keys
+ * ($12).  The diagnosis: the first decision of a kind the caller may not
+ * decide, then every decision whose command id an event holds, with
+ * whether it is the caller's own retry (its event and its log row match),
+ * as (ord, forbidden, same) in batch order.
+ */
+SPIPlanPtr
+OutboxStreamBatchWhyPlan(void)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[12] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
+		TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID, JSONBARRAYOID,
+	TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID, JSONBARRAYOID, TEXTARRAYOID};
+
+	return OutboxPrepare(&plan,
+						 "WITH u AS ("
+						 "  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+						 "                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
+						 "                            pg_catalog.unnest($5), pg_catalog.unnest($6))"
+						 "    WITH ORDINALITY AS u(run_id, seq, event_kind, command_id, command_kind,"
+						 "                         payload, ord))"
+						 "SELECT * FROM ("
+						 " SELECT u.ord, true AS forbidden, false AS same FROM u"
+						 "  WHERE u.command_kind IN (SELECT p.kind FROM outbox.policies p"
+						 "                 WHERE p.kind OPERATOR(pg_catalog.=) ANY ($5)"
+						 "                   AND p.deciders IS NOT NULL"
+						 "                   AND NOT outbox._may(p.deciders, $10))"
+						 "  ORDER BY u.ord LIMIT 1) f "
+						 "UNION ALL "
+						 "SELECT * FROM ("
+						 " SELECT u.ord, false,"
+						 "        COALESCE(e.run_id OPERATOR(pg_catalog.=) u.run_id"
+						 "             AND e.seq OPERATOR(pg_catalog.=) u.seq"
+						 "             AND e.kind OPERATOR(pg_catalog.=) u.event_kind"
+						 "             AND EXISTS (SELECT 1 FROM outbox._stream_log l"
+						 "                          WHERE l.command_id OPERATOR(pg_catalog.=) u.command_id"
+						 "                            AND l.run_id OPERATOR(pg_catalog.=) u.run_id"
+						 "                            AND l.seq OPERATOR(pg_catalog.=) u.seq"
+						 "                            AND l.kind OPERATOR(pg_catalog.=) u.command_kind"
+						 "                            AND l.payload OPERATOR(pg_catalog.=) u.payload"
+						 "                            AND l.decided_by OPERATOR(pg_catalog.=) $10), false)"
+						 "   FROM u JOIN outbox.events e"
+						 "     ON e.command_id OPERATOR(pg_catalog.=) u.command_id"
+						 "    AND e.command_id OPERATOR(pg_catalog.=) ANY ($4)"
+						 "  ORDER BY u.ord) s",
+						 12, argtypes);
+}
+
+/*
+ * The set-based append: every decision to the current log table, in batch
+ * order (log ids taken in that order), then their events (the top
+ * statement, whose count is the caller's).
+ */
+#define ST_BATCH_LOG_INSERT(n) \
+	" l" #n " AS (" \
+	"  INSERT INTO outbox.stream_log_" #n \
+	"    (id, xid, stream_id, part, command_id, run_id, seq, kind, payload," \
+	"     headers, ordering_key, decided_by)" \
+	"  SELECT v.id, v.xid, v.stream_id, v.part, v.command_id, v.run_id, v.seq," \
+	"         v.command_kind, v.payload, v.headers, v.okey, $10" \
+	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) " #n " RETURNING 1)"
+SPIPlanPtr
+OutboxStreamBatchPlan(void)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[12] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
+		TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID, JSONBARRAYOID,
+	TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID, JSONBARRAYOID, TEXTARRAYOID};
+
+	return OutboxPrepare(&plan,
+						 "WITH u AS ("
+						 "  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+						 "                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
+						 "                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
+						 "                            pg_catalog.unnest($7), pg_catalog.unnest($11),"
+						 "                            pg_catalog.unnest($12))"
+						 "    WITH ORDINALITY AS u(run_id, seq, event_kind, command_id, command_kind,"
+						 "                         payload, event_payload, headers, okey, ord)),"
+						 " w AS ("
+						 "  SELECT u.*, s.stream_id, r.current, r.xid_base,"
+						 "         (pg_catalog.hashtext(COALESCE(u.okey, u.run_id)) OPERATOR(pg_catalog.&) 2147483647)"
+						 "           OPERATOR(pg_catalog.%) s.partitions AS part"
+						 "    FROM u"
+						 "    JOIN outbox.policies p ON p.kind OPERATOR(pg_catalog.=) u.command_kind"
+						 "    JOIN outbox.streams s ON s.stream OPERATOR(pg_catalog.=) p.stream"
+						 "   CROSS JOIN outbox.stream_rotation r"
+						 "   ORDER BY u.ord),"
+						 " v AS ("
+						 "  SELECT w.*, pg_catalog.nextval('outbox.stream_log_id_seq'::pg_catalog.regclass) AS id,"
+						 "         " ST_XID("w") " AS xid"
+						 "    FROM w),"
+						 ST_BATCH_LOG_INSERT(0) "," ST_BATCH_LOG_INSERT(1) "," ST_BATCH_LOG_INSERT(2)
+						 "INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+						 "SELECT v.run_id, v.seq, v.event_kind, v.event_payload, v.command_id FROM v",
+						 12, argtypes);
 }
 
 /*

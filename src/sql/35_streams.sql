@@ -61,6 +61,22 @@ CREATE TYPE @extschema@.stream_lease AS (
 COMMENT ON TYPE @extschema@.stream_lease
 	IS 'a command of a leased stream batch: the columns of outbox.lease (token and version are the batch''s), then batch_id and part';
 
+-- A snapshot in the streams' transaction ids: every id of snap plus the
+-- installation's xid_base (outbox.stream_rotation).
+CREATE FUNCTION @extschema@._stream_snapshot(snap pg_catalog.pg_snapshot)
+RETURNS pg_catalog.pg_snapshot
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT pg_catalog.format('%s:%s:%s',
+		pg_catalog.pg_snapshot_xmin($1)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+		pg_catalog.pg_snapshot_xmax($1)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+		COALESCE((SELECT pg_catalog.string_agg((x::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base)::pg_catalog.text,
+												',' ORDER BY x)
+					FROM pg_catalog.pg_snapshot_xip($1) x), ''))::pg_catalog.pg_snapshot
+  FROM @extschema@.stream_rotation r
+$$;
+
 -- Admin ------------------------------------------------------------------
 
 CREATE FUNCTION @extschema@.create_stream(
@@ -101,7 +117,7 @@ BEGIN
 	-- have written to a stream that did not exist.
 	x := pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot());
 	INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
-	VALUES (sid, 0, pg_catalog.format('%s:%s:', x, x)::pg_catalog.pg_snapshot,
+	VALUES (sid, 0, @extschema@._stream_snapshot(pg_catalog.format('%s:%s:', x, x)::pg_catalog.pg_snapshot),
 			(SELECT q.last_value FROM @extschema@.stream_log_id_seq q));
 END;
 $$;
@@ -150,7 +166,11 @@ BEGIN
 		SELECT pg_catalog.max(k.tick) INTO start FROM @extschema@.stream_ticks k
 		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
 	ELSE
-		start := 0;
+		-- (tick 0, unless the ticks before the oldest one still needed
+		-- were removed while the stream had no subscription... which it
+		-- cannot: they are removed only behind a subscription's progress)
+		SELECT pg_catalog.min(k.tick) INTO start FROM @extschema@.stream_ticks k
+		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
 	END IF;
 	INSERT INTO @extschema@.subscriptions (subscription, stream, claimers, start_tick)
 	VALUES (subscription, stream, claimers, start);
@@ -188,7 +208,7 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 
 -- Cut a tick of every stream that has commands its last tick does not see
 -- (committed since, or by a transaction that was running then); returns
--- how many ticks were cut.  The background worker calls it when a commit
+-- how many ticks were cut, -1 when there is no stream at all.  The background worker calls it when a commit
 -- wakes it, before it notifies the publishers.  One probe of each
 -- partition's index per stream.
 CREATE FUNCTION @extschema@._stream_tick(unused pg_catalog.int4 DEFAULT 0)
@@ -200,6 +220,9 @@ DECLARE
 	s record;
 	n pg_catalog.int4 := 0;
 BEGIN
+	IF NOT EXISTS (SELECT 1 FROM @extschema@.streams) THEN
+		RETURN -1;
+	END IF;
 	FOR s IN
 		SELECT t.stream_id, t.partitions, k.tick, k.snap
 		  FROM @extschema@.streams t
@@ -220,7 +243,8 @@ BEGIN
 		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id FOR UPDATE SKIP LOCKED;
 		CONTINUE WHEN NOT FOUND;
 		INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
-		SELECT s.stream_id, pg_catalog.max(k.tick) OPERATOR(pg_catalog.+) 1, pg_catalog.pg_current_snapshot(),
+		SELECT s.stream_id, pg_catalog.max(k.tick) OPERATOR(pg_catalog.+) 1,
+			   @extschema@._stream_snapshot(pg_catalog.pg_current_snapshot()),
 			   (SELECT q.last_value FROM @extschema@.stream_log_id_seq q)
 		  FROM @extschema@.stream_ticks k
 		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
@@ -237,7 +261,7 @@ CREATE FUNCTION @extschema@.tick_streams()
 RETURNS pg_catalog.int4
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._stream_tick(0) $$;
+AS $$ SELECT GREATEST(@extschema@._stream_tick(0), 0) $$;
 COMMENT ON FUNCTION @extschema@.tick_streams()
 	IS 'cut a tick of every stream with new commands now (the background worker does it when commits wake it); returns the number of ticks cut';
 
@@ -758,6 +782,193 @@ AS 'MODULE_PATHNAME', 'outbox_renew_batch';
 COMMENT ON FUNCTION @extschema@.renew_batch(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
 	IS 'extend the lease of a stream batch held with its token; returns the new lease end';
 
+-- Rotation ------------------------------------------------------------------
+
+-- Whether a log row (of the stream stream_id, partition part, written by
+-- transaction xid, of kind kind) is done: every subscription of its stream
+-- has acked past it and none holds it as failed (retry, dead or waiting:
+-- a dead command stays, as a dead row of outbox.commands does), the stream
+-- has a subscription at all (the first one publishes what is in it), and a
+-- kind with completers has its receipt.
+CREATE FUNCTION @extschema@._stream_done(
+	stream_id pg_catalog.int4, part pg_catalog.int4, xid pg_catalog.xid8, kind pg_catalog.text,
+	command_id pg_catalog.text, run_id pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT EXISTS (SELECT 1 FROM @extschema@.subscriptions u
+				 JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+				WHERE t.stream_id OPERATOR(pg_catalog.=) $1)
+   AND NOT EXISTS (SELECT 1 FROM @extschema@.subscriptions u
+					 JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+					 LEFT JOIN @extschema@.stream_progress p
+					   ON p.subscription OPERATOR(pg_catalog.=) u.subscription
+					  AND p.part OPERATOR(pg_catalog.=) $2
+					 LEFT JOIN @extschema@.stream_ticks k
+					   ON k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+					  AND k.tick OPERATOR(pg_catalog.=) p.acked_tick
+					WHERE t.stream_id OPERATOR(pg_catalog.=) $1
+					  AND NOT COALESCE(pg_catalog.pg_visible_in_snapshot($3, k.snap), false))
+   AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+					WHERE f.command_id OPERATOR(pg_catalog.=) $5)
+   AND (NOT EXISTS (SELECT 1 FROM @extschema@.policies q
+					 WHERE q.kind OPERATOR(pg_catalog.=) $4 AND q.completers IS NOT NULL)
+		OR EXISTS (SELECT 1 FROM @extschema@.receipts r
+					WHERE r.command_id OPERATOR(pg_catalog.=) $5 AND r.run_id OPERATOR(pg_catalog.=) $6))
+$$;
+
+-- One step of the rotation; returns the number of commands that left the
+-- log.  Three log tables take the appends in turn (stream_rotation.current).
+-- The next one (which takes over at the next switch) is emptied once every
+-- command in it is past its kind's retention: the commands that are done
+-- (_stream_done) leave a tombstone in outbox.purged (their receipts go
+-- with them, as the purge does); the others, stragglers, are copied to
+-- stream_kept, so that one slow subscription or a missing receipt never
+-- pins a table; then, under an ACCESS EXCLUSIVE lock waited for at most
+-- 100 ms (a producer or claim holding the table makes the step try again
+-- later, and every change of the step is rolled back), the table is
+-- checked to hold only the rows seen (a transaction that appended late
+-- makes the step try again) and truncated.  The producers' statement
+-- locks all three tables, so once the lock is held no statement can still
+-- append to the table from before the switch that retired it.  The switch
+-- to the next table comes once the current one has taken the appends for
+-- outbox.stream_rotation and the next is empty.  Kept rows that became done
+-- and are past retention leave the same way, outbox.purge_batch at a time.
+CREATE FUNCTION @extschema@._stream_rotate(unused pg_catalog.int4 DEFAULT 0)
+RETURNS pg_catalog.int4
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	loaded pg_catalog.bool := @extschema@.preloaded();
+	cur pg_catalog.int4;
+	sw pg_catalog.timestamptz;
+	nxt pg_catalog.int4;
+	nm pg_catalog.text;
+	dflt pg_catalog.interval := pg_catalog.current_setting('outbox.retention')::pg_catalog.interval;
+	every pg_catalog.interval := pg_catalog.current_setting('outbox.stream_rotation')::pg_catalog.interval;
+	lim pg_catalog.int4 := pg_catalog.current_setting('outbox.purge_batch')::pg_catalog.int4;
+	busy pg_catalog.bool;
+	young pg_catalog.bool;
+	kept pg_catalog.int8;
+	gone pg_catalog.int8;
+	total pg_catalog.int8;
+	n pg_catalog.int4 := 0;
+	saved_timeout pg_catalog.text := pg_catalog.current_setting('lock_timeout');
+BEGIN
+	SELECT r.current, r.switched_at INTO cur, sw FROM @extschema@.stream_rotation r FOR UPDATE SKIP LOCKED;
+	IF NOT FOUND THEN
+		RETURN 0;
+	END IF;
+
+	-- The kept rows that are done and past retention.
+	WITH v AS (
+		SELECT l.command_id, l.run_id, l.seq, l.kind, l.created_at
+		  FROM @extschema@.stream_kept l
+		 WHERE l.created_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-)
+				COALESCE((SELECT p.retention FROM @extschema@.policies p
+						   WHERE p.kind OPERATOR(pg_catalog.=) l.kind), dflt))
+		   AND @extschema@._stream_done(l.stream_id, l.part, l.xid, l.kind, l.command_id, l.run_id)
+		 LIMIT lim
+		   FOR UPDATE SKIP LOCKED),
+	 t AS (
+		INSERT INTO @extschema@.purged (command_id, run_id, seq, kind, published_at, outcome)
+		SELECT v.command_id, v.run_id, v.seq, v.kind, v.created_at, COALESCE(r.outcome, 'published')
+		  FROM v LEFT JOIN @extschema@.receipts r
+			ON r.command_id OPERATOR(pg_catalog.=) v.command_id AND r.run_id OPERATOR(pg_catalog.=) v.run_id
+		RETURNING purged.command_id, purged.run_id),
+	 d AS (
+		DELETE FROM @extschema@.receipts r USING t
+		 WHERE r.command_id OPERATOR(pg_catalog.=) t.command_id AND r.run_id OPERATOR(pg_catalog.=) t.run_id)
+	DELETE FROM @extschema@.stream_kept l USING t
+	 WHERE l.command_id OPERATOR(pg_catalog.=) t.command_id;
+	GET DIAGNOSTICS gone = ROW_COUNT;
+	n := n OPERATOR(pg_catalog.+) gone::pg_catalog.int4;
+
+	-- Empty the next table.
+	nxt := (cur OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.%) 3;
+	nm := pg_catalog.format('@extschema@.%I', 'stream_log_' OPERATOR(pg_catalog.||) nxt);
+	EXECUTE pg_catalog.format('SELECT EXISTS (SELECT 1 FROM %s)', nm) INTO busy;
+	IF busy THEN
+		EXECUTE pg_catalog.format(
+			'SELECT EXISTS (SELECT 1 FROM %s l'
+			'  WHERE l.created_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-)'
+			'        COALESCE((SELECT p.retention FROM @extschema@.policies p'
+			'                   WHERE p.kind OPERATOR(pg_catalog.=) l.kind), $1)))', nm)
+			USING dflt INTO young;
+		IF young THEN
+			RETURN n;
+		END IF;
+		BEGIN
+			EXECUTE pg_catalog.format(
+				'WITH x AS MATERIALIZED ('
+				'  SELECT l.*, @extschema@._stream_done(l.stream_id, l.part, l.xid, l.kind, l.command_id, l.run_id) AS done'
+				'    FROM %s l),'
+				' k AS ('
+				'  INSERT INTO @extschema@.stream_kept (id, xid, stream_id, part, command_id, run_id, seq, kind,'
+				'         payload, headers, ordering_key, decided_by, created_at)'
+				'  SELECT x.id, x.xid, x.stream_id, x.part, x.command_id, x.run_id, x.seq, x.kind,'
+				'         x.payload, x.headers, x.ordering_key, x.decided_by, x.created_at'
+				'    FROM x WHERE NOT x.done RETURNING 1),'
+				' t AS ('
+				'  INSERT INTO @extschema@.purged (command_id, run_id, seq, kind, published_at, outcome)'
+				'  SELECT x.command_id, x.run_id, x.seq, x.kind, x.created_at, COALESCE(r.outcome, ''published'')'
+				'    FROM x LEFT JOIN @extschema@.receipts r'
+				'      ON r.command_id OPERATOR(pg_catalog.=) x.command_id AND r.run_id OPERATOR(pg_catalog.=) x.run_id'
+				'   WHERE x.done RETURNING purged.command_id, purged.run_id),'
+				' d AS ('
+				'  DELETE FROM @extschema@.receipts r USING t'
+				'   WHERE r.command_id OPERATOR(pg_catalog.=) t.command_id AND r.run_id OPERATOR(pg_catalog.=) t.run_id)'
+				'SELECT (SELECT pg_catalog.count(*) FROM k), (SELECT pg_catalog.count(*) FROM t)', nm)
+				INTO kept, gone;
+			PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
+			EXECUTE pg_catalog.format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', nm);
+			PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
+			EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', nm) INTO total;
+			IF total OPERATOR(pg_catalog.<>) (kept OPERATOR(pg_catalog.+) gone) THEN
+				RAISE EXCEPTION 'a late append' USING ERRCODE = 'lock_not_available';
+			END IF;
+			EXECUTE pg_catalog.format('TRUNCATE %s', nm);
+			n := n OPERATOR(pg_catalog.+) gone::pg_catalog.int4;
+		EXCEPTION WHEN lock_not_available THEN
+			-- (the block's changes are rolled back) try again at the next step
+			PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
+			RETURN n;
+		END;
+	END IF;
+
+	-- Switch when the current table has had its time.
+	EXECUTE pg_catalog.format('SELECT EXISTS (SELECT 1 FROM %s)',
+		pg_catalog.format('@extschema@.%I', 'stream_log_' OPERATOR(pg_catalog.||) cur)) INTO busy;
+	IF busy AND (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) sw) OPERATOR(pg_catalog.>=) every THEN
+		UPDATE @extschema@.stream_rotation SET current = nxt, switched_at = pg_catalog.clock_timestamp();
+	END IF;
+	-- the ticks no subscription needs any more (older than every acked tick)
+	DELETE FROM @extschema@.stream_ticks k
+	 WHERE k.tick OPERATOR(pg_catalog.<) (
+			SELECT pg_catalog.min(LEAST(p.acked_tick, COALESCE(p.batch_to, p.acked_tick)))
+			  FROM @extschema@.stream_progress p
+			  JOIN @extschema@.subscriptions u ON u.subscription OPERATOR(pg_catalog.=) p.subscription
+			  JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+			 WHERE t.stream_id OPERATOR(pg_catalog.=) k.stream_id)
+	   AND k.tick OPERATOR(pg_catalog.<) (SELECT pg_catalog.max(m.tick) FROM @extschema@.stream_ticks m
+										   WHERE m.stream_id OPERATOR(pg_catalog.=) k.stream_id);
+	RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@._stream_rotate(pg_catalog.int4)
+	IS 'internal: one step of the stream log''s rotation (the background worker calls it every outbox.naptime)';
+
+-- Admin and tests: one step of the rotation now.
+CREATE FUNCTION @extschema@.rotate_streams()
+RETURNS pg_catalog.int4
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@._stream_rotate(0) $$;
+COMMENT ON FUNCTION @extschema@.rotate_streams()
+	IS 'one step of the stream log''s rotation now (the background worker runs it every outbox.naptime); returns the number of commands that left the log';
+
 -- Views for the DBA ---------------------------------------------------------
 
 -- Per subscription and partition: how far it has acked, how far behind the
@@ -821,9 +1032,13 @@ REVOKE ALL ON FUNCTION
 	@extschema@.drop_subscription(pg_catalog.text),
 	@extschema@.tick_streams(),
 	@extschema@._stream_tick(pg_catalog.int4),
+	@extschema@.rotate_streams(),
+	@extschema@._stream_rotate(pg_catalog.int4),
+	@extschema@._stream_done(pg_catalog.int4, pg_catalog.int4, pg_catalog.xid8, pg_catalog.text, pg_catalog.text, pg_catalog.text),
 	@extschema@._stream_lease_end(pg_catalog.interval, pg_catalog.timestamptz),
 	@extschema@._stream_batch_rows(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, pg_catalog.int4),
 	@extschema@._stream_snap(pg_catalog.int4, pg_catalog.int8),
+	@extschema@._stream_snapshot(pg_catalog.pg_snapshot),
 	@extschema@._claim_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval, pg_catalog.oid),
 	@extschema@._ack_batch(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.text, pg_catalog.text[], pg_catalog.text[], pg_catalog.bool[]),
 	@extschema@._stream_published_retries(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.timestamptz),
@@ -848,7 +1063,8 @@ BEGIN
 	@extschema@.create_stream(pg_catalog.text, pg_catalog.int4, pg_catalog.int4),
 	@extschema@.create_subscription(pg_catalog.text, pg_catalog.text, pg_catalog.regrole[]),
 	@extschema@.drop_subscription(pg_catalog.text),
-	@extschema@.tick_streams()
+	@extschema@.tick_streams(),
+	@extschema@.rotate_streams()
 	TO ' OPERATOR(pg_catalog.||) admin;
 	EXECUTE 'GRANT SELECT ON @extschema@.stream_lag, @extschema@.stream_batches, @extschema@.stream_failed
 	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;

@@ -412,18 +412,25 @@ CREATE TABLE @extschema@.stream_kept (LIKE @extschema@.stream_log_0 INCLUDING DE
 CREATE INDEX stream_kept_batch_idx ON @extschema@.stream_kept (stream_id, part, xid);
 CREATE INDEX stream_kept_command_idx ON @extschema@.stream_kept (command_id);
 
--- Which log table the producers append to, and when it became the one.
--- One row, made here; not registered for pg_dump (a restore starts
--- appending to table 0: a batch reads all three).
+-- Which log table the producers append to, and when it became the one;
+-- and the base added to every transaction id the streams store (xid_base:
+-- four times the microseconds since 1970 at the installation), so that the
+-- ids of a cluster the stream is restored into (a later installation)
+-- come after those of the dumped one, whatever either cluster's
+-- transaction counter (docs/streams.md).  One row, made here; not
+-- registered for pg_dump (a restore starts appending to table 0, a batch
+-- reads all three; pg_upgrade keeps the row and the transaction ids).
 CREATE TABLE @extschema@.stream_rotation (
 	one			pg_catalog.bool NOT NULL DEFAULT true,
 	current		pg_catalog.int4 NOT NULL,
 	switched_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	xid_base	pg_catalog.int8 NOT NULL,
 	CONSTRAINT stream_rotation_pkey PRIMARY KEY (one),
 	CONSTRAINT stream_rotation_one CHECK (one),
 	CONSTRAINT stream_rotation_current_check CHECK (current OPERATOR(pg_catalog.>=) 0 AND current OPERATOR(pg_catalog.<=) 2)
 );
-INSERT INTO @extschema@.stream_rotation (current) VALUES (0);
+INSERT INTO @extschema@.stream_rotation (current, xid_base)
+VALUES (0, (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 4000000)::pg_catalog.int8);
 
 -- The progress and the batch lease of each (subscription, partition): one
 -- row, updated by claim_batch (a new batch, or a takeover: version + 1)

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(232);
+SELECT plan(240);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -96,6 +96,9 @@ INSERT INTO expected VALUES
 	('outbox.tick_streams()',
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.tick_streams()$$),
+	('outbox.rotate_streams()',
+	 'function', '{outbox_admin}', true,
+	 $$SELECT outbox.rotate_streams()$$),
 	('outbox.pause(text)',
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.pause('pt-kind-x')$$),
@@ -172,6 +175,12 @@ INSERT INTO expected VALUES
 	('outbox._stream_tick(integer)',
 	 'function', '{}', false,
 	 $$SELECT outbox._stream_tick(0)$$),
+	('outbox._stream_rotate(integer)',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_rotate(0)$$),
+	('outbox._stream_done(integer,integer,xid8,text,text,text)',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_done(1, 0, '1', 'k', 'c', 'r')$$),
 	('outbox._stream_lease_end(interval,timestamp with time zone)',
 	 'function', '{}', false,
 	 $$SELECT outbox._stream_lease_end(NULL, now())$$),
@@ -181,6 +190,9 @@ INSERT INTO expected VALUES
 	('outbox._stream_snap(integer,bigint)',
 	 'function', '{}', false,
 	 $$SELECT outbox._stream_snap(1, 0)$$),
+	('outbox._stream_snapshot(pg_snapshot)',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_snapshot(pg_current_snapshot())$$),
 	('outbox._claim_batch(text,text,text,interval,oid)',
 	 'function', '{}', false,
 	 $$SELECT count(*) FROM outbox._claim_batch('pt-stream', 'pt-sub', 'pt-w7', NULL, 10)$$),
@@ -409,8 +421,8 @@ BEGIN
 	-- (a tick sees only committed transactions: this one's, made by hand,
 	-- sees the test's own transaction as committed)
 	INSERT INTO outbox.stream_ticks (stream_id, tick, snap, last_id)
-	SELECT s.stream_id, 1, format('%s:%s:', pg_current_xact_id()::text::bigint + 1,
-								  pg_current_xact_id()::text::bigint + 1)::pg_snapshot, 1
+	SELECT s.stream_id, 1, outbox._stream_snapshot(format('%s:%s:', pg_current_xact_id()::text::bigint + 1,
+								  pg_current_xact_id()::text::bigint + 1)::pg_snapshot), 1
 	  FROM outbox.streams s WHERE s.stream = 'pt-stream';
 	UPDATE outbox.commands
 	   SET status = 'uncertain', lease_until = NULL, version = version + 1,
