@@ -7,7 +7,7 @@
 #   bash bench/stream.sh            # full run
 #   QUICK=1 bash bench/stream.sh    # one repeat, small sizes (a few minutes)
 #
-# Parts (ONLY=throughput|wal|produce|claim|latency runs one):
+# Parts (ONLY=wal|throughput|produce|claim|latency runs one):
 #   throughput  N committed commands drained at 1 and 4 publishers with
 #               batches of 100 and 1,000, commands per second from the
 #               start of the publishers to the end of the drain (wall
@@ -214,6 +214,75 @@ cell() {
 	rate "$N" "$s" "$e"
 }
 
+lsn() { psql_q "SELECT pg_current_wal_lsn()"; }
+bytes() { psql_q "SELECT round(pg_wal_lsn_diff('$2', '$1') / $3::numeric)"; }
+
+# Steps of the streams' rotation (outbox.rotate_streams(), retention 0, a
+# table switched every second) until $1 commands have left the log or 8
+# steps have run; prints how many left.
+rotate() {
+	local want=$1 gone=0 i n
+	psql_q "ALTER SYSTEM SET outbox.retention = 0; ALTER SYSTEM SET outbox.stream_rotation = 1; SELECT pg_reload_conf();" >/dev/null
+	for i in $(seq 8); do
+		sleep 1.1
+		n=$(psql_q "SELECT outbox.rotate_streams()")
+		gone=$((gone + ${n:-0}))
+		[ "$gone" -ge "$want" ] && break
+	done
+	psql_q "ALTER SYSTEM RESET outbox.retention; ALTER SYSTEM RESET outbox.stream_rotation; SELECT pg_reload_conf();" >/dev/null
+	echo "$gone"
+}
+
+if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
+	echo "== WAL bytes per command, $N commands: the producer alone | producer + publisher (1 relay, batches of 100) + purge or rotation; ratio"
+	echo "   (rows: the purge needs receipts, so outbox.complete of each is in; the stream's kind needs none)"
+	# row leases: produce (alone), then produce, drain, complete, purge
+	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts; CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	bench_commit_chunks "$N" k walrows-a 100 ""
+	p=$(bytes "$a" "$(lsn)" "$N")
+	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts; CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	bench_commit_chunks "$N" k walrows 100 ""
+	relays 1 --batch 100
+	psql_q "SELECT count(outbox.complete(command_id)) FROM outbox.commands;" >/dev/null
+	psql_q "SELECT outbox.purge($N, interval '0');" >/dev/null
+	t=$(bytes "$a" "$(lsn)" "$N")
+	printf '  %-8s %8s | %8s  %s  (%s delivered; %s rows left)\n' rows "$p" "$t" "$(ratio "$t" "$p")" \
+		"$(cat "$WORK/delivered")" "$(psql_q "SELECT count(*) FROM outbox.commands")"
+	# a stream: produce (alone), then produce with ticks, drain, rotate
+	# (first, while the log holds nothing else for the rotation to move)
+	stream_new walstream 100
+	psql_q "CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	load_stream walstream "$N" 100
+	relays 1 --stream walstream --subscription walstream
+	rot="$(rotate "$N") commands left the log by rotation"
+	t=$(bytes "$a" "$(lsn)" "$N")
+	stream_new walalone 100
+	psql_q "CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	bench_commit_chunks "$N" walalone-k walalone 100 ""
+	p=$(bytes "$a" "$(lsn)" "$N")
+	printf '  %-8s %8s | %8s  %s  (%s delivered; %s)\n' stream "$p" "$t" "$(ratio "$t" "$p")" "$(cat "$WORK/delivered")" "$rot"
+	# PgQ: insert (alone), then insert, tick, consume, rotate
+	psql_q "SELECT pgq.create_queue('walq'); SELECT pgq.register_consumer('walq', 'c');
+SELECT pgq.set_queue_config('walq', 'queue_rotation_period', '1 second'); CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	psql_q "SELECT count(pgq.insert_event('walq', 'k', json_build_object('n', g, 'to', 'someone@example.org')::text)) FROM generate_series(1, $N) g;" >/dev/null
+	b1=$(lsn)
+	p=$(bytes "$a" "$b1" "$N")
+	psql_q "SELECT pgq.force_tick('walq');" >/dev/null
+	psql_q "SELECT pgq.ticker('walq');" >/dev/null
+	as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c 1 -t 1 -D queue=walq -f '$WORK/pgq-consume.sql' bench" >/dev/null 2>&1
+	sleep 1.1
+	psql_q "SELECT pgq.maint_rotate_tables_step1('walq');" >/dev/null
+	psql_q "SELECT pgq.maint_rotate_tables_step2();" >/dev/null
+	t=$(bytes "$a" "$(lsn)" "$N")
+	printf '  %-8s %8s | %8s  %s  (one batch; one rotation; no receipts)\n' pgq "$p" "$t" "$(ratio "$t" "$p")"
+	echo
+fi
+
 if [ -z "$ONLY" ] || [ "$ONLY" = throughput ]; then
 	declare -A R
 	for b in $BATCHES; do
@@ -247,66 +316,6 @@ if [ -z "$ONLY" ] || [ "$ONLY" = throughput ]; then
 		done
 		echo
 	done
-	echo
-fi
-
-lsn() { psql_q "SELECT pg_current_wal_lsn()"; }
-bytes() { psql_q "SELECT round(pg_wal_lsn_diff('$2', '$1') / $3::numeric)"; }
-
-# The streams' rotation, when this build has one (ROTATE_SQL).
-ROTATE_SQL=${ROTATE_SQL:-"SELECT outbox.rotate_streams()"}
-has_rotation() { [ "$(psql_q "SELECT to_regprocedure('outbox.rotate_streams()') IS NOT NULL")" = t ]; }
-
-if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
-	echo "== WAL bytes per command, $N commands: the producer alone | producer + publisher (1 relay, batches of 100) + consumer receipts + purge or rotation; ratio"
-	# row leases: produce (alone), then produce, drain, complete, purge
-	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts; CHECKPOINT;" >/dev/null
-	a=$(lsn)
-	bench_commit_chunks "$N" k walrows-a 100 ""
-	p=$(bytes "$a" "$(lsn)" "$N")
-	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts; CHECKPOINT;" >/dev/null
-	a=$(lsn)
-	bench_commit_chunks "$N" k walrows 100 ""
-	relays 1 --batch 100
-	psql_q "SELECT count(outbox.complete(command_id)) FROM outbox.commands;" >/dev/null
-	psql_q "SELECT outbox.purge($N, interval '0');" >/dev/null
-	t=$(bytes "$a" "$(lsn)" "$N")
-	printf '  %-8s %8s | %8s  %s  (%s delivered; %s rows left)\n' rows "$p" "$t" "$(ratio "$t" "$p")" \
-		"$(cat "$WORK/delivered")" "$(psql_q "SELECT count(*) FROM outbox.commands")"
-	# a stream: produce (alone), then produce with ticks, drain, complete, rotate
-	stream_new walalone 100
-	stream_new walstream 100
-	psql_q "CHECKPOINT;" >/dev/null
-	a=$(lsn)
-	bench_commit_chunks "$N" walalone-k walalone 100 ""
-	p=$(bytes "$a" "$(lsn)" "$N")
-	psql_q "CHECKPOINT;" >/dev/null
-	a=$(lsn)
-	load_stream walstream "$N" 100
-	relays 1 --stream walstream --subscription walstream
-	psql_q "SELECT count(outbox.complete(c)) FROM (SELECT 'walstream-' || g AS c FROM generate_series(1, $N) g) s;" >/dev/null
-	rot="no rotation in this build"
-	if has_rotation; then
-		psql_q "$ROTATE_SQL" >/dev/null
-		rot="rotated"
-	fi
-	t=$(bytes "$a" "$(lsn)" "$N")
-	printf '  %-8s %8s | %8s  %s  (%s delivered; %s)\n' stream "$p" "$t" "$(ratio "$t" "$p")" "$(cat "$WORK/delivered")" "$rot"
-	# PgQ: insert (alone), then insert, tick, consume, rotate
-	psql_q "SELECT pgq.create_queue('walq'); SELECT pgq.register_consumer('walq', 'c');
-SELECT pgq.set_queue_config('walq', 'queue_rotation_period', '1 second'); CHECKPOINT;" >/dev/null
-	a=$(lsn)
-	psql_q "SELECT count(pgq.insert_event('walq', 'k', json_build_object('n', g, 'to', 'someone@example.org')::text)) FROM generate_series(1, $N) g;" >/dev/null
-	b1=$(lsn)
-	p=$(bytes "$a" "$b1" "$N")
-	psql_q "SELECT pgq.force_tick('walq');" >/dev/null
-	psql_q "SELECT pgq.ticker('walq');" >/dev/null
-	as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c 1 -t 1 -D queue=walq -f '$WORK/pgq-consume.sql' bench" >/dev/null 2>&1
-	sleep 1.1
-	psql_q "SELECT pgq.maint_rotate_tables_step1('walq');" >/dev/null
-	psql_q "SELECT pgq.maint_rotate_tables_step2();" >/dev/null
-	t=$(bytes "$a" "$(lsn)" "$N")
-	printf '  %-8s %8s | %8s  %s  (one batch; one rotation; no receipts)\n' pgq "$p" "$t" "$(ratio "$t" "$p")"
 	echo
 fi
 
