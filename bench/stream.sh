@@ -115,7 +115,18 @@ SELECT outbox.set_policy('$1-k', stream => '$1');" >/dev/null
 # the streams cut after each (as the worker does when commits wake it), so
 # that the batches have about the stream's batch_size per partition.
 load_stream() {
-	bench_commit_chunks "$2" "$1-k" "$1" "$3" "SELECT outbox.tick_streams();"
+	local _
+	bench_commit_chunks "$2" "$1-k" "$1" "$3" "SELECT outbox.tick_streams();" || return 1
+	# A tick skips a stream the worker is ticking, and the worker's tick is
+	# seen when its transaction ends: wait until a committed tick covers
+	# the whole load (--drain stops at the first claim that finds nothing).
+	for _ in $(seq 100); do
+		[ "$(psql_q "SELECT outbox.tick_streams() * 0 + count(*) FROM outbox.streams t
+ WHERE t.stream = '$1' AND (SELECT max(k.last_id) FROM outbox.stream_ticks k WHERE k.stream_id = t.stream_id)
+   >= (SELECT max(l.id) FROM outbox._stream_log l WHERE l.stream_id = t.stream_id)")" = 1 ] && return 0
+		sleep 0.1
+	done
+	echo "warning: stream $1 not covered by a tick after 10 s" >&2
 }
 
 # The row-lease backlog: N pending commands in outbox.commands.
@@ -173,11 +184,9 @@ relays() {
 }
 
 # One throughput cell: prints commands per second.
-CELL=0
 cell() {
 	local system=$1 b=$2 k=$3 s e left t name
-	CELL=$((CELL + 1))
-	name=s$CELL
+	name=s$(psql_q "SELECT nextval('ids')")	# (cells run in subshells)
 	case $system in
 		delete)
 			load_bq "$N" || exit 1
@@ -217,20 +226,21 @@ cell() {
 lsn() { psql_q "SELECT pg_current_wal_lsn()"; }
 bytes() { psql_q "SELECT round(pg_wal_lsn_diff('$2', '$1') / $3::numeric)"; }
 
-# Steps of the streams' rotation (outbox.rotate_streams(), retention 0, a
-# table switched every second) until $1 commands have left the log or 8
-# steps have run; prints how many left.
+# The streams' rotation (retention 0, a table switched every second; the
+# worker runs its steps every naptime, and so does outbox.rotate_streams()
+# here) until stream $1's commands have left the log tables, 20 s at most;
+# prints how many of its commands are still there.
 rotate() {
-	local want=$1 gone=0 i n
+	local left i
 	psql_q "ALTER SYSTEM SET outbox.retention = 0; ALTER SYSTEM SET outbox.stream_rotation = 1; SELECT pg_reload_conf();" >/dev/null
-	for i in $(seq 8); do
-		sleep 1.1
-		n=$(psql_q "SELECT outbox.rotate_streams()")
-		gone=$((gone + ${n:-0}))
-		[ "$gone" -ge "$want" ] && break
+	for i in $(seq 20); do
+		sleep 1
+		psql_q "SELECT outbox.rotate_streams()" >/dev/null
+		left=$(psql_q "SELECT count(*) FROM outbox._stream_log l JOIN outbox.streams t ON t.stream_id = l.stream_id WHERE t.stream = '$1'")
+		[ "$left" = 0 ] && break
 	done
 	psql_q "ALTER SYSTEM RESET outbox.retention; ALTER SYSTEM RESET outbox.stream_rotation; SELECT pg_reload_conf();" >/dev/null
-	echo "$gone"
+	echo "$left"
 }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
@@ -245,7 +255,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
 	a=$(lsn)
 	bench_commit_chunks "$N" k walrows 100 ""
 	relays 1 --batch 100
-	psql_q "SELECT count(outbox.complete(command_id)) FROM outbox.commands;" >/dev/null
+	psql_q "SELECT count(outbox.complete(run_id, command_id)) FROM outbox.commands;" >/dev/null
 	psql_q "SELECT outbox.purge($N, interval '0');" >/dev/null
 	t=$(bytes "$a" "$(lsn)" "$N")
 	printf '  %-8s %8s | %8s  %s  (%s delivered; %s rows left)\n' rows "$p" "$t" "$(ratio "$t" "$p")" \
@@ -257,7 +267,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
 	a=$(lsn)
 	load_stream walstream "$N" 100
 	relays 1 --stream walstream --subscription walstream
-	rot="$(rotate "$N") commands left the log by rotation"
+	rot="rotated: $(rotate walstream) of its commands left in the log"
 	t=$(bytes "$a" "$(lsn)" "$N")
 	stream_new walalone 100
 	psql_q "CHECKPOINT;" >/dev/null
@@ -267,7 +277,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
 	printf '  %-8s %8s | %8s  %s  (%s delivered; %s)\n' stream "$p" "$t" "$(ratio "$t" "$p")" "$(cat "$WORK/delivered")" "$rot"
 	# PgQ: insert (alone), then insert, tick, consume, rotate
 	psql_q "SELECT pgq.create_queue('walq'); SELECT pgq.register_consumer('walq', 'c');
-SELECT pgq.set_queue_config('walq', 'queue_rotation_period', '1 second'); CHECKPOINT;" >/dev/null
+SELECT pgq.set_queue_config('walq', 'rotation_period', '1 second'); CHECKPOINT;" >/dev/null
 	a=$(lsn)
 	psql_q "SELECT count(pgq.insert_event('walq', 'k', json_build_object('n', g, 'to', 'someone@example.org')::text)) FROM generate_series(1, $N) g;" >/dev/null
 	b1=$(lsn)
