@@ -120,7 +120,7 @@ SELECT outbox.set_policy('chaos', stream => 'chaos');});
   JOIN outbox.streams t ON t.stream_id = l.stream_id AND t.stream = 'chaos'
   JOIN outbox.stream_progress p ON p.subscription = 'chaos' AND p.part = l.part
   JOIN outbox.stream_ticks k ON k.stream_id = l.stream_id AND k.tick = p.acked_tick
-  LEFT JOIN outbox.stream_failures f ON f.subscription = 'chaos' AND f.command_id = l.command_id};
+  LEFT JOIN outbox.stream_failed f ON f.subscription = 'chaos' AND f.command_id = l.command_id};
 	# the log's statistics lag behind it during the chaos, and a nested
 	# loop over the log once took 75 s of the check loop's time
 	$S = 'SET enable_nestloop = off; ';
