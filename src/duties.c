@@ -235,17 +235,27 @@ du_statement_txn(void *arg)
 {
 	DuStatement *st = (DuStatement *) arg;
 
+	/*
+	 * The tick reads and writes the streams' tables only: their locks, and
+	 * nothing of the row path's (no distributed table of Citus either).
+	 */
+	if (st->plan == &du_plan_tick)
+	{
+		if (!du_lock_stream_tables())
+			return false;
+		st->result = du_exec_int(st->plan, st->sql, st->arg);
+		return true;
+	}
 	if (!du_lock_tables(st->write))
 		return false;
-	if ((st->plan == &du_plan_tick || st->plan == &du_plan_rotate) &&
-		!du_lock_stream_tables())
+	if (st->plan == &du_plan_rotate && !du_lock_stream_tables())
 		return false;
 	/*
 	 * a distributed outbox is purged by no node yet, and has no streams
 	 * (docs/citus.md)
 	 */
-	if ((st->plan == &du_plan_purge || st->plan == &du_plan_tick ||
-		 st->plan == &du_plan_rotate) && OutboxCitusDistributed())
+	if ((st->plan == &du_plan_purge || st->plan == &du_plan_rotate) &&
+		OutboxCitusDistributed())
 		return true;
 	st->result = du_exec_int(st->plan, st->sql, st->arg);
 	return true;
