@@ -28,7 +28,8 @@
 #
 # Configurations (CONFIGS, one per line: name | server settings, as
 # NAME=VALUE separated by spaces, set with ALTER SYSTEM for the cell | relay
-# options); the defaults add the levers one at a time:
+# options [| SQL run before the cell]); the defaults add the levers one at a
+# time:
 #   before       the claim waits for its WAL flush; the worker holds every
 #                wake-up for outbox.notify_interval (10 ms)
 #   claim-async  + the claim commits without waiting for its flush
@@ -37,7 +38,9 @@
 #   ack-async    + --ack-commit=async
 # Settings: RATES ("200 2000"), SECS (10), REPEATS (3), CONNS (4), CONFIGS,
 # EXTRA_CONF (lines for postgresql.conf), KEEP_TRACES=DIR (copy the raw
-# files there).
+# files there), SETUP_SQL (run once after CREATE EXTENSION), PENDING_SQL
+# (counts the commands not delivered yet; default: outbox.commands not
+# published).  bench/stream.sh runs it so for streams.
 set -u
 set -o pipefail
 
@@ -84,6 +87,8 @@ psql_q() {
 }
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench"
 psql_q "CREATE EXTENSION outbox;" || exit 1
+[ -z "${SETUP_SQL:-}" ] || psql_q "$SETUP_SQL" >/dev/null || exit 1
+PENDING_SQL=${PENDING_SQL:-"SELECT count(*) FROM outbox.commands WHERE status <> 'published'"}
 outbox_give_to_pg_user "$WORK"
 
 HPORT=$(outbox_free_port)
@@ -94,16 +99,17 @@ URL="http://127.0.0.1:$HPORT/hook"
 # One cell: prints "p50_total p99_total p50_from_answer p99_from_answer
 # then p50/p99 of each step".
 cell() {
-	local name=$1 settings=$2 opts=$3 rate=$4 tag=$5 pidf=$WORK/relay.pid left _ s sql conns
+	local name=$1 settings=$2 opts=$3 rate=$4 tag=$5 cell_sql=${6:-} pidf=$WORK/relay.pid left _ s sql conns
 	sql="ALTER SYSTEM RESET ALL;"
 	for s in $settings; do
 		sql="$sql ALTER SYSTEM SET ${s%%=*} = '${s#*=}';"
 	done
 	psql_q "$sql" >/dev/null || exit 1
 	psql_q "SELECT pg_reload_conf(); TRUNCATE outbox.commands, outbox.events, outbox.receipts;" >/dev/null
+	[ -z "$cell_sql" ] || psql_q "$cell_sql" >/dev/null || exit 1
 	as_pg "'$RELAY' --dsn '$DSN' --sink '$URL' --worker lat -vv $opts </dev/null >/dev/null 2>'$WORK/trace-$tag.log' & echo \$! >'$pidf'"
 	for _ in $(seq 100); do
-		[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query LIKE '%outbox.claim(%'")" = 1 ] && break
+		[ "$(psql_q "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' AND query ~ 'outbox\.claim(_batch)?\('")" = 1 ] && break
 		sleep 0.1
 	done
 	sleep 0.5	# the reload reached the worker
@@ -112,7 +118,7 @@ cell() {
 	# HTTP keep-alive: the relay's connections to the receiver (one, reused)
 	conns=$(awk -v p="$(printf '%04X' "$HPORT")" '$4 == "01" && $3 ~ (":" p "$") { n++ } END { print n + 0 }' /proc/net/tcp)
 	for _ in $(seq 200); do
-		left=$(psql_q "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")
+		left=$(psql_q "$PENDING_SQL")
 		[ "$left" = 0 ] && break
 		sleep 0.1
 	done
@@ -126,22 +132,23 @@ cell() {
 	echo "$(perl "$ROOT/bench/latency_steps.pl" "$tag" "$WORK/commits-$tag.tsv" "$WORK/arrivals.log" "$WORK/trace-$tag.log") $conns"
 }
 
-declare -A R SETTINGS OPTS
+declare -A R SETTINGS OPTS CELL_SQL
 declare -a v
 names=()
-while IFS='|' read -r name settings opts; do
+while IFS='|' read -r name settings opts cell_sql; do
 	name=$(echo "$name" | xargs)
 	[ -n "$name" ] || continue
 	names+=("$name")
 	SETTINGS[$name]=$(echo "$settings" | xargs)
 	OPTS[$name]=$(echo "$opts" | xargs)
+	CELL_SQL[$name]=${cell_sql:-}
 done <<<"$CONFIGS"
 
 STEPS="total from_answer commit wait notify claim http ack"
 for rate in $RATES; do
 	for rep in $(seq "$REPEATS"); do
 		for name in "${names[@]}"; do
-			R[$rate,$name,$rep]=$(cell "$name" "${SETTINGS[$name]}" "${OPTS[$name]}" "$rate" "lat$rate-$name-$rep")
+			R[$rate,$name,$rep]=$(cell "$name" "${SETTINGS[$name]}" "${OPTS[$name]}" "$rate" "lat$rate-$name-$rep" "${CELL_SQL[$name]}")
 		done
 	done
 	echo

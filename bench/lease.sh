@@ -24,6 +24,7 @@ set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
+. "$ROOT/bench/lib.sh"
 
 REPEATS=${REPEATS:-3}
 # ONLY=throughput|latency|health|plans runs one part; BATCHES, CLIENTS and
@@ -43,21 +44,11 @@ outbox_bench_start bench || exit 1
 # sweep and purge out of the numbers (it naps for an hour).
 as_pg "'$PGBIN/psql' -X -q -h '$DATA' -p $PORT -d postgres -c \"ALTER SYSTEM SET outbox.naptime = '1h'\" -c 'SELECT pg_reload_conf()'" >/dev/null
 
-psql_q() {
-	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d bench -v ON_ERROR_STOP=1" <<<"$1"
-}
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench"
-psql_q "CREATE EXTENSION outbox;
--- The baseline: the same columns, a plain text key, the classic partial
--- index on pending rows.
-CREATE TABLE bq (LIKE outbox.commands INCLUDING DEFAULTS) WITH (fillfactor = 80);
-ALTER TABLE bq ALTER command_id TYPE text COLLATE \"default\";
--- (outbox.commands keeps its value rules in domains; the baselines have
--- plain columns and no checks, as a hand-written table would)
-ALTER TABLE bq ALTER status TYPE text, ALTER version TYPE bigint, ALTER deliveries TYPE integer;
-ALTER TABLE bq ADD PRIMARY KEY (command_id);
-CREATE INDEX bq_pending ON bq (priority DESC, available_at, created_at) WHERE status = 'pending';
--- The same baseline with the key in the \"C\" collation, as outbox.commands
+# The baseline (bench/lib.sh): the same columns, a plain text key, the
+# classic partial index on pending rows.
+psql_q "CREATE EXTENSION outbox;" && bench_baseline_table || exit 1
+psql_q "-- The same baseline with the key in the \"C\" collation, as outbox.commands
 -- has it: shows how much of the difference is the key's collation.
 CREATE TABLE bqc (LIKE bq INCLUDING DEFAULTS) WITH (fillfactor = 80);
 ALTER TABLE bqc ALTER command_id TYPE text COLLATE \"C\";
@@ -115,10 +106,10 @@ cat >"$WORK/outbox.sql" <<'EOF'
 SELECT array_agg(token) AS toks FROM outbox.claim('w' || :client_id, :batch, interval '10 minutes') \gset
 SELECT count(*) FROM outbox.ack_many('w' || :client_id, ':toks') WHERE acked;
 EOF
-BASE_CLAIM="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id = ANY (ARRAY(SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED)) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"
+BASE_CLAIM=$BENCH_BASE_CLAIM
 BASE_CLAIM_IN="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id IN (SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"
 printf '%s\n%s\n' "$BASE_CLAIM" "UPDATE bq SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:ids::text[]);" >"$WORK/mark.sql"
-printf '%s\n%s\n' "$BASE_CLAIM" "DELETE FROM bq WHERE command_id = ANY (:ids::text[]);" >"$WORK/delete.sql"
+bench_delete_script "$WORK/delete.sql"
 printf '%s\n%s\n' "${BASE_CLAIM//bq/bqc}" "UPDATE bqc SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:ids::text[]);" >"$WORK/mark-c.sql"
 printf '%s\n%s\n' "$BASE_CLAIM_IN" "UPDATE bq SET status = 'published', published_at = now(), lease_until = NULL, version = version + 1 WHERE command_id = ANY (:ids::text[]);" >"$WORK/mark-in.sql"
 outbox_give_to_pg_user "$WORK"
@@ -136,8 +127,6 @@ run_once() {
 		awk '/^tps = / {print $3; exit}')
 	awk -v t="${tps:-0}" -v b="$batch" 'BEGIN {printf "%.0f\n", t * b}'
 }
-
-median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = throughput ]; then
 echo "== relay throughput, commands/s (median of $REPEATS; backlog $BACKLOG)"

@@ -32,6 +32,7 @@ set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
+. "$ROOT/bench/lib.sh"
 
 N=${N:-20000}
 B=${B:-100}
@@ -70,9 +71,6 @@ cleanup() {
 trap cleanup EXIT
 DSN="host=$DATA port=$PORT dbname=bench"
 
-psql_q() {
-	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d bench -v ON_ERROR_STOP=1" <<<"$1"
-}
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench"
 psql_q "CREATE EXTENSION outbox; CREATE SEQUENCE lat_seq;" || exit 1
 
@@ -100,15 +98,9 @@ SLOW_URL="http://127.0.0.1:$SPORT/hook"
 
 # Commit N decisions (set-based, 5,000 per call), then tidy the table.
 load() {
-	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts;
-SELECT count(*)
-  FROM (SELECT g / 5000 AS chunk,
-               jsonb_agg(jsonb_build_object('run_id', 'run-' || (g / 100), 'seq', g, 'event_kind', 'decided',
-                                            'command_id', 'cmd-' || g, 'command_kind', 'k',
-                                            'payload', jsonb_build_object('n', g, 'to', 'someone@example.org'))) AS d
-          FROM generate_series(1, $N) g GROUP BY 1) b,
-       LATERAL outbox.commit_decisions(b.d);
-VACUUM ANALYZE outbox.commands;" >/dev/null
+	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts;" &&
+		bench_commit_commands "$N" &&
+		psql_q "VACUUM ANALYZE outbox.commands;" >/dev/null
 }
 
 # One throughput run: prints commands per second.
@@ -140,10 +132,6 @@ run() {
 		echo "warning: $system x$k left $left commands unpublished" >&2
 	fi
 	awk -v n="$N" -v s="$start" -v e="$end" 'BEGIN { printf "%.0f\n", n / (e - s) }'
-}
-
-median() {
-	sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
 }
 
 echo "outbox-relay throughput: $N commands, batch $B, median of $REPEATS (commands/s, commit to ack)"

@@ -3,7 +3,8 @@
  * db.c
  *		outbox-relay's database side: connection, LISTEN, and the four
  *		publisher calls (claim, batch ack, fail, renew) as prepared
- *		statements.
+ *		statements, or with --stream the three of a stream's subscription
+ *		(claim_batch, ack_batch, renew_batch).
  *
  * Each connection prepares its statements once.  Errors are sorted in
  * three: the connection is gone (reconnect with backoff and try again),
@@ -16,6 +17,15 @@
  * command now, and it is only counted.  Tokens are never logged; command
  * ids and error texts, which producers and endpoints control, are logged
  * escaped (log_text), so that no id can forge a line of the log.
+ *
+ * Streams.  claim_batch returns the commands of one batch with the same
+ * first columns as claim (every row carries the batch's token), so a
+ * batch is read as today.  The batch is leased and acked as a whole: its
+ * outcome is reported once every command has one, in one ack_batch call
+ * naming the commands the sink failed (with their errors and whether the
+ * failure is fatal), and it is renewed with one renew_batch call.  A batch
+ * whose commands are held (the sink is down) is not reported, only
+ * renewed, until they have an outcome.
  *
  *-------------------------------------------------------------------------
  */
@@ -33,6 +43,7 @@
 #define OID_BOOL		16
 #define OID_FLOAT8		701
 #define OID_TEXTARRAY	1009
+#define OID_BOOLARRAY	1000
 
 /* The SQLSTATE of lease_not_owned. */
 #define SQLSTATE_LEASE_NOT_OWNED "OB001"
@@ -82,6 +93,24 @@ static const char *const renew_sql =
 "       outbox.renew($1, $2, pg_catalog.make_interval(secs => $3))"
 "       - pg_catalog.clock_timestamp())";
 static const Oid renew_types[3] = {OID_TEXT, OID_TEXT, OID_FLOAT8};
+
+/* With --stream: a subscription's batches. */
+#define CLAIM_BATCH_CALL \
+	"outbox.claim_batch($1, $2, $3, pg_catalog.make_interval(secs => $4)) AS c"
+static const char *const claim_batch_sql = CLAIM_SELECT CLAIM_BATCH_CALL;
+static const char *const claim_batch_async_sql = CLAIM_SELECT ASYNC_COMMIT_FROM CLAIM_BATCH_CALL;
+static const Oid claim_batch_types[4] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_FLOAT8};
+
+#define ACK_BATCH_SELECT "SELECT a.n FROM "
+#define ACK_BATCH_CALL "outbox.ack_batch($1, $2, $3, $4, $5) AS a(n)"
+static const char *const ack_batch_sql = ACK_BATCH_SELECT ACK_BATCH_CALL;
+static const char *const ack_batch_async_sql = ACK_BATCH_SELECT ASYNC_COMMIT_FROM ACK_BATCH_CALL;
+static const Oid ack_batch_types[5] = {OID_TEXT, OID_TEXT, OID_TEXTARRAY, OID_TEXTARRAY, OID_BOOLARRAY};
+
+static const char *const renew_batch_sql =
+"SELECT pg_catalog.date_part('epoch',"
+"       outbox.renew_batch($1, $2, pg_catalog.make_interval(secs => $3))"
+"       - pg_catalog.clock_timestamp())";
 
 /*
  * Text a producer or an endpoint controls (a command id, an error), fit for
@@ -278,12 +307,26 @@ db_connect(void)
 		return DB_RETRY;
 	}
 
-	if ((r = db_prepare("outbox_claim", relay_opts.claim_sync ? claim_sql : claim_async_sql,
-						   4, claim_types)) != DB_OK ||
-		(r = db_prepare("outbox_ack", relay_opts.ack_async ? ack_async_sql : ack_sql,
-						2, ack_types)) != DB_OK ||
-		(r = db_prepare("outbox_fail", fail_sql, 4, fail_types)) != DB_OK ||
-		(r = db_prepare("outbox_renew", renew_sql, 3, renew_types)) != DB_OK)
+	if (relay_opts.stream != NULL)
+	{
+		if ((r = db_prepare("outbox_claim",
+							relay_opts.claim_sync ? claim_batch_sql : claim_batch_async_sql,
+							4, claim_batch_types)) != DB_OK ||
+			(r = db_prepare("outbox_ack",
+							relay_opts.ack_async ? ack_batch_async_sql : ack_batch_sql,
+							5, ack_batch_types)) != DB_OK ||
+			(r = db_prepare("outbox_renew", renew_batch_sql, 3, renew_types)) != DB_OK)
+		{
+			db_disconnect();
+			return r;
+		}
+	}
+	else if ((r = db_prepare("outbox_claim", relay_opts.claim_sync ? claim_sql : claim_async_sql,
+							 4, claim_types)) != DB_OK ||
+			 (r = db_prepare("outbox_ack", relay_opts.ack_async ? ack_async_sql : ack_sql,
+							 2, ack_types)) != DB_OK ||
+			 (r = db_prepare("outbox_fail", fail_sql, 4, fail_types)) != DB_OK ||
+			 (r = db_prepare("outbox_renew", renew_sql, 3, renew_types)) != DB_OK)
 	{
 		db_disconnect();
 		return r;
@@ -411,10 +454,21 @@ db_claim(RelayBatch *batch)
 
 	snprintf(batchbuf, sizeof(batchbuf), "%d", relay_opts.batch);
 	snprintf(leasebuf, sizeof(leasebuf), "%.3f", relay_opts.lease);
-	vals[0] = relay_opts.worker;
-	vals[1] = batchbuf;
-	vals[2] = relay_opts.lease > 0 ? leasebuf : NULL;
-	vals[3] = relay_opts.kinds;
+	if (relay_opts.stream != NULL)
+	{
+		/* the stream's batch_size sizes its batches */
+		vals[0] = relay_opts.stream;
+		vals[1] = relay_opts.subscription;
+		vals[2] = relay_opts.worker;
+		vals[3] = relay_opts.lease > 0 ? leasebuf : NULL;
+	}
+	else
+	{
+		vals[0] = relay_opts.worker;
+		vals[1] = batchbuf;
+		vals[2] = relay_opts.lease > 0 ? leasebuf : NULL;
+		vals[3] = relay_opts.kinds;
+	}
 
 	res = PQexecPrepared(conn, "outbox_claim", 4, vals, NULL, NULL, 0);
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
@@ -588,9 +642,230 @@ db_fail(RelayCommand *cmd)
 }
 
 /*
+ * The token of a stream batch (every row carries it), or NULL when no
+ * command of the batch is left to report or renew.
+ */
+static const char *
+stream_batch_token(RelayBatch *batch)
+{
+	int			i;
+
+	for (i = 0; i < batch->n; i++)
+		if (batch->cmds[i].state != CMD_DONE)
+			return batch->cmds[i].token;
+	return NULL;
+}
+
+/* The lease of a stream batch is gone: nothing of it is reported any more. */
+static void
+stream_batch_lost(RelayBatch *batch, const char *what)
+{
+	int			i;
+	int			n = 0;
+
+	for (i = 0; i < batch->n; i++)
+		if (batch->cmds[i].state != CMD_DONE)
+		{
+			batch->cmds[i].state = CMD_DONE;
+			n++;
+		}
+	relay_stats.stale += n;
+	relay_log("%s of a batch of %d command%s refused: another worker owns the batch now",
+			  what, n, n == 1 ? "" : "s");
+}
+
+/*
+ * Keep the order of an ordering key across a failure: the commands of the
+ * batch after a failed one with the same ordering key are failed too
+ * (retryable, with its error), so that they are published after it.  The
+ * server parks the key's commands of later batches behind the failed one;
+ * those of this batch were handed out already, so it is the relay's to name
+ * them.
+ */
+static void
+stream_fail_key_followers(RelayBatch *batch)
+{
+	int			i;
+	int			j;
+
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *f = &batch->cmds[i];
+
+		if (f->state != CMD_FAILED || f->ordering_key == NULL)
+			continue;
+		for (j = i + 1; j < batch->n; j++)
+		{
+			RelayCommand *c = &batch->cmds[j];
+
+			if (c->state != CMD_DELIVERED || c->ordering_key == NULL ||
+				strcmp(c->ordering_key, f->ordering_key) != 0)
+				continue;
+			c->state = CMD_FAILED;
+			c->fatal = false;
+			free(c->error);
+			c->error = relay_strdup(f->error ? f->error : "delivery failed");
+			relay_stats.delivered--;
+			relay_debug("command \"%s\" goes back after the failure of \"%s\" (same ordering key)",
+						log_text(c->command_id), log_text(f->command_id));
+		}
+	}
+}
+
+/*
+ * With --stream: report the batch in one ack_batch call once every command
+ * has an outcome (delivered, or failed by the sink: those are named with
+ * their errors, and so are the later commands of a failed one's ordering
+ * key).  Until then nothing is reported: the batch's lease covers the held
+ * commands and those delivered alike.
+ */
+static DbResult
+db_report_stream(RelayBatch *batch)
+{
+	StrBuf		ids;
+	StrBuf		errs;
+	StrBuf		fatals;
+	const char *vals[5];
+	const char *token = stream_batch_token(batch);
+	const char *first_error = NULL;
+	PGresult   *res;
+	int			delivered = 0;
+	int			failed = 0;
+	int			i;
+
+	if (token == NULL)
+		return DB_OK;
+	for (i = 0; i < batch->n; i++)
+		if (batch->cmds[i].state == CMD_TODO)
+			return DB_OK;
+	stream_fail_key_followers(batch);
+
+	sb_init(&ids);
+	sb_init(&errs);
+	sb_init(&fatals);
+	sb_puts(&ids, "{");
+	sb_puts(&errs, "{");
+	sb_puts(&fatals, "{");
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *cmd = &batch->cmds[i];
+
+		if (cmd->state == CMD_DELIVERED)
+			delivered++;
+		if (cmd->state != CMD_FAILED)
+			continue;
+		if (failed > 0)
+		{
+			sb_puts(&ids, ",");
+			sb_puts(&errs, ",");
+			sb_puts(&fatals, ",");
+		}
+		sb_array_elem(&ids, cmd->command_id);
+		sb_array_elem(&errs, cmd->error ? cmd->error : "delivery failed");
+		sb_puts(&fatals, cmd->fatal ? "t" : "f");
+		if (failed++ == 0)
+			first_error = cmd->error;
+	}
+	sb_puts(&ids, "}");
+	sb_puts(&errs, "}");
+	sb_puts(&fatals, "}");
+
+	vals[0] = relay_opts.worker;
+	vals[1] = token;
+	vals[2] = failed > 0 ? ids.data : NULL;
+	vals[3] = failed > 0 ? errs.data : NULL;
+	vals[4] = failed > 0 ? fatals.data : NULL;
+	res = PQexecPrepared(conn, "outbox_ack", 5, vals, NULL, NULL, 0);
+	sb_free(&ids);
+	sb_free(&errs);
+	sb_free(&fatals);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		DbResult	r;
+
+		if (lease_not_owned(res))
+		{
+			PQclear(res);
+			stream_batch_lost(batch, "ack");
+			return DB_OK;
+		}
+		r = db_failure(res, "ack_batch");
+		PQclear(res);
+		return r;
+	}
+	if (PQntuples(res) == 1 && atoll(PQgetvalue(res, 0, 0)) != delivered)
+		relay_debug("ack_batch published %s of %d delivered commands",
+					PQgetvalue(res, 0, 0), delivered);
+	PQclear(res);
+
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *cmd = &batch->cmds[i];
+
+		if (cmd->state == CMD_DELIVERED)
+			relay_stats.acked++;
+		else if (cmd->state == CMD_FAILED)
+		{
+			/* the server decides retry or dead; a fatal failure is dead */
+			if (cmd->fatal)
+				relay_stats.dead++;
+			else
+				relay_stats.retried++;
+			relay_debug("delivery of \"%s\" failed: %s",
+						log_text(cmd->command_id), log_text(cmd->error));
+		}
+		cmd->state = CMD_DONE;
+	}
+	if (failed > 0)
+		relay_log("%d deliver%s failed (first error: %s)", failed,
+				  failed == 1 ? "y" : "ies", first_error ? log_text(first_error) : "?");
+	return DB_OK;
+}
+
+/* With --stream: renew the lease of the batch while it is not reported. */
+static DbResult
+db_renew_stream(RelayBatch *batch)
+{
+	char		leasebuf[32];
+	const char *vals[3];
+	const char *token = stream_batch_token(batch);
+	PGresult   *res;
+	double		left;
+
+	if (token == NULL)
+		return DB_OK;
+	snprintf(leasebuf, sizeof(leasebuf), "%.3f", relay_opts.lease);
+	vals[0] = relay_opts.worker;
+	vals[1] = token;
+	vals[2] = relay_opts.lease > 0 ? leasebuf : NULL;
+	res = PQexecPrepared(conn, "outbox_renew", 3, vals, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		DbResult	r;
+
+		if (lease_not_owned(res))
+		{
+			PQclear(res);
+			stream_batch_lost(batch, "renewal");
+			return DB_OK;
+		}
+		r = db_failure(res, "renew_batch");
+		PQclear(res);
+		return r;
+	}
+	left = strtod(PQgetvalue(res, 0, 0), NULL);
+	PQclear(res);
+	relay_stats.renewed++;
+	batch_set_lease(batch, relay_now(), left);
+	relay_debug("renewed the batch's lease for %.1fs", left);
+	return DB_OK;
+}
+
+/*
  * Report the outcome of every finished command of the batch: one array ack
- * for the delivered ones, one fail per failed one.  Reported commands
- * become CMD_DONE; on DB_RETRY the rest stays for the next attempt.
+ * for the delivered ones, one fail per failed one (with --stream: one
+ * ack_batch for the whole batch).  Reported commands become CMD_DONE; on
+ * DB_RETRY the rest stays for the next attempt.
  */
 DbResult
 db_report(RelayBatch *batch)
@@ -602,6 +877,8 @@ db_report(RelayBatch *batch)
 
 	if (!db_connected())
 		return DB_RETRY;
+	if (relay_opts.stream != NULL)
+		return db_report_stream(batch);
 	if ((r = db_ack(batch)) != DB_OK)
 		return r;
 	for (i = 0; i < batch->n; i++)
@@ -624,7 +901,8 @@ db_report(RelayBatch *batch)
 /*
  * Renew the leases of the commands not delivered yet (the one being
  * delivered among them).  A refused renewal means the lease was lost: the
- * command is dropped from the batch.
+ * command is dropped from the batch.  With --stream: the batch's lease, in
+ * one call.
  */
 DbResult
 db_renew(RelayBatch *batch)
@@ -637,6 +915,8 @@ db_renew(RelayBatch *batch)
 
 	if (!db_connected())
 		return DB_RETRY;
+	if (relay_opts.stream != NULL)
+		return db_renew_stream(batch);
 	snprintf(leasebuf, sizeof(leasebuf), "%.3f", relay_opts.lease);
 	for (i = 0; i < batch->n; i++)
 	{

@@ -36,6 +36,11 @@
  * duplicate delivery, never a loss).  A kill -9 at any point loses
  * nothing: the leases expire and another relay takes the commands over.
  *
+ * Streams.  With --stream and --subscription the relay claims the
+ * subscription's batches instead (claim_batch), reports each batch in one
+ * ack_batch once every command of it has an outcome, and renews it with
+ * renew_batch (db.c); the loop is the same.
+ *
  * Signals.  SIGTERM or SIGINT: stop claiming, finish and report the batch
  * in flight, exit 0.  A second one: abort the deliveries in progress, fail
  * the rest of the batch as retryable, exit 0.  SIGHUP: reopen a file sink.
@@ -85,6 +90,10 @@ usage(void)
 		   "  -l, --lease=SECONDS       lease per claim (default: the kind's policy or\n"
 		   "                            outbox.default_lease)\n"
 		   "  -k, --kinds=K1,K2         deliver only these command kinds (default: all)\n"
+		   "      --stream=NAME         publish the batches of this stream (with\n"
+		   "                            --subscription; the stream's batch_size sizes\n"
+		   "                            them, --batch and --kinds do not apply)\n"
+		   "      --subscription=NAME   the stream's subscription to publish\n"
 		   "  -w, --worker=NAME         worker name owning the leases (default HOST:PID)\n"
 		   "  -p, --poll=SECONDS        poll interval when no notification comes (default 1)\n"
 		   "      --timeout=SECONDS     HTTP request timeout (default 10)\n"
@@ -267,6 +276,8 @@ parse_options(int argc, char **argv)
 		{"metrics", required_argument, NULL, 4},
 		{"claim-commit", required_argument, NULL, 5},
 		{"ack-commit", required_argument, NULL, 6},
+		{"stream", required_argument, NULL, 20},
+		{"subscription", required_argument, NULL, 21},
 		{"verbose", no_argument, NULL, 'v'},
 		{"version", no_argument, NULL, 'V'},
 		{"help", no_argument, NULL, 'h'},
@@ -370,6 +381,16 @@ parse_options(int argc, char **argv)
 						relay_opts.ack_async = !sync;
 				}
 				break;
+			case 20:
+			case 21:
+				if (optarg[0] == '\0')
+					usage_error(c == 20 ? "invalid value \"%s\" for --stream: empty name" :
+								"invalid value \"%s\" for --subscription: empty name", optarg);
+				if (c == 20)
+					relay_opts.stream = optarg;
+				else
+					relay_opts.subscription = optarg;
+				break;
 			case 'v':
 				relay_opts.verbose++;
 				break;
@@ -388,6 +409,11 @@ parse_options(int argc, char **argv)
 		usage_error("unexpected argument \"%s\"", argv[optind]);
 	if (relay_opts.sink == NULL)
 		usage_error("%s", "no sink given: --sink is required");
+	if ((relay_opts.stream == NULL) != (relay_opts.subscription == NULL))
+		usage_error("%s", relay_opts.stream ? "--stream needs --subscription: give both" :
+					"--subscription needs --stream: give both");
+	if (relay_opts.stream != NULL && relay_opts.kinds != NULL)
+		usage_error("%s", "--kinds cannot be used with --stream: a stream publishes every kind set_policy gave it");
 	if (relay_opts.dsn != NULL)
 	{
 		char	   *err = NULL;
@@ -736,8 +762,13 @@ main(int argc, char **argv)
 		curl_global_cleanup();
 		return opened == SINK_OPEN_CONFIG ? RELAY_EXIT_USAGE : RELAY_EXIT_RUNTIME;
 	}
-	relay_log("starting: worker \"%s\", sink %s, batch %d", relay_opts.worker,
-			  sink_describe(sink), relay_opts.batch);
+	if (relay_opts.stream != NULL)
+		relay_log("starting: worker \"%s\", sink %s, stream \"%s\", subscription \"%s\"",
+				  relay_opts.worker, sink_describe(sink), relay_opts.stream,
+				  relay_opts.subscription);
+	else
+		relay_log("starting: worker \"%s\", sink %s, batch %d", relay_opts.worker,
+				  sink_describe(sink), relay_opts.batch);
 	if (relay_opts.metrics != NULL && !metrics_start(relay_opts.metrics, &err))
 	{
 		relay_log("%s", err);

@@ -12,6 +12,9 @@
  * delivered commands and one fail per failed command.  Every call carries
  * the token the claim returned (opaque text), so a relay whose lease was
  * taken over is refused (SQLSTATE OB001) and changes nothing.
+ * With --stream the batch is one of a stream's subscription, leased,
+ * acked (one ack_batch, naming the failed commands) and renewed as a whole
+ * (db.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -52,6 +55,8 @@ typedef struct RelayOptions
 	int			batch;			/* claim batch size */
 	double		lease;			/* lease in seconds, 0: server default */
 	const char *kinds;			/* text[] literal, NULL: all kinds */
+	const char *stream;			/* --stream: claim batches of this stream */
+	const char *subscription;	/* --subscription (set with --stream) */
 	char	   *worker;			/* worker name (lease owner) */
 	double		poll;			/* backstop poll interval, seconds */
 	double		timeout;		/* HTTP total timeout, seconds */

@@ -1,0 +1,64 @@
+# Helpers shared by the benchmarks (sourced after test/lib.sh and
+# outbox_bench_start, which set PGBIN, DATA and PORT): the psql call, the
+# median, loading committed commands, and the hand-written claim + DELETE
+# baseline of bench/lease.sh.
+
+# Run SQL from the argument on database BENCH_DB (default bench), quietly.
+psql_q() {
+	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d ${BENCH_DB:-bench} -v ON_ERROR_STOP=1" <<<"$1"
+}
+
+# The median of the numbers on stdin, one a line.
+median() {
+	sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
+}
+
+# Commit $1 decisions of kind ${2:-k} through outbox.commit_decisions (set-based,
+# 5,000 per call), command ids PREFIX-g (${3:-cmd}), runs of 100.
+bench_commit_commands() {
+	local n=$1 kind=${2:-k} prefix=${3:-cmd}
+	psql_q "SELECT count(*)
+  FROM (SELECT g / 5000 AS chunk,
+               jsonb_agg(jsonb_build_object('run_id', '$prefix-run-' || (g / 100), 'seq', g, 'event_kind', 'decided',
+                                            'command_id', '$prefix-' || g, 'command_kind', '$kind',
+                                            'payload', jsonb_build_object('n', g, 'to', 'someone@example.org'))) AS d
+          FROM generate_series(1, $n) g GROUP BY 1) b,
+       LATERAL outbox.commit_decisions(b.d);" >/dev/null
+}
+
+# The same in transactions of $4 decisions, each followed by the SQL $5 in a
+# transaction of its own (a stream's tick: outbox.tick_streams()), from one
+# psql script in $WORK.
+bench_commit_chunks() {
+	local n=$1 kind=$2 prefix=$3 chunk=$4 after=$5 i
+	for ((i = 0; i < n; i += chunk)); do
+		echo "SELECT count(*) FROM (SELECT jsonb_agg(jsonb_build_object('run_id', '$prefix-run-' || (g / 100), 'seq', g, 'event_kind', 'decided',
+       'command_id', '$prefix-' || g, 'command_kind', '$kind',
+       'payload', jsonb_build_object('n', g, 'to', 'someone@example.org'))) AS d
+  FROM generate_series($i + 1, least($i + $chunk, $n)) g) b, LATERAL outbox.commit_decisions(b.d);"
+		echo "$after"
+	done >"$WORK/chunks.sql"
+	outbox_give_to_pg_user "$WORK"
+	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d ${BENCH_DB:-bench} -v ON_ERROR_STOP=1 -f '$WORK/chunks.sql'" >/dev/null
+}
+
+# The hand-written baseline: a table with the columns of outbox.commands, a
+# plain text key and the classic partial index on pending rows.
+bench_baseline_table() {
+	psql_q "CREATE TABLE bq (LIKE outbox.commands INCLUDING DEFAULTS) WITH (fillfactor = 80);
+ALTER TABLE bq ALTER command_id TYPE text COLLATE \"default\";
+-- (outbox.commands keeps its value rules in domains; the baselines have
+-- plain columns and no checks, as a hand-written table would)
+ALTER TABLE bq ALTER status TYPE text, ALTER version TYPE bigint, ALTER deliveries TYPE integer;
+ALTER TABLE bq ADD PRIMARY KEY (command_id);
+CREATE INDEX bq_pending ON bq (priority DESC, available_at, created_at) WHERE status = 'pending';"
+}
+
+# Its claim of :batch commands for worker 'w' || :client_id (pgbench syntax,
+# the ids into :ids).
+BENCH_BASE_CLAIM="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :client_id, lease_until = now() + interval '10 minutes', version = version + 1, deliveries = deliveries + 1 WHERE command_id = ANY (ARRAY(SELECT command_id FROM bq WHERE status = 'pending' AND available_at <= now() ORDER BY priority DESC, available_at, created_at LIMIT :batch FOR UPDATE SKIP LOCKED)) RETURNING command_id, run_id, kind, payload, version, deliveries, lease_until) SELECT array_agg(command_id) AS ids FROM c \\gset"
+
+# The claim + DELETE loop into file $1.
+bench_delete_script() {
+	printf '%s\n%s\n' "$BENCH_BASE_CLAIM" "DELETE FROM bq WHERE command_id = ANY (:ids::text[]);" >"$1"
+}

@@ -1,0 +1,398 @@
+#!/usr/bin/env bash
+# Streams (the write-once path) against the row-lease path, the
+# hand-written claim + DELETE baseline and PgQ 3.5 (Debian's
+# postgresql-15-pgq3), in the same run, on a throwaway cluster.  Not a
+# test: it prints numbers; read the ratios.
+#
+#   bash bench/stream.sh            # full run
+#   QUICK=1 bash bench/stream.sh    # one repeat, small sizes (a few minutes)
+#
+# Parts (ONLY=wal|throughput|produce|claim|latency runs one):
+#   throughput  N committed commands drained at 1 and 4 publishers with
+#               batches of 100 and 1,000, commands per second from the
+#               start of the publishers to the end of the drain (wall
+#               clock), median of REPEATS:
+#                 delete        pgbench clients looping the hand-written
+#                               claim + DELETE (bench/lib.sh, as bench/lease.sh)
+#                 relay-rows    outbox-relay --sink stdout, row leases
+#                 relay-stream  outbox-relay --stream --subscription, stdout
+#                 pgq           one PgQ consumer in SQL (next_batch,
+#                               get_batch_events, finish_batch; PgQ shares a
+#                               queue between consumers only with pgq_coop,
+#                               which Debian does not ship: 1 publisher only)
+#   wal         WAL bytes per command (pg_current_wal_lsn() differences):
+#               the producer alone, then producer + publisher + purge (row
+#               leases: the commands completed, then outbox.purge) or
+#               rotation (streams: outbox.rotate_streams; PgQ: its table
+#               rotation)
+#   produce     commit_decision per transaction into a stream kind against
+#               a row-lease kind (and pgq.insert_event), pgbench CLIENTS
+#               clients for PRODUCE_SECS, taking turns, median of REPEATS
+#   claim       claim_batch + ack_batch latency (pgbench, 1 client, 50
+#               batches of 100) with SIZES commands in the stream's log
+#   latency     commit -> delivered p50/p99 at 200 and 2,000 commands/s,
+#               row leases against a stream, through bench/latency.sh's
+#               harness (producer, receiver, the relay's -vv trace)
+# Settings: N, BATCHES ("100 1000"), PUBLISHERS ("1 4"), REPEATS (3),
+# PARTS (stream partitions, 8), CLIENTS (4), PRODUCE_SECS (8), SIZES
+# ("10000 1000000"), RATES ("200 2000"), LAT_SECS (10), SYSTEMS (the
+# throughput rows), ONLY.
+set -u
+set -o pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$ROOT/test/lib.sh"
+# PgQ 3.5, the write-once reference, from the Debian archive.
+OUTBOX_PACKAGES+=(postgresql-15-pgq3)
+
+N=${N:-50000}
+BATCHES=${BATCHES:-"100 1000"}
+PUBLISHERS=${PUBLISHERS:-"1 4"}
+REPEATS=${REPEATS:-3}
+PARTS=${PARTS:-8}
+CLIENTS=${CLIENTS:-4}
+PRODUCE_SECS=${PRODUCE_SECS:-8}
+SIZES=${SIZES:-"10000 1000000"}
+RATES=${RATES:-"200 2000"}
+LAT_SECS=${LAT_SECS:-10}
+ONLY=${ONLY:-}
+SYSTEMS=${SYSTEMS:-"delete relay-rows relay-stream pgq"}
+if [ -n "${QUICK:-}" ]; then
+	N=10000
+	REPEATS=1
+	PRODUCE_SECS=3
+	SIZES="10000 100000"
+	LAT_SECS=4
+fi
+
+# With OUTBOX_SKIP_BUILD the package is not installed by outbox_setup.
+if [ -n "${OUTBOX_SKIP_BUILD:-}" ] && ! dpkg-query -W -f='${Status}' postgresql-15-pgq3 2>/dev/null | grep -q "install ok installed"; then
+	outbox_setup || exit 1
+fi
+outbox_bench_start bench-stream || exit 1
+. "$ROOT/bench/lib.sh"
+
+# A relocated private PostgreSQL (test/lib.sh's OUTBOX_PG_ROOT) does not see
+# the package's files: copy them in.
+if [ -n "$OUTBOX_PG_ROOT" ]; then
+	for f in $(dpkg -L postgresql-15-pgq3 | grep -E '^/usr/(share|lib)/postgresql/15/(extension|lib)/[^/]+$'); do
+		[ -e "$OUTBOX_PG_ROOT$f" ] || cp "$f" "$OUTBOX_PG_ROOT$f"
+	done
+fi
+
+RELAY=$OUTBOX_RELAY_BINDIR/outbox-relay
+[ -x "$RELAY" ] || RELAY=$ROOT/src/outbox-relay
+[ -x "$RELAY" ] || { echo "missing $RELAY: run make" >&2; exit 1; }
+
+cleanup() {
+	local f
+	for f in "$WORK"/*.pid; do
+		[ -f "$f" ] && kill -TERM "$(cat "$f")" 2>/dev/null
+	done
+	outbox_cleanup_work "$WORK"
+}
+trap cleanup EXIT
+DSN="host=$DATA port=$PORT dbname=bench"
+
+as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench"
+psql_q "CREATE EXTENSION outbox; CREATE EXTENSION pgq; CREATE SEQUENCE ids;" >/dev/null || exit 1
+bench_baseline_table || exit 1
+
+now() { date +%s.%N; }
+rate() { awk -v n="$1" -v s="$2" -v e="$3" 'BEGIN { printf "%.0f\n", n / (e - s) }'; }
+ratio() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else printf "-" }'; }
+
+# A fresh stream (each cell has its own, so that no cell reads another's
+# log): stream_new NAME BATCH; kind NAME-k is written once into it, read by
+# subscription NAME.
+stream_new() {
+	psql_q "SELECT outbox.create_stream('$1', $PARTS, $2);
+SELECT outbox.create_subscription('$1', '$1');
+SELECT outbox.set_policy('$1-k', stream => '$1');" >/dev/null
+}
+
+# Commit $2 commands of stream $1's kind in transactions of $3, a tick of
+# the streams cut after each (as the worker does when commits wake it), so
+# that the batches have about the stream's batch_size per partition.
+load_stream() {
+	local _
+	bench_commit_chunks "$2" "$1-k" "$1" "$3" "SELECT outbox.tick_streams();" || return 1
+	# A tick skips a stream the worker is ticking, and the worker's tick is
+	# seen when its transaction ends: wait until a committed tick covers
+	# the whole load (--drain stops at the first claim that finds nothing).
+	for _ in $(seq 100); do
+		[ "$(psql_q "SELECT outbox.tick_streams() * 0 + count(*) FROM outbox.streams t
+ WHERE t.stream = '$1' AND (SELECT max(k.last_id) FROM outbox.stream_ticks k WHERE k.stream_id = t.stream_id)
+   >= (SELECT max(l.id) FROM outbox._stream_log l WHERE l.stream_id = t.stream_id)")" = 1 ] && return 0
+		sleep 0.1
+	done
+	echo "warning: stream $1 not covered by a tick after 10 s" >&2
+}
+
+# The row-lease backlog: N pending commands in outbox.commands.
+load_rows() {
+	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts;" >/dev/null &&
+		bench_commit_commands "$1" k "rows-$2" &&
+		psql_q "VACUUM ANALYZE outbox.commands; CHECKPOINT;" >/dev/null
+}
+
+# The baseline's backlog: N pending rows in bq.
+load_bq() {
+	psql_q "TRUNCATE bq;
+INSERT INTO bq (command_id, run_id, seq, kind, payload, available_at, created_at)
+SELECT 'cmd-' || g, 'run-' || (g / 100), g, 'k', jsonb_build_object('n', g, 'to', 'someone@example.org'),
+       now() - interval '1 minute', now() - interval '1 minute' + g * interval '1 microsecond'
+  FROM generate_series(1, $1) g;
+VACUUM ANALYZE bq;
+CHECKPOINT;" >/dev/null
+}
+
+# PgQ: queue $1 with N events ticked every B events (one batch each).
+load_pgq() {
+	local q=$1 n=$2 b=$3 i
+	psql_q "SELECT pgq.create_queue('$q'); SELECT pgq.register_consumer('$q', 'c');
+SELECT pgq.set_queue_config('$q', 'ticker_max_count', '$b');" >/dev/null
+	for ((i = 0; i < n; i += b)); do
+		echo "SELECT count(pgq.insert_event('$q', 'k', json_build_object('n', g, 'to', 'someone@example.org')::text)) FROM generate_series($i + 1, $i + $b) g;"
+		echo "SELECT pgq.ticker('$q');"
+	done >"$WORK/pgq-load.sql"
+	outbox_give_to_pg_user "$WORK"
+	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d bench -v ON_ERROR_STOP=1 -f '$WORK/pgq-load.sql'" >/dev/null &&
+		psql_q "CHECKPOINT;" >/dev/null
+}
+
+cat >"$WORK/pgq-consume.sql" <<'EOF'
+SELECT pgq.next_batch(:queue, 'c') AS bid \gset
+SELECT count(*) FROM pgq.get_batch_events(:bid);
+SELECT pgq.finish_batch(:bid);
+EOF
+bench_delete_script "$WORK/delete.sql"
+outbox_give_to_pg_user "$WORK"
+
+# K relays draining to stdout (into files, counted afterwards): relays K
+# [options]; prints nothing, leaves the number of lines written in
+# $WORK/delivered.
+relays() {
+	local k=$1 i
+	shift
+	rm -f "$WORK"/relay-out-*
+	for i in $(seq "$k"); do
+		as_pg "'$RELAY' --dsn '$DSN' --sink stdout --drain --worker bench-$i $* >'$WORK/relay-out-$i' 2>>'$WORK/relay.log'" &
+	done
+	wait
+	cat "$WORK"/relay-out-* | wc -l >"$WORK/delivered"
+}
+
+# One throughput cell: prints commands per second.
+cell() {
+	local system=$1 b=$2 k=$3 s e left t name
+	name=s$(psql_q "SELECT nextval('ids')")	# (cells run in subshells)
+	case $system in
+		delete)
+			load_bq "$N" || exit 1
+			t=$(((N + b * k - 1) / (b * k)))	# the last claims may find nothing
+			s=$(now)
+			as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $k -j $k -t $t -D batch=$b -f '$WORK/delete.sql' bench" >"$WORK/pgbench.log" 2>&1
+			e=$(now)
+			left=$(psql_q "SELECT count(*) FROM bq")
+			;;
+		relay-rows)
+			load_rows "$N" "$name" || exit 1
+			s=$(now)
+			relays "$k" --batch "$b"
+			e=$(now)
+			left=$((N - $(cat "$WORK/delivered")))
+			;;
+		relay-stream)
+			stream_new "$name" "$b" && load_stream "$name" "$N" "$b" || exit 1
+			psql_q "CHECKPOINT;" >/dev/null
+			s=$(now)
+			relays "$k" --stream "$name" --subscription "$name"
+			e=$(now)
+			left=$((N - $(cat "$WORK/delivered")))
+			;;
+		pgq)
+			load_pgq "q$name" "$N" "$b" || exit 1
+			s=$(now)
+			as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c 1 -j 1 -t $((N / b)) -D queue=q$name -f '$WORK/pgq-consume.sql' bench" >"$WORK/pgbench.log" 2>&1
+			e=$(now)
+			left=$(psql_q "SELECT pending_events FROM pgq.get_consumer_info('q$name', 'c')")
+			;;
+	esac
+	[ "${left:-0}" = 0 ] || echo "warning: $system B=$b x$k left $left commands" >&2
+	rate "$N" "$s" "$e"
+}
+
+lsn() { psql_q "SELECT pg_current_wal_lsn()"; }
+bytes() { psql_q "SELECT round(pg_wal_lsn_diff('$2', '$1') / $3::numeric)"; }
+
+# The streams' rotation (retention 0, a table switched every second; the
+# worker runs its steps every naptime, and so does outbox.rotate_streams()
+# here) until stream $1's commands have left the log tables, 20 s at most;
+# prints how many of its commands are still there.  A table is switched
+# only once it has taken appends: one decision a second goes to stream
+# walpad meanwhile, as producers would write.
+rotate() {
+	local left i
+	psql_q "ALTER SYSTEM SET outbox.retention = 0; ALTER SYSTEM SET outbox.stream_rotation = 1; SELECT pg_reload_conf();" >/dev/null
+	for i in $(seq 20); do
+		sleep 1
+		bench_commit_commands 1 walpad-k "walpad-$i"
+		psql_q "SELECT outbox.rotate_streams()" >/dev/null
+		left=$(psql_q "SELECT count(*) FROM outbox._stream_log l JOIN outbox.streams t ON t.stream_id = l.stream_id WHERE t.stream = '$1'")
+		[ "$left" = 0 ] && break
+	done
+	psql_q "ALTER SYSTEM RESET outbox.retention; ALTER SYSTEM RESET outbox.stream_rotation; SELECT pg_reload_conf();" >/dev/null
+	echo "$left"
+}
+
+if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
+	echo "== WAL bytes per command, $N commands: the producer alone | producer + publisher (1 relay, batches of 100) + purge or rotation; ratio"
+	echo "   (rows: the purge needs receipts, so outbox.complete of each is in; the stream's kind needs none)"
+	# row leases: produce (alone), then produce, drain, complete, purge
+	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts; CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	bench_commit_chunks "$N" k walrows-a 100 ""
+	p=$(bytes "$a" "$(lsn)" "$N")
+	psql_q "TRUNCATE outbox.commands, outbox.events, outbox.receipts; CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	bench_commit_chunks "$N" k walrows 100 ""
+	relays 1 --batch 100
+	psql_q "SELECT count(outbox.complete(run_id, command_id)) FROM outbox.commands;" >/dev/null
+	psql_q "SELECT outbox.purge($N, interval '0');" >/dev/null
+	t=$(bytes "$a" "$(lsn)" "$N")
+	printf '  %-8s %8s | %8s  %s  (%s delivered; %s rows left)\n' rows "$p" "$t" "$(ratio "$t" "$p")" \
+		"$(cat "$WORK/delivered")" "$(psql_q "SELECT count(*) FROM outbox.commands")"
+	# a stream: produce (alone), then produce with ticks, drain, rotate
+	# (first, while the log holds nothing else for the rotation to move)
+	stream_new walstream 100
+	stream_new walpad 100
+	psql_q "CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	load_stream walstream "$N" 100
+	relays 1 --stream walstream --subscription walstream
+	d=$(cat "$WORK/delivered")
+	if [ "$d" -lt "$N" ]; then
+		# a --drain pass that stopped short: another one (and say so)
+		sleep 0.5
+		relays 1 --stream walstream --subscription walstream
+		d="$d + $(cat "$WORK/delivered") in a second --drain pass"
+	fi
+	rot="rotated: $(rotate walstream) of its commands left in the log"
+	t=$(bytes "$a" "$(lsn)" "$N")
+	stream_new walalone 100
+	psql_q "CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	bench_commit_chunks "$N" walalone-k walalone 100 ""
+	p=$(bytes "$a" "$(lsn)" "$N")
+	printf '  %-8s %8s | %8s  %s  (%s delivered; %s)\n' stream "$p" "$t" "$(ratio "$t" "$p")" "$d" "$rot"
+	# PgQ: insert (alone), then insert, tick, consume, rotate
+	psql_q "SELECT pgq.create_queue('walq'); SELECT pgq.register_consumer('walq', 'c');
+SELECT pgq.set_queue_config('walq', 'rotation_period', '1 second'); CHECKPOINT;" >/dev/null
+	a=$(lsn)
+	psql_q "SELECT count(pgq.insert_event('walq', 'k', json_build_object('n', g, 'to', 'someone@example.org')::text)) FROM generate_series(1, $N) g;" >/dev/null
+	b1=$(lsn)
+	p=$(bytes "$a" "$b1" "$N")
+	psql_q "SELECT pgq.force_tick('walq');" >/dev/null
+	psql_q "SELECT pgq.ticker('walq');" >/dev/null
+	as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c 1 -t 1 -D queue=walq -f '$WORK/pgq-consume.sql' bench" >/dev/null 2>&1
+	sleep 1.1
+	psql_q "SELECT pgq.maint_rotate_tables_step1('walq');" >/dev/null
+	psql_q "SELECT pgq.maint_rotate_tables_step2();" >/dev/null
+	t=$(bytes "$a" "$(lsn)" "$N")
+	printf '  %-8s %8s | %8s  %s  (one batch; one rotation; no receipts)\n' pgq "$p" "$t" "$(ratio "$t" "$p")"
+	echo
+fi
+
+if [ -z "$ONLY" ] || [ "$ONLY" = throughput ]; then
+	declare -A R
+	for b in $BATCHES; do
+		echo "== throughput: $N commands, batch $b, median of $REPEATS (commands/s; ratios against delete)"
+		printf '%-14s' "publishers"
+		for k in $PUBLISHERS; do printf '%10s' "$k"; done
+		echo
+		for system in $SYSTEMS; do
+			printf '%-14s' "$system"
+			for k in $PUBLISHERS; do
+				if [ "$system" = pgq ] && [ "$k" != 1 ]; then
+					printf '%10s' "-"
+					continue
+				fi
+				R[$system,$b,$k]=$(for _ in $(seq "$REPEATS"); do cell "$system" "$b" "$k"; done | median)
+				printf '%10s' "${R[$system,$b,$k]}"
+			done
+			echo
+		done
+		for system in $SYSTEMS; do
+			[ "$system" = delete ] && continue
+			printf '%-14s' "$system/delete"
+			for k in $PUBLISHERS; do
+				printf '%10s' "$(ratio "${R[$system,$b,$k]:-}" "${R[delete,$b,$k]:-}")"
+			done
+			echo
+		done
+		printf '%-14s' "stream/rows"
+		for k in $PUBLISHERS; do
+			printf '%10s' "$(ratio "${R[relay-stream,$b,$k]:-}" "${R[relay-rows,$b,$k]:-}")"
+		done
+		echo
+	done
+	echo
+fi
+
+if [ -z "$ONLY" ] || [ "$ONLY" = produce ]; then
+	echo "== produce: one commit_decision per transaction, $CLIENTS clients, ${PRODUCE_SECS}s, median of $REPEATS (transactions/s)"
+	stream_new prodstream 1000
+	cat >"$WORK/produce-rows.sql" <<'EOF'
+SELECT outbox.commit_decision('p' || :client_id, s, 'decided', 'p-' || s, 'rows-p', '{"to": "someone@example.org"}') FROM nextval('ids') s;
+EOF
+	sed 's/rows-p/prodstream-k/' "$WORK/produce-rows.sql" >"$WORK/produce-stream.sql"
+	echo "SELECT pgq.insert_event('prodq', 'k', '{\"to\": \"someone@example.org\"}');" >"$WORK/produce-pgq.sql"
+	psql_q "SELECT pgq.create_queue('prodq'); SELECT pgq.register_consumer('prodq', 'c');" >/dev/null
+	outbox_give_to_pg_user "$WORK"
+	declare -A P
+	for rep in $(seq "$REPEATS"); do
+		for system in rows stream pgq; do
+			psql_q "CHECKPOINT;" >/dev/null
+			P[$system,$rep]=$(as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $CLIENTS -j 2 -T $PRODUCE_SECS -f '$WORK/produce-$system.sql' bench" 2>&1 |
+				awk '/^tps = / { printf "%.0f\n", $3; exit }')
+		done
+	done
+	for system in rows stream pgq; do
+		P[$system]=$(for rep in $(seq "$REPEATS"); do echo "${P[$system,$rep]}"; done | median)
+		printf '  %-8s %8s  %s\n' "$system" "${P[$system]}" "$(ratio "${P[$system]}" "${P[rows]}")"
+	done
+	echo
+fi
+
+if [ -z "$ONLY" ] || [ "$ONLY" = claim ]; then
+	echo "== claim_batch + ack_batch latency with the log holding SIZES commands (ms per batch of 100, 50 batches)"
+	cat >"$WORK/claim.sql" <<'EOF'
+SELECT coalesce(min(token), '') AS tok FROM outbox.claim_batch(:stream, :stream, 'w') \gset
+SELECT outbox.ack_batch('w', :tok);
+EOF
+	outbox_give_to_pg_user "$WORK"
+	for size in $SIZES; do
+		name=claim$size
+		stream_new "$name" 100
+		load_stream "$name" "$size" 1000
+		psql_q "VACUUM ANALYZE; CHECKPOINT;" >/dev/null
+		lat=$(as_pg "'$PGBIN/pgbench' -n -h '$DATA' -p $PORT -M prepared -c 1 -t 50 -D stream=$name -f '$WORK/claim.sql' bench" 2>&1 |
+			awk '/^latency average/ { print $4; exit }')
+		printf '  %9s commands  %8s ms\n' "$size" "$lat"
+	done
+	echo
+fi
+
+if [ -z "$ONLY" ] || [ "$ONLY" = latency ]; then
+	outbox_stop_cluster "$DATA"	# latency.sh starts a cluster of its own
+	echo "== commit -> delivered (bench/latency.sh's harness: rows against a stream)"
+	OUTBOX_SKIP_BUILD=1 QUICK= REPEATS=1 SECS=$LAT_SECS RATES=$RATES \
+		SETUP_SQL="SELECT outbox.create_stream('lat', $PARTS, 100); SELECT outbox.create_subscription('lat', 'lat');" \
+		PENDING_SQL="SELECT (SELECT count(*) FROM outbox.commands WHERE status <> 'published') + outbox.tick_streams() * 0
+  + (SELECT count(*) FROM outbox.stream_lag WHERE subscription = 'lat' AND (ticks_behind > 0 OR batch_open))
+  + (SELECT count(*) FROM outbox.stream_failed WHERE subscription = 'lat' AND status <> 'dead')" \
+		CONFIGS="rows | | | SELECT outbox.set_policy('lat', stream => '')
+stream | | --stream lat --subscription lat | SELECT outbox.set_policy('lat', stream => 'lat')" \
+		bash "$ROOT/bench/latency.sh"
+fi
