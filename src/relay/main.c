@@ -412,6 +412,8 @@ parse_options(int argc, char **argv)
 	if ((relay_opts.stream == NULL) != (relay_opts.subscription == NULL))
 		usage_error("%s", relay_opts.stream ? "--stream needs --subscription: give both" :
 					"--subscription needs --stream: give both");
+	if (relay_opts.stream != NULL && relay_opts.citus)
+		usage_error("%s", "--citus cannot be used with --stream: streams are not distributed on Citus");
 	if (relay_opts.stream != NULL && relay_opts.kinds != NULL)
 		usage_error("%s", "--kinds cannot be used with --stream: a stream publishes every kind set_policy gave it");
 	if (relay_opts.dsn != NULL)

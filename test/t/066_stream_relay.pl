@@ -51,6 +51,7 @@ for my $case (
 	[ [ '--stream', 's' ], qr/--stream needs --subscription/ ],
 	[ [ '--subscription', 's' ], qr/--subscription needs --stream/ ],
 	[ [ '--stream', 's', '--subscription', 's', '--kinds', 'a' ], qr/--kinds cannot be used with --stream/ ],
+	[ [ '--stream', 's', '--subscription', 's', '--citus' ], qr/--citus cannot be used with --stream/ ],
 	[ [ '--stream', '', '--subscription', 's' ], qr/invalid value "" for --stream/ ])
 {
 	my ($args, $re) = @$case;
