@@ -320,6 +320,16 @@ OutboxWorkerMain(Datum main_arg)
 	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
 	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 
+	/*
+	 * With Citus loaded, a wait of the worker's statements on a shard (whose
+	 * locks it does not take first) can close a cycle with a distributed
+	 * transaction such as undistribute() or DROP EXTENSION, which Citus's
+	 * deadlock detection (every two deadlock_timeouts) breaks by canceling
+	 * that transaction: give up such a wait long before, and skip the turn.
+	 */
+	if (GetConfigOption("citus.version", true, false) != NULL)
+		SetConfigOption("lock_timeout", "50ms", PGC_SUSET, PGC_S_OVERRIDE);
+
 	wk_check();					/* exits at once if there is no extension */
 	wk_serving = true;
 

@@ -368,7 +368,7 @@ for my $node (@NODES)
 }
 
 # --- undistribute, drop ---------------------------------------------------------------------
-($rc, $out, $err) = psql(0, $db, 'SELECT outbox.undistribute()');
+($rc, $out, $err) = psql_ddl(0, $db, 'SELECT outbox.undistribute()');
 is($rc, 0, 'undistribute() succeeds') or diag($err);
 is(safe_psql(0, $db, q{SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::text LIKE 'outbox.%'}),
 	'0', 'nothing of the outbox is distributed');
@@ -387,15 +387,7 @@ safe_psql(0, $db, 'SET citus.shard_count = 4; SELECT outbox.distribute()');
 is(safe_psql(0, $db, 'SELECT count(*) FROM outbox.commands'), '601',
 	'distributed again, with the rows');
 safe_psql(0, $db, 'DROP TABLE public.orders; DROP FUNCTION public.place_order(text, int)');
-($rc, $out, $err) = psql(0, $db, 'DROP EXTENSION outbox');
-# Citus's distributed deadlock detection may cancel the DROP while a node's
-# background worker is in a round (docs/citus.md): run it once more, as a
-# DBA would; any other error, or a second failure, fails the check
-if ($rc != 0 && $err =~ /involved in a distributed deadlock/)
-{
-	diag("DROP EXTENSION canceled by Citus's deadlock detection; running it again");
-	($rc, $out, $err) = psql(0, $db, 'DROP EXTENSION outbox');
-}
+($rc, $out, $err) = psql_ddl(0, $db, 'DROP EXTENSION outbox');
 is($rc, 0, 'DROP EXTENSION outbox on a distributed outbox') or diag($err);
 # the business table's copies that the shard move left on worker1 wait
 # for Citus's deferred cleanup (the outbox's went with undistribute())

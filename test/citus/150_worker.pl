@@ -398,7 +398,7 @@ for my $node (@NODES)
 is(safe_psql(0, $db, q{SELECT last_purged FROM outbox.workers WHERE database = current_database()}), '0', 'the coordinator\'s worker purged nothing');
 
 # --- undistribute: the sessions from before see their own tables again ---------------------
-($rc, $out, $err) = psql(0, $db, 'SELECT outbox.undistribute()');
+($rc, $out, $err) = psql_ddl(0, $db, 'SELECT outbox.undistribute()');
 is($rc, 0, 'undistribute() succeeds') or diag($err);
 $s1->{err} = '';
 is(session_query($s1, q{SELECT count(*) FROM outbox.claim('late', 5);}), '0',
@@ -411,6 +411,7 @@ session_end($s0);
 ($rc, $out, $err) = psql(0, $db, 'SELECT outbox.verify()');
 is($rc, 0, 'verify() is clean on the single node') or diag($err);
 is(safe_psql(0, $db, q{SELECT count(*) FROM outbox.purged}), '60', 'the 60 tombstones are back on the coordinator');
-safe_psql(0, $db, 'DROP EXTENSION outbox');
+($rc, $out, $err) = psql_ddl(0, $db, 'DROP EXTENSION outbox');
+is($rc, 0, 'DROP EXTENSION outbox') or diag($err);
 
 done_testing();

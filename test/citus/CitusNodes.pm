@@ -17,7 +17,7 @@ use Test::More;
 use Time::HiRes ();
 
 our @EXPORT = qw(@NODES node_name node_of_port citus_database psql safe_psql
-  on_all poll_until log_has wait_for_log session session_query session_end);
+  psql_ddl on_all poll_until log_has wait_for_log session session_query session_end);
 
 my @ports = split ' ', ($ENV{CITUS_PORTS} // '');
 die "CITUS_PORTS must name three ports (test/run.sh citus sets it)\n"
@@ -65,6 +65,23 @@ sub safe_psql
 	die "psql on " . node_name($node) . " ($db) failed: $err\nSQL: $sql\n"
 	  if $rc != 0;
 	return $out;
+}
+
+# Run a statement that drops or moves the distributed outbox's shards
+# (undistribute(), DROP EXTENSION) as psql does, once more if Citus's
+# distributed deadlock detection canceled it while a node's background
+# worker was in a round (docs/citus.md): as a DBA would.  Any other error,
+# or a second cancel, is returned as it is.
+sub psql_ddl
+{
+	my ($node, $db, $sql) = @_;
+	my ($rc, $out, $err) = psql($node, $db, $sql);
+	if ($rc != 0 && $err =~ /involved in a distributed deadlock/)
+	{
+		Test::More::diag("$sql canceled by Citus's deadlock detection; running it again");
+		($rc, $out, $err) = psql($node, $db, $sql);
+	}
+	return ($rc, $out, $err);
 }
 
 # Run SQL on every node; returns the outputs, node by node.
