@@ -23,7 +23,8 @@
  *
  * OutboxOrderedByRun tells the producer whether a kind's commands are
  * ordered by run (policies.ordered_by_run), from the ordered kinds read
- * once and kept until the same invalidation.
+ * once and kept until the same invalidation; OutboxStreamKind likewise
+ * whether a kind is written to a stream (policies.stream).
  *
  * Locking: none (catalog caches only).
  *
@@ -71,12 +72,19 @@ static int	az_n_ordered = 0;
 static text **az_ordered = NULL;
 static SPIPlanPtr plan_ordered = NULL;
 
+/* The kinds written to a stream (policies.stream), kept likewise. */
+static bool az_stream_known = false;
+static int	az_n_stream = 0;
+static text **az_stream = NULL;
+static SPIPlanPtr plan_stream = NULL;
+
 /* Relcache invalidation callback: forget what was known of the policies. */
 static void
 az_forget_policies(Datum arg, Oid relid)
 {
 	az_deciders = AZ_DECIDERS_UNKNOWN;
 	az_ordered_known = false;
+	az_stream_known = false;
 }
 
 /*
@@ -281,6 +289,63 @@ OutboxOrderedByRun(text *kind)
 	if (kind == NULL)
 		return true;
 	return bsearch(&kind, az_ordered, az_n_ordered, sizeof(text *), az_cmp_kind) != NULL;
+}
+
+/*
+ * Read the kinds written to a stream unless they are known (as
+ * az_load_ordered does for the kinds ordered by run).
+ */
+static void
+az_load_stream(void)
+{
+	MemoryContext old;
+	uint64		i;
+
+	az_policies_current();
+	if (az_stream_known)
+		return;
+	if (OutboxExecute(OutboxPrepare(&plan_stream,
+									"SELECT p.kind FROM outbox.policies p"
+									" WHERE p.stream IS NOT NULL ORDER BY p.kind",
+									0, NULL),
+					  NULL, NULL, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: lookup of the kinds written to a stream failed");
+	if (az_stream != NULL)
+	{
+		for (i = 0; i < (uint64) az_n_stream; i++)
+			pfree(az_stream[i]);
+		pfree(az_stream);
+		az_stream = NULL;
+	}
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	az_n_stream = (int) SPI_processed;
+	if (az_n_stream > 0)
+		az_stream = palloc(sizeof(text *) * az_n_stream);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		az_stream[i] = DatumGetTextPCopy(SPI_getbinval(SPI_tuptable->vals[i],
+													   SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	MemoryContextSwitchTo(old);
+	az_stream_known = true;
+}
+
+/*
+ * Whether kind is written to a stream (policies.stream); with kind NULL,
+ * whether any kind is.  While no kind is, the answer costs no look-up.
+ * Runs in the caller's SPI connection.
+ */
+bool
+OutboxStreamKind(text *kind)
+{
+	az_load_stream();
+	if (az_n_stream == 0)
+		return false;
+	if (kind == NULL)
+		return true;
+	return bsearch(&kind, az_stream, az_n_stream, sizeof(text *), az_cmp_kind) != NULL;
 }
 
 /*

@@ -4,11 +4,14 @@
  *		The consumer API: completion receipts and the inbox.
  *
  * Both calls address a command by run_id and command_id; a command is
- * known when it is in outbox.commands, or purged with a tombstone in
- * outbox.purged, under that run.  Anything else is OB002.
+ * known when it is in outbox.commands or in the stream log (a kind with a
+ * stream, docs/streams.md), or purged with a tombstone in outbox.purged,
+ * under that run.  Anything else is OB002.
  *
  * complete() takes a FOR KEY SHARE lock on the command while it inserts
- * the receipt, so a concurrent purge cannot remove the command in between;
+ * the receipt, so a concurrent purge cannot remove the command in between
+ * (a stream command's log table is truncated only by a rotation, whose
+ * ACCESS EXCLUSIVE lock waits for the reader's transaction);
  * the receipt is inserted with ON CONFLICT DO NOTHING, so two concurrent
  * completions of one command record one receipt and exactly one of them
  * returns true.  It refuses a kind whose completers (outbox.set_policy) do
@@ -94,10 +97,16 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 
 	SPI_connect();
 	if (OutboxExecute(OutboxPrepare(&plan_complete,
-									"WITH c AS ("
+									"WITH r AS ("
 									"  SELECT command_id, kind FROM outbox.commands"
 									"   WHERE command_id OPERATOR(pg_catalog.=) $1"
 									"     AND run_id OPERATOR(pg_catalog.=) $4 FOR KEY SHARE),"
+									" c AS ("
+									"  SELECT r.command_id, r.kind FROM r"
+									"  UNION ALL"
+									"  (SELECT l.command_id, l.kind FROM outbox._stream_log l"
+									"    WHERE l.command_id OPERATOR(pg_catalog.=) $1"
+									"      AND l.run_id OPERATOR(pg_catalog.=) $4 LIMIT 1)),"
 									" ok AS ("
 									"  SELECT c.command_id FROM c"
 									"   WHERE NOT EXISTS (SELECT 1 FROM outbox.policies p"
@@ -136,6 +145,14 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 									"     ON c.command_id OPERATOR(pg_catalog.=) r.command_id"
 									"  WHERE r.command_id OPERATOR(pg_catalog.=) $1"
 									"    AND c.run_id OPERATOR(pg_catalog.=) $4"
+									" UNION ALL "
+									" SELECT r.outcome, false, 1"
+									"   FROM outbox.receipts r"
+									"  WHERE r.command_id OPERATOR(pg_catalog.=) $1"
+									"    AND r.run_id OPERATOR(pg_catalog.=) $4"
+									"    AND EXISTS (SELECT 1 FROM outbox._stream_log l"
+									"                 WHERE l.command_id OPERATOR(pg_catalog.=) $1"
+									"                   AND l.run_id OPERATOR(pg_catalog.=) $4)"
 									" UNION ALL "
 									" SELECT p.outcome,"
 									"        EXISTS (SELECT 1 FROM outbox.policies q"
@@ -211,6 +228,9 @@ co_inbox_accept(FunctionCallInfo fcinfo, Oid caller)
 									"       EXISTS (SELECT 1 FROM outbox.commands c"
 									"                WHERE c.command_id OPERATOR(pg_catalog.=) $3"
 									"                  AND c.run_id OPERATOR(pg_catalog.=) $2)"
+									"       OR EXISTS (SELECT 1 FROM outbox._stream_log l"
+									"                   WHERE l.command_id OPERATOR(pg_catalog.=) $3"
+									"                     AND l.run_id OPERATOR(pg_catalog.=) $2)"
 									"       OR EXISTS (SELECT 1 FROM outbox.purged p"
 									"                   WHERE p.command_id OPERATOR(pg_catalog.=) $3"
 									"                     AND p.run_id OPERATOR(pg_catalog.=) $2)",

@@ -37,6 +37,14 @@
  *				metrics read the counts (outbox.metrics_checks).  A count
  *				reads its tables whole (under a second per million
  *				commands): DDL that comes during one waits for that one.
+ * streams		At every wake-up (a commit woke the worker), cut a tick of
+ *				each stream with commands its last tick does not see (SQL
+ *				outbox._stream_tick, docs/streams.md), before the notify
+ *				duty tells the publishers (one short transaction, which
+ *				finds nothing to do in a database without streams).
+ * rotate		Every outbox.naptime, one step of the stream log's rotation
+ *				(SQL outbox._stream_rotate: truncate a log table whose
+ *				commands are all done, or switch the appends to the next).
  * notify		Send the pending wake-up: one NOTIFY on outbox.notify_channel
  *				from the worker's own transaction, at most one per
  *				outbox.notify_interval (a commit arriving sooner leaves the
@@ -566,6 +574,30 @@ du_due(OutboxTurn *turn)
 	return false;
 }
 
+/* streams: cut the ticks of the streams with new commands. */
+static bool
+du_streams(OutboxTurn *turn)
+{
+	static SPIPlanPtr du_plan_tick = NULL;
+	int32		n;
+
+	(void) du_run("outbox: cutting the stream ticks", &du_plan_tick,
+				  "SELECT outbox._stream_tick($1)", false, 0, &n);
+	return false;
+}
+
+/* rotate: one step of the stream log's rotation. */
+static bool
+du_rotate(OutboxTurn *turn)
+{
+	static SPIPlanPtr du_plan_rotate = NULL;
+	int32		n;
+
+	(void) du_run("outbox: rotating the stream log", &du_plan_rotate,
+				  "SELECT outbox._stream_rotate($1)", true, 0, &n);
+	return false;
+}
+
 /* notify: send the pending wake-up, or come back when the interval ends. */
 static bool
 du_wakeups(OutboxTurn *turn)
@@ -686,6 +718,8 @@ const OutboxDuty OutboxDuties[] = {
 	{"index", &outbox_index_check_interval_ms, 0, du_index, 1, false, false,
 	du_index_watch, du_index_stop},
 	{"checks", &outbox_check_interval_ms, 0, du_checks, DU_CHECKS_MAX, false, false},
+	{"streams", NULL, 0, du_streams, 1, false, false},
+	{"rotate", &outbox_naptime_ms, 0, du_rotate, 1, false, false},
 	{"notify", NULL, 0, du_wakeups, 1, false, false},
 };
 

@@ -33,6 +33,7 @@ int			outbox_backoff_base_ms = 1000;
 int			outbox_backoff_max_ms = 300000;
 int			outbox_retention_s = 7 * 86400;
 int			outbox_purge_batch = 1000;
+int			outbox_stream_rotation_s = 600;
 int			outbox_max_payload_bytes = 1024 * 1024;
 int			outbox_max_batch = 10000;
 char	   *outbox_notify_channel = NULL;
@@ -105,6 +106,13 @@ _PG_init(void)
 							&outbox_retention_s,
 							7 * 86400, 0, INT_MAX,
 							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+	DefineCustomIntVariable("outbox.stream_rotation",
+							"How long a stream log table takes the appends before the next one does (docs/streams.md).",
+							"A table is truncated once every subscription has published its commands, their receipts are in and their retention has passed.",
+							&outbox_stream_rotation_s,
+							600, 1, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 	DefineCustomIntVariable("outbox.purge_batch",
 							"Most commands the retention purge removes in one transaction.",

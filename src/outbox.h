@@ -12,6 +12,8 @@
  *	 plans.c	 saved plans and the planner steering of their execution
  *	 keys.c		 ordered delivery per key: the keys' locks, the release of
  *				 the next command, skip_head
+ *	 stream.c	 streams, the write-once path: batch leases and their
+ *				 tokens, the producer's append to the stream log
  *	 producer.c, lease.c, consumer.c	the SQL-callable API
  *	 shared.c	 shared memory: counters, the commit, subtransaction and
  *				 two-phase callbacks, the worker slots and request queue,
@@ -90,6 +92,7 @@ extern int	outbox_backoff_base_ms;
 extern int	outbox_backoff_max_ms;
 extern int	outbox_retention_s;
 extern int	outbox_purge_batch;
+extern int	outbox_stream_rotation_s;
 extern int	outbox_max_payload_bytes;
 extern int	outbox_max_batch;
 extern char *outbox_notify_channel;
@@ -249,6 +252,7 @@ extern bool OutboxMay(ArrayType *roles, Oid caller);
 extern void OutboxCheckClaimable(ArrayType *kinds, Oid caller);
 extern bool OutboxAnyDeciders(void);
 extern bool OutboxOrderedByRun(text *kind);
+extern bool OutboxStreamKind(text *kind);
 
 /* siphash.c */
 extern void OutboxSipHash(const unsigned char *key, const unsigned char *msg, size_t len,
@@ -283,6 +287,20 @@ extern void OutboxReleaseNext(OutboxKeyPlace *places, int n);
 extern const unsigned char *OutboxLeaseKey(void);
 extern const unsigned char *OutboxKeyLockKey(void);
 extern void OutboxForgetLeaseKey(void);
+
+/* stream.c: streams, the write-once path (docs/streams.md) */
+/* Why a stream decision inserted nothing (OutboxStreamWhyNot). */
+typedef enum OutboxStreamNot
+{
+	OUTBOX_STREAM_RETRY = 0,	/* the caller's own retry: no error */
+	OUTBOX_STREAM_FORBIDDEN,	/* the kind's deciders do not admit the caller */
+	OUTBOX_STREAM_CONFLICT		/* another decision holds the command id */
+} OutboxStreamNot;
+extern SPIPlanPtr OutboxStreamDecidePlan(bool deciders);
+extern SPIPlanPtr OutboxStreamBatchPlan(void);
+extern SPIPlanPtr OutboxStreamBatchWhyPlan(void);
+extern OutboxStreamNot OutboxStreamWhyNot(Datum *args, const char *nulls);
+extern void OutboxStreamCheckDecision(text *command_id, bool has_not_before, int elem);
 
 /* citus.c */
 

@@ -406,6 +406,35 @@ pr_decide_routed(Datum *args, const char *nulls, const PrWhat *what)
 }
 
 /*
+ * A decision of a kind with a stream (args as commit_decision's statement
+ * takes them, with room for the key at args[11]): appended to the stream
+ * log with its event (OutboxStreamDecidePlan, src/stream.c).  True when
+ * recorded, false for the caller's own retry; raises as commit_decision
+ * does for a forbidden kind or a conflict (ord: the place in a batch, or 0).
+ */
+static bool
+pr_decide_stream(Datum *args, char *nulls, text *key, const PrWhat *what, int ord)
+{
+	OutboxStreamCheckDecision(DatumGetTextPP(args[3]), nulls[7] != 'n', ord);
+	args[11] = key != NULL ? PointerGetDatum(key) : (Datum) 0;
+	nulls[11] = key != NULL ? ' ' : 'n';
+	if (pr_insert(OutboxStreamDecidePlan(OutboxAnyDeciders()), args, nulls, what, true))
+		return true;
+	switch (OutboxStreamWhyNot(args, nulls))
+	{
+		case OUTBOX_STREAM_FORBIDDEN:
+			pr_raise_forbidden(text_to_cstring(DatumGetTextPP(args[4])), ord);
+			break;
+		case OUTBOX_STREAM_CONFLICT:
+			pr_raise_conflict(text_to_cstring(DatumGetTextPP(args[3])), ord);
+			break;
+		case OUTBOX_STREAM_RETRY:
+			break;
+	}
+	return false;
+}
+
+/*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
  *						  payload, event_payload, not_before, priority,
  *						  headers, ordering_key)
@@ -481,6 +510,16 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	SPI_connect();
 	if (key == NULL && OutboxOrderedByRun(command_kind))
 		key = run_id;
+	/* a kind with a stream: appended to its log (src/stream.c) */
+	if (OutboxStreamKind(command_kind))
+	{
+		bool		recorded = pr_decide_stream(args, nulls, key, &what, 0);
+
+		SPI_finish();
+		if (recorded)
+			OutboxCountAtCommit(OBC_ENQUEUED, 1);
+		PG_RETURN_BOOL(recorded);
+	}
 	if (OutboxCitusDistributed())
 	{
 		/* the key's lock lives on one node: not yet on a distributed outbox */
@@ -1149,6 +1188,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	int			i;
 	int			j;
 	PrWhat		what;
+	bool		stream_batch;
 
 	OutboxArgNotNull(fcinfo, 0, "decisions");
 	doc = PG_GETARG_JSONB_P(0);
@@ -1226,8 +1266,33 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 				elnulls[PR_KEY_ORDERING_KEY][i] = false;
 			}
 
+	/*
+	 * Kinds with a stream (src/stream.c): the same two statements, a
+	 * diagnosis and one INSERT of them all, on the stream log; a batch does
+	 * not mix them with other kinds.
+	 */
+	stream_batch = false;
+	if (OutboxStreamKind(NULL))
+	{
+		int			ns = 0;
+
+		for (i = 0; i < n; i++)
+			if (OutboxStreamKind(DatumGetTextPP(elems[PR_KEY_COMMAND_KIND][i])))
+			{
+				OutboxStreamCheckDecision(DatumGetTextPP(elems[PR_KEY_COMMAND_ID][i]),
+										  !elnulls[PR_KEY_NOT_BEFORE][i], i + 1);
+				ns++;
+			}
+		if (ns > 0 && ns < n)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("a batch of decisions must not mix kinds written to a stream with other kinds"),
+					 errhint("Decide them in two calls of commit_decisions.")));
+		stream_batch = (ns > 0);
+	}
+
 	/* a distributed outbox: one routed decision at a time */
-	if (OutboxCitusDistributed())
+	if (!stream_batch && OutboxCitusDistributed())
 	{
 		for (i = 0; i < n; i++)
 			if (!elnulls[PR_KEY_ORDERING_KEY][i])
@@ -1254,7 +1319,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	nulls[9] = ' ';
 
 	/* The common batch: inserted at once (pr_try_batch). */
-	if (!OutboxAnyDeciders())
+	if (!stream_batch && !OutboxAnyDeciders())
 	{
 		for (i = 0; i < n; i++)
 			if (!elnulls[PR_KEY_ORDERING_KEY][i])
@@ -1275,7 +1340,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	 * diagnosis, OutboxExecuteHashJoin), whatever its statistics said when
 	 * the plan was made.
 	 */
-	if (OutboxExecuteHashJoin(OutboxPrepare(&plan_batch_why,
+	if (OutboxExecuteHashJoin(stream_batch ? OutboxStreamBatchWhyPlan() :
+							  OutboxPrepare(&plan_batch_why,
 									"WITH u AS ("
 									"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
 									"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
@@ -1352,7 +1418,9 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 		what.seq = 0;
 		what.command_id = NULL;
 		what.rows = n - m;
-		if (!pr_place_batch(elems, elnulls, n - m, args, nulls))
+		if (stream_batch)
+			pr_insert(OutboxStreamBatchPlan(), args, nulls, &what, false);
+		else if (!pr_place_batch(elems, elnulls, n - m, args, nulls))
 			pr_insert(OutboxPrepare(&plan_batch, PR_BATCH, 11, argtypes),
 					  args, nulls, &what, false);
 		else

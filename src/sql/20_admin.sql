@@ -170,7 +170,8 @@ CREATE FUNCTION @extschema@.set_policy(
 	deciders pg_catalog.regrole[] DEFAULT NULL,
 	claimers pg_catalog.regrole[] DEFAULT NULL,
 	completers pg_catalog.regrole[] DEFAULT NULL,
-	ordered_by_run pg_catalog.bool DEFAULT NULL)
+	ordered_by_run pg_catalog.bool DEFAULT NULL,
+	stream pg_catalog.text DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -244,12 +245,19 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 				  DETAIL = pg_catalog.format('The value was "%s".', takeover);
 	END IF;
+	-- A stream: NULL keeps the kind's, '' clears it, a name must exist.
+	IF set_policy.stream OPERATOR(pg_catalog.<>) '' AND NOT EXISTS (
+		SELECT 1 FROM @extschema@.streams s WHERE s.stream OPERATOR(pg_catalog.=) set_policy.stream) THEN
+		RAISE EXCEPTION 'stream "%" does not exist', set_policy.stream
+			USING ERRCODE = 'undefined_object',
+				  HINT = 'Create it with outbox.create_stream.';
+	END IF;
 	INSERT INTO @extschema@.policies AS p
 		(kind, max_deliveries, backoff_base, backoff_max, lease, takeover, retention,
-		 deciders, claimers, completers, ordered_by_run)
+		 deciders, claimers, completers, ordered_by_run, stream)
 	VALUES (kind, max_deliveries, backoff_base, backoff_max, lease,
 			COALESCE(takeover, 'auto'), retention, deciders, claimers, completers,
-			COALESCE(set_policy.ordered_by_run, false))
+			COALESCE(set_policy.ordered_by_run, false), NULLIF(set_policy.stream, ''))
 	ON CONFLICT ON CONSTRAINT policies_pkey DO UPDATE
 	   SET max_deliveries = COALESCE(EXCLUDED.max_deliveries, p.max_deliveries),
 		   backoff_base = COALESCE(EXCLUDED.backoff_base, p.backoff_base),
@@ -260,15 +268,19 @@ BEGIN
 		   deciders = COALESCE(EXCLUDED.deciders, p.deciders),
 		   claimers = COALESCE(EXCLUDED.claimers, p.claimers),
 		   completers = COALESCE(EXCLUDED.completers, p.completers),
-		   ordered_by_run = COALESCE(set_policy.ordered_by_run, p.ordered_by_run);
-	-- The producers keep the deciders and the kinds ordered by run.
-	IF deciders IS NOT NULL OR set_policy.ordered_by_run IS NOT NULL THEN
+		   ordered_by_run = COALESCE(set_policy.ordered_by_run, p.ordered_by_run),
+		   stream = CASE WHEN set_policy.stream IS NULL THEN p.stream
+						 ELSE NULLIF(set_policy.stream, '') END;
+	-- The producers keep the deciders, the kinds ordered by run and the
+	-- kinds' streams.
+	IF deciders IS NOT NULL OR set_policy.ordered_by_run IS NOT NULL
+	   OR set_policy.stream IS NOT NULL THEN
 		PERFORM @extschema@._policies_changed();
 	END IF;
 END;
 $$;
-COMMENT ON FUNCTION @extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.bool)
-	IS 'set per-kind overrides, who may decide, claim and complete the kind, and whether its commands are ordered by run; a NULL (or omitted) argument keeps the current value';
+COMMENT ON FUNCTION @extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.bool, pg_catalog.text)
+	IS 'set per-kind overrides, who may decide, claim and complete the kind, whether its commands are ordered by run, and the stream it is written to (empty: none); a NULL (or omitted) argument keeps the current value';
 
 CREATE FUNCTION @extschema@.register_consumer(consumer pg_catalog.text, role pg_catalog.regrole)
 RETURNS void

@@ -30,7 +30,8 @@
 -- runs only on the rows the view returns, never on those it filters out.
 
 
--- Invariant 1: every event that decided a command has that command, or the
+-- Invariant 1: every event that decided a command has that command (in
+-- outbox.commands, or in the stream log for a kind with a stream), or the
 -- tombstone the purge left for exactly that event's command.
 CREATE VIEW @extschema@.check_decisions_without_command WITH (security_barrier) AS
 SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
@@ -39,6 +40,9 @@ SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
    AND NOT EXISTS (SELECT 1 FROM @extschema@.commands c
 					WHERE c.command_id OPERATOR(pg_catalog.=) e.command_id
 					  AND c.run_id OPERATOR(pg_catalog.=) e.run_id)
+   AND NOT EXISTS (SELECT 1 FROM @extschema@._stream_log l
+					WHERE l.command_id OPERATOR(pg_catalog.=) e.command_id
+					  AND l.run_id OPERATOR(pg_catalog.=) e.run_id)
    AND NOT EXISTS (SELECT 1 FROM @extschema@.purged p
 					WHERE p.command_id OPERATOR(pg_catalog.=) e.command_id
 					  AND p.run_id OPERATOR(pg_catalog.=) e.run_id
@@ -46,17 +50,22 @@ SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
 COMMENT ON VIEW @extschema@.check_decisions_without_command
 	IS 'conservation check (error): events that decided a command that neither exists nor was purged; empty when healthy';
 
--- Invariant 2: every command traces to its source event, and that event
--- names this command.  events.command_id is unique, so "the event
+-- Invariant 2: every command (in outbox.commands or in the stream log,
+-- status 'stream') traces to its source event, and that event names this
+-- command.  events.command_id is unique, so "the event
 -- (run_id, seq) names c" is the same as "the event naming c is
 -- (run_id, seq)": the anti-join runs on command_id.
 CREATE VIEW @extschema@.check_orphan_commands WITH (security_barrier) AS
-SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS status,
+SELECT c.command_id, c.run_id, c.seq, c.kind, c.status,
 	   e.command_id AS event_command_id,
 	   CASE WHEN e.run_id IS NULL THEN 'event_missing'
 			WHEN e.command_id IS NULL THEN 'event_decided_nothing'
 			ELSE 'event_decided_other' END::pg_catalog.text AS problem
-  FROM @extschema@.commands c
+  FROM (SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS status
+		  FROM @extschema@.commands c
+		UNION ALL
+		SELECT l.command_id, l.run_id, l.seq, l.kind, 'stream'
+		  FROM @extschema@._stream_log l) c
   LEFT JOIN @extschema@.events e
 	ON e.run_id OPERATOR(pg_catalog.=) c.run_id
    AND e.seq OPERATOR(pg_catalog.=) c.seq
@@ -81,9 +90,120 @@ SELECT r.command_id, r.outcome, r.completed_at,
   FROM @extschema@.receipts r
  WHERE NOT EXISTS (SELECT 1 FROM @extschema@.commands c
 					WHERE c.command_id OPERATOR(pg_catalog.=) r.command_id
-					  AND c.run_id OPERATOR(pg_catalog.=) r.run_id);
+					  AND c.run_id OPERATOR(pg_catalog.=) r.run_id)
+   AND NOT EXISTS (SELECT 1 FROM @extschema@._stream_log l
+					WHERE l.command_id OPERATOR(pg_catalog.=) r.command_id
+					  AND l.run_id OPERATOR(pg_catalog.=) r.run_id);
 COMMENT ON VIEW @extschema@.check_orphan_receipts
 	IS 'conservation check (error): receipts whose command does not exist; empty when healthy';
+
+-- Invariant 4, streams (docs/streams.md).  A stream command's state in a
+-- subscription is derived, never stored: failed (retry, dead or waiting:
+-- its row in stream_failures), else published (its transaction visible in
+-- the snapshot of the acked tick of its partition), else pending (sending
+-- while the open batch holds it).  The rules below make that derivation
+-- exact: each command of a subscription is in one state only.  One row per
+-- offending failure row (command_id set) or progress row (command_id NULL):
+--   stream_failure_without_command     the failed command is in no log table
+--   stream_failure_wrong_partition     it is of another partition or stream
+--   stream_failure_not_reached         its partition's progress (acked tick,
+--                                      or the open batch's end) does not see
+--                                      it: it would be pending and failed
+--   stream_retry_outside_batch         marked for a batch that is not open
+--   stream_waiting_without_predecessor waiting, with no earlier failed
+--                                      command of its key: nothing releases it
+--   stream_dead_without_error          dead, last_error is NULL
+--   stream_progress_without_subscription
+--   stream_partition_unknown           a progress row of no partition of the
+--                                      stream, or a partition without one
+--   stream_batch_without_lease         a batch is open without owner, lease,
+--                                      version or delivery
+--   stream_lease_without_batch         an owner or lease with no open batch
+--   stream_tick_missing                the acked tick or the batch's end is
+--                                      no tick of the stream
+--   stream_progress_before_start       acked before the subscription's start
+CREATE VIEW @extschema@.check_stream_state WITH (security_barrier) AS
+SELECT f.subscription::pg_catalog.text AS subscription, f.part, f.command_id,
+	   f.status,
+	   pg_catalog.array_remove(ARRAY[
+		   CASE WHEN l.command_id IS NULL THEN 'stream_failure_without_command' END,
+		   CASE WHEN l.command_id IS NOT NULL AND (l.part OPERATOR(pg_catalog.<>) f.part
+				OR l.stream_id OPERATOR(pg_catalog.<>) t.stream_id OR t.stream_id IS NULL)
+				THEN 'stream_failure_wrong_partition' END,
+		   CASE WHEN NOT COALESCE(pg_catalog.pg_visible_in_snapshot(f.xid, k.snap), false)
+				THEN 'stream_failure_not_reached' END,
+		   CASE WHEN f.batch_id IS NOT NULL AND NOT COALESCE(p.batch_to IS NOT NULL
+				AND p.batch_id OPERATOR(pg_catalog.=) f.batch_id, false)
+				THEN 'stream_retry_outside_batch' END,
+		   CASE WHEN f.status OPERATOR(pg_catalog.=) 'waiting'
+				AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures w
+								 WHERE w.subscription OPERATOR(pg_catalog.=) f.subscription
+								   AND w.ordering_key OPERATOR(pg_catalog.=) f.ordering_key
+								   AND w.decided_by IS NOT DISTINCT FROM f.decided_by
+								   AND w.log_id OPERATOR(pg_catalog.<) f.log_id)
+				THEN 'stream_waiting_without_predecessor' END,
+		   CASE WHEN f.status OPERATOR(pg_catalog.=) 'dead' AND f.last_error IS NULL
+				THEN 'stream_dead_without_error' END]::pg_catalog.text[], NULL) AS rules
+  FROM @extschema@.stream_failures f
+  LEFT JOIN @extschema@.subscriptions u ON u.subscription OPERATOR(pg_catalog.=) f.subscription
+  LEFT JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+  LEFT JOIN @extschema@.stream_progress p
+	ON p.subscription OPERATOR(pg_catalog.=) f.subscription AND p.part OPERATOR(pg_catalog.=) f.part
+  LEFT JOIN @extschema@.stream_ticks k
+	ON k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+   AND k.tick OPERATOR(pg_catalog.=) COALESCE(p.batch_to, p.acked_tick)
+  LEFT JOIN LATERAL (SELECT x.command_id, x.part, x.stream_id FROM @extschema@._stream_log x
+					  WHERE x.command_id OPERATOR(pg_catalog.=) f.command_id LIMIT 1) l ON true
+ WHERE l.command_id IS NULL
+	OR l.part OPERATOR(pg_catalog.<>) f.part OR t.stream_id IS NULL
+	OR l.stream_id OPERATOR(pg_catalog.<>) t.stream_id
+	OR NOT COALESCE(pg_catalog.pg_visible_in_snapshot(f.xid, k.snap), false)
+	OR (f.batch_id IS NOT NULL AND NOT COALESCE(p.batch_to IS NOT NULL
+		AND p.batch_id OPERATOR(pg_catalog.=) f.batch_id, false))
+	OR (f.status OPERATOR(pg_catalog.=) 'waiting'
+		AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures w
+						 WHERE w.subscription OPERATOR(pg_catalog.=) f.subscription
+						   AND w.ordering_key OPERATOR(pg_catalog.=) f.ordering_key
+						   AND w.decided_by IS NOT DISTINCT FROM f.decided_by
+						   AND w.log_id OPERATOR(pg_catalog.<) f.log_id))
+	OR (f.status OPERATOR(pg_catalog.=) 'dead' AND f.last_error IS NULL)
+UNION ALL
+SELECT q.subscription, q.part, NULL::pg_catalog.text COLLATE pg_catalog."C", NULL, q.rules
+  FROM (SELECT COALESCE(p.subscription, u.subscription)::pg_catalog.text AS subscription,
+			   COALESCE(p.part, g.part) AS part,
+			   pg_catalog.array_remove(ARRAY[
+				   CASE WHEN p.subscription IS NOT NULL AND u.subscription IS NULL
+						THEN 'stream_progress_without_subscription' END,
+				   CASE WHEN p.subscription IS NULL OR g.part IS NULL
+						THEN 'stream_partition_unknown' END,
+				   CASE WHEN p.batch_to IS NOT NULL AND (p.owner IS NULL OR p.lease_until IS NULL
+						OR p.version OPERATOR(pg_catalog.<) 1 OR p.deliveries OPERATOR(pg_catalog.<) 1)
+						THEN 'stream_batch_without_lease' END,
+				   CASE WHEN p.batch_to IS NULL AND (p.owner IS NOT NULL OR p.lease_until IS NOT NULL)
+						THEN 'stream_lease_without_batch' END,
+				   CASE WHEN p.subscription IS NOT NULL AND u.subscription IS NOT NULL
+						AND (NOT EXISTS (SELECT 1 FROM @extschema@.stream_ticks k
+										  WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+											AND k.tick OPERATOR(pg_catalog.=) p.acked_tick)
+							 OR (p.batch_to IS NOT NULL
+								 AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_ticks k
+												  WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+													AND k.tick OPERATOR(pg_catalog.=) p.batch_to)))
+						THEN 'stream_tick_missing' END,
+				   CASE WHEN p.acked_tick OPERATOR(pg_catalog.<) u.start_tick
+						THEN 'stream_progress_before_start' END]::pg_catalog.text[], NULL) AS rules
+		  FROM (SELECT u.subscription, u.stream, u.start_tick, gs.part
+				  FROM @extschema@.subscriptions u
+				  JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+				 CROSS JOIN LATERAL pg_catalog.generate_series(0, t.partitions OPERATOR(pg_catalog.-) 1) gs(part)) g
+		  FULL JOIN @extschema@.stream_progress p
+			ON p.subscription OPERATOR(pg_catalog.=) g.subscription AND p.part OPERATOR(pg_catalog.=) g.part
+		  LEFT JOIN @extschema@.subscriptions u
+			ON u.subscription OPERATOR(pg_catalog.=) COALESCE(p.subscription, g.subscription)
+		  LEFT JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream) q
+ WHERE pg_catalog.cardinality(q.rules) OPERATOR(pg_catalog.>) 0;
+COMMENT ON VIEW @extschema@.check_stream_state
+	IS 'conservation check (error, counted in check state): stream failures and progress rows whose fields disagree, with the rules they break; empty when healthy';
 
 -- Invariant 4: the state of each command is consistent.  One row per
 -- inconsistent command; rules lists every rule it breaks:
@@ -103,7 +223,9 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 --   dead_without_error                dead or uncertain, last_error is NULL
 --   purged_but_present                a tombstone exists for this live command
 --                                     (a terminal, purged command came back)
--- and the rules of ordered delivery (src/keys.c), where a command's
+-- (and the rows of check_stream_state above, for streams, with their
+-- command_id, their failure status or 'stream', and NULL in the other
+-- columns), and the rules of ordered delivery (src/keys.c), where a command's
 -- predecessor is an unfinished command of its key with an earlier place
 -- (ordering_seq): a waiting command is pending with due_at NULL.  A key is
 -- (decided_by, ordering_key): a key belongs to the role that decides.
@@ -192,7 +314,13 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 		   AND d.decided_by OPERATOR(pg_catalog.=) c.decided_by
 		   AND d.ordering_seq OPERATOR(pg_catalog.=) c.ordering_seq) f
  WHERE f.r1 OR f.r2 OR f.r3 OR f.r4 OR f.r5 OR f.r6 OR f.r7 OR f.r8 OR f.r9
-	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16;
+	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16
+UNION ALL
+SELECT x.command_id, COALESCE(x.status, 'stream'), x.rules,
+	   NULL::pg_catalog.text, NULL::pg_catalog.int8, NULL::pg_catalog.int4,
+	   NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz,
+	   NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz, NULL::pg_catalog.text, NULL::pg_catalog.int8
+  FROM @extschema@.check_stream_state x;
 COMMENT ON VIEW @extschema@.check_state
 	IS 'conservation check (error): commands whose status and fields disagree, with the rules they break; empty when healthy';
 COMMENT ON COLUMN @extschema@.check_state.rules
@@ -434,7 +562,7 @@ REVOKE ALL ON
 	@extschema@.check_orphan_receipts, @extschema@.check_state,
 	@extschema@.check_receipt_overdue, @extschema@.conservation,
 	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
-	@extschema@.horizon, @extschema@.blocked_keys
+	@extschema@.horizon, @extschema@.blocked_keys, @extschema@.check_stream_state
 	FROM PUBLIC;
 REVOKE ALL ON FUNCTION @extschema@.verify(pg_catalog.bool) FROM PUBLIC;
 
@@ -447,7 +575,7 @@ BEGIN
 	@extschema@.check_orphan_receipts, @extschema@.check_state,
 	@extschema@.check_receipt_overdue, @extschema@.conservation,
 	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
-	@extschema@.horizon, @extschema@.blocked_keys
+	@extschema@.horizon, @extschema@.blocked_keys, @extschema@.check_stream_state
 	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
 	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.verify(pg_catalog.bool) TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
 END;

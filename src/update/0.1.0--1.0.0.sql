@@ -321,6 +321,199 @@ ALTER TABLE @extschema@.inbox ALTER COLUMN run_id SET NOT NULL;
 COMMENT ON COLUMN @extschema@.receipts.run_id IS 'the run of the completed command (the distribution column on Citus)';
 COMMENT ON COLUMN @extschema@.inbox.run_id IS 'the run of the accepted command (the distribution column on Citus; empty for an acceptance 0.1.0 recorded of a command it did not know)';
 
+-- Streams (docs/streams.md): the kind's stream, NULL for every kind of
+-- 0.1.0; the tables as part 00 makes them.
+ALTER TABLE @extschema@.policies ADD COLUMN stream pg_catalog.text COLLATE pg_catalog."C";
+CREATE INDEX policies_stream_idx ON @extschema@.policies (kind) WHERE stream IS NOT NULL;
+COMMENT ON COLUMN @extschema@.policies.stream IS 'the stream the kind''s commands are written to once (NULL: outbox.commands)';
+-- Streams, the write-once path (docs/streams.md).  A kind with a stream
+-- (policies.stream) has its commands appended to the stream log instead of
+-- outbox.commands: three tables used in turn (stream_log_0..2, the
+-- current one named by stream_rotation), each row written once and never
+-- updated, removed a whole table at a time by TRUNCATE.  The tables are
+-- made here, not at run time, so that they are members of the extension
+-- (pg_dump keeps their rows).  A row carries the writing transaction's id
+-- (xid, pg_current_xact_id()), the partition (a hash of the ordering key,
+-- else of the run_id, modulo the stream's partitions) and the command.
+-- command_id stays unique through events_command_id_key (every command has
+-- its event), so the log has no unique index: one index serves the batches
+-- (stream, partition, xid) and one finds a command by id (receipts,
+-- retries of the producer, the checks).
+CREATE TABLE @extschema@.streams (
+	stream		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	stream_id	pg_catalog.int4 NOT NULL,
+	partitions	pg_catalog.int4 NOT NULL,
+	batch_size	pg_catalog.int4 NOT NULL,
+	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT streams_pkey PRIMARY KEY (stream),
+	CONSTRAINT streams_stream_id_key UNIQUE (stream_id),
+	CONSTRAINT streams_partitions_check CHECK (partitions OPERATOR(pg_catalog.>=) 1 AND partitions OPERATOR(pg_catalog.<=) 256),
+	CONSTRAINT streams_batch_size_check CHECK (batch_size OPERATOR(pg_catalog.>=) 1)
+);
+
+-- The subscriptions of the streams: each publishes every command of its
+-- stream decided after the tick it starts at (start_tick).
+CREATE TABLE @extschema@.subscriptions (
+	subscription pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	stream		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	claimers	pg_catalog.regrole[],
+	start_tick	pg_catalog.int8 NOT NULL,
+	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT subscriptions_pkey PRIMARY KEY (subscription)
+);
+CREATE INDEX subscriptions_stream_idx ON @extschema@.subscriptions (stream);
+
+-- The ticks of each stream: the snapshot (pg_current_snapshot()) the
+-- background worker took when it cut the tick, and the log's id sequence
+-- then (for the size of a batch).  A batch of a partition is the commands
+-- of that partition visible in one tick's snapshot and not in an earlier
+-- one's, so a transaction that commits late is in the first tick that
+-- sees it, never skipped.
+CREATE TABLE @extschema@.stream_ticks (
+	stream_id	pg_catalog.int4 NOT NULL,
+	tick		pg_catalog.int8 NOT NULL,
+	snap		pg_catalog.pg_snapshot NOT NULL,
+	last_id		pg_catalog.int8 NOT NULL,
+	made_at		pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT stream_ticks_pkey PRIMARY KEY (stream_id, tick)
+);
+
+-- The order of the log (ids from one sequence: a transaction's commands in
+-- their order, and a command decided after another committed comes after it).
+CREATE SEQUENCE @extschema@.stream_log_id_seq;
+
+CREATE TABLE @extschema@.stream_log_0 (
+	id			pg_catalog.int8 NOT NULL,
+	xid			pg_catalog.xid8 NOT NULL,
+	stream_id	pg_catalog.int4 NOT NULL,
+	part		pg_catalog.int4 NOT NULL,
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	seq			pg_catalog.int8 NOT NULL,
+	kind		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	payload		pg_catalog.jsonb NOT NULL,
+	headers		pg_catalog.jsonb,
+	ordering_key pg_catalog.text COLLATE pg_catalog."C",
+	decided_by	pg_catalog.oid,
+	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+CREATE INDEX stream_log_0_batch_idx ON @extschema@.stream_log_0 (stream_id, part, xid);
+CREATE INDEX stream_log_0_command_idx ON @extschema@.stream_log_0 (command_id);
+CREATE TABLE @extschema@.stream_log_1 (LIKE @extschema@.stream_log_0 INCLUDING DEFAULTS);
+CREATE INDEX stream_log_1_batch_idx ON @extschema@.stream_log_1 (stream_id, part, xid);
+CREATE INDEX stream_log_1_command_idx ON @extschema@.stream_log_1 (command_id);
+CREATE TABLE @extschema@.stream_log_2 (LIKE @extschema@.stream_log_0 INCLUDING DEFAULTS);
+CREATE INDEX stream_log_2_batch_idx ON @extschema@.stream_log_2 (stream_id, part, xid);
+CREATE INDEX stream_log_2_command_idx ON @extschema@.stream_log_2 (command_id);
+-- Commands a rotation kept (stragglers: not yet completed, or failed in a
+-- subscription, or within retention), moved out of a log table before it
+-- was truncated; removed by the rotation once they are done.
+CREATE TABLE @extschema@.stream_kept (LIKE @extschema@.stream_log_0 INCLUDING DEFAULTS);
+CREATE INDEX stream_kept_batch_idx ON @extschema@.stream_kept (stream_id, part, xid);
+CREATE INDEX stream_kept_command_idx ON @extschema@.stream_kept (command_id);
+
+-- Which log table the producers append to, and when it became the one;
+-- and the base added to every transaction id the streams store (xid_base:
+-- four times the microseconds since 1970 at the installation), so that the
+-- ids of a cluster the stream is restored into (a later installation)
+-- come after those of the dumped one, whatever either cluster's
+-- transaction counter (docs/streams.md).  One row, made here; not
+-- registered for pg_dump (a restore starts appending to table 0, a batch
+-- reads all three; pg_upgrade keeps the row and the transaction ids).
+CREATE TABLE @extschema@.stream_rotation (
+	one			pg_catalog.bool NOT NULL DEFAULT true,
+	current		pg_catalog.int4 NOT NULL,
+	switched_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	xid_base	pg_catalog.int8 NOT NULL,
+	CONSTRAINT stream_rotation_pkey PRIMARY KEY (one),
+	CONSTRAINT stream_rotation_one CHECK (one),
+	CONSTRAINT stream_rotation_current_check CHECK (current OPERATOR(pg_catalog.>=) 0 AND current OPERATOR(pg_catalog.<=) 2)
+);
+INSERT INTO @extschema@.stream_rotation (current, xid_base)
+VALUES (0, (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR(pg_catalog.*) 4000000)::pg_catalog.int8);
+
+-- The progress and the batch lease of each (subscription, partition): one
+-- row, updated by claim_batch (a new batch, or a takeover: version + 1)
+-- and by ack_batch (acked_tick moves to the batch's end).  Every command of
+-- the partition visible in the snapshot of acked_tick is done for the
+-- subscription: published, or in stream_failures.  A batch is open while
+-- batch_to is set: the commands visible in batch_to's snapshot and not in
+-- acked_tick's, plus the retries marked with its batch_id.
+CREATE TABLE @extschema@.stream_progress (
+	subscription pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	part		pg_catalog.int4 NOT NULL,
+	acked_tick	pg_catalog.int8 NOT NULL,
+	batch_id	pg_catalog.int8 NOT NULL DEFAULT 0,
+	batch_to	pg_catalog.int8,
+	version		pg_catalog.int4 NOT NULL DEFAULT 0,
+	owner		pg_catalog.text,
+	role		pg_catalog.oid,
+	lease_until pg_catalog.timestamptz,
+	deliveries	pg_catalog.int4 NOT NULL DEFAULT 0,
+	batch_rows	pg_catalog.int4 NOT NULL DEFAULT 0,
+	batch_retries pg_catalog.int4 NOT NULL DEFAULT 0,
+	published	pg_catalog.int8 NOT NULL DEFAULT 0,
+	acked_at	pg_catalog.timestamptz,
+	CONSTRAINT stream_progress_pkey PRIMARY KEY (subscription, part)
+) WITH (fillfactor = 50);
+
+-- The commands of a stream that failed in a subscription (ack_batch's
+-- failed[]), kept whole so that a retry needs no log table: retry (due at
+-- available_at, delivered again in a later batch of its partition), dead
+-- (deliveries used up, or fatal), or waiting (behind an unfinished command
+-- of its ordering key in this subscription).  A command leaves the table
+-- when a batch that re-delivered it is acked without it failing.
+CREATE TABLE @extschema@.stream_failures (
+	subscription pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	part		pg_catalog.int4 NOT NULL,
+	status		pg_catalog.text NOT NULL,
+	batch_id	pg_catalog.int8,
+	deliveries	pg_catalog.int4 NOT NULL,
+	available_at pg_catalog.timestamptz NOT NULL,
+	last_error	pg_catalog.text,
+	failed_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	log_id		pg_catalog.int8 NOT NULL,
+	xid			pg_catalog.xid8 NOT NULL,
+	stream_id	pg_catalog.int4 NOT NULL,
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	seq			pg_catalog.int8 NOT NULL,
+	kind		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	payload		pg_catalog.jsonb NOT NULL,
+	headers		pg_catalog.jsonb,
+	ordering_key pg_catalog.text COLLATE pg_catalog."C",
+	decided_by	pg_catalog.oid,
+	created_at	pg_catalog.timestamptz NOT NULL,
+	CONSTRAINT stream_failures_pkey PRIMARY KEY (subscription, command_id),
+	CONSTRAINT stream_failures_status_check CHECK (status OPERATOR(pg_catalog.=) ANY
+		(ARRAY['retry', 'dead', 'waiting']::pg_catalog.text[]))
+);
+CREATE INDEX stream_failures_due_idx ON @extschema@.stream_failures (subscription, part, available_at)
+	WHERE status OPERATOR(pg_catalog.=) 'retry';
+CREATE INDEX stream_failures_key_idx ON @extschema@.stream_failures (subscription, ordering_key, decided_by, log_id)
+	WHERE ordering_key IS NOT NULL;
+
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.streams', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.subscriptions', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_ticks', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_0', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_1', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_2', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_kept', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_progress', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_failures', '');
+COMMENT ON TABLE @extschema@.streams IS 'the streams: kinds written once to an insert-only log, read in batches by subscriptions';
+COMMENT ON TABLE @extschema@.subscriptions IS 'the subscriptions of the streams, each with its own progress, batches and leases';
+COMMENT ON TABLE @extschema@.stream_ticks IS 'the ticks of each stream: the snapshots that cut its log into batches';
+COMMENT ON TABLE @extschema@.stream_log_0 IS 'stream log, table 0 of 3 (insert-only; truncated by the rotation)';
+COMMENT ON TABLE @extschema@.stream_log_1 IS 'stream log, table 1 of 3 (insert-only; truncated by the rotation)';
+COMMENT ON TABLE @extschema@.stream_log_2 IS 'stream log, table 2 of 3 (insert-only; truncated by the rotation)';
+COMMENT ON TABLE @extschema@.stream_kept IS 'stream commands a rotation moved out of a log table before truncating it';
+COMMENT ON TABLE @extschema@.stream_rotation IS 'the log table the producers append to (one row)';
+COMMENT ON TABLE @extschema@.stream_progress IS 'per subscription and partition: the last acked tick and the open batch''s lease';
+COMMENT ON TABLE @extschema@.stream_failures IS 'stream commands that failed in a subscription: retry, dead, or waiting behind their ordering key';
+
 -- 3. The parts of src/sql/ after 00 follow: roles, functions, types,
 -- views, comments and privileges, as in a fresh install; then
 -- 0.1.0--1.0.0.after.sql.

@@ -1,9 +1,11 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(60);
+SELECT plan(63);
 
 SELECT has_schema('outbox');
-SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results', 'lease_key']);
+SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results', 'lease_key',
+	'streams', 'subscriptions', 'stream_ticks', 'stream_log_0', 'stream_log_1', 'stream_log_2', 'stream_kept',
+	'stream_rotation', 'stream_progress', 'stream_failures']);
 
 -- events
 SELECT columns_are('outbox', 'events', ARRAY['run_id', 'seq', 'kind', 'payload', 'command_id', 'created_at']);
@@ -18,9 +20,10 @@ SELECT columns_are('outbox', 'commands', ARRAY['command_id', 'run_id', 'seq', 'k
 	'deliveries', 'priority', 'available_at', 'due_at', 'lease_until', 'owner', 'created_at',
 	'published_at', 'last_error', 'payload', 'decided_by', 'headers', 'ordering_key', 'ordering_seq']);
 SELECT col_type_is('outbox', 'commands', 'headers', 'jsonb', 'the producer''s headers are jsonb');
--- No view (pg_monitor reads them all) shows or reads the producer's headers.
+-- No view (pg_monitor reads them all) shows or reads the producer's headers
+-- (but the internal _stream_log, which nobody but the owner reads).
 SELECT is((SELECT pg_catalog.count(*) FROM pg_catalog.pg_views
-			WHERE schemaname = 'outbox' AND definition ~ 'headers'), 0::bigint,
+			WHERE schemaname = 'outbox' AND definition ~ 'headers' AND viewname <> '_stream_log'), 0::bigint,
 	'no view of outbox reads commands.headers');
 SELECT col_type_is('outbox', 'lease_key', 'key', 'bytea', 'the lease key is a bytea');
 SELECT col_has_check('outbox', 'lease_key', 'key', 'the lease key is 16 bytes long');
@@ -51,7 +54,7 @@ SELECT ok((SELECT reloptions @> ARRAY['fillfactor=80'] FROM pg_class WHERE oid =
 	'commands leaves room for new row versions');
 
 -- receipts, inbox, policies, purged
-SELECT indexes_are('outbox', 'policies', ARRAY['policies_pkey', 'policies_paused_idx', 'policies_claimers_idx', 'policies_deciders_idx'],
+SELECT indexes_are('outbox', 'policies', ARRAY['policies_pkey', 'policies_paused_idx', 'policies_claimers_idx', 'policies_deciders_idx', 'policies_stream_idx'],
 	'policies: the key, and the paused and restricted kinds every claim reads');
 SELECT col_is_pk('outbox', 'receipts', 'command_id', 'col_is_pk outbox, receipts, command_id');
 SELECT col_not_null('outbox', 'receipts', 'outcome', 'col_not_null outbox, receipts, outcome');
@@ -60,7 +63,7 @@ SELECT col_is_pk('outbox', 'policies', 'kind', 'col_is_pk outbox, policies, kind
 SELECT col_has_check('outbox', 'policies', 'takeover', 'col_has_check outbox, policies, takeover');
 SELECT col_is_pk('outbox', 'purged', 'command_id', 'col_is_pk outbox, purged, command_id');
 SELECT columns_are('outbox', 'policies', ARRAY['kind', 'max_deliveries', 'backoff_base', 'backoff_max', 'lease',
-	'takeover', 'paused', 'retention', 'deciders', 'claimers', 'completers', 'ordered_by_run']);
+	'takeover', 'paused', 'retention', 'deciders', 'claimers', 'completers', 'ordered_by_run', 'stream']);
 SELECT col_is_pk('outbox', 'consumers', 'consumer', 'col_is_pk outbox, consumers, consumer');
 
 -- constraints really hold (as the owner, bypassing the API)
@@ -88,8 +91,22 @@ SELECT throws_ok($$INSERT INTO outbox.events (run_id, seq, kind, command_id) VAL
 -- every data table is dumped with the extension
 SELECT set_eq($$SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE extname = 'outbox'$$,
 	ARRAY['outbox.events', 'outbox.commands', 'outbox.receipts', 'outbox.inbox', 'outbox.policies', 'outbox.purged',
-		  'outbox.consumers'],
+		  'outbox.consumers', 'outbox.streams', 'outbox.subscriptions', 'outbox.stream_ticks',
+		  'outbox.stream_log_id_seq', 'outbox.stream_log_0', 'outbox.stream_log_1', 'outbox.stream_log_2',
+		  'outbox.stream_kept', 'outbox.stream_progress', 'outbox.stream_failures'],
 	'every data table is registered with pg_extension_config_dump');
+
+-- streams: the log is written once, with two indexes per table and no
+-- unique one (command ids stay unique through events_command_id_key)
+SELECT is((SELECT pg_catalog.array_agg(c.relname || ':' || (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid)
+		|| ':' || (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid AND i.indisunique) ORDER BY c.relname)
+	FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace AND c.relname ~ '^stream_(log_[012]|kept)$'),
+	ARRAY['stream_kept:2:0', 'stream_log_0:2:0', 'stream_log_1:2:0', 'stream_log_2:2:0'],
+	'each stream log table has two indexes, none unique');
+SELECT ok((SELECT reloptions @> ARRAY['fillfactor=50'] FROM pg_class WHERE oid = 'outbox.stream_progress'::regclass),
+	'stream_progress leaves room for the new versions of its rows (HOT updates)');
+SELECT throws_ok($$INSERT INTO outbox.streams (stream, stream_id, partitions, batch_size) VALUES ('x', 99, 257, 1)$$,
+	'23514', NULL, 'a stream has at most 256 partitions');
 
 -- extension properties
 SELECT is((SELECT extrelocatable FROM pg_extension WHERE extname = 'outbox'), false, 'not relocatable');
@@ -99,7 +116,7 @@ SELECT has_function('outbox', 'claim', ARRAY['text', 'integer', 'interval', 'tex
 SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 	WHERE n.nspname = 'outbox' AND p.proisstrict), 0, 'no API function is STRICT');
 SELECT is((SELECT count(*)::int FROM pg_description d JOIN pg_class c ON c.oid = d.objoid AND d.classoid = 'pg_class'::regclass
-	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 9,
+	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 19,
 	'every table has a comment');
 
 -- identifiers compare byte by byte: every run, command, kind and consumer
@@ -113,7 +130,14 @@ SELECT set_eq($$SELECT c.relname || '.' || a.attname FROM pg_attribute a
 		  'commands.kind', 'commands.ordering_key', 'receipts.command_id', 'receipts.run_id', 'inbox.consumer', 'inbox.command_id',
 		  'inbox.run_id', 'policies.kind',
 		  'purged.command_id', 'purged.run_id', 'purged.kind', 'consumers.consumer',
-		  'check_results.check_name'],
+		  'check_results.check_name', 'policies.stream', 'streams.stream', 'subscriptions.subscription',
+		  'subscriptions.stream',
+		  'stream_log_0.command_id', 'stream_log_0.run_id', 'stream_log_0.kind', 'stream_log_0.ordering_key',
+		  'stream_log_1.command_id', 'stream_log_1.run_id', 'stream_log_1.kind', 'stream_log_1.ordering_key',
+		  'stream_log_2.command_id', 'stream_log_2.run_id', 'stream_log_2.kind', 'stream_log_2.ordering_key',
+		  'stream_kept.command_id', 'stream_kept.run_id', 'stream_kept.kind', 'stream_kept.ordering_key',
+		  'stream_progress.subscription', 'stream_failures.subscription', 'stream_failures.command_id',
+		  'stream_failures.run_id', 'stream_failures.kind', 'stream_failures.ordering_key'],
 	'identifier columns use the "C" collation');
 SELECT is((SELECT pg_catalog.array_agg(i.indexrelid::regclass::text ORDER BY 1) FROM pg_index i
 	JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace

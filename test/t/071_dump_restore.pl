@@ -1,5 +1,8 @@
 # pg_dump and pg_restore keep every command, lease, receipt, tombstone,
-# inbox row and policy: an outbox with commands in every state is dumped
+# inbox row, policy and stream (its log, progress and failures; a batch
+# acked before the dump is not delivered again, the command decided after
+# it is, with one decided after the restore): an outbox with commands in
+# every state is dumped
 # (custom format) and restored into a fresh database of the same cluster
 # and into a fresh cluster; each table's rows are equal, the privileges
 # too, the conservation checks are clean, and the API goes on where it
@@ -83,6 +86,23 @@ SELECT outbox.sweep() >= 0
    AND (SELECT status = 'uncertain' FROM outbox.commands WHERE command_id = 'd-unc')})
   or die 'd-unc never became uncertain';
 
+# A stream: s1 and s2 published (a batch acked), s3 failed (a retry an
+# hour away), s4 decided after the last batch.
+sql($node, 'src', q{
+SELECT outbox.create_stream('st', 1, 100);
+SELECT outbox.set_policy('k-stream', stream => 'st', backoff_base => '1 hour', backoff_max => '1 hour');
+SELECT outbox.create_subscription('st', 'st-sub');
+SELECT outbox.commit_decision('run-s', i, 'e', 's' || i, 'k-stream', jsonb_build_object('n', i))
+  FROM generate_series(1, 3) i;
+SELECT outbox.tick_streams();
+});
+is( sql($node, 'src', q{
+CREATE TEMP TABLE sb AS SELECT * FROM outbox.claim_batch('st', 'st-sub', 'w-s');
+SELECT outbox.ack_batch('w-s', (SELECT min(token) FROM sb), ARRAY['s3'], ARRAY['later']);
+SELECT outbox.commit_decision('run-s', 4, 'e', 's4', 'k-stream', '{"n": 4}');}),
+	"2
+t", 'the source has a stream with a batch acked and a command after it');
+
 is( sql($node, 'src', q{SELECT string_agg(status, ',' ORDER BY status) FROM
 		(SELECT DISTINCT status FROM outbox.commands) s}),
 	'dead,pending,published,sending,uncertain', 'the source holds commands in every state');
@@ -97,7 +117,12 @@ my %keys = (
 	inbox    => 'consumer, command_id',
 	policies => 'kind',
 	purged   => 'command_id',
-	consumers => 'consumer');
+	consumers => 'consumer',
+	streams  => 'stream',
+	subscriptions => 'subscription',
+	stream_log_0 => 'id',
+	stream_progress => 'subscription, part',
+	stream_failures => 'subscription, command_id');
 
 sub table_rows
 {
@@ -180,6 +205,21 @@ SELECT string_agg(command_id || ':' || status, ',' ORDER BY command_id) FROM out
  WHERE command_id IN ('d-sending', 'd-pending', 'd-paused');}),
 		"refused (OB001)\nd-pending v2\nacked\nt\nf\nd-paused:pending,d-pending:published,d-sending:sending",
 		"$where: the API works on the restored outbox (paused kinds stay paused, the tombstone still answers)");
+	# The stream goes on: the acked batch is not delivered again; s4 and
+	# s5 (decided after the restore) are, in order, in the next batch.
+	is( sql($n, 'dst', q{
+SELECT outbox.commit_decision('run-s', 5, 'e', 's5', 'k-stream', '{"n": 5}');
+SELECT outbox.tick_streams() >= 0;
+CREATE TEMP TABLE sb AS SELECT * FROM outbox.claim_batch('st', 'st-sub', 'w-s');
+SELECT string_agg(command_id, ',' ORDER BY batch_id, command_id) FROM sb;
+SELECT outbox.ack_batch('w-s', (SELECT min(token) FROM sb));
+SELECT status FROM outbox.stream_failed WHERE command_id = 's3';}),
+		"t
+t
+s4,s5
+2
+retry",
+		"$where: the stream goes on from where it was dumped");
 	is( sql($n, 'dst', q{SELECT string_agg(check_name || '=' || violations, ',' ORDER BY check_name)
 			FROM outbox.conservation WHERE violations > 0}),
 		'', "$where: still clean afterwards");

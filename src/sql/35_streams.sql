@@ -1,0 +1,1072 @@
+-- outbox install script, part 35: streams, the write-once path
+-- (docs/streams.md).
+--
+-- The administrator's functions (create_stream, create_subscription,
+-- drop_subscription) are PL/pgSQL, SECURITY DEFINER, like part 20.  The
+-- publisher's calls (claim_batch, ack_batch, renew_batch) are C
+-- (src/stream.c): their body runs as the owner (OutboxCallAsOwner), makes
+-- and checks the batch token, and calls the internal functions below
+-- (_claim_batch, _ack_batch, _renew_batch), which nobody else may call.
+-- The producer's path is in C (commit_decision on a kind with a stream,
+-- src/stream.c); the worker cuts the ticks with _stream_tick().
+--
+-- Locking.  The stream's row (outbox.streams) is locked FOR UPDATE by
+-- create_subscription and by the tick of that stream, so a subscription
+-- starts at a tick that no concurrent tick overtakes.  claim_batch locks one
+-- progress row (stream_progress) at a time, FOR UPDATE SKIP LOCKED, so
+-- concurrent publishers of one subscription take different partitions and
+-- never wait for each other; ack_batch and renew_batch change that row
+-- only while it holds the token's batch, version and worker (READ
+-- COMMITTED re-checks the WHERE clause on the newest row version), so of a
+-- takeover and a late ack exactly one wins.
+
+-- Every row of the stream log, wherever it is (the three log tables and
+-- the rows a rotation kept).  Internal.
+CREATE VIEW @extschema@._stream_log AS
+SELECT l.id, l.xid, l.stream_id, l.part, l.command_id, l.run_id, l.seq, l.kind,
+	   l.payload, l.headers, l.ordering_key, l.decided_by, l.created_at
+  FROM @extschema@.stream_log_0 l
+UNION ALL
+SELECT l.id, l.xid, l.stream_id, l.part, l.command_id, l.run_id, l.seq, l.kind,
+	   l.payload, l.headers, l.ordering_key, l.decided_by, l.created_at
+  FROM @extschema@.stream_log_1 l
+UNION ALL
+SELECT l.id, l.xid, l.stream_id, l.part, l.command_id, l.run_id, l.seq, l.kind,
+	   l.payload, l.headers, l.ordering_key, l.decided_by, l.created_at
+  FROM @extschema@.stream_log_2 l
+UNION ALL
+SELECT l.id, l.xid, l.stream_id, l.part, l.command_id, l.run_id, l.seq, l.kind,
+	   l.payload, l.headers, l.ordering_key, l.decided_by, l.created_at
+  FROM @extschema@.stream_kept l;
+COMMENT ON VIEW @extschema@._stream_log
+	IS 'internal: every row of the stream log (the three log tables and the kept rows)';
+
+-- The leased commands of a batch, as claim_batch returns them (the token
+-- is the C function's to add).
+CREATE TYPE @extschema@.stream_lease AS (
+	command_id	pg_catalog.text,
+	run_id		pg_catalog.text,
+	seq			pg_catalog.int8,
+	kind		pg_catalog.text,
+	payload		pg_catalog.jsonb,
+	token		pg_catalog.text,
+	version		pg_catalog.int8,
+	deliveries	pg_catalog.int4,
+	lease_until pg_catalog.timestamptz,
+	headers		pg_catalog.jsonb,
+	ordering_key pg_catalog.text,
+	batch_id	pg_catalog.int8,
+	part		pg_catalog.int4
+);
+COMMENT ON TYPE @extschema@.stream_lease
+	IS 'a command of a leased stream batch: the columns of outbox.lease (token and version are the batch''s), then batch_id and part';
+
+-- A snapshot in the streams' transaction ids: every id of snap plus the
+-- installation's xid_base (outbox.stream_rotation).
+CREATE FUNCTION @extschema@._stream_snapshot(snap pg_catalog.pg_snapshot)
+RETURNS pg_catalog.pg_snapshot
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT pg_catalog.format('%s:%s:%s',
+		pg_catalog.pg_snapshot_xmin($1)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+		pg_catalog.pg_snapshot_xmax($1)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+		COALESCE((SELECT pg_catalog.string_agg((x::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base)::pg_catalog.text,
+												',' ORDER BY x)
+					FROM pg_catalog.pg_snapshot_xip($1) x), ''))::pg_catalog.pg_snapshot
+  FROM @extschema@.stream_rotation r
+$$;
+
+-- Admin ------------------------------------------------------------------
+
+CREATE FUNCTION @extschema@.create_stream(
+	stream pg_catalog.text,
+	partitions pg_catalog.int4 DEFAULT 4,
+	batch_size pg_catalog.int4 DEFAULT 1000)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	sid pg_catalog.int4;
+	x pg_catalog.xid8;
+BEGIN
+	PERFORM @extschema@._require_id(stream, 'stream');
+	PERFORM @extschema@._require(partitions, 'partitions');
+	PERFORM @extschema@._require(batch_size, 'batch_size');
+	IF partitions OPERATOR(pg_catalog.<) 1 OR partitions OPERATOR(pg_catalog.>) 256 THEN
+		RAISE EXCEPTION 'partitions must be between 1 and 256'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('The value was %s.', partitions);
+	END IF;
+	IF batch_size OPERATOR(pg_catalog.<) 1 OR batch_size OPERATOR(pg_catalog.>) 100000 THEN
+		RAISE EXCEPTION 'batch_size must be between 1 and 100000'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('The value was %s.', batch_size);
+	END IF;
+	LOCK TABLE @extschema@.streams IN SHARE ROW EXCLUSIVE MODE;
+	IF EXISTS (SELECT 1 FROM @extschema@.streams s WHERE s.stream OPERATOR(pg_catalog.=) create_stream.stream) THEN
+		RAISE EXCEPTION 'stream "%" already exists', stream
+			USING ERRCODE = 'duplicate_object';
+	END IF;
+	SELECT COALESCE(pg_catalog.max(s.stream_id), 0) OPERATOR(pg_catalog.+) 1 INTO sid FROM @extschema@.streams s;
+	INSERT INTO @extschema@.streams (stream, stream_id, partitions, batch_size)
+	VALUES (stream, sid, partitions, batch_size);
+	-- Tick 0 sees exactly the transactions finished before every running
+	-- one began (xid < xmin of the current snapshot): none of them can
+	-- have written to a stream that did not exist.
+	x := pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot());
+	INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
+	VALUES (sid, 0, @extschema@._stream_snapshot(pg_catalog.format('%s:%s:', x, x)::pg_catalog.pg_snapshot),
+			(SELECT q.last_value FROM @extschema@.stream_log_id_seq q));
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.create_stream(pg_catalog.text, pg_catalog.int4, pg_catalog.int4)
+	IS 'create a stream of partitions partitions (1 to 256), cut into batches of about batch_size commands per partition';
+
+CREATE FUNCTION @extschema@.create_subscription(
+	stream pg_catalog.text,
+	subscription pg_catalog.text,
+	claimers pg_catalog.regrole[] DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	s record;
+	start pg_catalog.int8;
+BEGIN
+	PERFORM @extschema@._require_id(stream, 'stream');
+	PERFORM @extschema@._require_id(subscription, 'subscription');
+	IF pg_catalog.array_ndims(claimers) OPERATOR(pg_catalog.>) 1 THEN
+		RAISE EXCEPTION 'claimers must be a one-dimensional array'
+			USING ERRCODE = 'array_subscript_error';
+	END IF;
+	IF pg_catalog.array_position(claimers, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'claimers must not contain nulls'
+			USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	-- The stream's row: no tick of it is cut while this runs.
+	SELECT t.stream_id, t.partitions INTO s FROM @extschema@.streams t
+	 WHERE t.stream OPERATOR(pg_catalog.=) create_subscription.stream FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'stream "%" does not exist', stream
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	IF EXISTS (SELECT 1 FROM @extschema@.subscriptions u
+				WHERE u.subscription OPERATOR(pg_catalog.=) create_subscription.subscription) THEN
+		RAISE EXCEPTION 'subscription "%" already exists', subscription
+			USING ERRCODE = 'duplicate_object';
+	END IF;
+	-- The first subscription of a stream publishes everything in it (from
+	-- tick 0); a later one what is decided after it, that is after the
+	-- stream's last tick.
+	IF EXISTS (SELECT 1 FROM @extschema@.subscriptions u
+				WHERE u.stream OPERATOR(pg_catalog.=) create_subscription.stream) THEN
+		SELECT pg_catalog.max(k.tick) INTO start FROM @extschema@.stream_ticks k
+		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
+	ELSE
+		-- (tick 0, unless the ticks before the oldest one still needed
+		-- were removed while the stream had no subscription... which it
+		-- cannot: they are removed only behind a subscription's progress)
+		SELECT pg_catalog.min(k.tick) INTO start FROM @extschema@.stream_ticks k
+		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
+	END IF;
+	INSERT INTO @extschema@.subscriptions (subscription, stream, claimers, start_tick)
+	VALUES (subscription, stream, claimers, start);
+	INSERT INTO @extschema@.stream_progress (subscription, part, acked_tick)
+	SELECT subscription, g.p, start
+	  FROM pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1) g(p);
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.create_subscription(pg_catalog.text, pg_catalog.text, pg_catalog.regrole[])
+	IS 'subscribe to a stream: publish every command decided after now (the first subscription: every command of the stream); claimers NULL lets every publisher claim its batches';
+
+CREATE FUNCTION @extschema@.drop_subscription(subscription pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	PERFORM @extschema@._require_id(subscription, 'subscription');
+	DELETE FROM @extschema@.subscriptions u
+	 WHERE u.subscription OPERATOR(pg_catalog.=) drop_subscription.subscription;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'subscription "%" does not exist', subscription
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	DELETE FROM @extschema@.stream_progress p
+	 WHERE p.subscription OPERATOR(pg_catalog.=) drop_subscription.subscription;
+	DELETE FROM @extschema@.stream_failures f
+	 WHERE f.subscription OPERATOR(pg_catalog.=) drop_subscription.subscription;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
+	IS 'drop a subscription with its progress, leases and failed commands';
+
+-- Worker -------------------------------------------------------------------
+
+-- Cut a tick of every stream that has commands its last tick does not see
+-- (committed since, or by a transaction that was running then); returns
+-- how many ticks were cut, -1 when there is no stream at all.  The background worker calls it when a commit
+-- wakes it, before it notifies the publishers.  One probe of each
+-- partition's index per stream.
+CREATE FUNCTION @extschema@._stream_tick(unused pg_catalog.int4 DEFAULT 0)
+RETURNS pg_catalog.int4
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	s record;
+	n pg_catalog.int4 := 0;
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM @extschema@.streams) THEN
+		RETURN -1;
+	END IF;
+	FOR s IN
+		SELECT t.stream_id, t.partitions, k.tick, k.snap
+		  FROM @extschema@.streams t
+		 CROSS JOIN LATERAL (SELECT k.tick, k.snap FROM @extschema@.stream_ticks k
+							  WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+							  ORDER BY k.tick DESC LIMIT 1) k
+		 ORDER BY t.stream_id
+	LOOP
+		CONTINUE WHEN NOT EXISTS (
+			SELECT 1 FROM @extschema@._stream_log l
+			 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+			   AND l.part OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1)))
+			   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin(s.snap)
+			   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, s.snap));
+		-- the stream's row: a subscription being created waits (and the
+		-- other way round); skip a stream someone else is ticking
+		PERFORM 1 FROM @extschema@.streams t
+		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id FOR UPDATE SKIP LOCKED;
+		CONTINUE WHEN NOT FOUND;
+		INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
+		SELECT s.stream_id, pg_catalog.max(k.tick) OPERATOR(pg_catalog.+) 1,
+			   @extschema@._stream_snapshot(pg_catalog.pg_current_snapshot()),
+			   (SELECT q.last_value FROM @extschema@.stream_log_id_seq q)
+		  FROM @extschema@.stream_ticks k
+		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
+		n := n OPERATOR(pg_catalog.+) 1;
+	END LOOP;
+	RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@._stream_tick(pg_catalog.int4)
+	IS 'internal: cut a tick of every stream with commands its last tick does not see (the background worker calls it at a commit''s wake-up)';
+
+-- Admin and tests: cut the ticks now, without the worker.
+CREATE FUNCTION @extschema@.tick_streams()
+RETURNS pg_catalog.int4
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT GREATEST(@extschema@._stream_tick(0), 0) $$;
+COMMENT ON FUNCTION @extschema@.tick_streams()
+	IS 'cut a tick of every stream with new commands now (the background worker does it when commits wake it); returns the number of ticks cut';
+
+-- Publisher (internal: claim_batch, ack_batch, renew_batch of src/stream.c) --
+
+-- The lease end of a call made now with lease (NULL: outbox.default_lease).
+CREATE FUNCTION @extschema@._stream_lease_end(lease pg_catalog.interval, now_ts pg_catalog.timestamptz)
+RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	until pg_catalog.timestamptz;
+BEGIN
+	BEGIN
+		until := now_ts OPERATOR(pg_catalog.+)
+			COALESCE(lease, pg_catalog.current_setting('outbox.default_lease')::pg_catalog.interval);
+	EXCEPTION WHEN datetime_field_overflow THEN
+		RAISE EXCEPTION 'lease is out of range' USING ERRCODE = 'invalid_parameter_value';
+	END;
+	IF until OPERATOR(pg_catalog.<=) now_ts THEN
+		RAISE EXCEPTION 'lease must be positive' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	IF until OPERATOR(pg_catalog.>) (now_ts OPERATOR(pg_catalog.+)
+	   pg_catalog.current_setting('outbox.max_lease')::pg_catalog.interval) THEN
+		RAISE EXCEPTION 'lease is longer than outbox.max_lease' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	RETURN until;
+END;
+$$;
+
+-- The commands of batch batch_id of (subscription, part): those of the
+-- partition visible in snapshot sb and not in sa that are not in the
+-- subscription's failures, and the retries marked with the batch, in log
+-- order.
+CREATE FUNCTION @extschema@._stream_batch_rows(
+	subscription pg_catalog.text, part pg_catalog.int4, batch_id pg_catalog.int8,
+	stream_id pg_catalog.int4, sa pg_catalog.pg_snapshot, sb pg_catalog.pg_snapshot,
+	deliveries pg_catalog.int4)
+RETURNS TABLE (id pg_catalog.int8, command_id pg_catalog.text, run_id pg_catalog.text,
+			   seq pg_catalog.int8, kind pg_catalog.text, payload pg_catalog.jsonb,
+			   deliveries pg_catalog.int4, headers pg_catalog.jsonb, ordering_key pg_catalog.text)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT x.id, x.command_id, x.run_id, x.seq, x.kind, x.payload, x.deliveries, x.headers, x.ordering_key
+  FROM (SELECT l.id, l.command_id::pg_catalog.text AS command_id, l.run_id::pg_catalog.text AS run_id,
+			   l.seq, l.kind::pg_catalog.text AS kind, l.payload, $7 AS deliveries, l.headers,
+			   l.ordering_key::pg_catalog.text AS ordering_key
+		  FROM @extschema@._stream_log l
+		 WHERE l.stream_id OPERATOR(pg_catalog.=) $4
+		   AND l.part OPERATOR(pg_catalog.=) $2
+		   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin($5)
+		   AND l.xid OPERATOR(pg_catalog.<) pg_catalog.pg_snapshot_xmax($6)
+		   AND pg_catalog.pg_visible_in_snapshot(l.xid, $6)
+		   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, $5)
+		   AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+							WHERE f.subscription OPERATOR(pg_catalog.=) $1
+							  AND f.command_id OPERATOR(pg_catalog.=) l.command_id)
+		UNION ALL
+		SELECT f.log_id, f.command_id, f.run_id, f.seq, f.kind, f.payload, f.deliveries, f.headers,
+			   f.ordering_key
+		  FROM @extschema@.stream_failures f
+		 WHERE f.subscription OPERATOR(pg_catalog.=) $1
+		   AND f.part OPERATOR(pg_catalog.=) $2
+		   AND f.batch_id OPERATOR(pg_catalog.=) $3) x
+ ORDER BY x.id
+$$;
+
+-- The snapshot of a stream's tick.
+CREATE FUNCTION @extschema@._stream_snap(stream_id pg_catalog.int4, tick pg_catalog.int8)
+RETURNS pg_catalog.pg_snapshot
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT k.snap FROM @extschema@.stream_ticks k
+ WHERE k.stream_id OPERATOR(pg_catalog.=) $1 AND k.tick OPERATOR(pg_catalog.=) $2
+$$;
+
+-- claim_batch's body: lease the next batch of one partition of the
+-- subscription to worker (for caller, the calling role), or take over an
+-- expired one; return its commands (the token is added by the caller).
+-- Errors: 42704 unknown stream or subscription, or a subscription of
+-- another stream; 42501 a caller the subscription's claimers do not admit.
+CREATE FUNCTION @extschema@._claim_batch(
+	stream pg_catalog.text, subscription pg_catalog.text, worker pg_catalog.text,
+	lease pg_catalog.interval, caller pg_catalog.oid)
+RETURNS TABLE (command_id pg_catalog.text, run_id pg_catalog.text, seq pg_catalog.int8,
+			   kind pg_catalog.text, payload pg_catalog.jsonb, version pg_catalog.int8,
+			   deliveries pg_catalog.int4, lease_until pg_catalog.timestamptz,
+			   headers pg_catalog.jsonb, ordering_key pg_catalog.text,
+			   batch_id pg_catalog.int8, part pg_catalog.int4)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	s record;
+	u record;
+	pr record;
+	now_ts pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+	until pg_catalog.timestamptz;
+	t_max pg_catalog.int8;
+	t_to pg_catalog.int8;
+	a_last pg_catalog.int8;
+	sa pg_catalog.pg_snapshot;
+	sb pg_catalog.pg_snapshot;
+	nb pg_catalog.int8;
+	n_rows pg_catalog.int4;
+	n_retries pg_catalog.int4;
+	tried pg_catalog.int4[] := '{}';
+BEGIN
+	SELECT t.stream, t.stream_id, t.partitions, t.batch_size INTO s FROM @extschema@.streams t
+	 WHERE t.stream OPERATOR(pg_catalog.=) _claim_batch.stream;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'stream "%" does not exist', _claim_batch.stream
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	SELECT x.subscription, x.stream, x.claimers INTO u FROM @extschema@.subscriptions x
+	 WHERE x.subscription OPERATOR(pg_catalog.=) _claim_batch.subscription;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'subscription "%" does not exist', _claim_batch.subscription
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	IF u.stream OPERATOR(pg_catalog.<>) s.stream THEN
+		RAISE EXCEPTION 'subscription "%" is not a subscription of stream "%"', _claim_batch.subscription, _claim_batch.stream
+			USING ERRCODE = 'undefined_object';
+	END IF;
+	IF NOT @extschema@._may(u.claimers, caller) THEN
+		RAISE EXCEPTION 'permission denied to claim the batches of subscription "%"', _claim_batch.subscription
+			USING ERRCODE = 'insufficient_privilege',
+				  HINT = 'The subscription''s claimers (outbox.create_subscription) do not include a role of yours.';
+	END IF;
+	until := @extschema@._stream_lease_end(lease, now_ts);
+
+	-- 1. An expired batch: the same commands, a new version (a new token).
+	SELECT p.part, p.batch_id, p.acked_tick, p.batch_to INTO pr FROM @extschema@.stream_progress p
+	 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
+	   AND p.batch_to IS NOT NULL
+	   AND p.lease_until OPERATOR(pg_catalog.<=) now_ts
+	 ORDER BY p.lease_until LIMIT 1
+	   FOR UPDATE SKIP LOCKED;
+	IF FOUND THEN
+		UPDATE @extschema@.stream_progress p
+		   SET version = p.version OPERATOR(pg_catalog.+) 1, owner = worker, role = caller,
+			   lease_until = until, deliveries = p.deliveries OPERATOR(pg_catalog.+) 1
+		 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
+		   AND p.part OPERATOR(pg_catalog.=) pr.part
+		RETURNING p.version, p.deliveries INTO n_rows, n_retries;
+		UPDATE @extschema@.stream_failures f
+		   SET deliveries = f.deliveries OPERATOR(pg_catalog.+) 1
+		 WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
+		   AND f.part OPERATOR(pg_catalog.=) pr.part
+		   AND f.batch_id OPERATOR(pg_catalog.=) pr.batch_id;
+		RETURN QUERY
+			SELECT r.command_id, r.run_id, r.seq, r.kind, r.payload, n_rows::pg_catalog.int8,
+				   r.deliveries, until, r.headers, r.ordering_key, pr.batch_id, pr.part
+			  FROM @extschema@._stream_batch_rows(u.subscription, pr.part, pr.batch_id, s.stream_id,
+					@extschema@._stream_snap(s.stream_id, pr.acked_tick),
+					@extschema@._stream_snap(s.stream_id, pr.batch_to), n_retries) r;
+		RETURN;
+	END IF;
+
+	-- 2. A new batch of a partition without one, the least recently acked
+	-- first; a partition with nothing new only moves on to the last tick.
+	SELECT pg_catalog.max(k.tick) INTO t_max FROM @extschema@.stream_ticks k
+	 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
+	LOOP
+		SELECT p.part, p.batch_id, p.acked_tick INTO pr FROM @extschema@.stream_progress p
+		 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
+		   AND p.batch_to IS NULL
+		   AND p.part OPERATOR(pg_catalog.<>) ALL (tried)
+		   AND (p.acked_tick OPERATOR(pg_catalog.<) t_max
+				OR EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+							WHERE f.subscription OPERATOR(pg_catalog.=) p.subscription
+							  AND f.part OPERATOR(pg_catalog.=) p.part
+							  AND f.status OPERATOR(pg_catalog.=) 'retry'
+							  AND f.available_at OPERATOR(pg_catalog.<=) now_ts))
+		 ORDER BY p.acked_at NULLS FIRST, p.part LIMIT 1
+		   FOR UPDATE SKIP LOCKED;
+		EXIT WHEN NOT FOUND;
+		tried := tried OPERATOR(pg_catalog.||) pr.part;
+		nb := pr.batch_id OPERATOR(pg_catalog.+) 1;
+		-- the batch's end: the first tick about batch_size commands (of the
+		-- whole stream, per partition) after its start, else the last
+		SELECT k.last_id INTO a_last FROM @extschema@.stream_ticks k
+		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id AND k.tick OPERATOR(pg_catalog.=) pr.acked_tick;
+		SELECT COALESCE(pg_catalog.min(k.tick), t_max) INTO t_to FROM @extschema@.stream_ticks k
+		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id
+		   AND k.tick OPERATOR(pg_catalog.>) pr.acked_tick
+		   AND k.last_id OPERATOR(pg_catalog.>=) (a_last OPERATOR(pg_catalog.+)
+			   (s.batch_size::pg_catalog.int8 OPERATOR(pg_catalog.*) s.partitions));
+		t_to := GREATEST(t_to, pr.acked_tick);
+		sa := @extschema@._stream_snap(s.stream_id, pr.acked_tick);
+		sb := @extschema@._stream_snap(s.stream_id, t_to);
+		-- Commands of an ordering key with an unfinished failure in this
+		-- subscription wait behind it (in the failures, as waiting).
+		INSERT INTO @extschema@.stream_failures AS f
+			(subscription, command_id, part, status, batch_id, deliveries, available_at,
+			 log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key,
+			 decided_by, created_at)
+		SELECT u.subscription, l.command_id, l.part, 'waiting', NULL, 0, now_ts,
+			   l.id, l.xid, l.stream_id, l.run_id, l.seq, l.kind, l.payload, l.headers,
+			   l.ordering_key, l.decided_by, l.created_at
+		  FROM @extschema@._stream_log l
+		 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+		   AND l.part OPERATOR(pg_catalog.=) pr.part
+		   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin(sa)
+		   AND l.xid OPERATOR(pg_catalog.<) pg_catalog.pg_snapshot_xmax(sb)
+		   AND pg_catalog.pg_visible_in_snapshot(l.xid, sb)
+		   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, sa)
+		   AND l.ordering_key IS NOT NULL
+		   AND EXISTS (SELECT 1 FROM @extschema@.stream_failures k
+						WHERE k.subscription OPERATOR(pg_catalog.=) u.subscription
+						  AND k.ordering_key OPERATOR(pg_catalog.=) l.ordering_key
+						  AND k.decided_by IS NOT DISTINCT FROM l.decided_by)
+		ON CONFLICT ON CONSTRAINT stream_failures_pkey DO NOTHING;
+		-- the retries that are due join the batch
+		WITH r AS (
+			SELECT f.command_id FROM @extschema@.stream_failures f
+			 WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
+			   AND f.part OPERATOR(pg_catalog.=) pr.part
+			   AND f.status OPERATOR(pg_catalog.=) 'retry'
+			   AND f.available_at OPERATOR(pg_catalog.<=) now_ts
+			 ORDER BY f.available_at LIMIT s.batch_size),
+		 m AS (
+			UPDATE @extschema@.stream_failures f
+			   SET batch_id = nb, deliveries = f.deliveries OPERATOR(pg_catalog.+) 1
+			  FROM r
+			 WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
+			   AND f.command_id OPERATOR(pg_catalog.=) r.command_id
+			RETURNING 1)
+		SELECT pg_catalog.count(*) INTO n_retries FROM m;
+		SELECT pg_catalog.count(*) INTO n_rows
+		  FROM @extschema@._stream_batch_rows(u.subscription, pr.part, nb, s.stream_id, sa, sb, 1) r;
+		IF n_rows OPERATOR(pg_catalog.=) 0 THEN
+			-- nothing to deliver: the partition's progress moves on
+			UPDATE @extschema@.stream_progress p SET acked_tick = t_to
+			 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
+			   AND p.part OPERATOR(pg_catalog.=) pr.part;
+			CONTINUE;
+		END IF;
+		UPDATE @extschema@.stream_progress p
+		   SET batch_id = nb, batch_to = t_to, version = 1, owner = worker, role = caller,
+			   lease_until = until, deliveries = 1, batch_rows = n_rows, batch_retries = n_retries
+		 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
+		   AND p.part OPERATOR(pg_catalog.=) pr.part;
+		RETURN QUERY
+			SELECT r.command_id, r.run_id, r.seq, r.kind, r.payload, 1::pg_catalog.int8,
+				   r.deliveries, until, r.headers, r.ordering_key, nb, pr.part
+			  FROM @extschema@._stream_batch_rows(u.subscription, pr.part, nb, s.stream_id, sa, sb, 1) r;
+		RETURN;
+	END LOOP;
+	RETURN;
+END;
+$$;
+
+-- ack_batch's body, for a token whose MAC and role the caller checked:
+-- mark the batch published except the failed commands, which go to retry
+-- (with the kind's backoff) or dead (deliveries used up, or fatal).
+-- Returns the number published, NULL when the batch is not held at this
+-- version by worker (the caller raises OB001).  Without failures and
+-- retries in the batch: one statement, one row.
+CREATE FUNCTION @extschema@._ack_batch(
+	subscription pg_catalog.text, part pg_catalog.int4, batch_id pg_catalog.int8,
+	version pg_catalog.int4, worker pg_catalog.text,
+	failed pg_catalog.text[], errors pg_catalog.text[], fatal pg_catalog.bool[])
+RETURNS pg_catalog.int8
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	loaded pg_catalog.bool := @extschema@.preloaded();
+	pr record;
+	n pg_catalog.int4;
+	nr pg_catalog.int4;
+	nf pg_catalog.int4 := COALESCE(pg_catalog.cardinality(failed), 0);
+	sid pg_catalog.int4;
+	sa pg_catalog.pg_snapshot;
+	sb pg_catalog.pg_snapshot;
+	i pg_catalog.int4;
+	found_ids pg_catalog.int4;
+	now_ts pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+	IF pg_catalog.array_ndims(failed) OPERATOR(pg_catalog.>) 1
+	   OR pg_catalog.array_ndims(errors) OPERATOR(pg_catalog.>) 1
+	   OR pg_catalog.array_ndims(fatal) OPERATOR(pg_catalog.>) 1 THEN
+		RAISE EXCEPTION 'failed, errors and fatal must be one-dimensional arrays'
+			USING ERRCODE = 'array_subscript_error';
+	END IF;
+	IF pg_catalog.array_position(failed, NULL) IS NOT NULL THEN
+		RAISE EXCEPTION 'failed must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
+	END IF;
+	IF (errors IS NOT NULL AND COALESCE(pg_catalog.cardinality(errors), 0) OPERATOR(pg_catalog.<>) nf)
+	   OR (fatal IS NOT NULL AND COALESCE(pg_catalog.cardinality(fatal), 0) OPERATOR(pg_catalog.<>) nf) THEN
+		RAISE EXCEPTION 'errors and fatal must have as many elements as failed'
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('failed has %s, errors %s, fatal %s.', nf,
+											 COALESCE(pg_catalog.cardinality(errors), 0),
+											 COALESCE(pg_catalog.cardinality(fatal), 0));
+	END IF;
+	IF nf OPERATOR(pg_catalog.>) 0 AND
+	   (SELECT pg_catalog.count(DISTINCT x) FROM pg_catalog.unnest(failed) x) OPERATOR(pg_catalog.<>) nf THEN
+		RAISE EXCEPTION 'failed must not name a command twice' USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+
+	IF nf OPERATOR(pg_catalog.=) 0 THEN
+		-- The happy path: one statement, one row.
+		UPDATE @extschema@.stream_progress p
+		   SET acked_tick = p.batch_to, batch_to = NULL, owner = NULL, role = NULL,
+			   lease_until = NULL, published = p.published OPERATOR(pg_catalog.+) p.batch_rows,
+			   acked_at = now_ts
+		 WHERE p.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription
+		   AND p.part OPERATOR(pg_catalog.=) _ack_batch.part
+		   AND p.batch_id OPERATOR(pg_catalog.=) _ack_batch.batch_id
+		   AND p.version OPERATOR(pg_catalog.=) _ack_batch.version
+		   AND p.owner OPERATOR(pg_catalog.=) worker
+		   AND p.batch_to IS NOT NULL
+		RETURNING p.batch_rows, p.batch_retries INTO n, nr;
+		IF NOT FOUND THEN
+			RETURN NULL;
+		END IF;
+		IF nr OPERATOR(pg_catalog.>) 0 THEN
+			PERFORM @extschema@._stream_published_retries(subscription, part, batch_id, now_ts);
+		END IF;
+		RETURN n;
+	END IF;
+
+	-- With failures: hold the row first, then record them.
+	SELECT p.acked_tick, p.batch_to, p.batch_rows, p.batch_retries, p.deliveries INTO pr
+	  FROM @extschema@.stream_progress p
+	 WHERE p.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription
+	   AND p.part OPERATOR(pg_catalog.=) _ack_batch.part
+	   AND p.batch_id OPERATOR(pg_catalog.=) _ack_batch.batch_id
+	   AND p.version OPERATOR(pg_catalog.=) _ack_batch.version
+	   AND p.owner OPERATOR(pg_catalog.=) worker
+	   AND p.batch_to IS NOT NULL
+	   FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN NULL;
+	END IF;
+	SELECT t.stream_id INTO sid FROM @extschema@.subscriptions u
+	  JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+	 WHERE u.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription;
+	sa := @extschema@._stream_snap(sid, pr.acked_tick);
+	sb := @extschema@._stream_snap(sid, pr.batch_to);
+	-- Each failed command must be one of the batch's.
+	WITH r AS MATERIALIZED (
+		SELECT b.command_id FROM @extschema@._stream_batch_rows(subscription, part, batch_id, sid, sa, sb, pr.deliveries) b)
+	SELECT pg_catalog.min(a.ord) INTO i
+	  FROM pg_catalog.unnest(failed) WITH ORDINALITY AS a(command_id, ord)
+	 WHERE NOT EXISTS (SELECT 1 FROM r WHERE r.command_id OPERATOR(pg_catalog.=) a.command_id);
+	IF i IS NOT NULL THEN
+		RAISE EXCEPTION 'command "%" is not in this batch', failed[i]
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('Element %s of failed names a command the batch does not hold.', i);
+	END IF;
+	-- The failed retries: back to retry or dead; the failed fresh commands
+	-- enter the failures.  Their deliveries: the batch's (fresh) or their
+	-- own (retries, counted by the claim).
+	WITH r AS MATERIALIZED (
+		SELECT b.* FROM @extschema@._stream_batch_rows(subscription, part, batch_id, sid, sa, sb, pr.deliveries) b),
+	 a AS (
+		SELECT x.command_id, errors[x.ord] AS error, COALESCE(fatal[x.ord], false) AS fatal
+		  FROM pg_catalog.unnest(failed) WITH ORDINALITY AS x(command_id, ord)),
+	 f AS (
+		SELECT r.id, r.command_id, r.run_id, r.seq, r.kind, r.payload, r.deliveries, r.headers,
+			   r.ordering_key, a.error, a.fatal, l.xid, l.stream_id, l.decided_by, l.created_at,
+			   COALESCE((SELECT p.max_deliveries FROM @extschema@.policies p
+						  WHERE p.kind OPERATOR(pg_catalog.=) r.kind),
+						pg_catalog.current_setting('outbox.max_deliveries')::pg_catalog.int4) AS maxd,
+			   COALESCE((SELECT p.backoff_base FROM @extschema@.policies p
+						  WHERE p.kind OPERATOR(pg_catalog.=) r.kind),
+						pg_catalog.current_setting('outbox.backoff_base')::pg_catalog.interval) AS bb,
+			   COALESCE((SELECT p.backoff_max FROM @extschema@.policies p
+						  WHERE p.kind OPERATOR(pg_catalog.=) r.kind),
+						pg_catalog.current_setting('outbox.backoff_max')::pg_catalog.interval) AS bm
+		  FROM r
+		  JOIN a ON a.command_id OPERATOR(pg_catalog.=) r.command_id
+		  LEFT JOIN LATERAL (SELECT g.xid, g.stream_id, g.decided_by, g.created_at
+							   FROM @extschema@.stream_failures g
+							  WHERE g.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription
+								AND g.command_id OPERATOR(pg_catalog.=) r.command_id
+							 UNION ALL
+							 SELECT k.xid, k.stream_id, k.decided_by, k.created_at
+							   FROM @extschema@._stream_log k
+							  WHERE k.command_id OPERATOR(pg_catalog.=) r.command_id
+							  LIMIT 1) l ON true)
+	INSERT INTO @extschema@.stream_failures AS x
+		(subscription, command_id, part, status, batch_id, deliveries, available_at, last_error,
+		 log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key, decided_by, created_at)
+	SELECT _ack_batch.subscription, f.command_id, _ack_batch.part,
+		   CASE WHEN f.fatal OR f.deliveries OPERATOR(pg_catalog.>=) f.maxd THEN 'dead' ELSE 'retry' END,
+		   NULL, f.deliveries,
+		   now_ts OPERATOR(pg_catalog.+) LEAST(f.bm, f.bb OPERATOR(pg_catalog.*)
+				pg_catalog.power(2, LEAST(GREATEST(f.deliveries OPERATOR(pg_catalog.-) 1, 0), 30)::pg_catalog.float8)),
+		   pg_catalog.left(COALESCE(f.error, 'failed'), 4096),
+		   f.id, f.xid, f.stream_id, f.run_id, f.seq, f.kind,
+		   f.payload, f.headers, f.ordering_key, f.decided_by, f.created_at
+	  FROM f
+	ON CONFLICT ON CONSTRAINT stream_failures_pkey DO UPDATE
+	   SET status = EXCLUDED.status, batch_id = NULL, available_at = EXCLUDED.available_at,
+		   last_error = EXCLUDED.last_error, failed_at = now_ts;
+	-- the retries that did not fail were published
+	IF pr.batch_retries OPERATOR(pg_catalog.>) 0 THEN
+		PERFORM @extschema@._stream_published_retries(subscription, part, batch_id, now_ts);
+	END IF;
+	UPDATE @extschema@.stream_progress p
+	   SET acked_tick = p.batch_to, batch_to = NULL, owner = NULL, role = NULL,
+		   lease_until = NULL,
+		   published = p.published OPERATOR(pg_catalog.+) (p.batch_rows OPERATOR(pg_catalog.-) nf),
+		   acked_at = now_ts
+	 WHERE p.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription
+	   AND p.part OPERATOR(pg_catalog.=) _ack_batch.part;
+	RETURN pr.batch_rows OPERATOR(pg_catalog.-) nf;
+END;
+$$;
+
+-- The retries of an acked batch that did not fail were published: they
+-- leave the failures, and the first command waiting behind each one's key
+-- becomes due (when nothing else of the key is unfinished).
+CREATE FUNCTION @extschema@._stream_published_retries(
+	subscription pg_catalog.text, part pg_catalog.int4, batch_id pg_catalog.int8,
+	now_ts pg_catalog.timestamptz)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	k record;
+BEGIN
+	FOR k IN
+		DELETE FROM @extschema@.stream_failures f
+		 WHERE f.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
+		   AND f.part OPERATOR(pg_catalog.=) _stream_published_retries.part
+		   AND f.batch_id OPERATOR(pg_catalog.=) _stream_published_retries.batch_id
+		RETURNING f.ordering_key, f.decided_by
+	LOOP
+		CONTINUE WHEN k.ordering_key IS NULL;
+		CONTINUE WHEN EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+							   WHERE f.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
+								 AND f.ordering_key OPERATOR(pg_catalog.=) k.ordering_key
+								 AND f.decided_by IS NOT DISTINCT FROM k.decided_by
+								 AND f.status OPERATOR(pg_catalog.<>) 'waiting');
+		UPDATE @extschema@.stream_failures f SET status = 'retry', available_at = now_ts
+		 WHERE f.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
+		   AND f.command_id OPERATOR(pg_catalog.=) (
+			   SELECT w.command_id FROM @extschema@.stream_failures w
+				WHERE w.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
+				  AND w.ordering_key OPERATOR(pg_catalog.=) k.ordering_key
+				  AND w.decided_by IS NOT DISTINCT FROM k.decided_by
+				ORDER BY w.log_id LIMIT 1);
+	END LOOP;
+END;
+$$;
+
+-- renew_batch's body: extend the lease of the batch held at this version
+-- by worker; NULL when it is not held (the caller raises OB001).
+CREATE FUNCTION @extschema@._renew_batch(
+	subscription pg_catalog.text, part pg_catalog.int4, batch_id pg_catalog.int8,
+	version pg_catalog.int4, worker pg_catalog.text, lease pg_catalog.interval)
+RETURNS pg_catalog.timestamptz
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	until pg_catalog.timestamptz := @extschema@._stream_lease_end(lease, pg_catalog.clock_timestamp());
+BEGIN
+	UPDATE @extschema@.stream_progress p SET lease_until = until
+	 WHERE p.subscription OPERATOR(pg_catalog.=) _renew_batch.subscription
+	   AND p.part OPERATOR(pg_catalog.=) _renew_batch.part
+	   AND p.batch_id OPERATOR(pg_catalog.=) _renew_batch.batch_id
+	   AND p.version OPERATOR(pg_catalog.=) _renew_batch.version
+	   AND p.owner OPERATOR(pg_catalog.=) worker
+	   AND p.batch_to IS NOT NULL;
+	IF NOT FOUND THEN
+		RETURN NULL;
+	END IF;
+	RETURN until;
+END;
+$$;
+
+-- The publisher's calls (C, src/stream.c).
+
+CREATE FUNCTION @extschema@.claim_batch(
+	stream pg_catalog.text,
+	subscription pg_catalog.text,
+	worker pg_catalog.text,
+	lease pg_catalog.interval DEFAULT NULL)
+RETURNS SETOF @extschema@.stream_lease
+LANGUAGE c VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+ROWS 1000
+AS 'MODULE_PATHNAME', 'outbox_claim_batch';
+COMMENT ON FUNCTION @extschema@.claim_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval)
+	IS 'lease the next batch of one partition of a stream''s subscription (or take over an expired one) to worker; its commands in log order, each with the batch''s token';
+
+CREATE FUNCTION @extschema@.ack_batch(
+	worker pg_catalog.text,
+	token pg_catalog.text,
+	failed pg_catalog.text[] DEFAULT NULL,
+	errors pg_catalog.text[] DEFAULT NULL,
+	fatal pg_catalog.bool[] DEFAULT NULL)
+RETURNS pg_catalog.int8
+LANGUAGE c VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_ack_batch';
+COMMENT ON FUNCTION @extschema@.ack_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text[], pg_catalog.text[], pg_catalog.bool[])
+	IS 'mark a leased stream batch published except the failed commands (retry or dead, per their kind''s policy); returns the number published; OB001 for a token the caller does not hold';
+
+CREATE FUNCTION @extschema@.renew_batch(
+	worker pg_catalog.text,
+	token pg_catalog.text,
+	lease pg_catalog.interval DEFAULT NULL)
+RETURNS pg_catalog.timestamptz
+LANGUAGE c VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS 'MODULE_PATHNAME', 'outbox_renew_batch';
+COMMENT ON FUNCTION @extschema@.renew_batch(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
+	IS 'extend the lease of a stream batch held with its token; returns the new lease end';
+
+-- Rotation ------------------------------------------------------------------
+
+-- Whether a log row (of the stream stream_id, partition part, written by
+-- transaction xid, of kind kind) is done: every subscription of its stream
+-- has acked past it and none holds it as failed (retry, dead or waiting:
+-- a dead command stays, as a dead row of outbox.commands does), the stream
+-- has a subscription at all (the first one publishes what is in it), and a
+-- kind with completers has its receipt.
+CREATE FUNCTION @extschema@._stream_done(
+	stream_id pg_catalog.int4, part pg_catalog.int4, xid pg_catalog.xid8, kind pg_catalog.text,
+	command_id pg_catalog.text, run_id pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+SELECT EXISTS (SELECT 1 FROM @extschema@.subscriptions u
+				 JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+				WHERE t.stream_id OPERATOR(pg_catalog.=) $1)
+   AND NOT EXISTS (SELECT 1 FROM @extschema@.subscriptions u
+					 JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+					 LEFT JOIN @extschema@.stream_progress p
+					   ON p.subscription OPERATOR(pg_catalog.=) u.subscription
+					  AND p.part OPERATOR(pg_catalog.=) $2
+					 LEFT JOIN @extschema@.stream_ticks k
+					   ON k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+					  AND k.tick OPERATOR(pg_catalog.=) p.acked_tick
+					WHERE t.stream_id OPERATOR(pg_catalog.=) $1
+					  AND NOT COALESCE(pg_catalog.pg_visible_in_snapshot($3, k.snap), false))
+   AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+					WHERE f.command_id OPERATOR(pg_catalog.=) $5)
+   AND (NOT EXISTS (SELECT 1 FROM @extschema@.policies q
+					 WHERE q.kind OPERATOR(pg_catalog.=) $4 AND q.completers IS NOT NULL)
+		OR EXISTS (SELECT 1 FROM @extschema@.receipts r
+					WHERE r.command_id OPERATOR(pg_catalog.=) $5 AND r.run_id OPERATOR(pg_catalog.=) $6))
+$$;
+
+-- One step of the rotation; returns the number of commands that left the
+-- log.  Three log tables take the appends in turn (stream_rotation.current).
+-- The next one (which takes over at the next switch) is emptied once every
+-- command in it is past its kind's retention: the commands that are done
+-- (_stream_done) leave a tombstone in outbox.purged (their receipts go
+-- with them, as the purge does); the others, stragglers, are copied to
+-- stream_kept, so that one slow subscription or a missing receipt never
+-- pins a table; then, under an ACCESS EXCLUSIVE lock waited for at most
+-- 100 ms (a producer or claim holding the table makes the step try again
+-- later, and every change of the step is rolled back), the table is
+-- checked to hold only the rows seen (a transaction that appended late
+-- makes the step try again) and truncated.  The producers' statement
+-- locks all three tables, so once the lock is held no statement can still
+-- append to the table from before the switch that retired it.  The switch
+-- to the next table comes once the current one has taken the appends for
+-- outbox.stream_rotation and the next is empty.  Kept rows that became done
+-- and are past retention leave the same way, outbox.purge_batch at a time.
+CREATE FUNCTION @extschema@._stream_rotate(unused pg_catalog.int4 DEFAULT 0)
+RETURNS pg_catalog.int4
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	loaded pg_catalog.bool := @extschema@.preloaded();
+	cur pg_catalog.int4;
+	sw pg_catalog.timestamptz;
+	nxt pg_catalog.int4;
+	nm pg_catalog.text;
+	dflt pg_catalog.interval := pg_catalog.current_setting('outbox.retention')::pg_catalog.interval;
+	every pg_catalog.interval := pg_catalog.current_setting('outbox.stream_rotation')::pg_catalog.interval;
+	lim pg_catalog.int4 := pg_catalog.current_setting('outbox.purge_batch')::pg_catalog.int4;
+	busy pg_catalog.bool;
+	young pg_catalog.bool;
+	kept pg_catalog.int8;
+	gone pg_catalog.int8;
+	total pg_catalog.int8;
+	n pg_catalog.int4 := 0;
+	saved_timeout pg_catalog.text := pg_catalog.current_setting('lock_timeout');
+BEGIN
+	SELECT r.current, r.switched_at INTO cur, sw FROM @extschema@.stream_rotation r FOR UPDATE SKIP LOCKED;
+	IF NOT FOUND THEN
+		RETURN 0;
+	END IF;
+
+	-- The kept rows that are done and past retention.
+	WITH v AS (
+		SELECT l.command_id, l.run_id, l.seq, l.kind, l.created_at
+		  FROM @extschema@.stream_kept l
+		 WHERE l.created_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-)
+				COALESCE((SELECT p.retention FROM @extschema@.policies p
+						   WHERE p.kind OPERATOR(pg_catalog.=) l.kind), dflt))
+		   AND @extschema@._stream_done(l.stream_id, l.part, l.xid, l.kind, l.command_id, l.run_id)
+		 LIMIT lim
+		   FOR UPDATE SKIP LOCKED),
+	 t AS (
+		INSERT INTO @extschema@.purged (command_id, run_id, seq, kind, published_at, outcome)
+		SELECT v.command_id, v.run_id, v.seq, v.kind, v.created_at, COALESCE(r.outcome, 'published')
+		  FROM v LEFT JOIN @extschema@.receipts r
+			ON r.command_id OPERATOR(pg_catalog.=) v.command_id AND r.run_id OPERATOR(pg_catalog.=) v.run_id
+		RETURNING purged.command_id, purged.run_id),
+	 d AS (
+		DELETE FROM @extschema@.receipts r USING t
+		 WHERE r.command_id OPERATOR(pg_catalog.=) t.command_id AND r.run_id OPERATOR(pg_catalog.=) t.run_id)
+	DELETE FROM @extschema@.stream_kept l USING t
+	 WHERE l.command_id OPERATOR(pg_catalog.=) t.command_id;
+	GET DIAGNOSTICS gone = ROW_COUNT;
+	n := n OPERATOR(pg_catalog.+) gone::pg_catalog.int4;
+
+	-- Empty the next table.
+	nxt := (cur OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.%) 3;
+	nm := pg_catalog.format('@extschema@.%I', 'stream_log_' OPERATOR(pg_catalog.||) nxt);
+	EXECUTE pg_catalog.format('SELECT EXISTS (SELECT 1 FROM %s)', nm) INTO busy;
+	IF busy THEN
+		EXECUTE pg_catalog.format(
+			'SELECT EXISTS (SELECT 1 FROM %s l'
+			'  WHERE l.created_at OPERATOR(pg_catalog.>=) (pg_catalog.now() OPERATOR(pg_catalog.-)'
+			'        COALESCE((SELECT p.retention FROM @extschema@.policies p'
+			'                   WHERE p.kind OPERATOR(pg_catalog.=) l.kind), $1)))', nm)
+			USING dflt INTO young;
+		IF young THEN
+			RETURN n;
+		END IF;
+		BEGIN
+			EXECUTE pg_catalog.format(
+				'WITH x AS MATERIALIZED ('
+				'  SELECT l.*, @extschema@._stream_done(l.stream_id, l.part, l.xid, l.kind, l.command_id, l.run_id) AS done'
+				'    FROM %s l),'
+				' k AS ('
+				'  INSERT INTO @extschema@.stream_kept (id, xid, stream_id, part, command_id, run_id, seq, kind,'
+				'         payload, headers, ordering_key, decided_by, created_at)'
+				'  SELECT x.id, x.xid, x.stream_id, x.part, x.command_id, x.run_id, x.seq, x.kind,'
+				'         x.payload, x.headers, x.ordering_key, x.decided_by, x.created_at'
+				'    FROM x WHERE NOT x.done RETURNING 1),'
+				' t AS ('
+				'  INSERT INTO @extschema@.purged (command_id, run_id, seq, kind, published_at, outcome)'
+				'  SELECT x.command_id, x.run_id, x.seq, x.kind, x.created_at, COALESCE(r.outcome, ''published'')'
+				'    FROM x LEFT JOIN @extschema@.receipts r'
+				'      ON r.command_id OPERATOR(pg_catalog.=) x.command_id AND r.run_id OPERATOR(pg_catalog.=) x.run_id'
+				'   WHERE x.done RETURNING purged.command_id, purged.run_id),'
+				' d AS ('
+				'  DELETE FROM @extschema@.receipts r USING t'
+				'   WHERE r.command_id OPERATOR(pg_catalog.=) t.command_id AND r.run_id OPERATOR(pg_catalog.=) t.run_id)'
+				'SELECT (SELECT pg_catalog.count(*) FROM k), (SELECT pg_catalog.count(*) FROM t)', nm)
+				INTO kept, gone;
+			PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
+			EXECUTE pg_catalog.format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', nm);
+			PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
+			EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', nm) INTO total;
+			IF total OPERATOR(pg_catalog.<>) (kept OPERATOR(pg_catalog.+) gone) THEN
+				RAISE EXCEPTION 'a late append' USING ERRCODE = 'lock_not_available';
+			END IF;
+			EXECUTE pg_catalog.format('TRUNCATE %s', nm);
+			n := n OPERATOR(pg_catalog.+) gone::pg_catalog.int4;
+		EXCEPTION WHEN lock_not_available THEN
+			-- (the block's changes are rolled back) try again at the next step
+			PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
+			RETURN n;
+		END;
+	END IF;
+
+	-- Switch when the current table has had its time.
+	EXECUTE pg_catalog.format('SELECT EXISTS (SELECT 1 FROM %s)',
+		pg_catalog.format('@extschema@.%I', 'stream_log_' OPERATOR(pg_catalog.||) cur)) INTO busy;
+	IF busy AND (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) sw) OPERATOR(pg_catalog.>=) every THEN
+		UPDATE @extschema@.stream_rotation SET current = nxt, switched_at = pg_catalog.clock_timestamp();
+	END IF;
+	-- the ticks no subscription needs any more (older than every acked tick)
+	DELETE FROM @extschema@.stream_ticks k
+	 WHERE k.tick OPERATOR(pg_catalog.<) (
+			SELECT pg_catalog.min(LEAST(p.acked_tick, COALESCE(p.batch_to, p.acked_tick)))
+			  FROM @extschema@.stream_progress p
+			  JOIN @extschema@.subscriptions u ON u.subscription OPERATOR(pg_catalog.=) p.subscription
+			  JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+			 WHERE t.stream_id OPERATOR(pg_catalog.=) k.stream_id)
+	   AND k.tick OPERATOR(pg_catalog.<) (SELECT pg_catalog.max(m.tick) FROM @extschema@.stream_ticks m
+										   WHERE m.stream_id OPERATOR(pg_catalog.=) k.stream_id);
+	RETURN n;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@._stream_rotate(pg_catalog.int4)
+	IS 'internal: one step of the stream log''s rotation (the background worker calls it every outbox.naptime)';
+
+-- Admin and tests: one step of the rotation now.
+CREATE FUNCTION @extschema@.rotate_streams()
+RETURNS pg_catalog.int4
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT @extschema@._stream_rotate(0) $$;
+COMMENT ON FUNCTION @extschema@.rotate_streams()
+	IS 'one step of the stream log''s rotation now (the background worker runs it every outbox.naptime); returns the number of commands that left the log';
+
+-- Views for the DBA ---------------------------------------------------------
+
+-- Per subscription and partition: how far it has acked, how far behind the
+-- stream's last tick that is (ticks, and the log ids between the two ticks:
+-- the commands of the whole stream decided in between, an estimate of the
+-- backlog that reads no log row), how long the oldest tick not acked has
+-- waited, and how many commands it published.
+CREATE VIEW @extschema@.stream_lag AS
+SELECT u.stream::pg_catalog.text AS stream, p.subscription::pg_catalog.text AS subscription, p.part,
+	   p.acked_tick, lt.tick OPERATOR(pg_catalog.-) p.acked_tick AS ticks_behind,
+	   GREATEST(lt.last_id OPERATOR(pg_catalog.-) at.last_id, 0) AS ids_behind,
+	   CASE WHEN lt.tick OPERATOR(pg_catalog.>) p.acked_tick
+			THEN pg_catalog.now() OPERATOR(pg_catalog.-) nt.made_at END AS lag,
+	   p.batch_to IS NOT NULL AS batch_open, p.published, p.acked_at
+  FROM @extschema@.stream_progress p
+  JOIN @extschema@.subscriptions u ON u.subscription OPERATOR(pg_catalog.=) p.subscription
+  JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
+  LEFT JOIN @extschema@.stream_ticks at
+	ON at.stream_id OPERATOR(pg_catalog.=) t.stream_id AND at.tick OPERATOR(pg_catalog.=) p.acked_tick
+  LEFT JOIN @extschema@.stream_ticks nt
+	ON nt.stream_id OPERATOR(pg_catalog.=) t.stream_id
+   AND nt.tick OPERATOR(pg_catalog.=) (p.acked_tick OPERATOR(pg_catalog.+) 1)
+  LEFT JOIN LATERAL (SELECT k.tick, k.last_id FROM @extschema@.stream_ticks k
+					  WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id
+					  ORDER BY k.tick DESC LIMIT 1) lt ON true;
+COMMENT ON VIEW @extschema@.stream_lag
+	IS 'per stream subscription and partition: acked tick, ticks and log ids behind the last tick, age of the oldest tick not acked, commands published';
+
+-- The open batches: holder, version, deliveries, size, lease end.
+CREATE VIEW @extschema@.stream_batches AS
+SELECT u.stream::pg_catalog.text AS stream, p.subscription::pg_catalog.text AS subscription, p.part,
+	   p.batch_id, p.acked_tick AS from_tick, p.batch_to AS to_tick, p.owner AS holder,
+	   p.version, p.deliveries, p.batch_rows AS commands, p.batch_retries AS retries,
+	   p.lease_until, p.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now() AS expired,
+	   p.lease_until OPERATOR(pg_catalog.-) pg_catalog.now() AS time_left
+  FROM @extschema@.stream_progress p
+  JOIN @extschema@.subscriptions u ON u.subscription OPERATOR(pg_catalog.=) p.subscription
+ WHERE p.batch_to IS NOT NULL;
+COMMENT ON VIEW @extschema@.stream_batches
+	IS 'open stream batches: holder, version (takeovers + 1), deliveries, number of commands and retries, lease end';
+
+-- The failed stream commands of each subscription: retry (with when),
+-- dead, or waiting behind an earlier failed command of their key.
+CREATE VIEW @extschema@.stream_failed AS
+SELECT f.subscription::pg_catalog.text AS subscription, f.command_id::pg_catalog.text AS command_id,
+	   f.run_id::pg_catalog.text AS run_id, f.seq, f.kind::pg_catalog.text AS kind, f.part, f.status,
+	   f.deliveries, f.available_at, f.batch_id IS NOT NULL AS in_batch,
+	   f.ordering_key::pg_catalog.text AS ordering_key, f.last_error, f.failed_at, f.created_at
+  FROM @extschema@.stream_failures f;
+COMMENT ON VIEW @extschema@.stream_failed
+	IS 'stream commands that failed in a subscription: retry (due at available_at), dead, or waiting behind their ordering key';
+
+-- Privileges (part 90 holds the model).
+REVOKE ALL ON @extschema@._stream_log, @extschema@.stream_lag, @extschema@.stream_batches,
+	@extschema@.stream_failed FROM PUBLIC;
+REVOKE ALL ON SEQUENCE @extschema@.stream_log_id_seq FROM PUBLIC;
+REVOKE ALL ON TYPE @extschema@.stream_lease FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+	@extschema@.create_stream(pg_catalog.text, pg_catalog.int4, pg_catalog.int4),
+	@extschema@.create_subscription(pg_catalog.text, pg_catalog.text, pg_catalog.regrole[]),
+	@extschema@.drop_subscription(pg_catalog.text),
+	@extschema@.tick_streams(),
+	@extschema@._stream_tick(pg_catalog.int4),
+	@extschema@.rotate_streams(),
+	@extschema@._stream_rotate(pg_catalog.int4),
+	@extschema@._stream_done(pg_catalog.int4, pg_catalog.int4, pg_catalog.xid8, pg_catalog.text, pg_catalog.text, pg_catalog.text),
+	@extschema@._stream_lease_end(pg_catalog.interval, pg_catalog.timestamptz),
+	@extschema@._stream_batch_rows(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, pg_catalog.int4),
+	@extschema@._stream_snap(pg_catalog.int4, pg_catalog.int8),
+	@extschema@._stream_snapshot(pg_catalog.pg_snapshot),
+	@extschema@._claim_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval, pg_catalog.oid),
+	@extschema@._ack_batch(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.text, pg_catalog.text[], pg_catalog.text[], pg_catalog.bool[]),
+	@extschema@._stream_published_retries(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.timestamptz),
+	@extschema@._renew_batch(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.text, pg_catalog.interval),
+	@extschema@.claim_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval),
+	@extschema@.ack_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text[], pg_catalog.text[], pg_catalog.bool[]),
+	@extschema@.renew_batch(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
+	FROM PUBLIC;
+
+DO $$
+DECLARE
+	publisher CONSTANT pg_catalog.text := pg_catalog.quote_ident(@extschema@.role('publisher'));
+	admin CONSTANT pg_catalog.text := pg_catalog.quote_ident(@extschema@.role('admin'));
+BEGIN
+	EXECUTE 'GRANT EXECUTE ON FUNCTION
+	@extschema@.claim_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval),
+	@extschema@.ack_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text[], pg_catalog.text[], pg_catalog.bool[]),
+	@extschema@.renew_batch(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
+	TO ' OPERATOR(pg_catalog.||) publisher;
+	EXECUTE 'GRANT USAGE ON TYPE @extschema@.stream_lease TO ' OPERATOR(pg_catalog.||) publisher;
+	EXECUTE 'GRANT EXECUTE ON FUNCTION
+	@extschema@.create_stream(pg_catalog.text, pg_catalog.int4, pg_catalog.int4),
+	@extschema@.create_subscription(pg_catalog.text, pg_catalog.text, pg_catalog.regrole[]),
+	@extschema@.drop_subscription(pg_catalog.text),
+	@extschema@.tick_streams(),
+	@extschema@.rotate_streams()
+	TO ' OPERATOR(pg_catalog.||) admin;
+	EXECUTE 'GRANT SELECT ON @extschema@.stream_lag, @extschema@.stream_batches, @extschema@.stream_failed
+	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
+END;
+$$;

@@ -1,0 +1,665 @@
+/*-------------------------------------------------------------------------
+ *
+ * stream.c
+ *		Streams, the write-once path (docs/streams.md): the publisher's
+ *		batch calls (claim_batch, ack_batch, renew_batch) with their
+ *		tokens, and the producer's append to the stream log.
+ *
+ * A kind with a stream (outbox.set_policy(kind, stream => ...)) is written
+ * once: commit_decision (src/producer.c, at its one branch point) runs
+ * OutboxStreamDecidePlan's statement, which inserts the command into the
+ * current stream log table and its event into outbox.events, and nothing
+ * into outbox.commands.  The event's unique command_id
+ * (events_command_id_key) keeps command ids unique across both paths.
+ *
+ * Batch tokens.  claim_batch (SQL outbox._claim_batch, part 60) leases one
+ * partition's batch of a subscription; the token handed out with it is the
+ * text
+ *
+ *		<mac: 32 hex digits>:<role oid>:<version>:<part>:<batch_id>:<subscription>
+ *
+ * where mac is the 128-bit SipHash-2-4 under the database's lease key
+ * (src/leasekey.c, as the row leases' tokens of src/lease.c) of the
+ * length-prefixed subscription and worker name, the partition, the batch
+ * id, the version and the claiming role.  ack_batch and renew_batch
+ * compute it again from the token's fields and the caller's worker name and
+ * compare in constant time, check the role against the caller (or the
+ * caller is an admin), and only then run one statement on the batch's row
+ * (stream_progress), which must still hold that batch, at that version,
+ * for that worker: a takeover (version + 1) or an ack moves it on and every
+ * older token fails with OB001 (lease_not_owned), changing nothing.
+ *
+ * Locking: the row locks of part 60's statements (see there); none here.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+
+#include "outbox.h"
+
+PG_FUNCTION_INFO_V1(outbox_claim_batch);
+PG_FUNCTION_INFO_V1(outbox_ack_batch);
+PG_FUNCTION_INFO_V1(outbox_renew_batch);
+
+#define ST_MAC_LEN		16
+#define ST_MAC_HEX		(2 * ST_MAC_LEN)
+#define ST_TOKEN_MAX	(ST_MAC_HEX + 1 + 10 + 1 + 10 + 1 + 3 + 1 + 19 + 1 + OUTBOX_MAX_ID_LEN)
+
+/* A batch token taken apart (pointing into the token's text). */
+typedef struct StToken
+{
+	unsigned char mac[ST_MAC_LEN];
+	Oid			role;
+	int32		version;
+	int32		part;
+	int64		batch_id;
+	const char *subscription;
+	int			sub_len;
+} StToken;
+
+static inline unsigned char *
+st_put32(unsigned char *p, uint32 v)
+{
+	p[0] = (unsigned char) v;
+	p[1] = (unsigned char) (v >> 8);
+	p[2] = (unsigned char) (v >> 16);
+	p[3] = (unsigned char) (v >> 24);
+	return p + 4;
+}
+
+/* The MAC of a batch lease into mac. */
+static void
+st_mac(const unsigned char *key, const char *sub, int sub_len, int32 part,
+	   int64 batch_id, int32 version, Oid role, const char *worker,
+	   int worker_len, unsigned char *mac)
+{
+	unsigned char msg[4 + 4 + 2 * OUTBOX_MAX_ID_LEN + 4 + 8 + 4 + 4 + 4];
+	unsigned char *p = msg;
+
+	Assert(sub_len <= OUTBOX_MAX_ID_LEN && worker_len <= OUTBOX_MAX_ID_LEN);
+	/* a tag, so that no row lease's message is a batch's */
+	p = st_put32(p, 0x4F425354);
+	p = st_put32(p, (uint32) sub_len);
+	memcpy(p, sub, sub_len);
+	p += sub_len;
+	p = st_put32(p, (uint32) part);
+	p = st_put32(p, (uint32) (((uint64) batch_id) & 0xFFFFFFFF));
+	p = st_put32(p, (uint32) (((uint64) batch_id) >> 32));
+	p = st_put32(p, (uint32) version);
+	p = st_put32(p, (uint32) role);
+	p = st_put32(p, (uint32) worker_len);
+	memcpy(p, worker, worker_len);
+	p += worker_len;
+	OutboxSipHash(key, msg, p - msg, mac, ST_MAC_LEN);
+}
+
+/* The token of a batch that claim_batch leased. */
+static text *
+st_make_token(text *sub, int32 part, int64 batch_id, int32 version, Oid role,
+			  text *worker)
+{
+	static const char hex[] = "0123456789abcdef";
+	unsigned char mac[ST_MAC_LEN];
+	char		head[ST_MAC_HEX + 80];
+	int			hl;
+	int			sl = VARSIZE_ANY_EXHDR(sub);
+	text	   *t;
+	int			i;
+
+	st_mac(OutboxLeaseKey(), VARDATA_ANY(sub), sl, part, batch_id, version, role,
+		   VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
+	for (i = 0; i < ST_MAC_LEN; i++)
+	{
+		head[2 * i] = hex[mac[i] >> 4];
+		head[2 * i + 1] = hex[mac[i] & 0xF];
+	}
+	hl = ST_MAC_HEX + snprintf(head + ST_MAC_HEX, sizeof(head) - ST_MAC_HEX,
+							   ":%u:%d:%d:" INT64_FORMAT ":", role, version, part, batch_id);
+	t = palloc(VARHDRSZ + hl + sl);
+	SET_VARSIZE(t, VARHDRSZ + hl + sl);
+	memcpy(VARDATA(t), head, hl);
+	memcpy(VARDATA(t) + hl, VARDATA_ANY(sub), sl);
+	return t;
+}
+
+static inline int
+st_hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
+/* A decimal number of 1 to maxdigits digits then ':' at s[*pos]. */
+static bool
+st_number(const char *s, int len, int *pos, int maxdigits, uint64 max, uint64 *v)
+{
+	int			digits = 0;
+
+	*v = 0;
+	while (*pos < len && s[*pos] >= '0' && s[*pos] <= '9' && digits < maxdigits)
+	{
+		*v = *v * 10 + (uint64) (s[(*pos)++] - '0');
+		digits++;
+	}
+	if (digits == 0 || *v > max || *pos >= len || s[*pos] != ':')
+		return false;
+	(*pos)++;
+	return true;
+}
+
+/* Take a batch token apart; false when it is not in the form claim_batch makes. */
+static bool
+st_parse_token(text *token, StToken *tok)
+{
+	const char *s = VARDATA_ANY(token);
+	int			len = VARSIZE_ANY_EXHDR(token);
+	int			pos = ST_MAC_HEX;
+	uint64		v;
+	int			i;
+
+	if (len < ST_MAC_HEX + 10 || len > ST_TOKEN_MAX)
+		return false;
+	for (i = 0; i < ST_MAC_LEN; i++)
+	{
+		int			hi = st_hexval(s[2 * i]);
+		int			lo = st_hexval(s[2 * i + 1]);
+
+		if (hi < 0 || lo < 0)
+			return false;
+		tok->mac[i] = (unsigned char) (hi << 4 | lo);
+	}
+	if (s[pos++] != ':')
+		return false;
+	if (!st_number(s, len, &pos, 10, PG_UINT32_MAX, &v) || v == InvalidOid)
+		return false;
+	tok->role = (Oid) v;
+	if (!st_number(s, len, &pos, 10, PG_INT32_MAX, &v) || v < 1)
+		return false;
+	tok->version = (int32) v;
+	if (!st_number(s, len, &pos, 3, 255, &v))
+		return false;
+	tok->part = (int32) v;
+	if (!st_number(s, len, &pos, 19, PG_INT64_MAX, &v) || v < 1)
+		return false;
+	tok->batch_id = (int64) v;
+	tok->subscription = s + pos;
+	tok->sub_len = len - pos;
+	if (tok->sub_len < 1 || tok->sub_len > OUTBOX_MAX_ID_LEN)
+		return false;
+	return pg_verifymbstr(tok->subscription, tok->sub_len, true);
+}
+
+/*
+ * Whether a token (taken apart) is one claim_batch made for this worker,
+ * and its role is the caller's (or one the caller has the privileges of),
+ * or the caller is an admin.  The MAC is compared in constant time.
+ */
+static bool
+st_token_holds(const StToken *tok, text *worker, Oid caller)
+{
+	unsigned char mac[ST_MAC_LEN];
+	unsigned char diff = 0;
+	int			i;
+
+	st_mac(OutboxLeaseKey(), tok->subscription, tok->sub_len, tok->part,
+		   tok->batch_id, tok->version, tok->role, VARDATA_ANY(worker),
+		   VARSIZE_ANY_EXHDR(worker), mac);
+	for (i = 0; i < ST_MAC_LEN; i++)
+		diff |= mac[i] ^ tok->mac[i];
+	if (diff != 0)
+		return false;
+	return tok->role == caller || has_privs_of_role(caller, tok->role) ||
+		OutboxIsAdmin(caller);
+}
+
+/* Raise OB001 for worker's call with a batch token it does not hold. */
+static void
+st_raise_not_owned(text *worker, const StToken *tok)
+{
+	char	   *wname = text_to_cstring(worker);
+
+	OutboxCountNow(OBC_STALE_REFUSED, 1);
+	if (tok == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OUTBOX_LEASE_NOT_OWNED),
+				 errmsg("lease_not_owned: worker \"%s\" does not hold the batch of an invalid token", wname),
+				 errdetail("The token is not in the form outbox.claim_batch returns.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_OUTBOX_LEASE_NOT_OWNED),
+			 errmsg("lease_not_owned: worker \"%s\" does not hold batch " INT64_FORMAT " of partition %d of subscription \"%s\"",
+					wname, tok->batch_id, tok->part,
+					pnstrdup(tok->subscription, tok->sub_len)),
+			 errdetail("The token is not that of a batch this worker and role hold: the batch was taken over or acked, or the token is wrong.")));
+}
+
+/* Fetch and check the worker and token arguments (0 and 1). */
+static text *
+st_args_token(FunctionCallInfo fcinfo, Oid caller, StToken *tok)
+{
+	text	   *worker = OutboxArgId(fcinfo, 0, "worker");
+
+	OutboxArgNotNull(fcinfo, 1, "token");
+	if (!st_parse_token(PG_GETARG_TEXT_PP(1), tok))
+		st_raise_not_owned(worker, NULL);
+	if (!st_token_holds(tok, worker, caller))
+		st_raise_not_owned(worker, tok);
+	return worker;
+}
+
+/*
+ * outbox.claim_batch(stream, subscription, worker, lease): the commands of
+ * one batch, each with the batch's token.
+ */
+static Datum
+st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, INTERVALOID, OIDOID};
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *stream = OutboxArgId(fcinfo, 0, "stream");
+	text	   *sub = OutboxArgId(fcinfo, 1, "subscription");
+	text	   *worker = OutboxArgId(fcinfo, 2, "worker");
+	Datum		args[5];
+	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	text	   *token = NULL;
+	SPITupleTable *rows;
+	uint64		nrows;
+	uint64		i;
+
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	args[0] = PointerGetDatum(stream);
+	args[1] = PointerGetDatum(sub);
+	args[2] = PointerGetDatum(worker);
+	args[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
+	if (PG_ARGISNULL(3))
+		nulls[3] = 'n';
+	args[4] = ObjectIdGetDatum(caller);
+	SPI_connect();
+	if (OutboxExecute(OutboxPrepare(&plan,
+									"SELECT b.command_id, b.run_id, b.seq, b.kind, b.payload,"
+									"       b.version, b.deliveries, b.lease_until, b.headers,"
+									"       b.ordering_key, b.batch_id, b.part"
+									"  FROM outbox._claim_batch($1, $2, $3, $4, $5) b",
+									5, argtypes),
+					  args, nulls, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: claim_batch failed");
+	/* (the token's lease key may be read by SPI: keep the result) */
+	rows = SPI_tuptable;
+	nrows = SPI_processed;
+	for (i = 0; i < nrows; i++)
+	{
+		HeapTuple	row = rows->vals[i];
+		TupleDesc	desc = rows->tupdesc;
+		Datum		values[13];
+		bool		isnull[13];
+		int			j;
+
+		for (j = 0; j < 12; j++)
+		{
+			int			to = j < 5 ? j : j + 1;
+
+			values[to] = SPI_getbinval(row, desc, j + 1, &isnull[to]);
+		}
+		if (token == NULL)
+			token = st_make_token(sub, DatumGetInt32(values[12]), DatumGetInt64(values[11]),
+								  (int32) DatumGetInt64(values[6]), caller, worker);
+		values[5] = PointerGetDatum(token);
+		isnull[5] = false;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
+	}
+	SPI_finish();
+	/* nothing to do: a publisher waits for the next notification */
+	if (nrows == 0)
+		OutboxNoteIdleClaim();
+	return (Datum) 0;
+}
+
+Datum
+outbox_claim_batch(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, st_claim_batch);
+}
+
+/*
+ * outbox.ack_batch(worker, token, failed, errors, fatal): the batch is
+ * published but for the failed commands; returns how many were published.
+ */
+static Datum
+st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[8] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID,
+	TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
+	StToken		tok;
+	text	   *worker;
+	Datum		args[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	bool		isnull;
+	Datum		n;
+	int			j;
+
+	/* (the lease key is read through SPI) */
+	SPI_connect();
+	worker = st_args_token(fcinfo, caller, &tok);
+	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
+	args[1] = Int32GetDatum(tok.part);
+	args[2] = Int64GetDatum(tok.batch_id);
+	args[3] = Int32GetDatum(tok.version);
+	args[4] = PointerGetDatum(worker);
+	for (j = 2; j < 5; j++)
+	{
+		args[j + 3] = PG_ARGISNULL(j) ? (Datum) 0 : PG_GETARG_DATUM(j);
+		if (PG_ARGISNULL(j))
+			nulls[j + 3] = 'n';
+	}
+	if (OutboxExecute(OutboxPrepare(&plan,
+									"SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8)",
+									8, argtypes),
+					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: ack_batch failed");
+	n = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		st_raise_not_owned(worker, &tok);
+	SPI_finish();
+	OutboxCountNow(OBC_ACKED, DatumGetInt64(n));
+	PG_RETURN_DATUM(n);
+}
+
+Datum
+outbox_ack_batch(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, st_ack_batch);
+}
+
+/* outbox.renew_batch(worker, token, lease): the new lease end. */
+static Datum
+st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[6] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID, INTERVALOID};
+	StToken		tok;
+	text	   *worker;
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	bool		isnull;
+	Datum		until;
+
+	/* (the lease key is read through SPI) */
+	SPI_connect();
+	worker = st_args_token(fcinfo, caller, &tok);
+	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
+	args[1] = Int32GetDatum(tok.part);
+	args[2] = Int64GetDatum(tok.batch_id);
+	args[3] = Int32GetDatum(tok.version);
+	args[4] = PointerGetDatum(worker);
+	args[5] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
+	if (PG_ARGISNULL(2))
+		nulls[5] = 'n';
+	if (OutboxExecute(OutboxPrepare(&plan,
+									"SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6)",
+									6, argtypes),
+					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: renew_batch failed");
+	until = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		st_raise_not_owned(worker, &tok);
+	SPI_finish();
+	PG_RETURN_DATUM(until);
+}
+
+Datum
+outbox_renew_batch(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, st_renew_batch);
+}
+
+/* ----------------------------------------------------------------
+ * The producer's append (called by src/producer.c)
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * The append of one decision to the current log table, with its event,
+ * unless the command id is taken (or, with deciders, the kind's deciders
+ * do not admit the caller): the parameters of producer.c's single
+ * decision, $1 run_id, $2 seq, $3 event_kind, $4 command_id,
+ * $5 command_kind, $6 payload, $7 event_payload, $8 not_before,
+ * $9 priority, $10 the caller, $11 headers, and $12 the ordering key (NULL:
+ * none).  The partition is a hash of the key, else of the run_id.  Its top
+ * statement is the INSERT of the event, so the count is the events'.
+ */
+/*
+ * The transaction id a log row carries: the writer's plus the
+ * installation's xid_base (stream_rotation), so that a restore into
+ * another cluster keeps the order of the ids (docs/streams.md).
+ */
+#define ST_XID(r) \
+	"(pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8" \
+	" OPERATOR(pg_catalog.+) " r ".xid_base)::pg_catalog.text::pg_catalog.xid8"
+
+#define ST_LOG_INSERT(n) \
+	" l" #n " AS (" \
+	"  INSERT INTO outbox.stream_log_" #n \
+	"    (id, xid, stream_id, part, command_id, run_id, seq, kind, payload," \
+	"     headers, ordering_key, decided_by)" \
+	"  SELECT v.id, v.xid, v.stream_id, v.part, $4, $1, $2, $5, $6, $11, $12, $10" \
+	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) " #n " RETURNING 1),"
+#define ST_DECIDE(filter) \
+	"WITH i AS (" \
+	"  SELECT s.stream_id, s.partitions, r.current, r.xid_base" \
+	"    FROM outbox.policies p" \
+	"    JOIN outbox.streams s ON s.stream OPERATOR(pg_catalog.=) p.stream" \
+	"   CROSS JOIN outbox.stream_rotation r" \
+	"   WHERE p.kind OPERATOR(pg_catalog.=) $5" \
+	"     AND NOT EXISTS (SELECT 1 FROM outbox.events x" \
+	"                      WHERE x.command_id OPERATOR(pg_catalog.=) $4)" \
+	filter "), " \
+	" v AS (" \
+	"  SELECT pg_catalog.nextval('outbox.stream_log_id_seq'::pg_catalog.regclass) AS id," \
+	"         " ST_XID("i") " AS xid, i.stream_id, i.current," \
+	"         (pg_catalog.hashtext(COALESCE($12, $1)) OPERATOR(pg_catalog.&) 2147483647)" \
+	"           OPERATOR(pg_catalog.%) i.partitions AS part" \
+	"    FROM i)," \
+	ST_LOG_INSERT(0) ST_LOG_INSERT(1) \
+	" l2 AS (" \
+	"  INSERT INTO outbox.stream_log_2" \
+	"    (id, xid, stream_id, part, command_id, run_id, seq, kind, payload," \
+	"     headers, ordering_key, decided_by)" \
+	"  SELECT v.id, v.xid, v.stream_id, v.part, $4, $1, $2, $5, $6, $11, $12, $10" \
+	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) 2 RETURNING 1)" \
+	"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)" \
+	"SELECT $1, $2, $3, $7, $4 FROM v"
+
+/* The statement that appends a decision of a kind with a stream. */
+SPIPlanPtr
+OutboxStreamDecidePlan(bool deciders)
+{
+	static SPIPlanPtr plan_open = NULL;
+	static SPIPlanPtr plan_deciders = NULL;
+	static const Oid argtypes[12] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+		JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID, TEXTOID};
+
+	if (deciders)
+		return OutboxPrepare(&plan_deciders,
+							 ST_DECIDE("     AND (p.deciders IS NULL OR outbox._may(p.deciders, $10))"),
+							 12, argtypes);
+	return OutboxPrepare(&plan_open, ST_DECIDE(""), 12, argtypes);
+}
+
+/*
+ * The set-based form (commit_decisions of kinds with a stream): the
+ * parameters of producer.c's batch statements, arrays of run_id ($1), seq,
+ * event_kind, command_id, command_kind, payload, event_payload ($7),
+ * not_before, priority, the caller ($10), headers ($11) and ordering keys
+ * ($12).  The diagnosis: the first decision of a kind the caller may not
+ * decide, then every decision whose command id an event holds, with
+ * whether it is the caller's own retry (its event and its log row match),
+ * as (ord, forbidden, same) in batch order.
+ */
+SPIPlanPtr
+OutboxStreamBatchWhyPlan(void)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[12] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
+		TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID, JSONBARRAYOID,
+	TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID, JSONBARRAYOID, TEXTARRAYOID};
+
+	return OutboxPrepare(&plan,
+						 "WITH u AS ("
+						 "  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+						 "                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
+						 "                            pg_catalog.unnest($5), pg_catalog.unnest($6))"
+						 "    WITH ORDINALITY AS u(run_id, seq, event_kind, command_id, command_kind,"
+						 "                         payload, ord))"
+						 "SELECT * FROM ("
+						 " SELECT u.ord, true AS forbidden, false AS same FROM u"
+						 "  WHERE u.command_kind IN (SELECT p.kind FROM outbox.policies p"
+						 "                 WHERE p.kind OPERATOR(pg_catalog.=) ANY ($5)"
+						 "                   AND p.deciders IS NOT NULL"
+						 "                   AND NOT outbox._may(p.deciders, $10))"
+						 "  ORDER BY u.ord LIMIT 1) f "
+						 "UNION ALL "
+						 "SELECT * FROM ("
+						 " SELECT u.ord, false,"
+						 "        COALESCE(e.run_id OPERATOR(pg_catalog.=) u.run_id"
+						 "             AND e.seq OPERATOR(pg_catalog.=) u.seq"
+						 "             AND e.kind OPERATOR(pg_catalog.=) u.event_kind"
+						 "             AND EXISTS (SELECT 1 FROM outbox._stream_log l"
+						 "                          WHERE l.command_id OPERATOR(pg_catalog.=) u.command_id"
+						 "                            AND l.run_id OPERATOR(pg_catalog.=) u.run_id"
+						 "                            AND l.seq OPERATOR(pg_catalog.=) u.seq"
+						 "                            AND l.kind OPERATOR(pg_catalog.=) u.command_kind"
+						 "                            AND l.payload OPERATOR(pg_catalog.=) u.payload"
+						 "                            AND l.decided_by OPERATOR(pg_catalog.=) $10), false)"
+						 "   FROM u JOIN outbox.events e"
+						 "     ON e.command_id OPERATOR(pg_catalog.=) u.command_id"
+						 "    AND e.command_id OPERATOR(pg_catalog.=) ANY ($4)"
+						 "  ORDER BY u.ord) s",
+						 12, argtypes);
+}
+
+/*
+ * The set-based append: every decision to the current log table, in batch
+ * order (log ids taken in that order), then their events (the top
+ * statement, whose count is the caller's).
+ */
+#define ST_BATCH_LOG_INSERT(n) \
+	" l" #n " AS (" \
+	"  INSERT INTO outbox.stream_log_" #n \
+	"    (id, xid, stream_id, part, command_id, run_id, seq, kind, payload," \
+	"     headers, ordering_key, decided_by)" \
+	"  SELECT v.id, v.xid, v.stream_id, v.part, v.command_id, v.run_id, v.seq," \
+	"         v.command_kind, v.payload, v.headers, v.okey, $10" \
+	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) " #n " RETURNING 1)"
+SPIPlanPtr
+OutboxStreamBatchPlan(void)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[12] = {TEXTARRAYOID, INT8ARRAYOID, TEXTARRAYOID,
+		TEXTARRAYOID, TEXTARRAYOID, JSONBARRAYOID, JSONBARRAYOID,
+	TIMESTAMPTZARRAYOID, INT4ARRAYOID, OIDOID, JSONBARRAYOID, TEXTARRAYOID};
+
+	return OutboxPrepare(&plan,
+						 "WITH u AS ("
+						 "  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+						 "                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
+						 "                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
+						 "                            pg_catalog.unnest($7), pg_catalog.unnest($11),"
+						 "                            pg_catalog.unnest($12))"
+						 "    WITH ORDINALITY AS u(run_id, seq, event_kind, command_id, command_kind,"
+						 "                         payload, event_payload, headers, okey, ord)),"
+						 " w AS ("
+						 "  SELECT u.*, s.stream_id, r.current, r.xid_base,"
+						 "         (pg_catalog.hashtext(COALESCE(u.okey, u.run_id)) OPERATOR(pg_catalog.&) 2147483647)"
+						 "           OPERATOR(pg_catalog.%) s.partitions AS part"
+						 "    FROM u"
+						 "    JOIN outbox.policies p ON p.kind OPERATOR(pg_catalog.=) u.command_kind"
+						 "    JOIN outbox.streams s ON s.stream OPERATOR(pg_catalog.=) p.stream"
+						 "   CROSS JOIN outbox.stream_rotation r"
+						 "   ORDER BY u.ord),"
+						 " v AS ("
+						 "  SELECT w.*, pg_catalog.nextval('outbox.stream_log_id_seq'::pg_catalog.regclass) AS id,"
+						 "         " ST_XID("w") " AS xid"
+						 "    FROM w),"
+						 ST_BATCH_LOG_INSERT(0) "," ST_BATCH_LOG_INSERT(1) "," ST_BATCH_LOG_INSERT(2)
+						 "INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+						 "SELECT v.run_id, v.seq, v.event_kind, v.event_payload, v.command_id FROM v",
+						 12, argtypes);
+}
+
+/*
+ * Why the append of a decision (args as OutboxStreamDecidePlan takes them)
+ * inserted nothing: a kind the caller may not decide, the same decision
+ * recorded before by the same role (its event and its command in the log),
+ * or another decision holding the command id.
+ */
+OutboxStreamNot
+OutboxStreamWhyNot(Datum *args, const char *nulls)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[12] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
+		JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID, TEXTOID};
+	bool		isnull;
+	bool		forbidden;
+	bool		stored;
+	bool		same;
+
+	if (OutboxExecute(OutboxPrepare(&plan,
+									"SELECT EXISTS (SELECT 1 FROM outbox.policies p"
+									"                WHERE p.kind OPERATOR(pg_catalog.=) $5"
+									"                  AND p.deciders IS NOT NULL"
+									"                  AND NOT outbox._may(p.deciders, $10)),"
+									"       e.command_id IS NOT NULL,"
+									"       COALESCE(e.run_id OPERATOR(pg_catalog.=) $1"
+									"            AND e.seq OPERATOR(pg_catalog.=) $2"
+									"            AND e.kind OPERATOR(pg_catalog.=) $3"
+									"            AND EXISTS (SELECT 1 FROM outbox._stream_log l"
+									"                         WHERE l.command_id OPERATOR(pg_catalog.=) $4"
+									"                           AND l.run_id OPERATOR(pg_catalog.=) $1"
+									"                           AND l.seq OPERATOR(pg_catalog.=) $2"
+									"                           AND l.kind OPERATOR(pg_catalog.=) $5"
+									"                           AND l.payload OPERATOR(pg_catalog.=) $6"
+									"                           AND l.decided_by OPERATOR(pg_catalog.=) $10), false)"
+									"  FROM (SELECT 1) one"
+									"  LEFT JOIN outbox.events e ON e.command_id OPERATOR(pg_catalog.=) $4",
+									12, argtypes),
+					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: diagnosis of a stream decision failed");
+	forbidden = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	stored = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	same = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+	if (forbidden)
+		return OUTBOX_STREAM_FORBIDDEN;
+	if (!stored)
+		elog(ERROR, "outbox: stream decision of \"%s\" neither inserted nor found",
+			 text_to_cstring(DatumGetTextPP(args[3])));
+	return same ? OUTBOX_STREAM_RETRY : OUTBOX_STREAM_CONFLICT;
+}
+
+/*
+ * Refuse what a stream does not do: a not-before time (a stream's
+ * commands are delivered in log order, as soon as a batch holds them).
+ * elem: the decision's place in a batch, or 0.
+ */
+void
+OutboxStreamCheckDecision(text *command_id, bool has_not_before, int elem)
+{
+	if (has_not_before)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 elem > 0 ?
+				 errmsg("decision %d: not_before is not supported for a kind written to a stream", elem) :
+				 errmsg("not_before is not supported for a kind written to a stream"),
+				 errdetail("Command \"%s\" is of a kind with a stream, whose commands are delivered in log order.",
+						   text_to_cstring(command_id))));
+}

@@ -1,0 +1,150 @@
+# Streams and the background worker (docs/streams.md): with a one-minute
+# nap, only a commit's wake-up can make the worker cut a tick; a producer's
+# commit of a stream command makes it cut one and notify a LISTENing
+# publisher, whose claim_batch then gets the command (nobody calls
+# tick_streams here).  A long transaction that decided before a later one
+# and commits after it is delivered in a later batch, none twice.  The
+# worker's rotation truncates a log table whose commands are done and past
+# retention, keeps a straggler of a subscription that is behind in
+# stream_kept, and the checks stay clean throughout.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/../perl";
+use OutboxTest;
+use Time::HiRes qw(time);
+
+my $node = outbox_node('streams_worker', qq{
+outbox.naptime = '1min'
+});
+$node->safe_psql('postgres', 'CREATE EXTENSION outbox');
+sub sql { return $node->safe_psql('postgres', $_[0]); }
+
+$node->poll_query_until('postgres', q{SELECT rounds > 0 FROM outbox.workers})
+  or die 'no worker';
+sql(q{
+SELECT outbox.create_stream('s', 2, 100);
+SELECT outbox.set_policy('k', stream => 's');
+SELECT outbox.create_subscription('s', 'fast');
+SELECT outbox.create_subscription('s', 'slow');
+});
+
+my $listener = $node->background_psql('postgres');
+$listener->query_safe('LISTEN outbox');
+
+# Notifications psql printed after a query of the listener.
+sub heard
+{
+	my ($query) = @_;
+	my $out = $listener->query_safe($query);
+	my @got = ($out =~ /Asynchronous notification "outbox" received/g);
+	return scalar @got;
+}
+
+# Wait (at most $limit seconds) for a notification; returns how many came.
+sub wait_notification
+{
+	my ($limit) = @_;
+	my $deadline = time + $limit;
+	my $n = 0;
+	while (($n = heard('SELECT pg_sleep(0.02)')) == 0 && time < $deadline)
+	{
+	}
+	return $n;
+}
+
+# The start-up notification is past (the worker notifies once it runs).
+wait_notification(10);
+heard('SELECT pg_sleep(0.3)');
+
+# The delivered commands of subscription fast, by claim_batch and ack_batch.
+my %delivered;
+sub deliver
+{
+	my $out = sql(q{
+CREATE TEMP TABLE b AS SELECT * FROM outbox.claim_batch('s', 'fast', 'relay');
+SELECT coalesce(string_agg(command_id, ',' ORDER BY batch_id, command_id), '') FROM b;
+SELECT outbox.ack_batch('relay', token) FROM (SELECT min(token) AS token FROM b) t WHERE token IS NOT NULL;});
+	my ($ids) = split /\n/, $out;
+	$ids //= '';
+	$delivered{$_}++ foreach grep { $_ ne '' } split /,/, $ids;
+	return $ids;
+}
+
+# --- a commit wakes the worker, which cuts a tick and notifies ------------------------
+is(sql(q{SELECT count(*) FROM outbox.stream_ticks}), '1', 'only the stream\'s first tick so far');
+sql(q{SELECT outbox.commit_decision('r1', 1, 'e', 'c1', 'k', '{}')});
+ok(wait_notification(10) >= 1, 'the commit of a stream command wakes the worker, which notifies');
+is(sql(q{SELECT count(*) > 1 FROM outbox.stream_ticks}), 't', '... after cutting a tick');
+my $got = '';
+$got .= deliver() . ' ' for 1 .. 2;    # one partition per batch
+like($got, qr/\bc1\b/, 'the listener\'s claim gets the command');
+
+# --- a long transaction that commits after a later one -----------------------------
+my $long = $node->background_psql('postgres');
+$long->query_safe(q{BEGIN});
+$long->query_safe(q{SELECT outbox.commit_decision('r-long', 1, 'e', 'c-long', 'k', '{}')});
+sql(q{SELECT outbox.commit_decision('r-short', 1, 'e', 'c-short', 'k', '{}')});
+ok(wait_notification(10) >= 1, 'the later transaction\'s commit is notified');
+$got = '';
+$got .= deliver() . ' ' for 1 .. 2;
+like($got, qr/\bc-short\b/, 'the later command is delivered');
+unlike($got, qr/c-long/, '... the long transaction\'s, not committed, is not');
+$long->query_safe(q{COMMIT});
+$long->quit;
+ok(wait_notification(10) >= 1, 'the long transaction\'s commit is notified');
+$got = '';
+$got .= deliver() . ' ' for 1 .. 2;
+like($got, qr/\bc-long\b/, 'the long transaction\'s command comes in a later batch');
+is(join(',', grep { $delivered{$_} != 1 } sort keys %delivered), '', 'no command was delivered twice');
+is(join(',', sort keys %delivered), 'c-long,c-short,c1', 'every command was delivered to fast');
+
+# --- rotation by the worker ---------------------------------------------------------
+# Retention 0 and a one-second rotation; the slow subscription has published
+# nothing.  Table 0 takes the appends until the switch; once table 1 has
+# them and table 2 (empty) is next, table 0 becomes the next and is
+# emptied: its commands are stragglers of slow (kept), not lost.
+$node->append_conf('postgresql.conf', "outbox.stream_rotation = '1s'\n");
+$node->reload;
+sql(q{SELECT outbox.set_policy('k', retention => '0')});
+# the worker rotates every naptime (a minute here): its step by hand
+for my $step (1 .. 60)
+{
+	sql(qq{SELECT outbox.commit_decision('r-rot', $step, 'e', 'rot-$step', 'k', '{}')});
+	sql(q{SELECT outbox.rotate_streams()});
+	last if sql(q{SELECT count(*) FROM outbox.stream_kept}) > 0;
+	select(undef, undef, undef, 0.3);
+}
+cmp_ok(sql(q{SELECT count(*) FROM outbox.stream_kept}), '>', 0,
+	'a rotation truncated a log table and kept the commands slow has not published');
+is(sql(q{SELECT count(*) FROM outbox.check_state}), '0', 'the state checks are clean after the rotation');
+is(sql(q{SELECT outbox.verify()}), '', 'verify() passes');
+# slow still gets every command, from the log and the kept rows
+sql(q{SELECT outbox.tick_streams()});
+my $slow = sql(q{
+CREATE TEMP TABLE all_slow (command_id text);
+DO $$
+DECLARE t text; n int;
+BEGIN
+	LOOP
+		WITH c AS (SELECT * FROM outbox.claim_batch('s', 'slow', 'slow-relay')),
+			 i AS (INSERT INTO all_slow SELECT command_id FROM c)
+		SELECT min(token), count(*) INTO t, n FROM c;
+		EXIT WHEN n = 0;
+		PERFORM outbox.ack_batch('slow-relay', t);
+	END LOOP;
+END $$;
+SELECT count(*) = count(DISTINCT command_id) AS once,
+	   bool_and(command_id IN ('c1', 'c-long', 'c-short') OR command_id LIKE 'rot-%') AS known,
+	   count(*) FILTER (WHERE command_id IN ('c1', 'c-long', 'c-short')) AS early
+  FROM all_slow;});
+is($slow, 't|t|3', 'the slow subscription gets every command once, the kept ones too');
+is(sql(q{SELECT count(*) FROM outbox.conservation WHERE violations > 0 AND severity = 'error'}), '0',
+	'the conservation checks are clean at the end');
+
+$listener->quit;
+$node->stop;
+done_testing();
