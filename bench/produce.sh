@@ -86,7 +86,7 @@ else
 			[ "$g" -gt 1 ] && printf ', '
 			printf '{"run_id": "run-%%1$s", "seq": %d, "event_kind": "trip_requested", "command_id": "cmd-%%1$s-%d", "command_kind": "lock_budget", "payload": {"amount": 900, "to": "budget"}}' "$g" "$g"
 		done
-		echo "]', :id)::jsonb);"
+		echo "]', :id::text)::jsonb);"
 		echo 'COMMIT;'
 	} >"$WORK/outbox-batch.sql"
 fi
