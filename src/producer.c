@@ -28,6 +28,10 @@
  * false.  The set-based form reads a JSON array; it checks its elements
  * for repeats among themselves (naming both positions) and then, in one
  * query, for forbidden kinds and stored ids, before it inserts anything.
+ * A batch without ordering keys, while no kind has deciders, skips that
+ * query: its insert runs in a subtransaction, which a unique violation of
+ * the extension's keys rolls back before the query and the insert of the
+ * decisions that are not retries (pr_try_batch).
  * Any error aborts the caller's (sub)transaction, so the event of a
  * rejected decision never survives.
  *
