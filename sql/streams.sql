@@ -232,7 +232,7 @@ SELECT check_name, violations FROM outbox.conservation ORDER BY 1;
 UPDATE outbox.stream_failures SET last_error = NULL WHERE command_id = 'c10';
 UPDATE outbox.stream_progress SET owner = 'ghost' WHERE subscription = 'webhook' AND part = 0;
 SELECT subscription, part, command_id, status, rules FROM outbox.check_stream_state ORDER BY 1, 2, 3;
-SELECT command_id, status, rules FROM outbox.check_state ORDER BY 1;
+SELECT check_name, violations, sample FROM outbox.conservation WHERE check_name = 'state';
 SELECT pg_temp.err($$SELECT outbox.verify()$$);
 UPDATE outbox.stream_failures SET last_error = 'e-c10' WHERE command_id = 'c10';
 UPDATE outbox.stream_progress SET owner = NULL WHERE subscription = 'webhook' AND part = 0;

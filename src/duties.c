@@ -122,6 +122,8 @@
 
 static SPIPlanPtr du_plan_sweep = NULL;
 static SPIPlanPtr du_plan_purge = NULL;
+static SPIPlanPtr du_plan_tick = NULL;
+static SPIPlanPtr du_plan_rotate = NULL;
 static SPIPlanPtr du_plan_due = NULL;
 static SPIPlanPtr du_plan_prepared = NULL;
 static SPIPlanPtr du_plan_check = NULL;
@@ -169,6 +171,36 @@ du_lock_tables(bool write)
 	return true;
 }
 
+/*
+ * Take the locks of the stream duties' statements without waiting (ROW
+ * EXCLUSIVE on every table of the streams, which also covers their reads,
+ * and on the view and sequence they read): false if one is gone or anyone
+ * holds or waits for a conflicting lock, such as DROP EXTENSION (then the
+ * duty skips its turn; a lock it waited for behind DROP EXTENSION would be
+ * a deadlock).
+ */
+static bool
+du_lock_stream_tables(void)
+{
+	static const char *const names[] = {"streams", "subscriptions", "stream_ticks",
+		"stream_log_0", "stream_log_1", "stream_log_2", "stream_kept",
+		"stream_rotation", "stream_progress", "stream_failures",
+	"_stream_log", "stream_log_id_seq"};
+	Oid			nsp = get_namespace_oid("outbox", true);
+	int			i;
+
+	if (!OidIsValid(nsp))
+		return false;
+	for (i = 0; i < (int) lengthof(names); i++)
+	{
+		Oid			relid = get_relname_relid(names[i], nsp);
+
+		if (!OidIsValid(relid) || !ConditionalLockRelationOid(relid, RowExclusiveLock))
+			return false;
+	}
+	return true;
+}
+
 /* Run a saved one-int4-argument, one-int4-result statement. */
 static int32
 du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg)
@@ -203,10 +235,27 @@ du_statement_txn(void *arg)
 {
 	DuStatement *st = (DuStatement *) arg;
 
+	/*
+	 * The tick reads and writes the streams' tables only: their locks, and
+	 * nothing of the row path's (no distributed table of Citus either).
+	 */
+	if (st->plan == &du_plan_tick)
+	{
+		if (!du_lock_stream_tables())
+			return false;
+		st->result = du_exec_int(st->plan, st->sql, st->arg);
+		return true;
+	}
 	if (!du_lock_tables(st->write))
 		return false;
-	/* a distributed outbox is purged by no node yet (docs/citus.md) */
-	if (st->plan == &du_plan_purge && OutboxCitusDistributed())
+	if (st->plan == &du_plan_rotate && !du_lock_stream_tables())
+		return false;
+	/*
+	 * a distributed outbox is purged by no node yet, and has no streams
+	 * (docs/citus.md)
+	 */
+	if ((st->plan == &du_plan_purge || st->plan == &du_plan_rotate) &&
+		OutboxCitusDistributed())
 		return true;
 	st->result = du_exec_int(st->plan, st->sql, st->arg);
 	return true;
@@ -578,7 +627,6 @@ du_due(OutboxTurn *turn)
 static bool
 du_streams(OutboxTurn *turn)
 {
-	static SPIPlanPtr du_plan_tick = NULL;
 	int32		n;
 
 	(void) du_run("outbox: cutting the stream ticks", &du_plan_tick,
@@ -590,7 +638,6 @@ du_streams(OutboxTurn *turn)
 static bool
 du_rotate(OutboxTurn *turn)
 {
-	static SPIPlanPtr du_plan_rotate = NULL;
 	int32		n;
 
 	(void) du_run("outbox: rotating the stream log", &du_plan_rotate,

@@ -49,6 +49,13 @@
  * its keys first, in one order.  A decision without a key runs the
  * statements it ran before keys existed, and takes no lock.
  *
+ * A kind with a stream (docs/streams.md) is written once: its decision is
+ * appended to the stream log with its event by src/stream.c's statements
+ * (pr_decide_stream, and the batch form's two plans), at one branch point
+ * in each form; it takes no key lock (a stream keeps a key's order by
+ * partition), refuses not_before, and a batch does not mix it with other
+ * kinds.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"

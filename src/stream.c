@@ -12,7 +12,7 @@
  * into outbox.commands.  The event's unique command_id
  * (events_command_id_key) keeps command ids unique across both paths.
  *
- * Batch tokens.  claim_batch (SQL outbox._claim_batch, part 60) leases one
+ * Batch tokens.  claim_batch (SQL outbox._claim_batch, part 35) leases one
  * partition's batch of a subscription; the token handed out with it is the
  * text
  *
@@ -29,7 +29,14 @@
  * for that worker: a takeover (version + 1) or an ack moves it on and every
  * older token fails with OB001 (lease_not_owned), changing nothing.
  *
- * Locking: the row locks of part 60's statements (see there); none here.
+ * The set-based form (commit_decisions) runs the row path's two statements
+ * on the log: a diagnosis of forbidden kinds and taken ids, then one INSERT
+ * of them all (OutboxStreamBatchWhyPlan, OutboxStreamBatchPlan).  The
+ * transaction id a row carries is the writer's plus the installation's
+ * xid_base (outbox.stream_rotation), as are the ticks' snapshots, so that
+ * a restore into another cluster keeps their order.
+ *
+ * Locking: the row locks of part 35's statements (see there); none here.
  *
  *-------------------------------------------------------------------------
  */

@@ -257,7 +257,7 @@ BEGIN
 		 deciders, claimers, completers, ordered_by_run, stream)
 	VALUES (kind, max_deliveries, backoff_base, backoff_max, lease,
 			COALESCE(takeover, 'auto'), retention, deciders, claimers, completers,
-			COALESCE(set_policy.ordered_by_run, false), NULLIF(set_policy.stream, ''))
+			COALESCE(set_policy.ordered_by_run, false), CASE WHEN set_policy.stream OPERATOR(pg_catalog.=) '' THEN NULL ELSE set_policy.stream END)
 	ON CONFLICT ON CONSTRAINT policies_pkey DO UPDATE
 	   SET max_deliveries = COALESCE(EXCLUDED.max_deliveries, p.max_deliveries),
 		   backoff_base = COALESCE(EXCLUDED.backoff_base, p.backoff_base),
@@ -270,7 +270,7 @@ BEGIN
 		   completers = COALESCE(EXCLUDED.completers, p.completers),
 		   ordered_by_run = COALESCE(set_policy.ordered_by_run, p.ordered_by_run),
 		   stream = CASE WHEN set_policy.stream IS NULL THEN p.stream
-						 ELSE NULLIF(set_policy.stream, '') END;
+						 ELSE CASE WHEN set_policy.stream OPERATOR(pg_catalog.=) '' THEN NULL ELSE set_policy.stream END END;
 	-- The producers keep the deciders, the kinds ordered by run and the
 	-- kinds' streams.
 	IF deciders IS NOT NULL OR set_policy.ordered_by_run IS NOT NULL

@@ -69,11 +69,11 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT pg_catalog.format('%s:%s:%s',
-		pg_catalog.pg_snapshot_xmin($1)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
-		pg_catalog.pg_snapshot_xmax($1)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+		pg_catalog.pg_snapshot_xmin(_stream_snapshot.snap)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+		pg_catalog.pg_snapshot_xmax(_stream_snapshot.snap)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
 		COALESCE((SELECT pg_catalog.string_agg((x::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base)::pg_catalog.text,
 												',' ORDER BY x)
-					FROM pg_catalog.pg_snapshot_xip($1) x), ''))::pg_catalog.pg_snapshot
+					FROM pg_catalog.pg_snapshot_xip(_stream_snapshot.snap) x), ''))::pg_catalog.pg_snapshot
   FROM @extschema@.stream_rotation r
 $$;
 
@@ -176,7 +176,7 @@ BEGIN
 	VALUES (subscription, stream, claimers, start);
 	INSERT INTO @extschema@.stream_progress (subscription, part, acked_tick)
 	SELECT subscription, g.p, start
-	  FROM pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1) g(p);
+	  FROM pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1) AS g(p);
 END;
 $$;
 COMMENT ON FUNCTION @extschema@.create_subscription(pg_catalog.text, pg_catalog.text, pg_catalog.regrole[])
@@ -298,9 +298,9 @@ $$;
 -- subscription's failures, and the retries marked with the batch, in log
 -- order.
 CREATE FUNCTION @extschema@._stream_batch_rows(
-	subscription pg_catalog.text, part pg_catalog.int4, batch_id pg_catalog.int8,
-	stream_id pg_catalog.int4, sa pg_catalog.pg_snapshot, sb pg_catalog.pg_snapshot,
-	deliveries pg_catalog.int4)
+	sub pg_catalog.text, p_part pg_catalog.int4, p_batch pg_catalog.int8,
+	p_stream pg_catalog.int4, sa pg_catalog.pg_snapshot, sb pg_catalog.pg_snapshot,
+	p_deliveries pg_catalog.int4)
 RETURNS TABLE (id pg_catalog.int8, command_id pg_catalog.text, run_id pg_catalog.text,
 			   seq pg_catalog.int8, kind pg_catalog.text, payload pg_catalog.jsonb,
 			   deliveries pg_catalog.int4, headers pg_catalog.jsonb, ordering_key pg_catalog.text)
@@ -309,36 +309,36 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT x.id, x.command_id, x.run_id, x.seq, x.kind, x.payload, x.deliveries, x.headers, x.ordering_key
   FROM (SELECT l.id, l.command_id::pg_catalog.text AS command_id, l.run_id::pg_catalog.text AS run_id,
-			   l.seq, l.kind::pg_catalog.text AS kind, l.payload, $7 AS deliveries, l.headers,
+			   l.seq, l.kind::pg_catalog.text AS kind, l.payload, _stream_batch_rows.p_deliveries AS deliveries, l.headers,
 			   l.ordering_key::pg_catalog.text AS ordering_key
 		  FROM @extschema@._stream_log l
-		 WHERE l.stream_id OPERATOR(pg_catalog.=) $4
-		   AND l.part OPERATOR(pg_catalog.=) $2
-		   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin($5)
-		   AND l.xid OPERATOR(pg_catalog.<) pg_catalog.pg_snapshot_xmax($6)
-		   AND pg_catalog.pg_visible_in_snapshot(l.xid, $6)
-		   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, $5)
+		 WHERE l.stream_id OPERATOR(pg_catalog.=) _stream_batch_rows.p_stream
+		   AND l.part OPERATOR(pg_catalog.=) _stream_batch_rows.p_part
+		   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin(_stream_batch_rows.sa)
+		   AND l.xid OPERATOR(pg_catalog.<) pg_catalog.pg_snapshot_xmax(_stream_batch_rows.sb)
+		   AND pg_catalog.pg_visible_in_snapshot(l.xid, _stream_batch_rows.sb)
+		   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, _stream_batch_rows.sa)
 		   AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
-							WHERE f.subscription OPERATOR(pg_catalog.=) $1
+							WHERE f.subscription OPERATOR(pg_catalog.=) _stream_batch_rows.sub
 							  AND f.command_id OPERATOR(pg_catalog.=) l.command_id)
 		UNION ALL
 		SELECT f.log_id, f.command_id, f.run_id, f.seq, f.kind, f.payload, f.deliveries, f.headers,
 			   f.ordering_key
 		  FROM @extschema@.stream_failures f
-		 WHERE f.subscription OPERATOR(pg_catalog.=) $1
-		   AND f.part OPERATOR(pg_catalog.=) $2
-		   AND f.batch_id OPERATOR(pg_catalog.=) $3) x
+		 WHERE f.subscription OPERATOR(pg_catalog.=) _stream_batch_rows.sub
+		   AND f.part OPERATOR(pg_catalog.=) _stream_batch_rows.p_part
+		   AND f.batch_id OPERATOR(pg_catalog.=) _stream_batch_rows.p_batch) x
  ORDER BY x.id
 $$;
 
 -- The snapshot of a stream's tick.
-CREATE FUNCTION @extschema@._stream_snap(stream_id pg_catalog.int4, tick pg_catalog.int8)
+CREATE FUNCTION @extschema@._stream_snap(p_stream pg_catalog.int4, p_tick pg_catalog.int8)
 RETURNS pg_catalog.pg_snapshot
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT k.snap FROM @extschema@.stream_ticks k
- WHERE k.stream_id OPERATOR(pg_catalog.=) $1 AND k.tick OPERATOR(pg_catalog.=) $2
+ WHERE k.stream_id OPERATOR(pg_catalog.=) _stream_snap.p_stream AND k.tick OPERATOR(pg_catalog.=) _stream_snap.p_tick
 $$;
 
 -- claim_batch's body: lease the next batch of one partition of the
@@ -437,7 +437,7 @@ BEGIN
 				OR EXISTS (SELECT 1 FROM @extschema@.stream_failures f
 							WHERE f.subscription OPERATOR(pg_catalog.=) p.subscription
 							  AND f.part OPERATOR(pg_catalog.=) p.part
-							  AND f.status OPERATOR(pg_catalog.=) 'retry'
+							  AND f.state OPERATOR(pg_catalog.=) 'retry'
 							  AND f.available_at OPERATOR(pg_catalog.<=) now_ts))
 		 ORDER BY p.acked_at NULLS FIRST, p.part LIMIT 1
 		   FOR UPDATE SKIP LOCKED;
@@ -459,7 +459,7 @@ BEGIN
 		-- Commands of an ordering key with an unfinished failure in this
 		-- subscription wait behind it (in the failures, as waiting).
 		INSERT INTO @extschema@.stream_failures AS f
-			(subscription, command_id, part, status, batch_id, deliveries, available_at,
+			(subscription, command_id, part, state, batch_id, deliveries, available_at,
 			 log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key,
 			 decided_by, created_at)
 		SELECT u.subscription, l.command_id, l.part, 'waiting', NULL, 0, now_ts,
@@ -476,14 +476,14 @@ BEGIN
 		   AND EXISTS (SELECT 1 FROM @extschema@.stream_failures k
 						WHERE k.subscription OPERATOR(pg_catalog.=) u.subscription
 						  AND k.ordering_key OPERATOR(pg_catalog.=) l.ordering_key
-						  AND k.decided_by IS NOT DISTINCT FROM l.decided_by)
+						  AND k.decided_by OPERATOR(pg_catalog.=) l.decided_by)
 		ON CONFLICT ON CONSTRAINT stream_failures_pkey DO NOTHING;
 		-- the retries that are due join the batch
 		WITH r AS (
 			SELECT f.command_id FROM @extschema@.stream_failures f
 			 WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
 			   AND f.part OPERATOR(pg_catalog.=) pr.part
-			   AND f.status OPERATOR(pg_catalog.=) 'retry'
+			   AND f.state OPERATOR(pg_catalog.=) 'retry'
 			   AND f.available_at OPERATOR(pg_catalog.<=) now_ts
 			 ORDER BY f.available_at LIMIT s.batch_size),
 		 m AS (
@@ -650,7 +650,7 @@ BEGIN
 							  WHERE k.command_id OPERATOR(pg_catalog.=) r.command_id
 							  LIMIT 1) l ON true)
 	INSERT INTO @extschema@.stream_failures AS x
-		(subscription, command_id, part, status, batch_id, deliveries, available_at, last_error,
+		(subscription, command_id, part, state, batch_id, deliveries, available_at, last_error,
 		 log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key, decided_by, created_at)
 	SELECT _ack_batch.subscription, f.command_id, _ack_batch.part,
 		   CASE WHEN f.fatal OR f.deliveries OPERATOR(pg_catalog.>=) f.maxd THEN 'dead' ELSE 'retry' END,
@@ -662,7 +662,7 @@ BEGIN
 		   f.payload, f.headers, f.ordering_key, f.decided_by, f.created_at
 	  FROM f
 	ON CONFLICT ON CONSTRAINT stream_failures_pkey DO UPDATE
-	   SET status = EXCLUDED.status, batch_id = NULL, available_at = EXCLUDED.available_at,
+	   SET state = EXCLUDED.state, batch_id = NULL, available_at = EXCLUDED.available_at,
 		   last_error = EXCLUDED.last_error, failed_at = now_ts;
 	-- the retries that did not fail were published
 	IF pr.batch_retries OPERATOR(pg_catalog.>) 0 THEN
@@ -703,15 +703,15 @@ BEGIN
 		CONTINUE WHEN EXISTS (SELECT 1 FROM @extschema@.stream_failures f
 							   WHERE f.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
 								 AND f.ordering_key OPERATOR(pg_catalog.=) k.ordering_key
-								 AND f.decided_by IS NOT DISTINCT FROM k.decided_by
-								 AND f.status OPERATOR(pg_catalog.<>) 'waiting');
-		UPDATE @extschema@.stream_failures f SET status = 'retry', available_at = now_ts
+								 AND f.decided_by OPERATOR(pg_catalog.=) k.decided_by
+								 AND f.state OPERATOR(pg_catalog.<>) 'waiting');
+		UPDATE @extschema@.stream_failures f SET state = 'retry', available_at = now_ts
 		 WHERE f.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
 		   AND f.command_id OPERATOR(pg_catalog.=) (
 			   SELECT w.command_id FROM @extschema@.stream_failures w
 				WHERE w.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
 				  AND w.ordering_key OPERATOR(pg_catalog.=) k.ordering_key
-				  AND w.decided_by IS NOT DISTINCT FROM k.decided_by
+				  AND w.decided_by OPERATOR(pg_catalog.=) k.decided_by
 				ORDER BY w.log_id LIMIT 1);
 	END LOOP;
 END;
@@ -791,31 +791,31 @@ COMMENT ON FUNCTION @extschema@.renew_batch(pg_catalog.text, pg_catalog.text, pg
 -- has a subscription at all (the first one publishes what is in it), and a
 -- kind with completers has its receipt.
 CREATE FUNCTION @extschema@._stream_done(
-	stream_id pg_catalog.int4, part pg_catalog.int4, xid pg_catalog.xid8, kind pg_catalog.text,
-	command_id pg_catalog.text, run_id pg_catalog.text)
+	p_stream pg_catalog.int4, p_part pg_catalog.int4, p_xid pg_catalog.xid8, p_kind pg_catalog.text,
+	p_command pg_catalog.text, p_run pg_catalog.text)
 RETURNS pg_catalog.bool
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT EXISTS (SELECT 1 FROM @extschema@.subscriptions u
 				 JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
-				WHERE t.stream_id OPERATOR(pg_catalog.=) $1)
+				WHERE t.stream_id OPERATOR(pg_catalog.=) _stream_done.p_stream)
    AND NOT EXISTS (SELECT 1 FROM @extschema@.subscriptions u
 					 JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
 					 LEFT JOIN @extschema@.stream_progress p
 					   ON p.subscription OPERATOR(pg_catalog.=) u.subscription
-					  AND p.part OPERATOR(pg_catalog.=) $2
+					  AND p.part OPERATOR(pg_catalog.=) _stream_done.p_part
 					 LEFT JOIN @extschema@.stream_ticks k
 					   ON k.stream_id OPERATOR(pg_catalog.=) t.stream_id
 					  AND k.tick OPERATOR(pg_catalog.=) p.acked_tick
-					WHERE t.stream_id OPERATOR(pg_catalog.=) $1
-					  AND NOT COALESCE(pg_catalog.pg_visible_in_snapshot($3, k.snap), false))
+					WHERE t.stream_id OPERATOR(pg_catalog.=) _stream_done.p_stream
+					  AND NOT COALESCE(pg_catalog.pg_visible_in_snapshot(_stream_done.p_xid, k.snap), false))
    AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
-					WHERE f.command_id OPERATOR(pg_catalog.=) $5)
+					WHERE f.command_id OPERATOR(pg_catalog.=) _stream_done.p_command)
    AND (NOT EXISTS (SELECT 1 FROM @extschema@.policies q
-					 WHERE q.kind OPERATOR(pg_catalog.=) $4 AND q.completers IS NOT NULL)
+					 WHERE q.kind OPERATOR(pg_catalog.=) _stream_done.p_kind AND q.completers IS NOT NULL)
 		OR EXISTS (SELECT 1 FROM @extschema@.receipts r
-					WHERE r.command_id OPERATOR(pg_catalog.=) $5 AND r.run_id OPERATOR(pg_catalog.=) $6))
+					WHERE r.command_id OPERATOR(pg_catalog.=) _stream_done.p_command AND r.run_id OPERATOR(pg_catalog.=) _stream_done.p_run))
 $$;
 
 -- One step of the rotation; returns the number of commands that left the
@@ -1014,7 +1014,7 @@ COMMENT ON VIEW @extschema@.stream_batches
 -- dead, or waiting behind an earlier failed command of their key.
 CREATE VIEW @extschema@.stream_failed AS
 SELECT f.subscription::pg_catalog.text AS subscription, f.command_id::pg_catalog.text AS command_id,
-	   f.run_id::pg_catalog.text AS run_id, f.seq, f.kind::pg_catalog.text AS kind, f.part, f.status,
+	   f.run_id::pg_catalog.text AS run_id, f.seq, f.kind::pg_catalog.text AS kind, f.part, f.state AS status,
 	   f.deliveries, f.available_at, f.batch_id IS NOT NULL AS in_batch,
 	   f.ordering_key::pg_catalog.text AS ordering_key, f.last_error, f.failed_at, f.created_at
   FROM @extschema@.stream_failures f;

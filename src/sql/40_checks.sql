@@ -36,13 +36,14 @@
 CREATE VIEW @extschema@.check_decisions_without_command WITH (security_barrier) AS
 SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
   FROM @extschema@.events e
+  LEFT JOIN (SELECT x.command_id, x.run_id FROM @extschema@._stream_log x) l
+	ON l.command_id OPERATOR(pg_catalog.=) e.command_id
+   AND l.run_id OPERATOR(pg_catalog.=) e.run_id
  WHERE e.command_id IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM @extschema@.commands c
 					WHERE c.command_id OPERATOR(pg_catalog.=) e.command_id
 					  AND c.run_id OPERATOR(pg_catalog.=) e.run_id)
-   AND NOT EXISTS (SELECT 1 FROM @extschema@._stream_log l
-					WHERE l.command_id OPERATOR(pg_catalog.=) e.command_id
-					  AND l.run_id OPERATOR(pg_catalog.=) e.run_id)
+   AND l.command_id IS NULL
    AND NOT EXISTS (SELECT 1 FROM @extschema@.purged p
 					WHERE p.command_id OPERATOR(pg_catalog.=) e.command_id
 					  AND p.run_id OPERATOR(pg_catalog.=) e.run_id
@@ -52,27 +53,38 @@ COMMENT ON VIEW @extschema@.check_decisions_without_command
 
 -- Invariant 2: every command (in outbox.commands or in the stream log,
 -- status 'stream') traces to its source event, and that event names this
--- command.  events.command_id is unique, so "the event
+-- command.  (The stream log is matched by anti-joins to a subquery, in
+-- invariants 1 and 3 too, not by NOT EXISTS: Citus plans a local table
+-- only in a subquery, and no correlated subquery over one.  The events'
+-- key is (run_id, seq), so "no event (run_id, seq) names the command" is
+-- "the event at (run_id, seq) is missing or names another".)  events.command_id is unique, so "the event
 -- (run_id, seq) names c" is the same as "the event naming c is
 -- (run_id, seq)": the anti-join runs on command_id.
 CREATE VIEW @extschema@.check_orphan_commands WITH (security_barrier) AS
-SELECT c.command_id, c.run_id, c.seq, c.kind, c.status,
+SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS status,
 	   e.command_id AS event_command_id,
 	   CASE WHEN e.run_id IS NULL THEN 'event_missing'
 			WHEN e.command_id IS NULL THEN 'event_decided_nothing'
 			ELSE 'event_decided_other' END::pg_catalog.text AS problem
-  FROM (SELECT c.command_id, c.run_id, c.seq, c.kind, c.status::pg_catalog.text AS status
-		  FROM @extschema@.commands c
-		UNION ALL
-		SELECT l.command_id, l.run_id, l.seq, l.kind, 'stream'
-		  FROM @extschema@._stream_log l) c
+  FROM @extschema@.commands c
   LEFT JOIN @extschema@.events e
 	ON e.run_id OPERATOR(pg_catalog.=) c.run_id
    AND e.seq OPERATOR(pg_catalog.=) c.seq
  WHERE NOT EXISTS (SELECT 1 FROM @extschema@.events s
 					WHERE s.command_id OPERATOR(pg_catalog.=) c.command_id
 					  AND s.run_id OPERATOR(pg_catalog.=) c.run_id
-					  AND s.seq OPERATOR(pg_catalog.=) c.seq);
+					  AND s.seq OPERATOR(pg_catalog.=) c.seq)
+UNION ALL
+SELECT c.command_id, c.run_id, c.seq, c.kind, 'stream'::pg_catalog.text,
+	   e.command_id,
+	   CASE WHEN e.run_id IS NULL THEN 'event_missing'
+			WHEN e.command_id IS NULL THEN 'event_decided_nothing'
+			ELSE 'event_decided_other' END::pg_catalog.text
+  FROM (SELECT x.command_id, x.run_id, x.seq, x.kind FROM @extschema@._stream_log x) c
+  LEFT JOIN @extschema@.events e
+	ON e.run_id OPERATOR(pg_catalog.=) c.run_id
+   AND e.seq OPERATOR(pg_catalog.=) c.seq
+ WHERE e.command_id IS NULL OR e.command_id OPERATOR(pg_catalog.<>) c.command_id;
 COMMENT ON VIEW @extschema@.check_orphan_commands
 	IS 'conservation check (error): commands whose source event (run_id, seq) is missing or does not name them; empty when healthy';
 COMMENT ON COLUMN @extschema@.check_orphan_commands.problem
@@ -88,12 +100,13 @@ SELECT r.command_id, r.outcome, r.completed_at,
 				WHERE p.command_id OPERATOR(pg_catalog.=) r.command_id
 				  AND p.run_id OPERATOR(pg_catalog.=) r.run_id) AS purged
   FROM @extschema@.receipts r
+  LEFT JOIN (SELECT x.command_id, x.run_id FROM @extschema@._stream_log x) l
+	ON l.command_id OPERATOR(pg_catalog.=) r.command_id
+   AND l.run_id OPERATOR(pg_catalog.=) r.run_id
  WHERE NOT EXISTS (SELECT 1 FROM @extschema@.commands c
 					WHERE c.command_id OPERATOR(pg_catalog.=) r.command_id
 					  AND c.run_id OPERATOR(pg_catalog.=) r.run_id)
-   AND NOT EXISTS (SELECT 1 FROM @extschema@._stream_log l
-					WHERE l.command_id OPERATOR(pg_catalog.=) r.command_id
-					  AND l.run_id OPERATOR(pg_catalog.=) r.run_id);
+   AND l.command_id IS NULL;
 COMMENT ON VIEW @extschema@.check_orphan_receipts
 	IS 'conservation check (error): receipts whose command does not exist; empty when healthy';
 
@@ -124,7 +137,7 @@ COMMENT ON VIEW @extschema@.check_orphan_receipts
 --   stream_progress_before_start       acked before the subscription's start
 CREATE VIEW @extschema@.check_stream_state WITH (security_barrier) AS
 SELECT f.subscription::pg_catalog.text AS subscription, f.part, f.command_id,
-	   f.status,
+	   f.state AS status,
 	   pg_catalog.array_remove(ARRAY[
 		   CASE WHEN l.command_id IS NULL THEN 'stream_failure_without_command' END,
 		   CASE WHEN l.command_id IS NOT NULL AND (l.part OPERATOR(pg_catalog.<>) f.part
@@ -135,14 +148,14 @@ SELECT f.subscription::pg_catalog.text AS subscription, f.part, f.command_id,
 		   CASE WHEN f.batch_id IS NOT NULL AND NOT COALESCE(p.batch_to IS NOT NULL
 				AND p.batch_id OPERATOR(pg_catalog.=) f.batch_id, false)
 				THEN 'stream_retry_outside_batch' END,
-		   CASE WHEN f.status OPERATOR(pg_catalog.=) 'waiting'
+		   CASE WHEN f.state OPERATOR(pg_catalog.=) 'waiting'
 				AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures w
 								 WHERE w.subscription OPERATOR(pg_catalog.=) f.subscription
 								   AND w.ordering_key OPERATOR(pg_catalog.=) f.ordering_key
-								   AND w.decided_by IS NOT DISTINCT FROM f.decided_by
+								   AND w.decided_by OPERATOR(pg_catalog.=) f.decided_by
 								   AND w.log_id OPERATOR(pg_catalog.<) f.log_id)
 				THEN 'stream_waiting_without_predecessor' END,
-		   CASE WHEN f.status OPERATOR(pg_catalog.=) 'dead' AND f.last_error IS NULL
+		   CASE WHEN f.state OPERATOR(pg_catalog.=) 'dead' AND f.last_error IS NULL
 				THEN 'stream_dead_without_error' END]::pg_catalog.text[], NULL) AS rules
   FROM @extschema@.stream_failures f
   LEFT JOIN @extschema@.subscriptions u ON u.subscription OPERATOR(pg_catalog.=) f.subscription
@@ -160,13 +173,13 @@ SELECT f.subscription::pg_catalog.text AS subscription, f.part, f.command_id,
 	OR NOT COALESCE(pg_catalog.pg_visible_in_snapshot(f.xid, k.snap), false)
 	OR (f.batch_id IS NOT NULL AND NOT COALESCE(p.batch_to IS NOT NULL
 		AND p.batch_id OPERATOR(pg_catalog.=) f.batch_id, false))
-	OR (f.status OPERATOR(pg_catalog.=) 'waiting'
+	OR (f.state OPERATOR(pg_catalog.=) 'waiting'
 		AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures w
 						 WHERE w.subscription OPERATOR(pg_catalog.=) f.subscription
 						   AND w.ordering_key OPERATOR(pg_catalog.=) f.ordering_key
-						   AND w.decided_by IS NOT DISTINCT FROM f.decided_by
+						   AND w.decided_by OPERATOR(pg_catalog.=) f.decided_by
 						   AND w.log_id OPERATOR(pg_catalog.<) f.log_id))
-	OR (f.status OPERATOR(pg_catalog.=) 'dead' AND f.last_error IS NULL)
+	OR (f.state OPERATOR(pg_catalog.=) 'dead' AND f.last_error IS NULL)
 UNION ALL
 SELECT q.subscription, q.part, NULL::pg_catalog.text COLLATE pg_catalog."C", NULL, q.rules
   FROM (SELECT COALESCE(p.subscription, u.subscription)::pg_catalog.text AS subscription,
@@ -195,7 +208,7 @@ SELECT q.subscription, q.part, NULL::pg_catalog.text COLLATE pg_catalog."C", NUL
 		  FROM (SELECT u.subscription, u.stream, u.start_tick, gs.part
 				  FROM @extschema@.subscriptions u
 				  JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
-				 CROSS JOIN LATERAL pg_catalog.generate_series(0, t.partitions OPERATOR(pg_catalog.-) 1) gs(part)) g
+				 CROSS JOIN LATERAL pg_catalog.generate_series(0, t.partitions OPERATOR(pg_catalog.-) 1) AS gs(part)) g
 		  FULL JOIN @extschema@.stream_progress p
 			ON p.subscription OPERATOR(pg_catalog.=) g.subscription AND p.part OPERATOR(pg_catalog.=) g.part
 		  LEFT JOIN @extschema@.subscriptions u
@@ -203,7 +216,7 @@ SELECT q.subscription, q.part, NULL::pg_catalog.text COLLATE pg_catalog."C", NUL
 		  LEFT JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream) q
  WHERE pg_catalog.cardinality(q.rules) OPERATOR(pg_catalog.>) 0;
 COMMENT ON VIEW @extschema@.check_stream_state
-	IS 'conservation check (error, counted in check state): stream failures and progress rows whose fields disagree, with the rules they break; empty when healthy';
+	IS 'conservation check (error, counted in the check state): stream failures and progress rows whose fields disagree, with the rules they break; empty when healthy';
 
 -- Invariant 4: the state of each command is consistent.  One row per
 -- inconsistent command; rules lists every rule it breaks:
@@ -223,9 +236,7 @@ COMMENT ON VIEW @extschema@.check_stream_state
 --   dead_without_error                dead or uncertain, last_error is NULL
 --   purged_but_present                a tombstone exists for this live command
 --                                     (a terminal, purged command came back)
--- (and the rows of check_stream_state above, for streams, with their
--- command_id, their failure status or 'stream', and NULL in the other
--- columns), and the rules of ordered delivery (src/keys.c), where a command's
+-- and the rules of ordered delivery (src/keys.c), where a command's
 -- predecessor is an unfinished command of its key with an earlier place
 -- (ordering_seq): a waiting command is pending with due_at NULL.  A key is
 -- (decided_by, ordering_key): a key belongs to the role that decides.
@@ -242,7 +253,8 @@ COMMENT ON VIEW @extschema@.check_stream_state
 -- and the rules array is built for the offending rows only.  Tombstones are
 -- hashed and probed by the one scan of commands, and so are the keys' first
 -- unfinished places (h) and the places held twice (d), each one pass over
--- the commands with a key.
+-- the commands with a key.  (The streams' rules are check_stream_state,
+-- above, counted with these as the check "state".)
 CREATE VIEW @extschema@.check_state WITH (security_barrier) AS
 SELECT f.command_id, f.status::pg_catalog.text AS status,
 	   pg_catalog.array_remove(ARRAY[
@@ -314,13 +326,7 @@ SELECT f.command_id, f.status::pg_catalog.text AS status,
 		   AND d.decided_by OPERATOR(pg_catalog.=) c.decided_by
 		   AND d.ordering_seq OPERATOR(pg_catalog.=) c.ordering_seq) f
  WHERE f.r1 OR f.r2 OR f.r3 OR f.r4 OR f.r5 OR f.r6 OR f.r7 OR f.r8 OR f.r9
-	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16
-UNION ALL
-SELECT x.command_id, COALESCE(x.status, 'stream'), x.rules,
-	   NULL::pg_catalog.text, NULL::pg_catalog.int8, NULL::pg_catalog.int4,
-	   NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz,
-	   NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz, NULL::pg_catalog.text, NULL::pg_catalog.int8
-  FROM @extschema@.check_stream_state x;
+	OR f.r10 OR f.r11 OR f.r12 OR f.r13 OR f.r14 OR f.r15 OR f.r16;
 COMMENT ON VIEW @extschema@.check_state
 	IS 'conservation check (error): commands whose status and fields disagree, with the rules they break; empty when healthy';
 COMMENT ON COLUMN @extschema@.check_state.rules
@@ -358,6 +364,7 @@ WITH d AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_decisio
 	 o AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_orphan_commands v),
 	 r AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_orphan_receipts v),
 	 s AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_state v),
+	 ss AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_stream_state v),
 	 w AS MATERIALIZED (SELECT v.command_id AS id FROM @extschema@.check_receipt_overdue v)
 SELECT x.check_name, x.severity, x.violations, x.sample, x.description
   FROM (VALUES
@@ -374,9 +381,9 @@ SELECT x.check_name, x.severity, x.violations, x.sample, x.description
 	 ARRAY(SELECT r.id FROM r ORDER BY r.id LIMIT 5),
 	 'every receipt references an existing command'),
 	('state', 'error',
-	 (SELECT pg_catalog.count(*) FROM s),
-	 ARRAY(SELECT s.id FROM s ORDER BY s.id LIMIT 5),
-	 'every command''s status agrees with its owner, lease, publish time, deliveries and version, and with the order of its ordering key'),
+	 (SELECT pg_catalog.count(*) FROM s) OPERATOR(pg_catalog.+) (SELECT pg_catalog.count(*) FROM ss),
+	 ARRAY(SELECT u.id FROM (SELECT s.id FROM s UNION ALL SELECT ss.id FROM ss) u ORDER BY u.id LIMIT 5),
+	 'every command''s status agrees with its owner, lease, publish time, deliveries and version, and with the order of its ordering key; every stream command is in one state per subscription'),
 	('receipt_overdue', 'warning',
 	 (SELECT pg_catalog.count(*) FROM w),
 	 ARRAY(SELECT w.id FROM w ORDER BY w.id LIMIT 5),

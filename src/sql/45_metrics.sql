@@ -124,6 +124,11 @@ BEGIN
 		t0 := pg_catalog.clock_timestamp();
 		EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM @extschema@.%I', 'check_' OPERATOR(pg_catalog.||) chk)
 		   INTO found_n;
+		-- the check state counts the streams' rules too (part 40)
+		IF chk OPERATOR(pg_catalog.=) 'state' THEN
+			found_n := found_n OPERATOR(pg_catalog.+)
+				(SELECT pg_catalog.count(*) FROM @extschema@.check_stream_state);
+		END IF;
 		UPDATE @extschema@.check_results r
 		   SET violations = found_n, computed_at = t0,
 			   duration_seconds = pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) t0)

@@ -399,16 +399,58 @@ CREATE TABLE @extschema@.stream_log_0 (
 );
 CREATE INDEX stream_log_0_batch_idx ON @extschema@.stream_log_0 (stream_id, part, xid);
 CREATE INDEX stream_log_0_command_idx ON @extschema@.stream_log_0 (command_id);
-CREATE TABLE @extschema@.stream_log_1 (LIKE @extschema@.stream_log_0 INCLUDING DEFAULTS);
+CREATE TABLE @extschema@.stream_log_1 (
+	id			pg_catalog.int8 NOT NULL,
+	xid			pg_catalog.xid8 NOT NULL,
+	stream_id	pg_catalog.int4 NOT NULL,
+	part		pg_catalog.int4 NOT NULL,
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	seq			pg_catalog.int8 NOT NULL,
+	kind		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	payload		pg_catalog.jsonb NOT NULL,
+	headers		pg_catalog.jsonb,
+	ordering_key pg_catalog.text COLLATE pg_catalog."C",
+	decided_by	pg_catalog.oid,
+	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
 CREATE INDEX stream_log_1_batch_idx ON @extschema@.stream_log_1 (stream_id, part, xid);
 CREATE INDEX stream_log_1_command_idx ON @extschema@.stream_log_1 (command_id);
-CREATE TABLE @extschema@.stream_log_2 (LIKE @extschema@.stream_log_0 INCLUDING DEFAULTS);
+CREATE TABLE @extschema@.stream_log_2 (
+	id			pg_catalog.int8 NOT NULL,
+	xid			pg_catalog.xid8 NOT NULL,
+	stream_id	pg_catalog.int4 NOT NULL,
+	part		pg_catalog.int4 NOT NULL,
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	seq			pg_catalog.int8 NOT NULL,
+	kind		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	payload		pg_catalog.jsonb NOT NULL,
+	headers		pg_catalog.jsonb,
+	ordering_key pg_catalog.text COLLATE pg_catalog."C",
+	decided_by	pg_catalog.oid,
+	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
 CREATE INDEX stream_log_2_batch_idx ON @extschema@.stream_log_2 (stream_id, part, xid);
 CREATE INDEX stream_log_2_command_idx ON @extschema@.stream_log_2 (command_id);
 -- Commands a rotation kept (stragglers: not yet completed, or failed in a
 -- subscription, or within retention), moved out of a log table before it
 -- was truncated; removed by the rotation once they are done.
-CREATE TABLE @extschema@.stream_kept (LIKE @extschema@.stream_log_0 INCLUDING DEFAULTS);
+CREATE TABLE @extschema@.stream_kept (
+	id			pg_catalog.int8 NOT NULL,
+	xid			pg_catalog.xid8 NOT NULL,
+	stream_id	pg_catalog.int4 NOT NULL,
+	part		pg_catalog.int4 NOT NULL,
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	seq			pg_catalog.int8 NOT NULL,
+	kind		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	payload		pg_catalog.jsonb NOT NULL,
+	headers		pg_catalog.jsonb,
+	ordering_key pg_catalog.text COLLATE pg_catalog."C",
+	decided_by	pg_catalog.oid,
+	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
 CREATE INDEX stream_kept_batch_idx ON @extschema@.stream_kept (stream_id, part, xid);
 CREATE INDEX stream_kept_command_idx ON @extschema@.stream_kept (command_id);
 
@@ -467,7 +509,7 @@ CREATE TABLE @extschema@.stream_failures (
 	subscription pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	part		pg_catalog.int4 NOT NULL,
-	status		pg_catalog.text NOT NULL,
+	state		pg_catalog.text NOT NULL,
 	batch_id	pg_catalog.int8,
 	deliveries	pg_catalog.int4 NOT NULL,
 	available_at pg_catalog.timestamptz NOT NULL,
@@ -485,11 +527,11 @@ CREATE TABLE @extschema@.stream_failures (
 	decided_by	pg_catalog.oid,
 	created_at	pg_catalog.timestamptz NOT NULL,
 	CONSTRAINT stream_failures_pkey PRIMARY KEY (subscription, command_id),
-	CONSTRAINT stream_failures_status_check CHECK (status OPERATOR(pg_catalog.=) ANY
+	CONSTRAINT stream_failures_state_check CHECK (state OPERATOR(pg_catalog.=) ANY
 		(ARRAY['retry', 'dead', 'waiting']::pg_catalog.text[]))
 );
 CREATE INDEX stream_failures_due_idx ON @extschema@.stream_failures (subscription, part, available_at)
-	WHERE status OPERATOR(pg_catalog.=) 'retry';
+	WHERE state OPERATOR(pg_catalog.=) 'retry';
 CREATE INDEX stream_failures_key_idx ON @extschema@.stream_failures (subscription, ordering_key, decided_by, log_id)
 	WHERE ordering_key IS NOT NULL;
 
