@@ -36,6 +36,7 @@ REPEATS=${REPEATS:-3}
 DURATION=${DURATION:-10}
 CLIENTS_LIST=${CLIENTS_LIST:-"1 4 8"}
 MODES=${MODES:-"preloaded plain"}
+BATCH_ARG=${BATCH_ARG:-text}
 if [ -n "${QUICK:-}" ]; then
 	REPEATS=1
 	DURATION=4
@@ -67,12 +68,28 @@ INSERT INTO hand_biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNIN
 WITH e AS (INSERT INTO hand_events (run_id, seq, kind, payload, command_id) VALUES ('run-' || :id, 1, 'trip_requested', NULL, 'cmd-' || :id) RETURNING 1) INSERT INTO hand_commands (command_id, run_id, seq, kind, payload, priority, available_at, due_at) SELECT 'cmd-' || :id, 'run-' || :id, 1, 'lock_budget', '{"amount": 900, "to": "budget"}', 0, now(), now() FROM e;
 COMMIT;
 EOF
-cat >"$WORK/outbox-batch.sql" <<'EOF'
+if [ "$BATCH_ARG" = agg ]; then
+	cat >"$WORK/outbox-batch.sql" <<'EOF'
 BEGIN;
 INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \gset
 SELECT count(*) FROM outbox.commit_decisions((SELECT jsonb_agg(jsonb_build_object('run_id', 'run-' || :id, 'seq', g, 'event_kind', 'trip_requested', 'command_id', 'cmd-' || :id || '-' || g, 'command_kind', 'lock_budget', 'payload', '{"amount": 900, "to": "budget"}'::jsonb)) FROM generate_series(1, 100) g));
 COMMIT;
 EOF
+else
+	# the array as a client sends it: JSON text, the business row's id
+	# put into it by format() ($1 is that id, %1$s its every use)
+	{
+		echo 'BEGIN;'
+		echo "INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \\gset"
+		printf "SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('["
+		for g in $(seq 100); do
+			[ "$g" -gt 1 ] && printf ', '
+			printf '{"run_id": "run-%%1$s", "seq": %d, "event_kind": "trip_requested", "command_id": "cmd-%%1$s-%d", "command_kind": "lock_budget", "payload": {"amount": 900, "to": "budget"}}' "$g" "$g"
+		done
+		echo "]', :id::text)::jsonb);"
+		echo 'COMMIT;'
+	} >"$WORK/outbox-batch.sql"
+fi
 cat >"$WORK/hand-batch.sql" <<'EOF'
 BEGIN;
 INSERT INTO hand_biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \gset

@@ -28,6 +28,10 @@
  * false.  The set-based form reads a JSON array; it checks its elements
  * for repeats among themselves (naming both positions) and then, in one
  * query, for forbidden kinds and stored ids, before it inserts anything.
+ * A batch without ordering keys, while no kind has deciders, skips that
+ * query: its insert runs in a subtransaction, which a unique violation of
+ * the extension's keys rolls back before the query and the insert of the
+ * decisions that are not retries (pr_try_batch).
  * Any error aborts the caller's (sub)transaction, so the event of a
  * rejected decision never survives.
  *
@@ -56,12 +60,14 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/lsyscache.h"
+#include "utils/resowner.h"
 
 #include "outbox.h"
 
@@ -1046,6 +1052,87 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 }
 
 /*
+ * The batch's INSERT of decisions without ordering keys: one statement, the
+ * events and the commands of the arrays (PR_KEY_PARAM), $10 the caller.
+ */
+#define PR_BATCH \
+	"WITH u AS (" \
+	"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)," \
+	"                            pg_catalog.unnest($3), pg_catalog.unnest($4)," \
+	"                            pg_catalog.unnest($5), pg_catalog.unnest($6)," \
+	"                            pg_catalog.unnest($7), pg_catalog.unnest($8)," \
+	"                            pg_catalog.unnest($9), pg_catalog.unnest($11))" \
+	"    AS u(run_id, seq, event_kind, command_id, command_kind, payload," \
+	"         event_payload, not_before, priority, headers))," \
+	" e AS (" \
+	"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)" \
+	"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)" \
+	"INSERT INTO outbox.commands" \
+	"  (command_id, run_id, seq, kind, payload, priority," \
+	"   available_at, due_at, decided_by, headers)" \
+	"SELECT command_id, run_id, seq, command_kind, payload," \
+	"       COALESCE(priority, 0)," \
+	"       COALESCE(not_before, pg_catalog.now())," \
+	"       COALESCE(not_before, pg_catalog.now()), $10, headers" \
+	"  FROM u"
+
+/*
+ * The common batch, in a subtransaction: no kind of the policies has
+ * deciders, no decision has an ordering key, and no command id of the batch
+ * is stored yet.  PR_BATCH runs at once, without the diagnosis, which is
+ * needed only when the insert meets a stored key: then its unique violation
+ * of the extension's keys rolls the subtransaction back (nothing of the call
+ * stays) and this returns false for the diagnosis and the insert of the
+ * decisions that are not retries, which see exactly what they saw before
+ * this attempt.  Any other error is re-raised as it came.  Only the one
+ * subtransaction per call: its transaction id is the only extra write.
+ */
+static bool
+pr_try_batch(Datum *args, const char *nulls, uint64 rows, const Oid *argtypes)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile bool inserted = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		int			ret = OutboxExecute(OutboxPrepare(&plan_batch, PR_BATCH, 11, argtypes),
+										args, nulls, false, 0);
+
+		if (ret != SPI_OK_INSERT || SPI_processed != rows)
+			elog(ERROR, "outbox: insert of decisions failed: %s",
+				 SPI_result_code_string(ret));
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		inserted = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+		const char *con;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		con = edata->constraint_name;
+		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION || con == NULL ||
+			edata->schema_name == NULL || strcmp(edata->schema_name, "outbox") != 0 ||
+			(strcmp(con, "events_pkey") != 0 && strcmp(con, "commands_pkey") != 0 &&
+			 strcmp(con, "events_command_id_key") != 0))
+			ReThrowError(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	return inserted;
+}
+
+/*
  * commit_decisions on a distributed outbox: each decision as
  * commit_decision makes it there (pr_decide_routed), so that each goes to
  * its run's node; a batch of several runs writes several nodes, and Citus
@@ -1116,6 +1203,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	Datum	   *elems[PR_NKEYS];
 	bool	   *elnulls[PR_NKEYS];
 	bool	   *retry;
+	Datum	   *ids;
 	Datum		args[15];
 	char		nulls[15];
 	int			n;
@@ -1186,6 +1274,9 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	Assert(i == n);
 
 	pr_check_repeats(elems[PR_KEY_RUN_ID], elems[PR_KEY_SEQ], elems[PR_KEY_COMMAND_ID], n);
+	/* the command ids in batch order, for the result (elems may be compacted) */
+	ids = palloc(sizeof(Datum) * n);
+	memcpy(ids, elems[PR_KEY_COMMAND_ID], sizeof(Datum) * n);
 
 	/* A kind ordered by run: the decisions without a key get their run_id. */
 	SPI_connect();
@@ -1249,6 +1340,20 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	}
 	args[9] = ObjectIdGetDatum(caller);
 	nulls[9] = ' ';
+
+	/* The common batch: inserted at once (pr_try_batch). */
+	if (!stream_batch && !OutboxAnyDeciders())
+	{
+		for (i = 0; i < n; i++)
+			if (!elnulls[PR_KEY_ORDERING_KEY][i])
+				break;
+		if (i == n && pr_try_batch(args, nulls, n, argtypes))
+		{
+			SPI_finish();
+			m = 0;
+			goto done;
+		}
+	}
 
 	/*
 	 * Before inserting: the first decision of a kind the caller may not
@@ -1339,27 +1444,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 		if (stream_batch)
 			pr_insert(OutboxStreamBatchPlan(), args, nulls, &what, false);
 		else if (!pr_place_batch(elems, elnulls, n - m, args, nulls))
-			pr_insert(OutboxPrepare(&plan_batch,
-									"WITH u AS ("
-									"  SELECT * FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
-									"                            pg_catalog.unnest($3), pg_catalog.unnest($4),"
-									"                            pg_catalog.unnest($5), pg_catalog.unnest($6),"
-									"                            pg_catalog.unnest($7), pg_catalog.unnest($8),"
-									"                            pg_catalog.unnest($9), pg_catalog.unnest($11))"
-									"    AS u(run_id, seq, event_kind, command_id, command_kind, payload,"
-									"         event_payload, not_before, priority, headers)),"
-									" e AS ("
-									"  INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
-									"  SELECT run_id, seq, event_kind, event_payload, command_id FROM u)"
-									"INSERT INTO outbox.commands"
-									"  (command_id, run_id, seq, kind, payload, priority,"
-									"   available_at, due_at, decided_by, headers)"
-									"SELECT command_id, run_id, seq, command_kind, payload,"
-									"       COALESCE(priority, 0),"
-									"       COALESCE(not_before, pg_catalog.now()),"
-									"       COALESCE(not_before, pg_catalog.now()), $10, headers"
-									"  FROM u",
-									11, argtypes),
+			pr_insert(OutboxPrepare(&plan_batch, PR_BATCH, 11, argtypes),
 					  args, nulls, &what, false);
 		else
 			pr_insert(OutboxPrepare(&plan_batch_keyed,
@@ -1394,19 +1479,13 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 
 done:
 	/* One row per decision, in the batch's order. */
-	it = JsonbIteratorInit(&doc->root);
-	(void) JsonbIteratorNext(&it, &v, true);
 	for (i = 0; i < n; i++)
 	{
 		Datum		values[3];
 		bool		isnull[3] = {false, false, false};
-		JsonbValue	id;
 
-		(void) JsonbIteratorNext(&it, &v, true);
-		if (!getKeyJsonValueFromContainer(v.val.binary.data, "command_id", 10, &id))
-			elog(ERROR, "outbox: decision %d lost its command_id", i + 1);
 		values[0] = Int32GetDatum(i + 1);
-		values[1] = PointerGetDatum(cstring_to_text_with_len(id.val.string.val, id.val.string.len));
+		values[1] = ids[i];
 		values[2] = BoolGetDatum(!retry[i]);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
