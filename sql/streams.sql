@@ -266,4 +266,24 @@ SELECT outbox.verify();
 SELECT (SELECT count(*) FROM outbox.stream_progress WHERE subscription = 'kafka') AS progress,
 	   (SELECT count(*) FROM outbox.stream_failures WHERE subscription = 'kafka') AS failures;
 SELECT outbox.verify();
+
+-- A subscription dropped while a batch is leased and created again under
+-- its name (batch ids start at 1 again): the old holder's token does not
+-- ack the new subscription's batch 1, which holds a command it never saw.
+SELECT outbox.create_stream('replay', 1);
+SELECT outbox.set_policy('replay.k', stream => 'replay');
+SELECT outbox.create_subscription('replay', 'again');
+SELECT outbox.commit_decision('rr', 1, 'e', 'rc1', 'replay.k', '{}');
+SELECT outbox.tick_streams();
+SELECT * FROM pg_temp.claim('old', 'replay', 'again', 'w');
+SELECT outbox.drop_subscription('again');
+SELECT outbox.create_subscription('replay', 'again');
+SELECT outbox.commit_decision('rr', 2, 'e', 'rc2', 'replay.k', '{}');
+SELECT outbox.tick_streams();
+SELECT * FROM pg_temp.claim('new', 'replay', 'again', 'w');
+SELECT pg_temp.err(format('SELECT outbox.ack_batch(%L, %L)', 'w', pg_temp.tok('old')));
+SELECT pg_temp.err(format('SELECT outbox.renew_batch(%L, %L)', 'w', pg_temp.tok('old')));
+SELECT batch_id, version, holder FROM outbox.stream_batches WHERE subscription = 'again';
+SELECT outbox.ack_batch('w', pg_temp.tok('new')) AS published;
+SELECT outbox.drop_subscription('again');
 DROP ROLE regress_stream_pub;

@@ -20,8 +20,10 @@
  *
  * where mac is the 128-bit SipHash-2-4 under the database's lease key
  * (src/leasekey.c, as the row leases' tokens of src/lease.c) of the
- * length-prefixed subscription and worker name, the partition, the batch
- * id, the version and the claiming role.  ack_batch and renew_batch
+ * length-prefixed subscription and worker name, the subscription's
+ * created_at (not in the text: a subscription dropped and created again
+ * under its name, whose batch ids start at 1 again, refuses the old one's
+ * tokens), the partition, the batch id, the version and the claiming role.  ack_batch and renew_batch
  * compute it again from the token's fields and the caller's worker name and
  * compare in constant time, check the role against the caller (or the
  * caller is an admin), and only then run one statement on the batch's row
@@ -69,6 +71,7 @@ typedef struct StToken
 	int64		batch_id;
 	const char *subscription;
 	int			sub_len;
+	int64		since;			/* the subscription's created_at (not in the text) */
 } StToken;
 
 static inline unsigned char *
@@ -83,11 +86,11 @@ st_put32(unsigned char *p, uint32 v)
 
 /* The MAC of a batch lease into mac. */
 static void
-st_mac(const unsigned char *key, const char *sub, int sub_len, int32 part,
-	   int64 batch_id, int32 version, Oid role, const char *worker,
+st_mac(const unsigned char *key, const char *sub, int sub_len, int64 since,
+	   int32 part, int64 batch_id, int32 version, Oid role, const char *worker,
 	   int worker_len, unsigned char *mac)
 {
-	unsigned char msg[4 + 4 + 2 * OUTBOX_MAX_ID_LEN + 4 + 8 + 4 + 4 + 4];
+	unsigned char msg[4 + 4 + 2 * OUTBOX_MAX_ID_LEN + 8 + 4 + 8 + 4 + 4 + 4];
 	unsigned char *p = msg;
 
 	Assert(sub_len <= OUTBOX_MAX_ID_LEN && worker_len <= OUTBOX_MAX_ID_LEN);
@@ -96,6 +99,8 @@ st_mac(const unsigned char *key, const char *sub, int sub_len, int32 part,
 	p = st_put32(p, (uint32) sub_len);
 	memcpy(p, sub, sub_len);
 	p += sub_len;
+	p = st_put32(p, (uint32) (((uint64) since) & 0xFFFFFFFF));
+	p = st_put32(p, (uint32) (((uint64) since) >> 32));
 	p = st_put32(p, (uint32) part);
 	p = st_put32(p, (uint32) (((uint64) batch_id) & 0xFFFFFFFF));
 	p = st_put32(p, (uint32) (((uint64) batch_id) >> 32));
@@ -107,10 +112,39 @@ st_mac(const unsigned char *key, const char *sub, int sub_len, int32 part,
 	OutboxSipHash(key, msg, p - msg, mac, ST_MAC_LEN);
 }
 
+/*
+ * When subscription sub (the current one of that name) was created, in
+ * microseconds (its created_at), into *since; false when there is none.
+ * The MAC covers it, so that a token of a dropped subscription is refused
+ * by one created again under its name, whose batch ids start again at 1.
+ * The caller is connected to SPI.
+ */
+static bool
+st_sub_since(const char *sub, int sub_len, int64 *since)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[1] = {TEXTOID};
+	Datum		args[1];
+	bool		isnull;
+
+	args[0] = PointerGetDatum(cstring_to_text_with_len(sub, sub_len));
+	if (OutboxExecute(OutboxPrepare(&plan,
+									"SELECT u.created_at FROM outbox.subscriptions u"
+									" WHERE u.subscription OPERATOR(pg_catalog.=) $1",
+									1, argtypes),
+					  args, NULL, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: the subscription's lookup failed");
+	if (SPI_processed != 1)
+		return false;
+	*since = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 1, &isnull));
+	return !isnull;
+}
+
 /* The token of a batch that claim_batch leased. */
 static text *
-st_make_token(text *sub, int32 part, int64 batch_id, int32 version, Oid role,
-			  text *worker)
+st_make_token(text *sub, int64 since, int32 part, int64 batch_id, int32 version,
+			  Oid role, text *worker)
 {
 	static const char hex[] = "0123456789abcdef";
 	unsigned char mac[ST_MAC_LEN];
@@ -120,7 +154,7 @@ st_make_token(text *sub, int32 part, int64 batch_id, int32 version, Oid role,
 	text	   *t;
 	int			i;
 
-	st_mac(OutboxLeaseKey(), VARDATA_ANY(sub), sl, part, batch_id, version, role,
+	st_mac(OutboxLeaseKey(), VARDATA_ANY(sub), sl, since, part, batch_id, version, role,
 		   VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
 	for (i = 0; i < ST_MAC_LEN; i++)
 	{
@@ -218,7 +252,7 @@ st_token_holds(const StToken *tok, text *worker, Oid caller)
 	unsigned char diff = 0;
 	int			i;
 
-	st_mac(OutboxLeaseKey(), tok->subscription, tok->sub_len, tok->part,
+	st_mac(OutboxLeaseKey(), tok->subscription, tok->sub_len, tok->since, tok->part,
 		   tok->batch_id, tok->version, tok->role, VARDATA_ANY(worker),
 		   VARSIZE_ANY_EXHDR(worker), mac);
 	for (i = 0; i < ST_MAC_LEN; i++)
@@ -258,6 +292,8 @@ st_args_token(FunctionCallInfo fcinfo, Oid caller, StToken *tok)
 	OutboxArgNotNull(fcinfo, 1, "token");
 	if (!st_parse_token(PG_GETARG_TEXT_PP(1), tok))
 		st_raise_not_owned(worker, NULL);
+	if (!st_sub_since(tok->subscription, tok->sub_len, &tok->since))
+		st_raise_not_owned(worker, tok);
 	if (!st_token_holds(tok, worker, caller))
 		st_raise_not_owned(worker, tok);
 	return worker;
@@ -279,6 +315,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	Datum		args[5];
 	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
 	text	   *token = NULL;
+	int64		since = 0;
 	SPITupleTable *rows;
 	uint64		nrows;
 	uint64		i;
@@ -303,6 +340,9 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	/* (the token's lease key may be read by SPI: keep the result) */
 	rows = SPI_tuptable;
 	nrows = SPI_processed;
+	/* (a subscription dropped since the claim: its token is refused) */
+	if (nrows > 0)
+		(void) st_sub_since(VARDATA_ANY(sub), VARSIZE_ANY_EXHDR(sub), &since);
 	for (i = 0; i < nrows; i++)
 	{
 		HeapTuple	row = rows->vals[i];
@@ -318,7 +358,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 			values[to] = SPI_getbinval(row, desc, j + 1, &isnull[to]);
 		}
 		if (token == NULL)
-			token = st_make_token(sub, DatumGetInt32(values[12]), DatumGetInt64(values[11]),
+			token = st_make_token(sub, since, DatumGetInt32(values[12]), DatumGetInt64(values[11]),
 								  (int32) DatumGetInt64(values[6]), caller, worker);
 		values[5] = PointerGetDatum(token);
 		isnull[5] = false;

@@ -172,8 +172,11 @@ BEGIN
 		SELECT pg_catalog.min(k.tick) INTO start FROM @extschema@.stream_ticks k
 		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
 	END IF;
-	INSERT INTO @extschema@.subscriptions (subscription, stream, claimers, start_tick)
-	VALUES (subscription, stream, claimers, start);
+	-- (created_at from the clock, not the transaction's start: the batch
+	-- tokens' MAC covers it, so that one dropped and created again in one
+	-- transaction refuses the old one's tokens too)
+	INSERT INTO @extschema@.subscriptions (subscription, stream, claimers, start_tick, created_at)
+	VALUES (subscription, stream, claimers, start, pg_catalog.clock_timestamp());
 	INSERT INTO @extschema@.stream_progress (subscription, part, acked_tick)
 	SELECT subscription, g.p, start
 	  FROM pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1) AS g(p);
