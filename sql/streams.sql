@@ -286,4 +286,46 @@ SELECT pg_temp.err(format('SELECT outbox.renew_batch(%L, %L)', 'w', pg_temp.tok(
 SELECT batch_id, version, holder FROM outbox.stream_batches WHERE subscription = 'again';
 SELECT outbox.ack_batch('w', pg_temp.tok('new')) AS published;
 SELECT outbox.drop_subscription('again');
+-- A drain finds every command that is committed and ticked: a partition
+-- whose batch end is capped (batch_size) at a tick with nothing of its own
+-- is looked at again from there in the same claim, not left behind until
+-- the next one.  Two partitions, batches of 1: tick 1 holds four commands
+-- of partition 0, tick 2 one of partition 1.
+SELECT outbox.create_stream('capped', 2, 1);
+SELECT outbox.create_subscription('capped', 'capped-sub');
+SELECT outbox.set_policy('capped.k', stream => 'capped');
+CREATE TEMP TABLE capped_keys AS
+SELECT 'key-' || g AS k, (hashtext('key-' || g) & 2147483647) % 2 AS part
+  FROM generate_series(1, 40) g;
+SELECT count(outbox.commit_decision('cap-' || k, 1, 'e', 'cap-' || k, 'capped.k', '{}', ordering_key => k))
+  FROM (SELECT k FROM capped_keys WHERE part = 0 ORDER BY k LIMIT 4) x;
+SELECT outbox.tick_streams();
+SELECT count(outbox.commit_decision('cap-' || k, 1, 'e', 'cap-' || k, 'capped.k', '{}', ordering_key => k))
+  FROM (SELECT k FROM capped_keys WHERE part = 1 ORDER BY k LIMIT 1) x;
+SELECT outbox.tick_streams();
+-- claim and ack until a claim finds nothing, as outbox-relay --drain does
+CREATE FUNCTION pg_temp.drain(stream text, sub text) RETURNS TABLE (batches int, commands int)
+LANGUAGE plpgsql AS $$
+DECLARE
+	t text;
+	n int;
+BEGIN
+	batches := 0;
+	commands := 0;
+	LOOP
+		SELECT min(c.token), count(*) INTO t, n FROM outbox.claim_batch(stream, sub, 'w-drain') c;
+		EXIT WHEN n = 0;
+		PERFORM outbox.ack_batch('w-drain', t);
+		batches := batches + 1;
+		commands := commands + n;
+	END LOOP;
+	RETURN NEXT;
+END;
+$$;
+SELECT * FROM pg_temp.drain('capped', 'capped-sub');
+SELECT part, acked_tick, ticks_behind, batch_open, published
+  FROM outbox.stream_lag WHERE subscription = 'capped-sub' ORDER BY part;
+SELECT count(*) AS left_to_claim FROM outbox.claim_batch('capped', 'capped-sub', 'w-drain');
+SELECT outbox.drop_subscription('capped-sub');
+SELECT outbox.verify();
 DROP ROLE regress_stream_pub;

@@ -445,7 +445,6 @@ BEGIN
 		 ORDER BY p.acked_at NULLS FIRST, p.part LIMIT 1
 		   FOR UPDATE SKIP LOCKED;
 		EXIT WHEN NOT FOUND;
-		tried := tried OPERATOR(pg_catalog.||) pr.part;
 		nb := pr.batch_id OPERATOR(pg_catalog.+) 1;
 		-- the batch's end: the first tick about batch_size commands (of the
 		-- whole stream, per partition) after its start, else the last
@@ -500,10 +499,17 @@ BEGIN
 		SELECT pg_catalog.count(*) INTO n_rows
 		  FROM @extschema@._stream_batch_rows(u.subscription, pr.part, nb, s.stream_id, sa, sb, 1) r;
 		IF n_rows OPERATOR(pg_catalog.=) 0 THEN
-			-- nothing to deliver: the partition's progress moves on
+			-- nothing to deliver: the partition's progress moves on.  A
+			-- batch end capped before the last tick (batch_size) says
+			-- nothing of the ticks after it: the partition is looked at
+			-- again, from its new acked tick, until it reaches the last
+			-- one (every round moves it on by a tick at least).
 			UPDATE @extschema@.stream_progress p SET acked_tick = t_to
 			 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
 			   AND p.part OPERATOR(pg_catalog.=) pr.part;
+			IF t_to OPERATOR(pg_catalog.>=) t_max THEN
+				tried := tried OPERATOR(pg_catalog.||) pr.part;
+			END IF;
 			CONTINUE;
 		END IF;
 		UPDATE @extschema@.stream_progress p
