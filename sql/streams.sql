@@ -286,6 +286,7 @@ SELECT pg_temp.err(format('SELECT outbox.renew_batch(%L, %L)', 'w', pg_temp.tok(
 SELECT batch_id, version, holder FROM outbox.stream_batches WHERE subscription = 'again';
 SELECT outbox.ack_batch('w', pg_temp.tok('new')) AS published;
 SELECT outbox.drop_subscription('again');
+DROP ROLE regress_stream_pub;
 -- A drain finds every command that is committed and ticked: a partition
 -- whose batch end is capped (batch_size) at a tick with nothing of its own
 -- is looked at again from there in the same claim, not left behind until
@@ -328,4 +329,3 @@ SELECT part, acked_tick, ticks_behind, batch_open, published
 SELECT count(*) AS left_to_claim FROM outbox.claim_batch('capped', 'capped-sub', 'w-drain');
 SELECT outbox.drop_subscription('capped-sub');
 SELECT outbox.verify();
-DROP ROLE regress_stream_pub;
