@@ -311,39 +311,6 @@ le_make_token(const unsigned char *key, text *run_id, text *command_id,
 	return t;
 }
 
-static inline int
-le_hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
-/*
- * Read a decimal number of 1 to maxdigits digits at s[*pos], followed by
- * ':', into *v; false if there is none or it exceeds max.
- */
-static bool
-le_parse_number(const char *s, int len, int *pos, int maxdigits, uint64 max, uint64 *v)
-{
-	int			digits = 0;
-
-	*v = 0;
-	while (*pos < len && s[*pos] >= '0' && s[*pos] <= '9' && digits < maxdigits)
-	{
-		*v = *v * 10 + (uint64) (s[(*pos)++] - '0');
-		digits++;
-	}
-	if (digits == 0 || *v > max || *pos >= len || s[*pos] != ':')
-		return false;
-	(*pos)++;
-	return true;
-}
-
 /* Take a token apart; false when it is not in the form claim makes. */
 static bool
 le_parse_token(text *token, LeToken *tok)
@@ -353,28 +320,20 @@ le_parse_token(text *token, LeToken *tok)
 	int			pos = LE_MAC_HEX;
 	uint64		v;
 	int			rl;
-	int			i;
 
 	if (len < LE_MAC_HEX + 10 || len > LE_TOKEN_MAX)
 		return false;
-	for (i = 0; i < LE_MAC_LEN; i++)
-	{
-		int			hi = le_hexval(s[2 * i]);
-		int			lo = le_hexval(s[2 * i + 1]);
-
-		if (hi < 0 || lo < 0)
-			return false;
-		tok->mac[i] = (unsigned char) (hi << 4 | lo);
-	}
+	if (!OutboxTokenMac(s, tok->mac, LE_MAC_LEN))
+		return false;
 	if (s[pos++] != ':')
 		return false;
-	if (!le_parse_number(s, len, &pos, 10, PG_UINT32_MAX, &v) || v == InvalidOid)
+	if (!OutboxTokenNumber(s, len, &pos, 10, PG_UINT32_MAX, &v) || v == InvalidOid)
 		return false;
 	tok->role = (Oid) v;
-	if (!le_parse_number(s, len, &pos, 19, PG_INT64_MAX, &v) || v < 1)
+	if (!OutboxTokenNumber(s, len, &pos, 19, PG_INT64_MAX, &v) || v < 1)
 		return false;
 	tok->version = (int64) v;
-	if (!le_parse_number(s, len, &pos, 3, OUTBOX_MAX_ID_LEN, &v) || v < 1)
+	if (!OutboxTokenNumber(s, len, &pos, 3, OUTBOX_MAX_ID_LEN, &v) || v < 1)
 		return false;
 	rl = (int) v;
 	/* the run_id, its ':', and a command_id of 1 to OUTBOX_MAX_ID_LEN bytes */

@@ -100,3 +100,55 @@ OutboxForgetLeaseKey(void)
 {
 	lk_key_valid = false;
 }
+
+/*
+ * The MAC at the start of a token: 2 * maclen hexadecimal digits at s into
+ * mac; false if one is not a hexadecimal digit.
+ */
+bool
+OutboxTokenMac(const char *s, unsigned char *mac, int maclen)
+{
+	int			i;
+
+	for (i = 0; i < 2 * maclen; i++)
+	{
+		char		c = s[i];
+		int			d;
+
+		if (c >= '0' && c <= '9')
+			d = c - '0';
+		else if (c >= 'a' && c <= 'f')
+			d = c - 'a' + 10;
+		else if (c >= 'A' && c <= 'F')
+			d = c - 'A' + 10;
+		else
+			return false;
+		if (i % 2 == 0)
+			mac[i / 2] = (unsigned char) (d << 4);
+		else
+			mac[i / 2] |= (unsigned char) d;
+	}
+	return true;
+}
+
+/*
+ * Read a decimal number of 1 to maxdigits digits at s[*pos], followed by
+ * ':', into *v and step past the ':'; false if there is none or it
+ * exceeds max.
+ */
+bool
+OutboxTokenNumber(const char *s, int len, int *pos, int maxdigits, uint64 max, uint64 *v)
+{
+	int			digits = 0;
+
+	*v = 0;
+	while (*pos < len && s[*pos] >= '0' && s[*pos] <= '9' && digits < maxdigits)
+	{
+		*v = *v * 10 + (uint64) (s[(*pos)++] - '0');
+		digits++;
+	}
+	if (digits == 0 || *v > max || *pos >= len || s[*pos] != ':')
+		return false;
+	(*pos)++;
+	return true;
+}

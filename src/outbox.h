@@ -285,6 +285,9 @@ extern void OutboxReleaseNext(OutboxKeyPlace *places, int n);
 /* leasekey.c: the database's lease key (16 bytes), cached per backend */
 #define OUTBOX_LEASE_KEY_LEN	16
 extern const unsigned char *OutboxLeaseKey(void);
+extern bool OutboxTokenMac(const char *s, unsigned char *mac, int maclen);
+extern bool OutboxTokenNumber(const char *s, int len, int *pos, int maxdigits,
+							  uint64 max, uint64 *v);
 extern const unsigned char *OutboxKeyLockKey(void);
 extern void OutboxForgetLeaseKey(void);
 

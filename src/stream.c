@@ -170,34 +170,6 @@ st_make_token(text *sub, int64 since, int32 part, int64 batch_id, int32 version,
 	return t;
 }
 
-static inline int
-st_hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	return -1;
-}
-
-/* A decimal number of 1 to maxdigits digits then ':' at s[*pos]. */
-static bool
-st_number(const char *s, int len, int *pos, int maxdigits, uint64 max, uint64 *v)
-{
-	int			digits = 0;
-
-	*v = 0;
-	while (*pos < len && s[*pos] >= '0' && s[*pos] <= '9' && digits < maxdigits)
-	{
-		*v = *v * 10 + (uint64) (s[(*pos)++] - '0');
-		digits++;
-	}
-	if (digits == 0 || *v > max || *pos >= len || s[*pos] != ':')
-		return false;
-	(*pos)++;
-	return true;
-}
-
 /* Take a batch token apart; false when it is not in the form claim_batch makes. */
 static bool
 st_parse_token(text *token, StToken *tok)
@@ -206,31 +178,23 @@ st_parse_token(text *token, StToken *tok)
 	int			len = VARSIZE_ANY_EXHDR(token);
 	int			pos = ST_MAC_HEX;
 	uint64		v;
-	int			i;
 
 	if (len < ST_MAC_HEX + 10 || len > ST_TOKEN_MAX)
 		return false;
-	for (i = 0; i < ST_MAC_LEN; i++)
-	{
-		int			hi = st_hexval(s[2 * i]);
-		int			lo = st_hexval(s[2 * i + 1]);
-
-		if (hi < 0 || lo < 0)
-			return false;
-		tok->mac[i] = (unsigned char) (hi << 4 | lo);
-	}
+	if (!OutboxTokenMac(s, tok->mac, ST_MAC_LEN))
+		return false;
 	if (s[pos++] != ':')
 		return false;
-	if (!st_number(s, len, &pos, 10, PG_UINT32_MAX, &v) || v == InvalidOid)
+	if (!OutboxTokenNumber(s, len, &pos, 10, PG_UINT32_MAX, &v) || v == InvalidOid)
 		return false;
 	tok->role = (Oid) v;
-	if (!st_number(s, len, &pos, 10, PG_INT32_MAX, &v) || v < 1)
+	if (!OutboxTokenNumber(s, len, &pos, 10, PG_INT32_MAX, &v) || v < 1)
 		return false;
 	tok->version = (int32) v;
-	if (!st_number(s, len, &pos, 3, 255, &v))
+	if (!OutboxTokenNumber(s, len, &pos, 3, 255, &v))
 		return false;
 	tok->part = (int32) v;
-	if (!st_number(s, len, &pos, 19, PG_INT64_MAX, &v) || v < 1)
+	if (!OutboxTokenNumber(s, len, &pos, 19, PG_INT64_MAX, &v) || v < 1)
 		return false;
 	tok->batch_id = (int64) v;
 	tok->subscription = s + pos;
