@@ -13,6 +13,7 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils ();
 
 our @EXPORT = qw(outbox_node spawn outbox_release_install outbox_use_install);
+our @EXPORT_OK = qw(notifications_after wait_notification);
 
 # A started cluster that preloads outbox; $extra lines go to postgresql.conf,
 # %params to PostgreSQL::Test::Cluster->new (install_path).
@@ -117,6 +118,30 @@ sub outbox_use_install
 	my ($node, $install_path) = @_;
 	$node->{_install_path} = $install_path;
 	return;
+}
+
+# How many notifications on the channel "outbox" psql printed after the
+# background session $listener (which LISTENs there) ran $query.
+sub notifications_after
+{
+	my ($listener, $query) = @_;
+	my $out = $listener->query_safe($query);
+	my @got = ($out =~ /Asynchronous notification "outbox" received/g);
+	return scalar @got;
+}
+
+# Wait (at most $limit seconds) for a notification on $listener; returns
+# how many came.
+sub wait_notification
+{
+	my ($listener, $limit) = @_;
+	my $deadline = time + $limit;
+	my $n = 0;
+	while (($n = notifications_after($listener, 'SELECT pg_sleep(0.02)')) == 0
+		   && time < $deadline)
+	{
+	}
+	return $n;
 }
 
 1;

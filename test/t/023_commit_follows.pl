@@ -14,7 +14,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/../perl";
-use OutboxTest;
+use OutboxTest qw(:DEFAULT notifications_after wait_notification);
 use Time::HiRes qw(time);
 
 # A one-minute nap: only a commit's wake-up or the due check can announce.
@@ -103,31 +103,10 @@ is(moved(qq{BEGIN;
 my $listener = $node->background_psql('postgres');
 $listener->query_safe('LISTEN outbox');
 
-# Notifications psql printed after a query of the listener.
-sub heard
-{
-	my ($query) = @_;
-	my $out = $listener->query_safe($query);
-	my @got = ($out =~ /Asynchronous notification "outbox" received/g);
-	return scalar @got;
-}
-
-# Wait (at most $limit seconds) for a notification; returns how many came.
-sub wait_notification
-{
-	my ($limit) = @_;
-	my $deadline = time + $limit;
-	my $n = 0;
-	while (($n = heard('SELECT pg_sleep(0.02)')) == 0 && time < $deadline)
-	{
-	}
-	return $n;
-}
-
 # The worker's start-up notification and the savepoints' are past.
-wait_notification(10);
-heard('SELECT pg_sleep(0.6)');
-heard('SELECT 1');
+wait_notification($listener, 10);
+notifications_after($listener, 'SELECT pg_sleep(0.6)');
+notifications_after($listener, 'SELECT 1');
 
 # A transaction that starts, waits past two of the worker's looks at what
 # is due, enqueues and prepares: its command's due time is its start.
@@ -146,15 +125,15 @@ sql(q{ROLLBACK PREPARED 'tp-rollback'});
 is(counts(), $before, 'ROLLBACK PREPARED counts nothing');
 
 prepare_decision('tp-commit', 2);
-is(heard('SELECT pg_sleep(0.6)'), 0, 'a prepared decision wakes nobody yet');
+is(notifications_after($listener, 'SELECT pg_sleep(0.6)'), 0, 'a prepared decision wakes nobody yet');
 is(counts(), $before, 'and is not counted yet');
 sql(q{COMMIT PREPARED 'tp-commit'});
-ok(wait_notification(10) >= 1,
+ok(wait_notification($listener, 10) >= 1,
 	'COMMIT PREPARED from another session wakes the listening publisher');
 my @b = split / /, $before;
 my @a = split / /, counts();
 is($a[0] - $b[0], 1, 'and counts the decision once');
-heard('SELECT pg_sleep(1.1)');    # two more looks of the worker
+notifications_after($listener, 'SELECT pg_sleep(1.1)');    # two more looks of the worker
 @a = split / /, counts();
 is($a[0] - $b[0], 1, 'still once after the worker looked again');
 is(sql(q{SELECT count(*) FROM outbox.claim('p', 10, NULL, ARRAY['tp'])}), '1',
@@ -168,10 +147,10 @@ $node->poll_query_until('postgres', q{SELECT rounds > 0 FROM outbox.workers})
   or die 'no worker after the restart';
 $listener = $node->background_psql('postgres');
 $listener->query_safe('LISTEN outbox');
-heard('SELECT pg_sleep(1.1)');    # the start-up notification, if any, is past
-heard('SELECT 1');
+notifications_after($listener, 'SELECT pg_sleep(1.1)');    # the start-up notification, if any, is past
+notifications_after($listener, 'SELECT 1');
 sql(q{COMMIT PREPARED 'tp-restart'});
-ok(wait_notification(10) >= 1,
+ok(wait_notification($listener, 10) >= 1,
 	'a transaction prepared before a restart wakes the publisher when committed after it');
 $listener->quit;
 

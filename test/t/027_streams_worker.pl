@@ -14,7 +14,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/../perl";
-use OutboxTest;
+use OutboxTest qw(:DEFAULT notifications_after wait_notification);
 use Time::HiRes qw(time);
 
 my $node = outbox_node('streams_worker', qq{
@@ -35,30 +35,9 @@ SELECT outbox.create_subscription('s', 'slow');
 my $listener = $node->background_psql('postgres');
 $listener->query_safe('LISTEN outbox');
 
-# Notifications psql printed after a query of the listener.
-sub heard
-{
-	my ($query) = @_;
-	my $out = $listener->query_safe($query);
-	my @got = ($out =~ /Asynchronous notification "outbox" received/g);
-	return scalar @got;
-}
-
-# Wait (at most $limit seconds) for a notification; returns how many came.
-sub wait_notification
-{
-	my ($limit) = @_;
-	my $deadline = time + $limit;
-	my $n = 0;
-	while (($n = heard('SELECT pg_sleep(0.02)')) == 0 && time < $deadline)
-	{
-	}
-	return $n;
-}
-
 # The start-up notification is past (the worker notifies once it runs).
-wait_notification(10);
-heard('SELECT pg_sleep(0.3)');
+wait_notification($listener, 10);
+notifications_after($listener, 'SELECT pg_sleep(0.3)');
 
 # The delivered commands of subscription fast, by claim_batch and ack_batch.
 my %delivered;
@@ -77,7 +56,7 @@ SELECT outbox.ack_batch('relay', token) FROM (SELECT min(token) AS token FROM b)
 # --- a commit wakes the worker, which cuts a tick and notifies ------------------------
 is(sql(q{SELECT count(*) FROM outbox.stream_ticks}), '1', 'only the stream\'s first tick so far');
 sql(q{SELECT outbox.commit_decision('r1', 1, 'e', 'c1', 'k', '{}')});
-ok(wait_notification(10) >= 1, 'the commit of a stream command wakes the worker, which notifies');
+ok(wait_notification($listener, 10) >= 1, 'the commit of a stream command wakes the worker, which notifies');
 is(sql(q{SELECT count(*) > 1 FROM outbox.stream_ticks}), 't', '... after cutting a tick');
 my $got = '';
 $got .= deliver() . ' ' for 1 .. 2;    # one partition per batch
@@ -88,14 +67,14 @@ my $long = $node->background_psql('postgres');
 $long->query_safe(q{BEGIN});
 $long->query_safe(q{SELECT outbox.commit_decision('r-long', 1, 'e', 'c-long', 'k', '{}')});
 sql(q{SELECT outbox.commit_decision('r-short', 1, 'e', 'c-short', 'k', '{}')});
-ok(wait_notification(10) >= 1, 'the later transaction\'s commit is notified');
+ok(wait_notification($listener, 10) >= 1, 'the later transaction\'s commit is notified');
 $got = '';
 $got .= deliver() . ' ' for 1 .. 2;
 like($got, qr/\bc-short\b/, 'the later command is delivered');
 unlike($got, qr/c-long/, '... the long transaction\'s, not committed, is not');
 $long->query_safe(q{COMMIT});
 $long->quit;
-ok(wait_notification(10) >= 1, 'the long transaction\'s commit is notified');
+ok(wait_notification($listener, 10) >= 1, 'the long transaction\'s commit is notified');
 $got = '';
 $got .= deliver() . ' ' for 1 .. 2;
 like($got, qr/\bc-long\b/, 'the long transaction\'s command comes in a later batch');
