@@ -304,19 +304,8 @@ sub backlog
 		'ship-$prefix-' || g, 'ship', '{"test_sleep_ms": 20}') FROM generate_series(1, 600) g) s});
 }
 backlog('mid1');
-my %on_worker1 = map { $_ => 1 } split /,/, safe_psql(0, $db, qq{
-	SELECT string_agg(s.shardid::text, ',') FROM pg_dist_shard s
-	  JOIN pg_dist_placement p ON p.shardid = s.shardid JOIN pg_dist_node n ON n.groupid = p.groupid
-	 WHERE s.logicalrelid = 'outbox.commands'::regclass AND n.nodeport = $ports[1]});
-my ($shard) = grep { $on_worker1{$_} } map { (split /\|/)[0] } split /\n/, safe_psql(0, $db, q{
-	SELECT s || '|' || n FROM (
-		SELECT get_shard_id_for_distribution_column('outbox.commands', run_id) AS s, count(*) AS n
-		  FROM outbox.commands WHERE status <> 'published' GROUP BY 1) x ORDER BY n DESC, s});
-ok(defined $shard, 'a shard on worker1 has unpublished commands');
-$shard //= (keys %on_worker1)[0];
-my $left = safe_psql(0, $db, qq{
-	SELECT count(*) FROM outbox.commands c WHERE c.status <> 'published'
-	   AND get_shard_id_for_distribution_column('outbox.commands', c.run_id) = $shard});
+my ($busiest, $shard, $left) = busiest_shard($db, $ports[1]);
+ok(defined $busiest, 'a shard on worker1 has unpublished commands');
 note("$left commands of the shard to move are unpublished when it starts moving");
 my ($mrc, $mout, $merr) = psql(0, $db, qq{
 	SELECT citus_move_shard_placement($shard, '127.0.0.1', $ports[1], '127.0.0.1', $ports[2],

@@ -17,7 +17,7 @@ use Test::More;
 use Time::HiRes ();
 
 our @EXPORT = qw(@NODES node_name node_of_port citus_database psql safe_psql
-  psql_ddl on_all poll_until log_has wait_for_log session session_query session_end);
+  psql_ddl busiest_shard on_all poll_until log_has wait_for_log session session_query session_end);
 
 my @ports = split ' ', ($ENV{CITUS_PORTS} // '');
 die "CITUS_PORTS must name three ports (test/run.sh citus sets it)\n"
@@ -82,6 +82,28 @@ sub psql_ddl
 		($rc, $out, $err) = psql($node, $db, $sql);
 	}
 	return ($rc, $out, $err);
+}
+
+# The shard of outbox.commands on the node at $port that holds the most
+# unpublished commands (undef when none there holds any); the shard to use
+# (that one, else any shard of the node); and how many unpublished
+# commands the shard to use holds.
+sub busiest_shard
+{
+	my ($db, $port) = @_;
+	my %on_node = map { $_ => 1 } split /,/, safe_psql(0, $db, qq{
+	SELECT string_agg(s.shardid::text, ',') FROM pg_dist_shard s
+	  JOIN pg_dist_placement p ON p.shardid = s.shardid JOIN pg_dist_node n ON n.groupid = p.groupid
+	 WHERE s.logicalrelid = 'outbox.commands'::regclass AND n.nodeport = $port});
+	my ($busiest) = grep { $on_node{$_} } map { (split /\|/)[0] } split /\n/, safe_psql(0, $db, q{
+	SELECT s || '|' || n FROM (
+		SELECT get_shard_id_for_distribution_column('outbox.commands', run_id) AS s, count(*) AS n
+		  FROM outbox.commands WHERE status <> 'published' GROUP BY 1) x ORDER BY n DESC, s});
+	my $shard = $busiest // (keys %on_node)[0];
+	my $left = safe_psql(0, $db, qq{
+	SELECT count(*) FROM outbox.commands c WHERE c.status <> 'published'
+	   AND get_shard_id_for_distribution_column('outbox.commands', c.run_id) = $shard});
+	return ($busiest, $shard, $left);
 }
 
 # Run SQL on every node; returns the outputs, node by node.
