@@ -12,7 +12,7 @@ use PostgreSQL::Test::Utils;
 use Test::More;
 
 our @EXPORT = qw(track_pid untrack_pid wait_exit wait_match wait_until
-  relay_has_sink produce_runs conservation_clean);
+  relay_has_sink produce_runs conservation_clean start_kafka_mock);
 
 my @tracked;
 
@@ -111,6 +111,22 @@ sub conservation_clean
 	  or diag($node->safe_psql('postgres', 'SELECT * FROM outbox.conservation'));
 	my ($rc, $out, $err) = $node->psql('postgres', 'SELECT outbox.verify()');
 	is($rc, 0, "$what: outbox.verify() passes") or diag($err);
+}
+
+# Start librdkafka's mock cluster (test/kafka-mock) with the topic $topic
+# of $partitions partitions, its answers in $tmp/mock.out and its errors in
+# $tmp/mock.err, stopped at exit; checks that it started.  Returns its pid,
+# the (autoflushed) pipe to its commands, and its bootstrap address.
+sub start_kafka_mock
+{
+	my ($mockbin, $tmp, $topic, $partitions) = @_;
+	my $pid = open(my $mock, '|-', "exec '$mockbin' $topic $partitions > '$tmp/mock.out' 2> '$tmp/mock.err'")
+	  // die "kafka-mock: $!";
+	track_pid($pid);
+	$mock->autoflush(1);
+	ok(wait_match("$tmp/mock.out", qr/^bootstrap \S+/m), 'mock cluster started');
+	my ($bootstrap) = slurp_file("$tmp/mock.out") =~ /^bootstrap (\S+)/m;
+	return ($pid, $mock, $bootstrap);
 }
 
 1;

@@ -44,12 +44,7 @@ my $dsn = $node->connstr('postgres');
 sub sq { return $node->safe_psql('postgres', $_[0]); }
 
 # The mock cluster: commands on its stdin, answers in $tmp/mock.out.
-my $mock_pid = open(my $mock, '|-', "exec '$mockbin' outbox 4 > '$tmp/mock.out' 2> '$tmp/mock.err'")
-  // die "kafka-mock: $!";
-track_pid($mock_pid);
-$mock->autoflush(1);
-ok(wait_match("$tmp/mock.out", qr/^bootstrap \S+/m), 'mock cluster started');
-my ($bootstrap) = slurp_file("$tmp/mock.out") =~ /^bootstrap (\S+)/m;
+my ($mock_pid, $mock, $bootstrap) = start_kafka_mock($mockbin, $tmp, 'outbox', 4);
 like($bootstrap, qr/^127\.0\.0\.1:\d+$/, 'mock cluster listens on the loopback');
 my $sink = "kafka://$bootstrap/outbox";
 my $mock_line = 0;

@@ -238,12 +238,7 @@ my ($rpid, $port, $mock, $mock_pid, $bootstrap);
 if ($KAFKA)
 {
 	my $mockbin = "$src/test/kafka-mock";
-	$mock_pid = open($mock, '|-', "exec '$mockbin' chaos 4 > '$tmp/mock.out' 2> '$tmp/mock.err'")
-	  // die "kafka-mock: $!";
-	track_pid($mock_pid);
-	$mock->autoflush(1);
-	ok(wait_match("$tmp/mock.out", qr/^bootstrap \S+/m), 'mock cluster started');
-	($bootstrap) = slurp_file("$tmp/mock.out") =~ /^bootstrap (\S+)/m;
+	($mock_pid, $mock, $bootstrap) = start_kafka_mock($mockbin, $tmp, 'chaos', 4);
 	print $mock "rtt 20\n";
 	ok(wait_match("$tmp/mock.out", qr/^ok 1$/m), 'the broker answers 20 ms late');
 }

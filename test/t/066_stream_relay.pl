@@ -97,12 +97,7 @@ my $port = slurp_file("$tmp/receiver.port");
 chomp $port;
 
 # The mock cluster.
-my $mock_pid = open(my $mock, '|-', "exec '$mockbin' outbox 4 > '$tmp/mock.out' 2> '$tmp/mock.err'")
-  // die "kafka-mock: $!";
-track_pid($mock_pid);
-$mock->autoflush(1);
-ok(wait_match("$tmp/mock.out", qr/^bootstrap \S+/m), 'mock cluster started');
-my ($bootstrap) = slurp_file("$tmp/mock.out") =~ /^bootstrap (\S+)/m;
+my ($mock_pid, $mock, $bootstrap) = start_kafka_mock($mockbin, $tmp, 'outbox', 4);
 
 my %sink = (
 	web => "http://127.0.0.1:$port/apply",
