@@ -45,6 +45,7 @@ set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
+. "$ROOT/bench/lib.sh"
 
 N=${N:-100000}
 B=${B:-100}
@@ -99,9 +100,6 @@ cleanup() {
 trap cleanup EXIT
 DSN="host=$DATA port=$PORT dbname=bench"
 
-psql_q() {
-	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d bench -v ON_ERROR_STOP=1" <<<"$1"
-}
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench"
 psql_q "CREATE EXTENSION outbox; CREATE SEQUENCE lat_seq;
 CREATE TABLE lat_stamps (command_id text, at double precision);" || exit 1

@@ -46,6 +46,7 @@ set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
+. "$ROOT/bench/lib.sh"
 
 RATES=${RATES:-"200 2000"}
 SECS=${SECS:-10}
@@ -82,9 +83,6 @@ cleanup() {
 trap cleanup EXIT
 DSN="host=$DATA port=$PORT dbname=bench"
 
-psql_q() {
-	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d bench -v ON_ERROR_STOP=1" <<<"$1"
-}
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench"
 psql_q "CREATE EXTENSION outbox;" || exit 1
 [ -z "${SETUP_SQL:-}" ] || psql_q "$SETUP_SQL" >/dev/null || exit 1
@@ -159,8 +157,7 @@ for rate in $RATES; do
 	for name in "${names[@]}"; do
 		printf '%-13s' "$name"
 		for col in $(seq 1 $(( $(echo $STEPS | wc -w) * 2 + 2 ))); do
-			v[$col]=$(for rep in $(seq "$REPEATS"); do echo "${R[$rate,$name,$rep]}" | awk -v c="$col" '{ print $c }'; done |
-				sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+			v[$col]=$(for rep in $(seq "$REPEATS"); do echo "${R[$rate,$name,$rep]}" | awk -v c="$col" '{ print $c }'; done | median)
 		done
 		for i in $(seq 1 $(echo $STEPS | wc -w)); do
 			printf '%16s' "${v[$((2 * i - 1))]} / ${v[$((2 * i))]}"

@@ -39,6 +39,7 @@ set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
+. "$ROOT/bench/lib.sh"
 
 KEYS=${KEYS:-10000}
 PER_KEY=${PER_KEY:-20}
@@ -69,9 +70,6 @@ RELAY=$OUTBOX_RELAY_BINDIR/outbox-relay
 [ -x "$RELAY" ] || { echo "missing $RELAY: run make" >&2; exit 1; }
 DSN="host=$DATA port=$PORT dbname=bench"
 
-psql_q() {
-	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d bench -v ON_ERROR_STOP=1" <<<"$1"
-}
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench"
 psql_q "CREATE EXTENSION outbox;" || exit 1
 
@@ -120,10 +118,6 @@ CHECKPOINT;" >/dev/null
 }
 
 now() { psql_q "SELECT extract(epoch FROM clock_timestamp())"; }
-
-median() {
-	sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'
-}
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 

@@ -31,6 +31,7 @@ set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
+. "$ROOT/bench/lib.sh"
 
 REPEATS=${REPEATS:-3}
 DURATION=${DURATION:-10}
@@ -45,9 +46,6 @@ fi
 outbox_bench_start produce "outbox.databases = 'bench'
 synchronous_commit = on" || exit 1
 
-psql_q() {
-	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d bench -v ON_ERROR_STOP=1" <<<"$1"
-}
 as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench"
 psql_q "CREATE EXTENSION outbox;
 CREATE TABLE biz (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, amount int NOT NULL);
@@ -111,8 +109,6 @@ run_once() {
 	as_pg "cd '$WORK' && '$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $clients -j $clients \
 		-T $DURATION -f '$WORK/$script.sql' bench" 2>&1 | awk '/^tps = / {print $3; exit}'
 }
-
-median() { sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}'; }
 
 # Restart the cluster with or without the library preloaded.
 set_mode() {

@@ -64,27 +64,40 @@ static AzDeciders az_deciders = AZ_DECIDERS_UNKNOWN;
 static bool az_callback_registered = false;
 
 /*
- * The kinds ordered by run (policies.ordered_by_run), sorted byte by byte,
- * in TopMemoryContext; valid while az_ordered_known.
+ * A set of kinds read from outbox.policies by one query (sorted byte by
+ * byte), in TopMemoryContext; valid while known.
  */
-static bool az_ordered_known = false;
-static int	az_n_ordered = 0;
-static text **az_ordered = NULL;
-static SPIPlanPtr plan_ordered = NULL;
+typedef struct AzKinds
+{
+	bool		known;
+	int			n;
+	text	  **kinds;
+	SPIPlanPtr	plan;
+	const char *query;
+	const char *what;
+} AzKinds;
 
-/* The kinds written to a stream (policies.stream), kept likewise. */
-static bool az_stream_known = false;
-static int	az_n_stream = 0;
-static text **az_stream = NULL;
-static SPIPlanPtr plan_stream = NULL;
+/* The kinds ordered by run (policies.ordered_by_run). */
+static AzKinds az_ordered = {
+	false, 0, NULL, NULL,
+	"SELECT p.kind FROM outbox.policies p WHERE p.ordered_by_run ORDER BY p.kind",
+	"the kinds ordered by run"
+};
+
+/* The kinds written to a stream (policies.stream). */
+static AzKinds az_stream = {
+	false, 0, NULL, NULL,
+	"SELECT p.kind FROM outbox.policies p WHERE p.stream IS NOT NULL ORDER BY p.kind",
+	"the kinds written to a stream"
+};
 
 /* Relcache invalidation callback: forget what was known of the policies. */
 static void
 az_forget_policies(Datum arg, Oid relid)
 {
 	az_deciders = AZ_DECIDERS_UNKNOWN;
-	az_ordered_known = false;
-	az_stream_known = false;
+	az_ordered.known = false;
+	az_stream.known = false;
 }
 
 /*
@@ -182,7 +195,7 @@ OutboxCheckClaimable(ArrayType *kinds, Oid caller)
 }
 
 /*
- * Bring the kept policy facts (the deciders, the kinds ordered by run) up
+ * Bring the kept policy facts (the deciders, the sets of kinds) up
  * to date: register their relcache callback once, then take in pending
  * invalidations, so that a set_policy committed before this call is seen.
  */
@@ -232,45 +245,58 @@ az_cmp_kind(const void *a, const void *b)
 }
 
 /*
- * Read the kinds ordered by run (policies.ordered_by_run) unless they are
- * known; pending invalidations are taken in first, so a set_policy
- * committed before this call is seen.  Runs in the caller's SPI connection.
+ * Read the set of kinds ks unless it is known; pending invalidations are
+ * taken in first, so a set_policy committed before this call is seen.
+ * Runs in the caller's SPI connection.
  */
 static void
-az_load_ordered(void)
+az_load_kinds(AzKinds *ks)
 {
 	MemoryContext old;
 	uint64		i;
 
 	az_policies_current();
-	if (az_ordered_known)
+	if (ks->known)
 		return;
-	if (OutboxExecute(OutboxPrepare(&plan_ordered,
-									"SELECT p.kind FROM outbox.policies p"
-									" WHERE p.ordered_by_run ORDER BY p.kind",
-									0, NULL),
+	if (OutboxExecute(OutboxPrepare(&ks->plan, ks->query, 0, NULL),
 					  NULL, NULL, true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: lookup of the kinds ordered by run failed");
-	if (az_ordered != NULL)
+		elog(ERROR, "outbox: lookup of %s failed", ks->what);
+	if (ks->kinds != NULL)
 	{
-		for (i = 0; i < (uint64) az_n_ordered; i++)
-			pfree(az_ordered[i]);
-		pfree(az_ordered);
-		az_ordered = NULL;
+		for (i = 0; i < (uint64) ks->n; i++)
+			pfree(ks->kinds[i]);
+		pfree(ks->kinds);
+		ks->kinds = NULL;
 	}
 	old = MemoryContextSwitchTo(TopMemoryContext);
-	az_n_ordered = (int) SPI_processed;
-	if (az_n_ordered > 0)
-		az_ordered = palloc(sizeof(text *) * az_n_ordered);
+	ks->n = (int) SPI_processed;
+	if (ks->n > 0)
+		ks->kinds = palloc(sizeof(text *) * ks->n);
 	for (i = 0; i < SPI_processed; i++)
 	{
 		bool		isnull;
 
-		az_ordered[i] = DatumGetTextPCopy(SPI_getbinval(SPI_tuptable->vals[i],
-														SPI_tuptable->tupdesc, 1, &isnull));
+		ks->kinds[i] = DatumGetTextPCopy(SPI_getbinval(SPI_tuptable->vals[i],
+													   SPI_tuptable->tupdesc, 1, &isnull));
 	}
 	MemoryContextSwitchTo(old);
-	az_ordered_known = true;
+	ks->known = true;
+}
+
+/*
+ * Whether kind is in the set ks (read if it is not known); with kind NULL,
+ * whether the set has any kind.  While it has none, the answer costs no
+ * look-up.
+ */
+static bool
+az_kind_in(AzKinds *ks, text *kind)
+{
+	az_load_kinds(ks);
+	if (ks->n == 0)
+		return false;
+	if (kind == NULL)
+		return true;
+	return bsearch(&kind, ks->kinds, ks->n, sizeof(text *), az_cmp_kind) != NULL;
 }
 
 /*
@@ -283,53 +309,7 @@ az_load_ordered(void)
 bool
 OutboxOrderedByRun(text *kind)
 {
-	az_load_ordered();
-	if (az_n_ordered == 0)
-		return false;
-	if (kind == NULL)
-		return true;
-	return bsearch(&kind, az_ordered, az_n_ordered, sizeof(text *), az_cmp_kind) != NULL;
-}
-
-/*
- * Read the kinds written to a stream unless they are known (as
- * az_load_ordered does for the kinds ordered by run).
- */
-static void
-az_load_stream(void)
-{
-	MemoryContext old;
-	uint64		i;
-
-	az_policies_current();
-	if (az_stream_known)
-		return;
-	if (OutboxExecute(OutboxPrepare(&plan_stream,
-									"SELECT p.kind FROM outbox.policies p"
-									" WHERE p.stream IS NOT NULL ORDER BY p.kind",
-									0, NULL),
-					  NULL, NULL, true, 0) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: lookup of the kinds written to a stream failed");
-	if (az_stream != NULL)
-	{
-		for (i = 0; i < (uint64) az_n_stream; i++)
-			pfree(az_stream[i]);
-		pfree(az_stream);
-		az_stream = NULL;
-	}
-	old = MemoryContextSwitchTo(TopMemoryContext);
-	az_n_stream = (int) SPI_processed;
-	if (az_n_stream > 0)
-		az_stream = palloc(sizeof(text *) * az_n_stream);
-	for (i = 0; i < SPI_processed; i++)
-	{
-		bool		isnull;
-
-		az_stream[i] = DatumGetTextPCopy(SPI_getbinval(SPI_tuptable->vals[i],
-													   SPI_tuptable->tupdesc, 1, &isnull));
-	}
-	MemoryContextSwitchTo(old);
-	az_stream_known = true;
+	return az_kind_in(&az_ordered, kind);
 }
 
 /*
@@ -340,12 +320,7 @@ az_load_stream(void)
 bool
 OutboxStreamKind(text *kind)
 {
-	az_load_stream();
-	if (az_n_stream == 0)
-		return false;
-	if (kind == NULL)
-		return true;
-	return bsearch(&kind, az_stream, az_n_stream, sizeof(text *), az_cmp_kind) != NULL;
+	return az_kind_in(&az_stream, kind);
 }
 
 /*

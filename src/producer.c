@@ -1006,17 +1006,22 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 	nk = -1;
 	for (i = 0; i < k; i++)
 	{
-		if (i == 0 || OutboxCompareIds(p[i].key, p[i - 1].key) != 0)
+		bool		starts = (i == 0 || OutboxCompareIds(p[i].key, p[i - 1].key) != 0);
+
+		if (starts)
 		{
 			nk++;
 			p[i].place = last[nk] + 1;
 		}
 		else
+		{
 			p[i].place = p[i - 1].place + 1;
+			p[i - 1].alone = false;
+		}
 		p[i].first = last[nk] + 1;
 		p[i].busy = busy[nk];
-		p[i].alone = (i == 0 || OutboxCompareIds(p[i].key, p[i - 1].key) != 0) &&
-			(i == k - 1 || OutboxCompareIds(p[i].key, p[i + 1].key) != 0);
+		/* alone until the next decision turns out to share the key */
+		p[i].alone = starts;
 	}
 
 	/* Within a key, a run's places go to its decisions in seq order. */

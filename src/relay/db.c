@@ -641,6 +641,15 @@ db_fail(RelayCommand *cmd)
 	return DB_OK;
 }
 
+/* Log how many deliveries of a batch failed, with the first error. */
+static void
+log_failures(int failed, const char *first_error)
+{
+	if (failed > 0)
+		relay_log("%d deliver%s failed (first error: %s)", failed,
+				  failed == 1 ? "y" : "ies", first_error ? log_text(first_error) : "?");
+}
+
 /*
  * The token of a stream batch (every row carries it), or NULL when no
  * command of the batch is left to report or renew.
@@ -816,9 +825,7 @@ db_report_stream(RelayBatch *batch)
 		}
 		cmd->state = CMD_DONE;
 	}
-	if (failed > 0)
-		relay_log("%d deliver%s failed (first error: %s)", failed,
-				  failed == 1 ? "y" : "ies", first_error ? log_text(first_error) : "?");
+	log_failures(failed, first_error);
 	return DB_OK;
 }
 
@@ -892,9 +899,7 @@ db_report(RelayBatch *batch)
 		if ((r = db_fail(cmd)) != DB_OK)
 			return r;
 	}
-	if (failed > 0)
-		relay_log("%d deliver%s failed (first error: %s)", failed,
-				  failed == 1 ? "y" : "ies", first_error ? log_text(first_error) : "?");
+	log_failures(failed, first_error);
 	return DB_OK;
 }
 
