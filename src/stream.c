@@ -342,6 +342,52 @@ outbox_claim_batch(PG_FUNCTION_ARGS)
 }
 
 /*
+ * The body of ack_batch and renew_batch: check the worker and token
+ * arguments (0 and 1), then run sql on the batch's row with $1 to $5 the
+ * token's subscription, partition, batch id, version and the worker, and
+ * $6 on the call's arguments from 2 on; its one value, by value, or OB001
+ * when it is NULL (the batch is not held).  what names the call in the
+ * error of a failed statement.
+ */
+static Datum
+st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
+			  const char *sql, int nargs, const Oid *argtypes, const char *what)
+{
+	StToken		tok;
+	text	   *worker;
+	Datum		args[8];
+	char		nulls[8];
+	bool		isnull;
+	Datum		result;
+	int			j;
+
+	Assert(nargs >= 5 && nargs <= lengthof(args));
+	/* (the lease key is read through SPI) */
+	SPI_connect();
+	worker = st_args_token(fcinfo, caller, &tok);
+	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
+	args[1] = Int32GetDatum(tok.part);
+	args[2] = Int64GetDatum(tok.batch_id);
+	args[3] = Int32GetDatum(tok.version);
+	args[4] = PointerGetDatum(worker);
+	memset(nulls, ' ', sizeof(nulls));
+	for (j = 5; j < nargs; j++)
+	{
+		args[j] = PG_ARGISNULL(j - 3) ? (Datum) 0 : PG_GETARG_DATUM(j - 3);
+		if (PG_ARGISNULL(j - 3))
+			nulls[j] = 'n';
+	}
+	if (OutboxExecute(OutboxPrepare(plan, sql, nargs, argtypes),
+					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: %s failed", what);
+	result = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		st_raise_not_owned(worker, &tok);
+	SPI_finish();
+	return result;
+}
+
+/*
  * outbox.ack_batch(worker, token, failed, errors, fatal): the batch is
  * published but for the failed commands; returns how many were published.
  */
@@ -351,37 +397,11 @@ st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 	static SPIPlanPtr plan = NULL;
 	static const Oid argtypes[8] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID,
 	TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
-	StToken		tok;
-	text	   *worker;
-	Datum		args[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	bool		isnull;
 	Datum		n;
-	int			j;
 
-	/* (the lease key is read through SPI) */
-	SPI_connect();
-	worker = st_args_token(fcinfo, caller, &tok);
-	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
-	args[1] = Int32GetDatum(tok.part);
-	args[2] = Int64GetDatum(tok.batch_id);
-	args[3] = Int32GetDatum(tok.version);
-	args[4] = PointerGetDatum(worker);
-	for (j = 2; j < 5; j++)
-	{
-		args[j + 3] = PG_ARGISNULL(j) ? (Datum) 0 : PG_GETARG_DATUM(j);
-		if (PG_ARGISNULL(j))
-			nulls[j + 3] = 'n';
-	}
-	if (OutboxExecute(OutboxPrepare(&plan,
-									"SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8)",
-									8, argtypes),
-					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: ack_batch failed");
-	n = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	if (isnull)
-		st_raise_not_owned(worker, &tok);
-	SPI_finish();
+	n = st_batch_call(fcinfo, caller, &plan,
+					  "SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8)",
+					  8, argtypes, "ack_batch");
 	OutboxCountNow(OBC_ACKED, DatumGetInt64(n));
 	PG_RETURN_DATUM(n);
 }
@@ -398,34 +418,10 @@ st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 {
 	static SPIPlanPtr plan = NULL;
 	static const Oid argtypes[6] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID, INTERVALOID};
-	StToken		tok;
-	text	   *worker;
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-	bool		isnull;
-	Datum		until;
 
-	/* (the lease key is read through SPI) */
-	SPI_connect();
-	worker = st_args_token(fcinfo, caller, &tok);
-	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
-	args[1] = Int32GetDatum(tok.part);
-	args[2] = Int64GetDatum(tok.batch_id);
-	args[3] = Int32GetDatum(tok.version);
-	args[4] = PointerGetDatum(worker);
-	args[5] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
-	if (PG_ARGISNULL(2))
-		nulls[5] = 'n';
-	if (OutboxExecute(OutboxPrepare(&plan,
-									"SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6)",
-									6, argtypes),
-					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: renew_batch failed");
-	until = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	if (isnull)
-		st_raise_not_owned(worker, &tok);
-	SPI_finish();
-	PG_RETURN_DATUM(until);
+	PG_RETURN_DATUM(st_batch_call(fcinfo, caller, &plan,
+								  "SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6)",
+								  6, argtypes, "renew_batch"));
 }
 
 Datum
