@@ -146,21 +146,15 @@ static text *
 st_make_token(text *sub, int64 since, int32 part, int64 batch_id, int32 version,
 			  Oid role, text *worker)
 {
-	static const char hex[] = "0123456789abcdef";
 	unsigned char mac[ST_MAC_LEN];
 	char		head[ST_MAC_HEX + 80];
 	int			hl;
 	int			sl = VARSIZE_ANY_EXHDR(sub);
 	text	   *t;
-	int			i;
 
 	st_mac(OutboxLeaseKey(), VARDATA_ANY(sub), sl, since, part, batch_id, version, role,
 		   VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
-	for (i = 0; i < ST_MAC_LEN; i++)
-	{
-		head[2 * i] = hex[mac[i] >> 4];
-		head[2 * i + 1] = hex[mac[i] & 0xF];
-	}
+	hex_encode((const char *) mac, ST_MAC_LEN, head);
 	hl = ST_MAC_HEX + snprintf(head + ST_MAC_HEX, sizeof(head) - ST_MAC_HEX,
 							   ":%u:%d:%d:" INT64_FORMAT ":", role, version, part, batch_id);
 	t = palloc(VARHDRSZ + hl + sl);
@@ -213,15 +207,11 @@ static bool
 st_token_holds(const StToken *tok, text *worker, Oid caller)
 {
 	unsigned char mac[ST_MAC_LEN];
-	unsigned char diff = 0;
-	int			i;
 
 	st_mac(OutboxLeaseKey(), tok->subscription, tok->sub_len, tok->since, tok->part,
 		   tok->batch_id, tok->version, tok->role, VARDATA_ANY(worker),
 		   VARSIZE_ANY_EXHDR(worker), mac);
-	for (i = 0; i < ST_MAC_LEN; i++)
-		diff |= mac[i] ^ tok->mac[i];
-	if (diff != 0)
+	if (timingsafe_bcmp(mac, tok->mac, ST_MAC_LEN) != 0)
 		return false;
 	return tok->role == caller || has_privs_of_role(caller, tok->role) ||
 		OutboxIsAdmin(caller);
