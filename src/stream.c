@@ -450,7 +450,7 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
 	"    (id, xid, stream_id, part, command_id, run_id, seq, kind, payload," \
 	"     headers, ordering_key, decided_by)" \
 	"  SELECT v.id, v.xid, v.stream_id, v.part, $4, $1, $2, $5, $6, $11, $12, $10" \
-	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) " #n " RETURNING 1),"
+	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) " #n " RETURNING 1)"
 #define ST_DECIDE(filter) \
 	"WITH i AS (" \
 	"  SELECT s.stream_id, s.partitions, r.current, r.xid_base" \
@@ -467,13 +467,7 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
 	"         (pg_catalog.hashtext(COALESCE($12, $1)) OPERATOR(pg_catalog.&) 2147483647)" \
 	"           OPERATOR(pg_catalog.%) i.partitions AS part" \
 	"    FROM i)," \
-	ST_LOG_INSERT(0) ST_LOG_INSERT(1) \
-	" l2 AS (" \
-	"  INSERT INTO outbox.stream_log_2" \
-	"    (id, xid, stream_id, part, command_id, run_id, seq, kind, payload," \
-	"     headers, ordering_key, decided_by)" \
-	"  SELECT v.id, v.xid, v.stream_id, v.part, $4, $1, $2, $5, $6, $11, $12, $10" \
-	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) 2 RETURNING 1)" \
+	ST_LOG_INSERT(0) "," ST_LOG_INSERT(1) "," ST_LOG_INSERT(2) \
 	"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)" \
 	"SELECT $1, $2, $3, $7, $4 FROM v"
 
