@@ -426,16 +426,6 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
  */
 
 /*
- * The append of one decision to the current log table, with its event,
- * unless the command id is taken (or, with deciders, the kind's deciders
- * do not admit the caller): the parameters of producer.c's single
- * decision, $1 run_id, $2 seq, $3 event_kind, $4 command_id,
- * $5 command_kind, $6 payload, $7 event_payload, $8 not_before,
- * $9 priority, $10 the caller, $11 headers, and $12 the ordering key (NULL:
- * none).  The partition is a hash of the key, else of the run_id.  Its top
- * statement is the INSERT of the event, so the count is the events'.
- */
-/*
  * The transaction id a log row carries: the writer's plus the
  * installation's xid_base (stream_rotation), so that a restore into
  * another cluster keeps the order of the ids (docs/streams.md).
@@ -471,7 +461,16 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
 	"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)" \
 	"SELECT $1, $2, $3, $7, $4 FROM v"
 
-/* The statement that appends a decision of a kind with a stream. */
+/*
+ * The append of one decision to the current log table, with its event,
+ * unless the command id is taken (or, with deciders, the kind's deciders
+ * do not admit the caller): the parameters of producer.c's single
+ * decision, $1 run_id, $2 seq, $3 event_kind, $4 command_id,
+ * $5 command_kind, $6 payload, $7 event_payload, $8 not_before,
+ * $9 priority, $10 the caller, $11 headers, and $12 the ordering key (NULL:
+ * none).  The partition is a hash of the key, else of the run_id.  Its top
+ * statement is the INSERT of the event, so the count is the events'.
+ */
 SPIPlanPtr
 OutboxStreamDecidePlan(bool deciders)
 {
