@@ -146,21 +146,15 @@ static text *
 st_make_token(text *sub, int64 since, int32 part, int64 batch_id, int32 version,
 			  Oid role, text *worker)
 {
-	static const char hex[] = "0123456789abcdef";
 	unsigned char mac[ST_MAC_LEN];
 	char		head[ST_MAC_HEX + 80];
 	int			hl;
 	int			sl = VARSIZE_ANY_EXHDR(sub);
 	text	   *t;
-	int			i;
 
 	st_mac(OutboxLeaseKey(), VARDATA_ANY(sub), sl, since, part, batch_id, version, role,
 		   VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
-	for (i = 0; i < ST_MAC_LEN; i++)
-	{
-		head[2 * i] = hex[mac[i] >> 4];
-		head[2 * i + 1] = hex[mac[i] & 0xF];
-	}
+	hex_encode((const char *) mac, ST_MAC_LEN, head);
 	hl = ST_MAC_HEX + snprintf(head + ST_MAC_HEX, sizeof(head) - ST_MAC_HEX,
 							   ":%u:%d:%d:" INT64_FORMAT ":", role, version, part, batch_id);
 	t = palloc(VARHDRSZ + hl + sl);
@@ -213,15 +207,11 @@ static bool
 st_token_holds(const StToken *tok, text *worker, Oid caller)
 {
 	unsigned char mac[ST_MAC_LEN];
-	unsigned char diff = 0;
-	int			i;
 
 	st_mac(OutboxLeaseKey(), tok->subscription, tok->sub_len, tok->since, tok->part,
 		   tok->batch_id, tok->version, tok->role, VARDATA_ANY(worker),
 		   VARSIZE_ANY_EXHDR(worker), mac);
-	for (i = 0; i < ST_MAC_LEN; i++)
-		diff |= mac[i] ^ tok->mac[i];
-	if (diff != 0)
+	if (timingsafe_bcmp(mac, tok->mac, ST_MAC_LEN) != 0)
 		return false;
 	return tok->role == caller || has_privs_of_role(caller, tok->role) ||
 		OutboxIsAdmin(caller);
@@ -342,6 +332,52 @@ outbox_claim_batch(PG_FUNCTION_ARGS)
 }
 
 /*
+ * The body of ack_batch and renew_batch: check the worker and token
+ * arguments (0 and 1), then run sql on the batch's row with $1 to $5 the
+ * token's subscription, partition, batch id, version and the worker, and
+ * $6 on the call's arguments from 2 on; its one value, by value, or OB001
+ * when it is NULL (the batch is not held).  what names the call in the
+ * error of a failed statement.
+ */
+static Datum
+st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
+			  const char *sql, int nargs, const Oid *argtypes, const char *what)
+{
+	StToken		tok;
+	text	   *worker;
+	Datum		args[8];
+	char		nulls[8];
+	bool		isnull;
+	Datum		result;
+	int			j;
+
+	Assert(nargs >= 5 && nargs <= lengthof(args));
+	/* (the lease key is read through SPI) */
+	SPI_connect();
+	worker = st_args_token(fcinfo, caller, &tok);
+	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
+	args[1] = Int32GetDatum(tok.part);
+	args[2] = Int64GetDatum(tok.batch_id);
+	args[3] = Int32GetDatum(tok.version);
+	args[4] = PointerGetDatum(worker);
+	memset(nulls, ' ', sizeof(nulls));
+	for (j = 5; j < nargs; j++)
+	{
+		args[j] = PG_ARGISNULL(j - 3) ? (Datum) 0 : PG_GETARG_DATUM(j - 3);
+		if (PG_ARGISNULL(j - 3))
+			nulls[j] = 'n';
+	}
+	if (OutboxExecute(OutboxPrepare(plan, sql, nargs, argtypes),
+					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: %s failed", what);
+	result = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		st_raise_not_owned(worker, &tok);
+	SPI_finish();
+	return result;
+}
+
+/*
  * outbox.ack_batch(worker, token, failed, errors, fatal): the batch is
  * published but for the failed commands; returns how many were published.
  */
@@ -351,37 +387,11 @@ st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 	static SPIPlanPtr plan = NULL;
 	static const Oid argtypes[8] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID,
 	TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
-	StToken		tok;
-	text	   *worker;
-	Datum		args[8];
-	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	bool		isnull;
 	Datum		n;
-	int			j;
 
-	/* (the lease key is read through SPI) */
-	SPI_connect();
-	worker = st_args_token(fcinfo, caller, &tok);
-	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
-	args[1] = Int32GetDatum(tok.part);
-	args[2] = Int64GetDatum(tok.batch_id);
-	args[3] = Int32GetDatum(tok.version);
-	args[4] = PointerGetDatum(worker);
-	for (j = 2; j < 5; j++)
-	{
-		args[j + 3] = PG_ARGISNULL(j) ? (Datum) 0 : PG_GETARG_DATUM(j);
-		if (PG_ARGISNULL(j))
-			nulls[j + 3] = 'n';
-	}
-	if (OutboxExecute(OutboxPrepare(&plan,
-									"SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8)",
-									8, argtypes),
-					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: ack_batch failed");
-	n = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	if (isnull)
-		st_raise_not_owned(worker, &tok);
-	SPI_finish();
+	n = st_batch_call(fcinfo, caller, &plan,
+					  "SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8)",
+					  8, argtypes, "ack_batch");
 	OutboxCountNow(OBC_ACKED, DatumGetInt64(n));
 	PG_RETURN_DATUM(n);
 }
@@ -398,34 +408,10 @@ st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 {
 	static SPIPlanPtr plan = NULL;
 	static const Oid argtypes[6] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID, INTERVALOID};
-	StToken		tok;
-	text	   *worker;
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
-	bool		isnull;
-	Datum		until;
 
-	/* (the lease key is read through SPI) */
-	SPI_connect();
-	worker = st_args_token(fcinfo, caller, &tok);
-	args[0] = PointerGetDatum(cstring_to_text_with_len(tok.subscription, tok.sub_len));
-	args[1] = Int32GetDatum(tok.part);
-	args[2] = Int64GetDatum(tok.batch_id);
-	args[3] = Int32GetDatum(tok.version);
-	args[4] = PointerGetDatum(worker);
-	args[5] = PG_ARGISNULL(2) ? (Datum) 0 : PG_GETARG_DATUM(2);
-	if (PG_ARGISNULL(2))
-		nulls[5] = 'n';
-	if (OutboxExecute(OutboxPrepare(&plan,
-									"SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6)",
-									6, argtypes),
-					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: renew_batch failed");
-	until = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	if (isnull)
-		st_raise_not_owned(worker, &tok);
-	SPI_finish();
-	PG_RETURN_DATUM(until);
+	PG_RETURN_DATUM(st_batch_call(fcinfo, caller, &plan,
+								  "SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6)",
+								  6, argtypes, "renew_batch"));
 }
 
 Datum
@@ -439,16 +425,6 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
  * ----------------------------------------------------------------
  */
 
-/*
- * The append of one decision to the current log table, with its event,
- * unless the command id is taken (or, with deciders, the kind's deciders
- * do not admit the caller): the parameters of producer.c's single
- * decision, $1 run_id, $2 seq, $3 event_kind, $4 command_id,
- * $5 command_kind, $6 payload, $7 event_payload, $8 not_before,
- * $9 priority, $10 the caller, $11 headers, and $12 the ordering key (NULL:
- * none).  The partition is a hash of the key, else of the run_id.  Its top
- * statement is the INSERT of the event, so the count is the events'.
- */
 /*
  * The transaction id a log row carries: the writer's plus the
  * installation's xid_base (stream_rotation), so that a restore into
@@ -464,7 +440,7 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
 	"    (id, xid, stream_id, part, command_id, run_id, seq, kind, payload," \
 	"     headers, ordering_key, decided_by)" \
 	"  SELECT v.id, v.xid, v.stream_id, v.part, $4, $1, $2, $5, $6, $11, $12, $10" \
-	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) " #n " RETURNING 1),"
+	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) " #n " RETURNING 1)"
 #define ST_DECIDE(filter) \
 	"WITH i AS (" \
 	"  SELECT s.stream_id, s.partitions, r.current, r.xid_base" \
@@ -481,17 +457,20 @@ outbox_renew_batch(PG_FUNCTION_ARGS)
 	"         (pg_catalog.hashtext(COALESCE($12, $1)) OPERATOR(pg_catalog.&) 2147483647)" \
 	"           OPERATOR(pg_catalog.%) i.partitions AS part" \
 	"    FROM i)," \
-	ST_LOG_INSERT(0) ST_LOG_INSERT(1) \
-	" l2 AS (" \
-	"  INSERT INTO outbox.stream_log_2" \
-	"    (id, xid, stream_id, part, command_id, run_id, seq, kind, payload," \
-	"     headers, ordering_key, decided_by)" \
-	"  SELECT v.id, v.xid, v.stream_id, v.part, $4, $1, $2, $5, $6, $11, $12, $10" \
-	"    FROM v WHERE v.current OPERATOR(pg_catalog.=) 2 RETURNING 1)" \
+	ST_LOG_INSERT(0) "," ST_LOG_INSERT(1) "," ST_LOG_INSERT(2) \
 	"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)" \
 	"SELECT $1, $2, $3, $7, $4 FROM v"
 
-/* The statement that appends a decision of a kind with a stream. */
+/*
+ * The append of one decision to the current log table, with its event,
+ * unless the command id is taken (or, with deciders, the kind's deciders
+ * do not admit the caller): the parameters of producer.c's single
+ * decision, $1 run_id, $2 seq, $3 event_kind, $4 command_id,
+ * $5 command_kind, $6 payload, $7 event_payload, $8 not_before,
+ * $9 priority, $10 the caller, $11 headers, and $12 the ordering key (NULL:
+ * none).  The partition is a hash of the key, else of the run_id.  Its top
+ * statement is the INSERT of the event, so the count is the events'.
+ */
 SPIPlanPtr
 OutboxStreamDecidePlan(bool deciders)
 {
