@@ -282,7 +282,6 @@ static text *
 le_make_token(const unsigned char *key, text *run_id, text *command_id,
 			  int64 version, Oid role, text *worker)
 {
-	static const char hex[] = "0123456789abcdef";
 	int			rl = VARSIZE_ANY_EXHDR(run_id);
 	int			cl = VARSIZE_ANY_EXHDR(command_id);
 	unsigned char mac[LE_MAC_LEN];
@@ -290,15 +289,10 @@ le_make_token(const unsigned char *key, text *run_id, text *command_id,
 	int			hl;
 	text	   *t;
 	char	   *p;
-	int			i;
 
 	le_mac(key, VARDATA_ANY(run_id), rl, VARDATA_ANY(command_id), cl, version, role,
 		   VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
-	for (i = 0; i < LE_MAC_LEN; i++)
-	{
-		head[2 * i] = hex[mac[i] >> 4];
-		head[2 * i + 1] = hex[mac[i] & 0xF];
-	}
+	hex_encode((const char *) mac, LE_MAC_LEN, head);
 	hl = LE_MAC_HEX + snprintf(head + LE_MAC_HEX, sizeof(head) - LE_MAC_HEX,
 							   ":%u:" INT64_FORMAT ":%d:", role, version, rl);
 	t = palloc(VARHDRSZ + hl + rl + 1 + cl);
@@ -366,14 +360,10 @@ static bool
 le_token_holds(const unsigned char *key, const LeToken *tok, text *worker, Oid caller)
 {
 	unsigned char mac[LE_MAC_LEN];
-	unsigned char diff = 0;
-	int			i;
 
 	le_mac(key, tok->run_id, tok->run_len, tok->command_id, tok->cmd_len,
 		   tok->version, tok->role, VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
-	for (i = 0; i < LE_MAC_LEN; i++)
-		diff |= mac[i] ^ tok->mac[i];
-	if (diff != 0)
+	if (timingsafe_bcmp(mac, tok->mac, LE_MAC_LEN) != 0)
 		return false;
 	return tok->role == caller || has_privs_of_role(caller, tok->role) ||
 		OutboxIsAdmin(caller);
