@@ -59,6 +59,7 @@
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
 #include "utils/guc.h"
@@ -86,14 +87,33 @@ OutboxCitusInit(void)
 }
 
 /*
- * True when Citus is loaded in this process (it must be preloaded, and
- * defines citus.version then) and the extension citus is installed in the
- * current database.
+ * True when Citus is loaded in this process: it must be preloaded, and
+ * defines citus.version then.  Asked of the settings once the preloaded
+ * libraries are all loaded, and then kept for the process's life (the API
+ * asks in every call).
+ */
+bool
+OutboxCitusLoaded(void)
+{
+	static int	loaded = -1;
+	bool		now;
+
+	if (loaded >= 0)
+		return loaded;
+	now = GetConfigOption("citus.version", true, false) != NULL;
+	if (process_shared_preload_libraries_done)
+		loaded = now;
+	return now;
+}
+
+/*
+ * True when Citus is loaded in this process and the extension citus is
+ * installed in the current database.
  */
 bool
 OutboxCitusInstalled(void)
 {
-	return GetConfigOption("citus.version", true, false) != NULL &&
+	return OutboxCitusLoaded() &&
 		OidIsValid(get_extension_oid("citus", true));
 }
 
@@ -222,13 +242,13 @@ ci_read_metadata(void)
 /*
  * True when the outbox of the current database is distributed (Citus's
  * metadata, synced to every node, lists outbox.events).  Called by the API
- * inside SPI; without Citus it costs a lookup of one setting, with it a
- * look at the cached answer (see above).
+ * inside SPI; without Citus it costs a look at a static, with it a look at
+ * the cached answer (see above).
  */
 bool
 OutboxCitusDistributed(void)
 {
-	if (GetConfigOption("citus.version", true, false) == NULL)
+	if (!OutboxCitusLoaded())
 		return false;
 	ci_read_metadata();
 	return ci_distributed;
