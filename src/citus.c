@@ -330,7 +330,10 @@ OutboxCitusLocalShards(int *n, bool coordinator_error)
 			if (nopolicies)
 			{
 				pfree(shards);
-				elog(ERROR, "outbox: this node has no copy of outbox.policies");
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("this node has no copy of the reference table outbox.policies"),
+						 errhint("Replicate the reference tables to it: SELECT replicate_reference_tables(); on the coordinator.")));
 			}
 			found++;
 		}
