@@ -128,35 +128,12 @@ citus_node_dsn(const char *host, int port)
 	return sb.data;
 }
 
-/* Connect to the --dsn (the coordinator); NULL, logged, on failure. */
+/* Connect to the --dsn (the coordinator, as db_open); NULL, logged, on failure. */
 static PGconn *
 citus_connect(bool quiet)
 {
-	const char *keys[4];
-	const char *vals[4];
-	int			k = 0;
-	PGconn	   *conn;
+	PGconn	   *conn = db_open();
 
-	if (getenv("PGCONNECT_TIMEOUT") == NULL)
-	{
-		keys[k] = "connect_timeout";
-		vals[k++] = "10";
-	}
-	keys[k] = "fallback_application_name";
-	vals[k++] = RELAY_NAME;
-	if (relay_opts.dsn != NULL)
-	{
-		keys[k] = "dbname";
-		vals[k++] = relay_opts.dsn;
-	}
-	keys[k] = NULL;
-	vals[k] = NULL;
-	conn = PQconnectdbParams(keys, vals, 1);
-	if (conn == NULL)
-	{
-		relay_log("out of memory");
-		exit(RELAY_EXIT_RUNTIME);
-	}
 	if (PQstatus(conn) != CONNECTION_OK)
 	{
 		if (!quiet)

@@ -173,6 +173,7 @@ typedef enum DbResult
 	DB_FATAL					/* configuration error: exit 1 */
 } DbResult;
 
+extern PGconn *db_open(void);
 extern bool db_connected(void);
 extern DbResult db_connect(void);
 extern void db_disconnect(void);
