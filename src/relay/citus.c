@@ -323,8 +323,6 @@ citus_become_child(const CitusNode *n, pid_t supervisor)
 {
 	char		name[CITUS_MAX_WORKER_LEN + 300];
 	const char *base = relay_opts.worker;
-	char		host[256];
-	char		defname[300];
 
 	setpgid(0, 0);
 #ifdef __linux__
@@ -335,13 +333,7 @@ citus_become_child(const CitusNode *n, pid_t supervisor)
 		relay_stop = 1;			/* the supervisor is gone already */
 
 	if (base == NULL)
-	{
-		if (gethostname(host, sizeof(host)) != 0)
-			strcpy(host, "localhost");
-		host[sizeof(host) - 1] = '\0';
-		snprintf(defname, sizeof(defname), "%s:%d", host, (int) getpid());
-		base = defname;
-	}
+		base = relay_default_worker();	/* HOST:PID of the child */
 	if (n->host == NULL)
 		snprintf(name, sizeof(name), "%s", base);
 	else

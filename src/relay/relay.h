@@ -149,6 +149,7 @@ extern void relay_log(const char *fmt,...) __attribute__((format(printf, 1, 2)))
 extern void relay_debug(const char *fmt,...) __attribute__((format(printf, 1, 2)));
 extern void *relay_malloc(size_t size);
 extern char *relay_strdup(const char *s);
+extern char *relay_default_worker(void);
 extern void sb_init(StrBuf *sb);
 extern void sb_free(StrBuf *sb);
 extern void sb_reset(StrBuf *sb);
