@@ -118,18 +118,20 @@ OutboxCitusInstalled(void)
 }
 
 /*
- * A saved plan of a query of Citus's catalogs, without parameters (the
- * plan mode does not matter for them; plans.c is not called, as it calls
- * this file).
+ * Prepare and keep a plan in *cache, unless there is one (as OutboxPrepare
+ * does; plans.c is not called, as it calls this file): the queries of
+ * Citus's catalogs, without parameters (cursor options 0: a plan without
+ * parameters is generic anyway), and the plans against a shard.
  */
 static SPIPlanPtr
-ci_keep(SPIPlanPtr *cache, const char *sql)
+ci_keep(SPIPlanPtr *cache, const char *sql, int nargs, const Oid *argtypes,
+		int cursor_options)
 {
 	SPIPlanPtr	plan;
 
 	if (*cache != NULL)
 		return *cache;
-	plan = SPI_prepare(sql, 0, NULL);
+	plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes, cursor_options);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 			 sql, SPI_result_code_string(SPI_result));
@@ -229,7 +231,8 @@ ci_read_metadata(void)
 								 " WHERE p.logicalrelid OPERATOR(pg_catalog.=)"
 								 "       'outbox.events'::pg_catalog.regclass),"
 								 " COALESCE((SELECT g.groupid OPERATOR(pg_catalog.=) 0"
-								 "             FROM pg_catalog.pg_dist_local_group g), true)"),
+								 "             FROM pg_catalog.pg_dist_local_group g), true)",
+								 0, NULL, 0),
 						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "outbox: could not read Citus's metadata");
 	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
@@ -309,7 +312,7 @@ OutboxCitusLocalShards(int *n, bool coordinator_error)
 									 "               ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
 									 "              AND s.logicalrelid OPERATOR(pg_catalog.=) 'outbox.commands'::pg_catalog.regclass)"
 									 "    ON p.groupid OPERATOR(pg_catalog.=) g.groupid"
-									 " ORDER BY s.shardid"),
+									 " ORDER BY s.shardid", 0, NULL, 0),
 							 NULL, NULL, true, 0) != SPI_OK_SELECT || SPI_processed < 1)
 			elog(ERROR, "outbox: could not read Citus's shard placements");
 		shards = MemoryContextAlloc(TopMemoryContext, sizeof(OutboxShard) * SPI_processed);
@@ -402,7 +405,7 @@ OutboxCitusShardPlan(const OutboxShard *shard, const char *sql, int nargs,
 {
 	int			i;
 	StringInfoData buf;
-	SPIPlanPtr	plan;
+	SPIPlanPtr	plan = NULL;
 	MemoryContext old;
 
 	for (i = 0; i < ci_nplans; i++)
@@ -410,12 +413,7 @@ OutboxCitusShardPlan(const OutboxShard *shard, const char *sql, int nargs,
 			return ci_plans[i].plan;
 	initStringInfo(&buf);
 	ci_append_renamed(&buf, sql, shard);
-	plan = SPI_prepare_cursor(buf.data, nargs, (Oid *) argtypes, CURSOR_OPT_GENERIC_PLAN);
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-			 buf.data, SPI_result_code_string(SPI_result));
-	if (SPI_keepplan(plan) != 0)
-		elog(ERROR, "SPI_keepplan failed");
+	(void) ci_keep(&plan, buf.data, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
 	old = MemoryContextSwitchTo(TopMemoryContext);
 	if (ci_nplans == ci_maxplans)
 	{
