@@ -59,6 +59,7 @@
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
 #include "utils/guc.h"
@@ -86,30 +87,51 @@ OutboxCitusInit(void)
 }
 
 /*
- * True when Citus is loaded in this process (it must be preloaded, and
- * defines citus.version then) and the extension citus is installed in the
- * current database.
+ * True when Citus is loaded in this process: it must be preloaded, and
+ * defines citus.version then.  Asked of the settings once the preloaded
+ * libraries are all loaded, and then kept for the process's life (the API
+ * asks in every call).
+ */
+bool
+OutboxCitusLoaded(void)
+{
+	static int	loaded = -1;
+	bool		now;
+
+	if (loaded >= 0)
+		return loaded;
+	now = GetConfigOption("citus.version", true, false) != NULL;
+	if (process_shared_preload_libraries_done)
+		loaded = now;
+	return now;
+}
+
+/*
+ * True when Citus is loaded in this process and the extension citus is
+ * installed in the current database.
  */
 bool
 OutboxCitusInstalled(void)
 {
-	return GetConfigOption("citus.version", true, false) != NULL &&
+	return OutboxCitusLoaded() &&
 		OidIsValid(get_extension_oid("citus", true));
 }
 
 /*
- * A saved plan of a query of Citus's catalogs, without parameters (the
- * plan mode does not matter for them; plans.c is not called, as it calls
- * this file).
+ * Prepare and keep a plan in *cache, unless there is one (as OutboxPrepare
+ * does; plans.c is not called, as it calls this file): the queries of
+ * Citus's catalogs, without parameters (cursor options 0: a plan without
+ * parameters is generic anyway), and the plans against a shard.
  */
 static SPIPlanPtr
-ci_keep(SPIPlanPtr *cache, const char *sql)
+ci_keep(SPIPlanPtr *cache, const char *sql, int nargs, const Oid *argtypes,
+		int cursor_options)
 {
 	SPIPlanPtr	plan;
 
 	if (*cache != NULL)
 		return *cache;
-	plan = SPI_prepare(sql, 0, NULL);
+	plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes, cursor_options);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 			 sql, SPI_result_code_string(SPI_result));
@@ -209,7 +231,8 @@ ci_read_metadata(void)
 								 " WHERE p.logicalrelid OPERATOR(pg_catalog.=)"
 								 "       'outbox.events'::pg_catalog.regclass),"
 								 " COALESCE((SELECT g.groupid OPERATOR(pg_catalog.=) 0"
-								 "             FROM pg_catalog.pg_dist_local_group g), true)"),
+								 "             FROM pg_catalog.pg_dist_local_group g), true)",
+								 0, NULL, 0),
 						 NULL, NULL, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "outbox: could not read Citus's metadata");
 	v = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
@@ -222,13 +245,13 @@ ci_read_metadata(void)
 /*
  * True when the outbox of the current database is distributed (Citus's
  * metadata, synced to every node, lists outbox.events).  Called by the API
- * inside SPI; without Citus it costs a lookup of one setting, with it a
- * look at the cached answer (see above).
+ * inside SPI; without Citus it costs a look at a static, with it a look at
+ * the cached answer (see above).
  */
 bool
 OutboxCitusDistributed(void)
 {
-	if (GetConfigOption("citus.version", true, false) == NULL)
+	if (!OutboxCitusLoaded())
 		return false;
 	ci_read_metadata();
 	return ci_distributed;
@@ -289,7 +312,7 @@ OutboxCitusLocalShards(int *n, bool coordinator_error)
 									 "               ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
 									 "              AND s.logicalrelid OPERATOR(pg_catalog.=) 'outbox.commands'::pg_catalog.regclass)"
 									 "    ON p.groupid OPERATOR(pg_catalog.=) g.groupid"
-									 " ORDER BY s.shardid"),
+									 " ORDER BY s.shardid", 0, NULL, 0),
 							 NULL, NULL, true, 0) != SPI_OK_SELECT || SPI_processed < 1)
 			elog(ERROR, "outbox: could not read Citus's shard placements");
 		shards = MemoryContextAlloc(TopMemoryContext, sizeof(OutboxShard) * SPI_processed);
@@ -310,7 +333,10 @@ OutboxCitusLocalShards(int *n, bool coordinator_error)
 			if (nopolicies)
 			{
 				pfree(shards);
-				elog(ERROR, "outbox: this node has no copy of outbox.policies");
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("this node has no copy of the reference table outbox.policies"),
+						 errhint("Replicate the reference tables to it: SELECT replicate_reference_tables(); on the coordinator.")));
 			}
 			found++;
 		}
@@ -379,7 +405,7 @@ OutboxCitusShardPlan(const OutboxShard *shard, const char *sql, int nargs,
 {
 	int			i;
 	StringInfoData buf;
-	SPIPlanPtr	plan;
+	SPIPlanPtr	plan = NULL;
 	MemoryContext old;
 
 	for (i = 0; i < ci_nplans; i++)
@@ -387,12 +413,7 @@ OutboxCitusShardPlan(const OutboxShard *shard, const char *sql, int nargs,
 			return ci_plans[i].plan;
 	initStringInfo(&buf);
 	ci_append_renamed(&buf, sql, shard);
-	plan = SPI_prepare_cursor(buf.data, nargs, (Oid *) argtypes, CURSOR_OPT_GENERIC_PLAN);
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-			 buf.data, SPI_result_code_string(SPI_result));
-	if (SPI_keepplan(plan) != 0)
-		elog(ERROR, "SPI_keepplan failed");
+	(void) ci_keep(&plan, buf.data, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
 	old = MemoryContextSwitchTo(TopMemoryContext);
 	if (ci_nplans == ci_maxplans)
 	{

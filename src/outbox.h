@@ -316,6 +316,7 @@ typedef struct OutboxShard
 } OutboxShard;
 
 extern void OutboxCitusInit(void);
+extern bool OutboxCitusLoaded(void);
 extern bool OutboxCitusInstalled(void);
 extern bool OutboxCitusDistributed(void);
 extern bool OutboxCitusCoordinator(void);

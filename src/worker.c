@@ -327,7 +327,7 @@ OutboxWorkerMain(Datum main_arg)
 	 * deadlock detection (every two deadlock_timeouts) breaks by canceling
 	 * that transaction: give up such a wait long before, and skip the turn.
 	 */
-	if (GetConfigOption("citus.version", true, false) != NULL)
+	if (OutboxCitusLoaded())
 		SetConfigOption("lock_timeout", "50ms", PGC_SUSET, PGC_S_OVERRIDE);
 
 	wk_check();					/* exits at once if there is no extension */

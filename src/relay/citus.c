@@ -128,35 +128,12 @@ citus_node_dsn(const char *host, int port)
 	return sb.data;
 }
 
-/* Connect to the --dsn (the coordinator); NULL, logged, on failure. */
+/* Connect to the --dsn (the coordinator, as db_open); NULL, logged, on failure. */
 static PGconn *
 citus_connect(bool quiet)
 {
-	const char *keys[4];
-	const char *vals[4];
-	int			k = 0;
-	PGconn	   *conn;
+	PGconn	   *conn = db_open();
 
-	if (getenv("PGCONNECT_TIMEOUT") == NULL)
-	{
-		keys[k] = "connect_timeout";
-		vals[k++] = "10";
-	}
-	keys[k] = "fallback_application_name";
-	vals[k++] = RELAY_NAME;
-	if (relay_opts.dsn != NULL)
-	{
-		keys[k] = "dbname";
-		vals[k++] = relay_opts.dsn;
-	}
-	keys[k] = NULL;
-	vals[k] = NULL;
-	conn = PQconnectdbParams(keys, vals, 1);
-	if (conn == NULL)
-	{
-		relay_log("out of memory");
-		exit(RELAY_EXIT_RUNTIME);
-	}
 	if (PQstatus(conn) != CONNECTION_OK)
 	{
 		if (!quiet)
@@ -346,8 +323,6 @@ citus_become_child(const CitusNode *n, pid_t supervisor)
 {
 	char		name[CITUS_MAX_WORKER_LEN + 300];
 	const char *base = relay_opts.worker;
-	char		host[256];
-	char		defname[300];
 
 	setpgid(0, 0);
 #ifdef __linux__
@@ -358,13 +333,7 @@ citus_become_child(const CitusNode *n, pid_t supervisor)
 		relay_stop = 1;			/* the supervisor is gone already */
 
 	if (base == NULL)
-	{
-		if (gethostname(host, sizeof(host)) != 0)
-			strcpy(host, "localhost");
-		host[sizeof(host) - 1] = '\0';
-		snprintf(defname, sizeof(defname), "%s:%d", host, (int) getpid());
-		base = defname;
-	}
+		base = relay_default_worker();	/* HOST:PID of the child */
 	if (n->host == NULL)
 		snprintf(name, sizeof(name), "%s", base);
 	else

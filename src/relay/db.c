@@ -258,23 +258,18 @@ db_prepare(const char *name, const char *sql, int nparams, const Oid *types)
 }
 
 /*
- * Connect, prepare the statements, read outbox.notify_channel and LISTEN
- * on it.  DB_RETRY when the server cannot be reached (the caller backs off
- * and tries again), DB_FATAL when it answers with an error retrying cannot
- * fix.
+ * A new connection to the --dsn, made or failed (PQstatus says which):
+ * the relay's connect_timeout (unless PGCONNECT_TIMEOUT is set), its
+ * application_name, and UTF-8 (the sinks emit UTF-8 JSON).  Used by
+ * db_connect and by the --citus supervisor (citus.c).
  */
-DbResult
-db_connect(void)
+PGconn *
+db_open(void)
 {
-	const char *keys[6];
-	const char *vals[6];
+	const char *keys[5];
+	const char *vals[5];
 	int			k = 0;
-	PGresult   *res;
-	char	   *ident;
-	char		sql[600];
-	DbResult	r;
-
-	db_disconnect();
+	PGconn	   *c;
 
 	if (getenv("PGCONNECT_TIMEOUT") == NULL)
 	{
@@ -288,18 +283,38 @@ db_connect(void)
 		keys[k] = "dbname";
 		vals[k++] = relay_opts.dsn;
 	}
-	/* last, so that it wins: the sinks emit UTF-8 JSON */
+	/* last, so that it wins */
 	keys[k] = "client_encoding";
 	vals[k++] = "UTF8";
 	keys[k] = NULL;
 	vals[k] = NULL;
 
-	conn = PQconnectdbParams(keys, vals, 1);
-	if (conn == NULL)
+	c = PQconnectdbParams(keys, vals, 1);
+	if (c == NULL)
 	{
 		relay_log("out of memory");
 		exit(RELAY_EXIT_RUNTIME);
 	}
+	return c;
+}
+
+/*
+ * Connect, prepare the statements, read outbox.notify_channel and LISTEN
+ * on it.  DB_RETRY when the server cannot be reached (the caller backs off
+ * and tries again), DB_FATAL when it answers with an error retrying cannot
+ * fix.
+ */
+DbResult
+db_connect(void)
+{
+	PGresult   *res;
+	char	   *ident;
+	char		sql[600];
+	DbResult	r;
+
+	db_disconnect();
+
+	conn = db_open();
 	if (PQstatus(conn) != CONNECTION_OK)
 	{
 		relay_log("could not connect: %s", one_line(PQerrorMessage(conn)));

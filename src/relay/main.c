@@ -436,16 +436,7 @@ parse_options(int argc, char **argv)
 		PQconninfoFree(opts);
 	}
 	if (relay_opts.worker == NULL && !relay_opts.citus)
-	{
-		char		host[256];
-		char		name[300];
-
-		if (gethostname(host, sizeof(host)) != 0)
-			strcpy(host, "localhost");
-		host[sizeof(host) - 1] = '\0';
-		snprintf(name, sizeof(name), "%s:%d", host, (int) getpid());
-		relay_opts.worker = relay_strdup(name);
-	}
+		relay_opts.worker = relay_default_worker();
 }
 
 /* The next backoff delay: 0.1 s doubling to 10 s, +-25% jitter. */

@@ -149,6 +149,7 @@ extern void relay_log(const char *fmt,...) __attribute__((format(printf, 1, 2)))
 extern void relay_debug(const char *fmt,...) __attribute__((format(printf, 1, 2)));
 extern void *relay_malloc(size_t size);
 extern char *relay_strdup(const char *s);
+extern char *relay_default_worker(void);
 extern void sb_init(StrBuf *sb);
 extern void sb_free(StrBuf *sb);
 extern void sb_reset(StrBuf *sb);
@@ -173,6 +174,7 @@ typedef enum DbResult
 	DB_FATAL					/* configuration error: exit 1 */
 } DbResult;
 
+extern PGconn *db_open(void);
 extern bool db_connected(void);
 extern DbResult db_connect(void);
 extern void db_disconnect(void);

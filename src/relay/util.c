@@ -99,6 +99,20 @@ relay_strdup(const char *s)
 	return p;
 }
 
+/* The default worker name, HOST:PID of this process (malloc'd). */
+char *
+relay_default_worker(void)
+{
+	char		host[256];
+	char		name[300];
+
+	if (gethostname(host, sizeof(host)) != 0)
+		strcpy(host, "localhost");
+	host[sizeof(host) - 1] = '\0';
+	snprintf(name, sizeof(name), "%s:%d", host, (int) getpid());
+	return relay_strdup(name);
+}
+
 /* Start an empty buffer. */
 void
 sb_init(StrBuf *sb)
