@@ -129,7 +129,8 @@ static uint64
 ky_hash(const unsigned char *sipkey, Oid role, text *key)
 {
 	int			len = VARSIZE_ANY_EXHDR(key);
-	unsigned char *msg = palloc(8 + len);
+	unsigned char buf[8 + OUTBOX_MAX_ID_LEN];
+	unsigned char *msg = (len <= OUTBOX_MAX_ID_LEN) ? buf : palloc(8 + len);
 	uint32		db = (uint32) MyDatabaseId;
 	uint32		r = (uint32) role;
 	unsigned char out[8];
@@ -142,7 +143,8 @@ ky_hash(const unsigned char *sipkey, Oid role, text *key)
 	OutboxSipHash(sipkey, msg, 8 + len, out, 8);
 	for (i = 0; i < 8; i++)
 		h = (h << 8) | out[i];
-	pfree(msg);
+	if (msg != buf)
+		pfree(msg);
 	return h;
 }
 
@@ -179,23 +181,6 @@ ky_lock(KyLock *locks, int n)
 	}
 }
 
-/*
- * Take the locks of n ordering keys of one deciding role (the producer's).
- * Runs in the caller's SPI connection (for the lease key).
- */
-void
-OutboxLockKeys(Oid role, text **keys, int n)
-{
-	KyLock	   *locks = palloc(sizeof(KyLock) * Max(n, 1));
-	const unsigned char *sipkey = OutboxKeyLockKey();
-	int			i;
-
-	for (i = 0; i < n; i++)
-		locks[i].hash = ky_hash(sipkey, role, keys[i]);
-	ky_lock(locks, n);
-	pfree(locks);
-}
-
 /* Take the locks of the keys of n places (each its own role). */
 static void
 ky_lock_places(OutboxKeyPlace *places, int n)
@@ -208,6 +193,25 @@ ky_lock_places(OutboxKeyPlace *places, int n)
 		locks[i].hash = ky_hash(sipkey, places[i].role, places[i].key);
 	ky_lock(locks, n);
 	pfree(locks);
+}
+
+/*
+ * Take the locks of n ordering keys of one deciding role (the producer's).
+ * Runs in the caller's SPI connection (for the lease key).
+ */
+void
+OutboxLockKeys(Oid role, text **keys, int n)
+{
+	OutboxKeyPlace *places = palloc0(sizeof(OutboxKeyPlace) * Max(n, 1));
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		places[i].role = role;
+		places[i].key = keys[i];
+	}
+	ky_lock_places(places, n);
+	pfree(places);
 }
 
 /*
