@@ -405,11 +405,18 @@ BEGIN
 	IF p_part IS NULL THEN
 		RETURN false;
 	END IF;
-	SELECT p.batch_id, p.acked_tick, p.batch_to, p.deliveries, p.owner INTO pr
+	SELECT p.batch_id, p.acked_tick, p.batch_to, p.deliveries, p.owner, p.batch_retries INTO pr
 	  FROM @extschema@.stream_progress p
 	 WHERE p.subscription OPERATOR(pg_catalog.=) sub AND p.part OPERATOR(pg_catalog.=) p_part
 	   AND p.batch_to IS NOT NULL;
 	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	-- Usually nothing is used up: without retries every command has the
+	-- batch's deliveries, below every kind's limit (no read of the log).
+	IF pr.batch_retries OPERATOR(pg_catalog.=) 0
+	   AND pr.deliveries OPERATOR(pg_catalog.<) LEAST(dflt, (SELECT pg_catalog.min(q.max_deliveries)
+															 FROM @extschema@.policies q)) THEN
 		RETURN false;
 	END IF;
 	SELECT pg_catalog.array_agg(b.command_id ORDER BY b.id),
