@@ -2,7 +2,8 @@
  *
  * lease.c
  *		The publisher API: claim, ack (single and batch), fail, renew, and
- *		the sweep of expired leases.
+ *		the sweep of expired leases; the cut of error texts (also for the
+ *		stream path, through outbox._error_text).
  *
  * Lease protocol.  Each claim gives a command a new lease (a new version)
  * and hands out a token, opaque text that carries the claiming role, the
@@ -85,6 +86,7 @@ PG_FUNCTION_INFO_V1(outbox_rotate_lease_key);
 PG_FUNCTION_INFO_V1(outbox_fail_1_0);
 PG_FUNCTION_INFO_V1(outbox_renew_1_0);
 PG_FUNCTION_INFO_V1(outbox_sweep);
+PG_FUNCTION_INFO_V1(outbox_error_text);
 
 static SPIPlanPtr plan_claim = NULL;
 static SPIPlanPtr plan_claim_pending = NULL;
@@ -1280,6 +1282,18 @@ le_error_text(text *error)
 	memcpy(VARDATA(t), VARDATA_ANY(error), keep);
 	memcpy(VARDATA(t) + keep, LE_CUT_MARK, strlen(LE_CUT_MARK));
 	return t;
+}
+
+/*
+ * outbox._error_text(error): le_error_text for SQL, so that the stream
+ * path (ack_batch's errors, part 35) cuts its errors as fail does.
+ */
+Datum
+outbox_error_text(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	PG_RETURN_TEXT_P(le_error_text(PG_GETARG_TEXT_PP(0)));
 }
 
 /*

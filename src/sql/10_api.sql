@@ -119,6 +119,16 @@ AS 'MODULE_PATHNAME', 'outbox_siphash';
 COMMENT ON FUNCTION @extschema@._siphash(pg_catalog.bytea, pg_catalog.bytea, pg_catalog.int4)
 	IS 'internal: SipHash-2-4 of message under a 16-byte key, 8 or 16 bytes (the MAC of the lease tokens)';
 
+-- Internal: an error text fit for last_error, cut as fail cuts it (at most
+-- OUTBOX_MAX_ERROR_LEN bytes, on a character boundary, ending with
+-- " [... cut]"); the stream path's failures use it.
+CREATE FUNCTION @extschema@._error_text(error pg_catalog.text)
+RETURNS pg_catalog.text
+LANGUAGE c IMMUTABLE PARALLEL SAFE
+AS 'MODULE_PATHNAME', 'outbox_error_text';
+COMMENT ON FUNCTION @extschema@._error_text(pg_catalog.text)
+	IS 'internal: an error text cut to at most OUTBOX_MAX_ERROR_LEN bytes on a character boundary, with a mark';
+
 -- Admin: a new lease key; every token handed out before is refused.
 CREATE FUNCTION @extschema@.rotate_lease_key()
 RETURNS void

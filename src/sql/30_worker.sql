@@ -57,7 +57,7 @@ AS 'MODULE_PATHNAME', 'outbox_count_purged';
 COMMENT ON FUNCTION @extschema@._count_purged(pg_catalog.int4)
 	IS 'add n to outbox.stats.purged when the calling transaction commits';
 
--- Called by outbox.requeue() and outbox.resolve() (part 20), which make a
+-- Called by outbox.requeue() and outbox.resolve() (part 36), which make a
 -- command claimable now: its commit wakes the worker, as an enqueue does.
 CREATE FUNCTION @extschema@._wake_at_commit()
 RETURNS void

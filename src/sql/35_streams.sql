@@ -271,26 +271,47 @@ COMMENT ON FUNCTION @extschema@.tick_streams()
 -- Publisher (internal: claim_batch, ack_batch, renew_batch of src/stream.c) --
 
 -- The lease end of a call made now with lease (NULL: outbox.default_lease).
+-- The rules and errors of the row path's leases (le_arg_lease, src/lease.c):
+-- each field within 2000 years, an end after now and at most
+-- outbox.max_lease after it, each error with the same detail.
 CREATE FUNCTION @extschema@._stream_lease_end(lease pg_catalog.interval, now_ts pg_catalog.timestamptz)
 RETURNS pg_catalog.timestamptz
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+	iv pg_catalog.interval := COALESCE(lease, pg_catalog.current_setting('outbox.default_lease')::pg_catalog.interval);
+	max_s pg_catalog.int8 := pg_catalog.date_part('epoch',
+		pg_catalog.current_setting('outbox.max_lease')::pg_catalog.interval)::pg_catalog.int8;
+	mons pg_catalog.float8 := pg_catalog.date_part('year', iv) OPERATOR(pg_catalog.*) 12
+		OPERATOR(pg_catalog.+) pg_catalog.date_part('month', iv);
+	days pg_catalog.float8 := pg_catalog.date_part('day', iv);
+	-- (interval subtraction is field by field: this leaves the time)
+	secs pg_catalog.float8 := pg_catalog.date_part('epoch', iv OPERATOR(pg_catalog.-)
+		pg_catalog.make_interval(months => mons::pg_catalog.int4, days => days::pg_catalog.int4));
 	until pg_catalog.timestamptz;
 BEGIN
+	-- (2000 years: 24000 months, 732000 days, 63244800000 seconds)
+	IF pg_catalog.abs(mons) OPERATOR(pg_catalog.>) 24000
+	   OR pg_catalog.abs(days) OPERATOR(pg_catalog.>) 732000
+	   OR pg_catalog.abs(secs) OPERATOR(pg_catalog.>) 63244800000 THEN
+		RAISE EXCEPTION 'lease is out of range' USING ERRCODE = 'invalid_parameter_value',
+			DETAIL = pg_catalog.format('The requested lease was %s; each of its months, days and time must be within 2000 years.', iv);
+	END IF;
 	BEGIN
-		until := now_ts OPERATOR(pg_catalog.+)
-			COALESCE(lease, pg_catalog.current_setting('outbox.default_lease')::pg_catalog.interval);
+		until := now_ts OPERATOR(pg_catalog.+) iv;
 	EXCEPTION WHEN datetime_field_overflow THEN
-		RAISE EXCEPTION 'lease is out of range' USING ERRCODE = 'invalid_parameter_value';
+		RAISE EXCEPTION 'lease is out of range' USING ERRCODE = 'invalid_parameter_value',
+			DETAIL = pg_catalog.format('The requested lease was %s; each of its months, days and time must be within 2000 years.', iv);
 	END;
 	IF until OPERATOR(pg_catalog.<=) now_ts THEN
-		RAISE EXCEPTION 'lease must be positive' USING ERRCODE = 'invalid_parameter_value';
+		RAISE EXCEPTION 'lease must be positive' USING ERRCODE = 'invalid_parameter_value',
+			DETAIL = pg_catalog.format('The requested lease %s would end at or before the time of the call.', iv);
 	END IF;
 	IF until OPERATOR(pg_catalog.>) (now_ts OPERATOR(pg_catalog.+)
-	   pg_catalog.current_setting('outbox.max_lease')::pg_catalog.interval) THEN
-		RAISE EXCEPTION 'lease is longer than outbox.max_lease' USING ERRCODE = 'invalid_parameter_value';
+	   pg_catalog.make_interval(secs => max_s::pg_catalog.float8)) THEN
+		RAISE EXCEPTION 'lease is longer than outbox.max_lease' USING ERRCODE = 'invalid_parameter_value',
+			DETAIL = pg_catalog.format('The requested lease %s would end more than %s seconds after the time of the call.', iv, max_s);
 	END IF;
 	RETURN until;
 END;
@@ -342,6 +363,128 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 SELECT k.snap FROM @extschema@.stream_ticks k
  WHERE k.stream_id OPERATOR(pg_catalog.=) _stream_snap.p_stream AND k.tick OPERATOR(pg_catalog.=) _stream_snap.p_tick
+$$;
+
+-- The delivery limit of an expired batch, before claim_batch takes it over
+-- (step 1 of _claim_batch; the caller holds the progress row).  A batch
+-- whose holder disappeared was delivered once more each time: a fresh
+-- command as often as the batch (stream_progress.deliveries), a retry as
+-- often as its own count.  When one of its commands has used up its kind's
+-- max_deliveries (outbox.max_deliveries by default), the batch is not
+-- delivered whole again: a poison command that crashes every relay would be
+-- taken over forever, and the good commands with it would never get
+-- through.  Every command of the batch goes to the subscription's failures
+-- instead, and
+--   * a batch of one command: it is dead (the partition moves on: its
+--     progress is acked past the batch, and true is returned);
+--   * a larger batch is halved: the first half (in log order) stays the
+--     batch, as retries marked with it, and is taken over as usual (false
+--     is returned); the second half retries at once in later batches of the
+--     partition, each command waiting (behind the earlier one of its
+--     ordering key) when an earlier command of its key is unfinished.
+-- So a poison command is alone in a batch after about log2(batch size)
+-- more takeovers and dies alone; the others are delivered.  Returns false
+-- (nothing to do) when no command has used up its deliveries, or p_part is
+-- NULL.
+CREATE FUNCTION @extschema@._stream_takeover_cap(
+	sub pg_catalog.text, p_part pg_catalog.int4, p_stream pg_catalog.int4,
+	now_ts pg_catalog.timestamptz)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	pr record;
+	ids pg_catalog.text[];
+	spent pg_catalog.bool;
+	n pg_catalog.int4;
+	keep pg_catalog.int4;
+	msg pg_catalog.text;
+	dflt pg_catalog.int4 := pg_catalog.current_setting('outbox.max_deliveries')::pg_catalog.int4;
+BEGIN
+	IF p_part IS NULL THEN
+		RETURN false;
+	END IF;
+	SELECT p.batch_id, p.acked_tick, p.batch_to, p.deliveries, p.owner, p.batch_retries INTO pr
+	  FROM @extschema@.stream_progress p
+	 WHERE p.subscription OPERATOR(pg_catalog.=) sub AND p.part OPERATOR(pg_catalog.=) p_part
+	   AND p.batch_to IS NOT NULL;
+	IF NOT FOUND THEN
+		RETURN false;
+	END IF;
+	-- Usually nothing is used up: without retries every command has the
+	-- batch's deliveries, below every kind's limit (no read of the log).
+	IF pr.batch_retries OPERATOR(pg_catalog.=) 0
+	   AND pr.deliveries OPERATOR(pg_catalog.<) LEAST(dflt, (SELECT pg_catalog.min(q.max_deliveries)
+															 FROM @extschema@.policies q)) THEN
+		RETURN false;
+	END IF;
+	SELECT pg_catalog.array_agg(b.command_id ORDER BY b.id),
+		   COALESCE(pg_catalog.bool_or(b.deliveries OPERATOR(pg_catalog.>=)
+				COALESCE((SELECT q.max_deliveries FROM @extschema@.policies q
+						   WHERE q.kind OPERATOR(pg_catalog.=) b.kind), dflt)), false)
+	  INTO ids, spent
+	  FROM @extschema@._stream_batch_rows(sub, p_part, pr.batch_id, p_stream,
+			@extschema@._stream_snap(p_stream, pr.acked_tick),
+			@extschema@._stream_snap(p_stream, pr.batch_to), pr.deliveries) b;
+	IF NOT spent THEN
+		RETURN false;
+	END IF;
+	n := pg_catalog.cardinality(ids);
+	keep := (n OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog./) 2;
+	-- (the row path's text for a dead one, src/lease.c's sweep)
+	msg := CASE WHEN n OPERATOR(pg_catalog.=) 1 THEN 'lease of worker %s expired after %s deliveries'
+				ELSE 'lease of worker %s expired after %s deliveries; its batch of '
+					 OPERATOR(pg_catalog.||) n OPERATOR(pg_catalog.||) ' commands was split' END;
+	-- The batch's retries, then its fresh commands (copied from the log):
+	-- the first half marked with the batch, the others due now.
+	UPDATE @extschema@.stream_failures f
+	   SET batch_id = CASE WHEN a.i OPERATOR(pg_catalog.<=) keep AND n OPERATOR(pg_catalog.>) 1 THEN pr.batch_id END,
+		   state = CASE WHEN n OPERATOR(pg_catalog.=) 1 THEN 'dead' ELSE 'retry' END,
+		   available_at = now_ts, last_error = pg_catalog.format(msg, pr.owner, f.deliveries), failed_at = now_ts
+	  FROM pg_catalog.unnest(ids) WITH ORDINALITY AS a(command_id, i)
+	 WHERE f.subscription OPERATOR(pg_catalog.=) sub
+	   AND f.command_id OPERATOR(pg_catalog.=) a.command_id;
+	INSERT INTO @extschema@.stream_failures
+		(subscription, command_id, part, state, batch_id, deliveries, available_at, last_error,
+		 log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key, decided_by, created_at)
+	SELECT sub, l.command_id, p_part, CASE WHEN n OPERATOR(pg_catalog.=) 1 THEN 'dead' ELSE 'retry' END,
+		   CASE WHEN a.i OPERATOR(pg_catalog.<=) keep AND n OPERATOR(pg_catalog.>) 1 THEN pr.batch_id END,
+		   pr.deliveries, now_ts, pg_catalog.format(msg, pr.owner, pr.deliveries),
+		   l.id, l.xid, l.stream_id, l.run_id, l.seq, l.kind, l.payload, l.headers, l.ordering_key,
+		   l.decided_by, l.created_at
+	  FROM pg_catalog.unnest(ids) WITH ORDINALITY AS a(command_id, i)
+	  CROSS JOIN LATERAL (SELECT k.* FROM @extschema@._stream_log k
+						   WHERE k.command_id OPERATOR(pg_catalog.=) a.command_id
+							 AND k.stream_id OPERATOR(pg_catalog.=) p_stream
+						   LIMIT 1) l
+	 WHERE NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+						WHERE f.subscription OPERATOR(pg_catalog.=) sub
+						  AND f.command_id OPERATOR(pg_catalog.=) a.command_id);
+	IF n OPERATOR(pg_catalog.=) 1 THEN
+		-- dead: the partition moves on past the batch
+		UPDATE @extschema@.stream_progress p
+		   SET acked_tick = p.batch_to, batch_to = NULL, owner = NULL, role = NULL,
+			   lease_until = NULL, acked_at = now_ts
+		 WHERE p.subscription OPERATOR(pg_catalog.=) sub AND p.part OPERATOR(pg_catalog.=) p_part;
+		RETURN true;
+	END IF;
+	-- The second half keeps per-key order: a command with an earlier
+	-- unfinished command of its key waits behind it.
+	UPDATE @extschema@.stream_failures f SET state = 'waiting'
+	  FROM pg_catalog.unnest(ids[keep OPERATOR(pg_catalog.+) 1:n]) AS a(command_id)
+	 WHERE f.subscription OPERATOR(pg_catalog.=) sub
+	   AND f.command_id OPERATOR(pg_catalog.=) a.command_id
+	   AND f.ordering_key IS NOT NULL
+	   AND EXISTS (SELECT 1 FROM @extschema@.stream_failures w
+				    WHERE w.subscription OPERATOR(pg_catalog.=) sub
+					  AND w.ordering_key OPERATOR(pg_catalog.=) f.ordering_key
+					  AND w.decided_by OPERATOR(pg_catalog.=) f.decided_by
+					  AND w.log_id OPERATOR(pg_catalog.<) f.log_id);
+	UPDATE @extschema@.stream_progress p SET batch_rows = keep, batch_retries = keep
+	 WHERE p.subscription OPERATOR(pg_catalog.=) sub AND p.part OPERATOR(pg_catalog.=) p_part;
+	RETURN false;
+END;
 $$;
 
 -- claim_batch's body: lease the next batch of one partition of the
@@ -399,14 +542,15 @@ BEGIN
 	END IF;
 	until := @extschema@._stream_lease_end(lease, now_ts);
 
-	-- 1. An expired batch: the same commands, a new version (a new token).
+	-- 1. An expired batch: the same commands, a new version (a new token);
+	-- unless its deliveries are used up (_stream_takeover_cap).
 	SELECT p.part, p.batch_id, p.acked_tick, p.batch_to INTO pr FROM @extschema@.stream_progress p
 	 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
 	   AND p.batch_to IS NOT NULL
 	   AND p.lease_until OPERATOR(pg_catalog.<=) now_ts
 	 ORDER BY p.lease_until LIMIT 1
 	   FOR UPDATE SKIP LOCKED;
-	IF FOUND THEN
+	IF FOUND AND NOT @extschema@._stream_takeover_cap(u.subscription, pr.part, s.stream_id, now_ts) THEN
 		UPDATE @extschema@.stream_progress p
 		   SET version = p.version OPERATOR(pg_catalog.+) 1, owner = worker, role = caller,
 			   lease_until = until, deliveries = p.deliveries OPERATOR(pg_catalog.+) 1
@@ -542,7 +686,8 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	loaded pg_catalog.bool := @extschema@.preloaded();
+	-- (no preloaded() here: only ack_batch, in the module, calls this, and
+	-- the module defines the outbox.* settings read below)
 	pr record;
 	n pg_catalog.int4;
 	nr pg_catalog.int4;
@@ -616,25 +761,19 @@ BEGIN
 	 WHERE u.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription;
 	sa := @extschema@._stream_snap(sid, pr.acked_tick);
 	sb := @extschema@._stream_snap(sid, pr.batch_to);
-	-- Each failed command must be one of the batch's.
-	WITH r AS MATERIALIZED (
-		SELECT b.command_id FROM @extschema@._stream_batch_rows(subscription, part, batch_id, sid, sa, sb, pr.deliveries) b)
-	SELECT pg_catalog.min(a.ord) INTO i
-	  FROM pg_catalog.unnest(failed) WITH ORDINALITY AS a(command_id, ord)
-	 WHERE NOT EXISTS (SELECT 1 FROM r WHERE r.command_id OPERATOR(pg_catalog.=) a.command_id);
-	IF i IS NOT NULL THEN
-		RAISE EXCEPTION 'command "%" is not in this batch', failed[i]
-			USING ERRCODE = 'invalid_parameter_value',
-				  DETAIL = pg_catalog.format('Element %s of failed names a command the batch does not hold.', i);
-	END IF;
-	-- The failed retries: back to retry or dead; the failed fresh commands
-	-- enter the failures.  Their deliveries: the batch's (fresh) or their
-	-- own (retries, counted by the claim).
+	-- One statement reads the batch's commands once: each failed command
+	-- must be one of them (else nothing is written and 22023 is raised);
+	-- the failed retries go back to retry or dead, the failed fresh
+	-- commands enter the failures.  Their deliveries: the batch's (fresh)
+	-- or their own (retries, counted by the claim).
 	WITH r AS MATERIALIZED (
 		SELECT b.* FROM @extschema@._stream_batch_rows(subscription, part, batch_id, sid, sa, sb, pr.deliveries) b),
 	 a AS (
-		SELECT x.command_id, errors[x.ord] AS error, COALESCE(fatal[x.ord], false) AS fatal
+		SELECT x.command_id, x.ord, errors[x.ord] AS error, COALESCE(fatal[x.ord], false) AS fatal
 		  FROM pg_catalog.unnest(failed) WITH ORDINALITY AS x(command_id, ord)),
+	 miss AS (
+		SELECT pg_catalog.min(a.ord) AS ord FROM a
+		 WHERE NOT EXISTS (SELECT 1 FROM r WHERE r.command_id OPERATOR(pg_catalog.=) a.command_id)),
 	 f AS (
 		SELECT r.id, r.command_id, r.run_id, r.seq, r.kind, r.payload, r.deliveries, r.headers,
 			   r.ordering_key, a.error, a.fatal, l.xid, l.stream_id, l.decided_by, l.created_at,
@@ -657,22 +796,31 @@ BEGIN
 							 SELECT k.xid, k.stream_id, k.decided_by, k.created_at
 							   FROM @extschema@._stream_log k
 							  WHERE k.command_id OPERATOR(pg_catalog.=) r.command_id
-							  LIMIT 1) l ON true)
-	INSERT INTO @extschema@.stream_failures AS x
-		(subscription, command_id, part, state, batch_id, deliveries, available_at, last_error,
-		 log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key, decided_by, created_at)
-	SELECT _ack_batch.subscription, f.command_id, _ack_batch.part,
-		   CASE WHEN f.fatal OR f.deliveries OPERATOR(pg_catalog.>=) f.maxd THEN 'dead' ELSE 'retry' END,
-		   NULL, f.deliveries,
-		   now_ts OPERATOR(pg_catalog.+) LEAST(f.bm, f.bb OPERATOR(pg_catalog.*)
-				pg_catalog.power(2, LEAST(GREATEST(f.deliveries OPERATOR(pg_catalog.-) 1, 0), 30)::pg_catalog.float8)),
-		   pg_catalog.left(COALESCE(f.error, 'failed'), 4096),
-		   f.id, f.xid, f.stream_id, f.run_id, f.seq, f.kind,
-		   f.payload, f.headers, f.ordering_key, f.decided_by, f.created_at
-	  FROM f
-	ON CONFLICT ON CONSTRAINT stream_failures_pkey DO UPDATE
-	   SET state = EXCLUDED.state, batch_id = NULL, available_at = EXCLUDED.available_at,
-		   last_error = EXCLUDED.last_error, failed_at = now_ts;
+							  LIMIT 1) l ON true),
+	 ins AS (
+		INSERT INTO @extschema@.stream_failures AS x
+			(subscription, command_id, part, state, batch_id, deliveries, available_at, last_error,
+			 log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key, decided_by, created_at)
+		SELECT _ack_batch.subscription, f.command_id, _ack_batch.part,
+			   CASE WHEN f.fatal OR f.deliveries OPERATOR(pg_catalog.>=) f.maxd THEN 'dead' ELSE 'retry' END,
+			   NULL, f.deliveries,
+			   now_ts OPERATOR(pg_catalog.+) LEAST(f.bm, f.bb OPERATOR(pg_catalog.*)
+					pg_catalog.power(2, LEAST(GREATEST(f.deliveries OPERATOR(pg_catalog.-) 1, 0), 30)::pg_catalog.float8)),
+			   @extschema@._error_text(COALESCE(f.error, 'failed')),
+			   f.id, f.xid, f.stream_id, f.run_id, f.seq, f.kind,
+			   f.payload, f.headers, f.ordering_key, f.decided_by, f.created_at
+		  FROM f
+		 WHERE (SELECT miss.ord FROM miss) IS NULL
+		ON CONFLICT ON CONSTRAINT stream_failures_pkey DO UPDATE
+		   SET state = EXCLUDED.state, batch_id = NULL, available_at = EXCLUDED.available_at,
+			   last_error = EXCLUDED.last_error, failed_at = now_ts
+		RETURNING 1)
+	SELECT (SELECT miss.ord FROM miss), (SELECT pg_catalog.count(*) FROM ins) INTO i, found_ids;
+	IF i IS NOT NULL THEN
+		RAISE EXCEPTION 'command "%" is not in this batch', failed[i]
+			USING ERRCODE = 'invalid_parameter_value',
+				  DETAIL = pg_catalog.format('Element %s of failed names a command the batch does not hold.', i);
+	END IF;
 	-- the retries that did not fail were published
 	IF pr.batch_retries OPERATOR(pg_catalog.>) 0 THEN
 		PERFORM @extschema@._stream_published_retries(subscription, part, batch_id, now_ts);
@@ -685,6 +833,36 @@ BEGIN
 	 WHERE p.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription
 	   AND p.part OPERATOR(pg_catalog.=) _ack_batch.part;
 	RETURN pr.batch_rows OPERATOR(pg_catalog.-) nf;
+END;
+$$;
+
+-- A failed command of ordering key okey (of role orole) left the failures
+-- of subscription sub (published): the first command waiting behind the
+-- key becomes due, unless another command of the key is still unfinished
+-- (retry or dead).  Returns whether one became due.
+CREATE FUNCTION @extschema@._stream_release_key(
+	sub pg_catalog.text, okey pg_catalog.text, orole pg_catalog.oid, now_ts pg_catalog.timestamptz)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF okey IS NULL OR EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+								WHERE f.subscription OPERATOR(pg_catalog.=) sub
+								  AND f.ordering_key OPERATOR(pg_catalog.=) okey
+								  AND f.decided_by OPERATOR(pg_catalog.=) orole
+								  AND f.state OPERATOR(pg_catalog.<>) 'waiting') THEN
+		RETURN false;
+	END IF;
+	UPDATE @extschema@.stream_failures f SET state = 'retry', available_at = now_ts
+	 WHERE f.subscription OPERATOR(pg_catalog.=) sub
+	   AND f.command_id OPERATOR(pg_catalog.=) (
+		   SELECT w.command_id FROM @extschema@.stream_failures w
+			WHERE w.subscription OPERATOR(pg_catalog.=) sub
+			  AND w.ordering_key OPERATOR(pg_catalog.=) okey
+			  AND w.decided_by OPERATOR(pg_catalog.=) orole
+			ORDER BY w.log_id LIMIT 1);
+	RETURN FOUND;
 END;
 $$;
 
@@ -708,20 +886,7 @@ BEGIN
 		   AND f.batch_id OPERATOR(pg_catalog.=) _stream_published_retries.batch_id
 		RETURNING f.ordering_key, f.decided_by
 	LOOP
-		CONTINUE WHEN k.ordering_key IS NULL;
-		CONTINUE WHEN EXISTS (SELECT 1 FROM @extschema@.stream_failures f
-							   WHERE f.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
-								 AND f.ordering_key OPERATOR(pg_catalog.=) k.ordering_key
-								 AND f.decided_by OPERATOR(pg_catalog.=) k.decided_by
-								 AND f.state OPERATOR(pg_catalog.<>) 'waiting');
-		UPDATE @extschema@.stream_failures f SET state = 'retry', available_at = now_ts
-		 WHERE f.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
-		   AND f.command_id OPERATOR(pg_catalog.=) (
-			   SELECT w.command_id FROM @extschema@.stream_failures w
-				WHERE w.subscription OPERATOR(pg_catalog.=) _stream_published_retries.subscription
-				  AND w.ordering_key OPERATOR(pg_catalog.=) k.ordering_key
-				  AND w.decided_by OPERATOR(pg_catalog.=) k.decided_by
-				ORDER BY w.log_id LIMIT 1);
+		PERFORM @extschema@._stream_release_key(subscription, k.ordering_key, k.decided_by, now_ts);
 	END LOOP;
 END;
 $$;

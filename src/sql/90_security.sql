@@ -203,8 +203,8 @@ BEGIN
 	TO ' OPERATOR(pg_catalog.||) consumer;
 
 	EXECUTE 'GRANT EXECUTE ON FUNCTION
-	@extschema@.requeue(pg_catalog.text, pg_catalog.text),
-	@extschema@.resolve(pg_catalog.text, pg_catalog.text, pg_catalog.text),
+	@extschema@.requeue(pg_catalog.text, pg_catalog.text, pg_catalog.text),
+	@extschema@.resolve(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text),
 	@extschema@.set_policy(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.interval, pg_catalog.interval, pg_catalog.text, pg_catalog.interval, pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.regrole[], pg_catalog.bool, pg_catalog.text),
 	@extschema@.skip_head(pg_catalog.text, pg_catalog.regrole),
 	@extschema@.register_consumer(pg_catalog.text, pg_catalog.regrole),

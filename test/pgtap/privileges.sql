@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(244);
+SELECT plan(252);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -66,10 +66,10 @@ INSERT INTO expected VALUES
 	 'function', '{outbox_consumer}', false,
 	 $$SELECT outbox.inbox_accept('pt-consumer', 'pt-run', 'pt-live')$$),
 	-- administrator
-	('outbox.requeue(text,text)',
+	('outbox.requeue(text,text,text)',
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.requeue('pt-run', 'pt-dead')$$),
-	('outbox.resolve(text,text,text)',
+	('outbox.resolve(text,text,text,text)',
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.resolve('pt-run', 'pt-unc', 'retry')$$),
 	('outbox.register_consumer(text,regrole)',
@@ -205,6 +205,20 @@ INSERT INTO expected VALUES
 	('outbox._renew_batch(text,integer,bigint,integer,text,interval)',
 	 'function', '{}', false,
 	 $$SELECT outbox._renew_batch('pt-sub', 0, 1, 1, 'pt-w7', NULL)$$),
+	('outbox._stream_takeover_cap(text,integer,integer,timestamp with time zone)',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_takeover_cap('pt-sub', 0, 1, now())$$),
+	('outbox._stream_release_key(text,text,oid,timestamp with time zone)',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_release_key('pt-sub', 'pt-key', 0, now())$$),
+	('outbox._stream_settle(text,text,text,text,text,timestamp with time zone)',
+	 'function', '{}', false,
+	 -- (pt-s1 is dead nowhere: 55000, which the block takes as success)
+	 $c$DO $d$ BEGIN PERFORM outbox._stream_settle('pt-run', 'pt-s1', NULL, 'retry', 'h', now());
+		EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END $d$$c$),
+	('outbox._error_text(text)',
+	 'function', '{}', false,
+	 $$SELECT outbox._error_text('boom')$$),
 	-- Citus (src/sql/50_citus.sql): the owner only
 	('outbox.distribute(text)',
 	 'function', '{}', false,
