@@ -252,6 +252,18 @@ BEGIN
 				USING ERRCODE = 'invalid_parameter_value';
 		END IF;
 	END IF;
+	-- A command with an ordering key that is not published yet would be
+	-- stuck: releasing the next command of its key is a statement over the
+	-- key's commands, which sit on several shards (Citus refuses it), and
+	-- ordered delivery is refused on a distributed outbox.
+	IF EXISTS (SELECT 1 FROM @extschema@.commands c
+				WHERE c.ordering_key IS NOT NULL
+				  AND c.status OPERATOR(pg_catalog.<>) 'published') THEN
+		RAISE EXCEPTION 'the outbox holds commands with an ordering key that are not published'
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = 'Ordered delivery is not supported on a distributed outbox: the release of a key''s next command could not run there.',
+				  HINT = 'Let the publishers deliver them first (a dead head: outbox.requeue or outbox.skip_head, an uncertain one: outbox.resolve); outbox.blocked_keys lists the keys that wait.';
+	END IF;
 	-- Every worker has this version, and its own outbox holds nothing that
 	-- the distributed tables would hide (its lease key stays, unread, and
 	-- comes back with undistribute()).
