@@ -74,6 +74,7 @@
 #include "access/twophase.h"
 #include "access/xact.h"
 #include "commands/extension.h"
+#include "commands/trigger.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
@@ -116,6 +117,7 @@ PG_FUNCTION_INFO_V1(outbox_stats);
 PG_FUNCTION_INFO_V1(outbox_stats_reset);
 PG_FUNCTION_INFO_V1(outbox_count_purged);
 PG_FUNCTION_INFO_V1(outbox_wake_at_commit);
+PG_FUNCTION_INFO_V1(outbox_citus_commands_inserted);
 PG_FUNCTION_INFO_V1(outbox_preloaded);
 PG_FUNCTION_INFO_V1(outbox_workers);
 PG_FUNCTION_INFO_V1(outbox_request_worker);
@@ -731,6 +733,26 @@ outbox_wake_at_commit(PG_FUNCTION_ARGS)
 {
 	OutboxDueAtCommit(OUTBOX_DUE_NOW);
 	PG_RETURN_VOID();
+}
+
+/*
+ * outbox._citus_commands_inserted(): the statement trigger outbox.distribute()
+ * puts on outbox.commands, which Citus creates on every shard.  A decision
+ * routed from the coordinator inserts into a shard on a worker node without
+ * running the outbox's code there; the trigger wakes that node's worker at
+ * the commit, as commit_decision does on one server, so that the relays
+ * LISTENing on the node hear of it then (and not at the worker's next look
+ * at what is due).  On a shard moved in, the copy's insert wakes it too.
+ */
+Datum
+outbox_citus_commands_inserted(PG_FUNCTION_ARGS)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("outbox._citus_commands_inserted() must be called as a trigger")));
+	OutboxDueAtCommit(OUTBOX_DUE_NOW);
+	return PointerGetDatum(NULL);
 }
 
 /*

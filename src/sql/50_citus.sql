@@ -110,6 +110,16 @@ AS 'MODULE_PATHNAME', 'outbox_citus_lease_key_changed';
 COMMENT ON FUNCTION @extschema@._citus_lease_key_changed()
 	IS 'trigger on every node''s copy of the reference table lease_key: that node''s backends read the key again at commit';
 
+-- The statement trigger on outbox.commands (and, through Citus, on each
+-- of its shards): an insert into a shard wakes that node's worker at its
+-- commit (src/shared.c), also for a decision routed from the coordinator.
+CREATE FUNCTION @extschema@._citus_commands_inserted()
+RETURNS trigger
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'outbox_citus_commands_inserted';
+COMMENT ON FUNCTION @extschema@._citus_commands_inserted()
+	IS 'trigger on every shard of commands: wake that node''s worker when the inserting transaction commits';
+
 -- This node's local copies to the keys of a distributed outbox (true) or
 -- of a single server (false).  Idempotent: a node already in that shape
 -- is left alone.  On a worker the tables may be a distributed table's
@@ -316,6 +326,11 @@ BEGIN
 			  USING pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass, group_of;
 			group_of := '@extschema@.events';
 		END LOOP;
+		-- A decision routed from the coordinator wakes the worker of the
+		-- node it commits on (Citus puts the trigger on every shard).
+		CREATE TRIGGER commands_inserted
+			AFTER INSERT ON @extschema@.commands
+			FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._citus_commands_inserted();
 		-- The coordinator's relations keep the rows they held, now copied
 		-- into the shards: empty them (Citus reads the shards only).
 		FOREACH t IN ARRAY @extschema@._citus_tables(true) OPERATOR(pg_catalog.||) @extschema@._citus_tables(false)
@@ -380,6 +395,7 @@ BEGIN
 		-- distribute()'s trigger, from every node's copy of lease_key
 		PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
 		DROP TRIGGER IF EXISTS lease_key_changed ON @extschema@.lease_key;
+		DROP TRIGGER IF EXISTS commands_inserted ON @extschema@.commands;
 		FOREACH t IN ARRAY @extschema@._citus_tables(false) OPERATOR(pg_catalog.||) @extschema@._citus_tables(true)
 		LOOP
 			rel := pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(246);
+SELECT plan(247);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -242,6 +242,11 @@ INSERT INTO expected VALUES
 	 $c$DO $d$ BEGIN CREATE TEMP TABLE pt_lk (x int);
 		CREATE TRIGGER pt_lk AFTER INSERT ON pt_lk FOR EACH STATEMENT EXECUTE FUNCTION outbox._citus_lease_key_changed();
 		INSERT INTO pt_lk VALUES (1); END $d$$c$),
+	('outbox._citus_commands_inserted()',
+	 'function', '{}', false,
+	 $c$DO $d$ BEGIN CREATE TEMP TABLE pt_ci (x int);
+		CREATE TRIGGER pt_ci AFTER INSERT ON pt_ci FOR EACH STATEMENT EXECUTE FUNCTION outbox._citus_commands_inserted();
+		INSERT INTO pt_ci VALUES (1); END $d$$c$),
 	('outbox._check_run(integer)',
 	 'function', '{}', false,
 	 $$SELECT outbox._check_run(99)$$),
