@@ -33,7 +33,11 @@
  * lowers the slot's due_floor to the transaction's start, so that the look
  * goes back far enough to see what this transaction made due (its due_at
  * and lease_until values are never older than its start).  That is all a
- * producer pays: no lock, no NOTIFY on its commit path.
+ * producer pays: no lock, no NOTIFY on its commit path.  On a distributed
+ * outbox a decision routed from the coordinator runs none of the API on
+ * the node it commits on; the statement trigger distribute() puts on the
+ * shards of outbox.commands (outbox_citus_commands_inserted) says
+ * OUTBOX_DUE_NOW there instead.
  *
  * Waiting publishers.  A claim of every kind that finds nothing writes the
  * time into the slot's idle_at (OutboxNoteIdleClaim): a publisher is now
