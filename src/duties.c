@@ -817,6 +817,11 @@ du_checks(OutboxTurn *turn)
  * tables (the coordinator counts the distributed outbox).  Done once per
  * worker process while the outbox stays distributed: a node in that shape
  * stays so until undistribute(), which puts every node's keys back.
+ * undistribute() does that on the worker nodes before its own transaction
+ * removes the metadata, so a worker process that makes its first check in
+ * between (one started during the undistribute()) would give the node the
+ * distributed keys again; a worker running since before has checked
+ * already and does nothing.
  */
 static bool
 du_citus_keys_txn(void *arg)

@@ -531,7 +531,6 @@ RETURNS TABLE (ordering_key pg_catalog.text, head_command_id pg_catalog.text,
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 BEGIN
 	IF NOT @extschema@._distributed() THEN
 		RETURN QUERY
