@@ -34,6 +34,13 @@
  *   outbox.lease_key (outbox_citus_lease_key_changed): a rotation of the
  *   key invalidates the key's cache (src/leasekey.c) on every node.
  *
+ * - Two more pieces of a distributed outbox live elsewhere: the trigger
+ *   on the shards of outbox.commands that wakes a node's worker at the
+ *   commit of a decision routed from the coordinator
+ *   (outbox_citus_commands_inserted, src/shared.c, which owns the
+ *   wake-ups), and the worker's duty that gives a node added after
+ *   distribute() the distributed outbox's keys (citus_keys, src/duties.c).
+ *
  * - DROP EXTENSION outbox on the coordinator of a distributed outbox (a
  *   utility hook, installed whenever the library is loaded): Citus leaves
  *   an extension's shards behind when the extension is dropped, so the hook

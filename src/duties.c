@@ -45,6 +45,11 @@
  * rotate		Every outbox.naptime, one step of the stream log's rotation
  *				(SQL outbox._stream_rotate: truncate a log table whose
  *				commands are all done, or switch the appends to the next).
+ * citus_keys	On a worker node of a distributed outbox, once: bring the
+ *				node's copies of the tables to the distributed outbox's keys
+ *				(SQL outbox._citus_keys) if they have a single server's.  A
+ *				node added after outbox.distribute() gets the extension from
+ *				Citus as CREATE EXTENSION makes it (docs/citus.md).
  * notify		Send the pending wake-up: one NOTIFY on outbox.notify_channel
  *				from the worker's own transaction, at most one per
  *				outbox.notify_interval (a commit arriving sooner leaves the
@@ -97,7 +102,10 @@
  * Locking.  RowExclusiveLock on commands, receipts and purged and
  * AccessShareLock on policies (sweep, purge), AccessShareLock on commands
  * (due), AccessShareLock on events, commands, receipts and purged and
- * RowExclusiveLock on check_results (checks), all conditional;
+ * RowExclusiveLock on check_results (checks), AccessExclusiveLock on
+ * events, commands, receipts, inbox and purged (citus_keys, on a worker
+ * node whose keys are a single server's: their shells there, and
+ * RowExclusiveLock on check_results), all conditional;
  * OutboxShared->lock, briefly, to write the slot's last_purged.  wake_pending and due_floor are atomics of the slot.
  *
  *-------------------------------------------------------------------------
@@ -109,6 +117,7 @@
 #include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
 #include "miscadmin.h"
@@ -117,6 +126,7 @@
 #include "storage/procarray.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "outbox.h"
@@ -134,6 +144,7 @@ static SPIPlanPtr du_plan_rotate = NULL;
 static SPIPlanPtr du_plan_due = NULL;
 static SPIPlanPtr du_plan_prepared = NULL;
 static SPIPlanPtr du_plan_check = NULL;
+static SPIPlanPtr du_plan_citus_keys = NULL;
 
 static TimestampTz du_last_notify = 0;
 static TimestampTz du_last_due_check = 0;
@@ -141,6 +152,8 @@ static int64 du_purged = 0;		/* purged in the current turn */
 static BackgroundWorkerHandle *du_upkeep = NULL;	/* our upkeep worker */
 static bool du_upkeep_stopped = false;	/* we asked it to stop */
 static bool du_listed_prepared = false; /* unknown prepared xacts listed */
+static bool du_citus_keys_done = false; /* this node's keys are those of
+										 * the distributed outbox */
 static List *du_unknown_prepared = NIL; /* their xids, as an OID list (no
 										 * xid lists in 15) */
 
@@ -796,6 +809,88 @@ du_checks(OutboxTurn *turn)
 		io[0] < io[1];
 }
 
+/*
+ * citus_keys, in its transaction: on a worker node of a distributed
+ * outbox whose commands_pkey is a single server's (command_id alone), take
+ * the shells' locks without waiting and swap the keys, as distribute() does
+ * on the nodes it knows; forget the checks the node counted of its own
+ * tables (the coordinator counts the distributed outbox).  Done once per
+ * worker process while the outbox stays distributed: a node in that shape
+ * stays so until undistribute(), which puts every node's keys back.
+ * undistribute() does that on the worker nodes before its own transaction
+ * removes the metadata, so a worker process that makes its first check in
+ * between (one started during the undistribute()) would give the node the
+ * distributed keys again; a worker running since before has checked
+ * already and does nothing.
+ */
+static bool
+du_citus_keys_txn(void *arg)
+{
+	static const char *const names[] = {"events", "commands", "receipts", "inbox", "purged"};
+	Oid			nsp;
+	Oid			pkey;
+	HeapTuple	tup;
+	int			natts;
+	int			i;
+
+	if (!OutboxCitusDistributed())
+	{
+		du_citus_keys_done = false;
+		return true;
+	}
+	if (OutboxCitusCoordinator())
+	{
+		du_citus_keys_done = true;
+		return true;
+	}
+	nsp = get_namespace_oid("outbox", true);
+	pkey = OidIsValid(nsp) ? get_relname_relid("commands_pkey", nsp) : InvalidOid;
+	if (!OidIsValid(pkey))
+		return false;
+	tup = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(pkey));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	natts = ((Form_pg_index) GETSTRUCT(tup))->indnatts;
+	ReleaseSysCache(tup);
+	if (natts == 2)
+	{
+		du_citus_keys_done = true;
+		return true;
+	}
+	for (i = 0; i <= (int) lengthof(names); i++)
+	{
+		Oid			relid = get_relname_relid(i < (int) lengthof(names) ?
+											  names[i] : "check_results", nsp);
+
+		if (!OidIsValid(relid) ||
+			!ConditionalLockRelationOid(relid, i < (int) lengthof(names) ?
+										AccessExclusiveLock : RowExclusiveLock))
+			return false;
+	}
+	if (SPI_execute_plan(OutboxPrepare(&du_plan_citus_keys,
+									   "SELECT outbox._citus_keys(true)", 0, NULL),
+						 NULL, NULL, false, 1) != SPI_OK_SELECT ||
+		SPI_execute("UPDATE outbox.check_results SET violations = NULL, computed_at = NULL,"
+					" duration_seconds = NULL", false, 0) != SPI_OK_UPDATE)
+		elog(ERROR, "outbox: the distributed outbox's keys could not be set");
+	ereport(LOG,
+			(errmsg("outbox: this node's tables now have the keys of the distributed outbox"),
+			 errdetail("The node's copies were keyed as on a single server (a node added after outbox.distribute()).")));
+	du_citus_keys_done = true;
+	return true;
+}
+
+/* citus_keys: one look, until this node's keys are right. */
+static bool
+du_citus_keys(OutboxTurn *turn)
+{
+	if (du_citus_keys_done || !OutboxCitusLoaded())
+		return false;
+	(void) OutboxRunTransaction("outbox: checking the keys of the distributed outbox",
+								du_citus_keys_txn, NULL);
+	return false;
+}
+
 /* ----------------------------------------------------------------
  * The table
  * ----------------------------------------------------------------
@@ -811,6 +906,7 @@ const OutboxDuty OutboxDuties[] = {
 	{"checks", &outbox_check_interval_ms, 0, du_checks, DU_CHECKS_MAX, false, false},
 	{"streams", NULL, 0, du_streams, 1, false, false},
 	{"rotate", &outbox_naptime_ms, 0, du_rotate, 1, false, false},
+	{"citus_keys", &outbox_naptime_ms, 0, du_citus_keys, 1, false, false},
 	{"notify", NULL, 0, du_wakeups, 1, false, false},
 };
 

@@ -33,7 +33,11 @@
  * lowers the slot's due_floor to the transaction's start, so that the look
  * goes back far enough to see what this transaction made due (its due_at
  * and lease_until values are never older than its start).  That is all a
- * producer pays: no lock, no NOTIFY on its commit path.
+ * producer pays: no lock, no NOTIFY on its commit path.  On a distributed
+ * outbox a decision routed from the coordinator runs none of the API on
+ * the node it commits on; the statement trigger distribute() puts on the
+ * shards of outbox.commands (outbox_citus_commands_inserted) says
+ * OUTBOX_DUE_NOW there instead.
  *
  * Waiting publishers.  A claim of every kind that finds nothing writes the
  * time into the slot's idle_at (OutboxNoteIdleClaim): a publisher is now
@@ -74,6 +78,7 @@
 #include "access/twophase.h"
 #include "access/xact.h"
 #include "commands/extension.h"
+#include "commands/trigger.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
@@ -116,6 +121,7 @@ PG_FUNCTION_INFO_V1(outbox_stats);
 PG_FUNCTION_INFO_V1(outbox_stats_reset);
 PG_FUNCTION_INFO_V1(outbox_count_purged);
 PG_FUNCTION_INFO_V1(outbox_wake_at_commit);
+PG_FUNCTION_INFO_V1(outbox_citus_commands_inserted);
 PG_FUNCTION_INFO_V1(outbox_preloaded);
 PG_FUNCTION_INFO_V1(outbox_workers);
 PG_FUNCTION_INFO_V1(outbox_request_worker);
@@ -731,6 +737,26 @@ outbox_wake_at_commit(PG_FUNCTION_ARGS)
 {
 	OutboxDueAtCommit(OUTBOX_DUE_NOW);
 	PG_RETURN_VOID();
+}
+
+/*
+ * outbox._citus_commands_inserted(): the statement trigger outbox.distribute()
+ * puts on outbox.commands, which Citus creates on every shard.  A decision
+ * routed from the coordinator inserts into a shard on a worker node without
+ * running the outbox's code there; the trigger wakes that node's worker at
+ * the commit, as commit_decision does on one server, so that the relays
+ * LISTENing on the node hear of it then (and not at the worker's next look
+ * at what is due).  On a shard moved in, the copy's insert wakes it too.
+ */
+Datum
+outbox_citus_commands_inserted(PG_FUNCTION_ARGS)
+{
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("outbox._citus_commands_inserted() must be called as a trigger")));
+	OutboxDueAtCommit(OUTBOX_DUE_NOW);
+	return PointerGetDatum(NULL);
 }
 
 /*

@@ -518,37 +518,114 @@ COMMENT ON VIEW @extschema@.dead_letters
 -- sorted by key and place (the head is the first of its key: a head with
 -- commands behind it is not in commands_key_idx), and one probe of
 -- commands_key_idx for each key listed: the place before its head (a
--- published command, which the index holds).
+-- published command, which the index holds).  On a distributed outbox
+-- (docs/citus.md), where Citus plans no such probe, the same rows come
+-- from multi-shard steps instead (below).  The view reads the rows from
+-- _blocked_keys(), SECURITY DEFINER as the API is, granted to the view's
+-- readers.
+CREATE FUNCTION @extschema@._blocked_keys()
+RETURNS TABLE (ordering_key pg_catalog.text, head_command_id pg_catalog.text,
+			   head_run_id pg_catalog.text, head_status pg_catalog.text,
+			   since pg_catalog.timestamptz, waiting pg_catalog.int8,
+			   decided_by pg_catalog.regrole, head_claimable pg_catalog.bool)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF NOT @extschema@._distributed() THEN
+		RETURN QUERY
+		SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_command_id,
+			   h.run_id AS head_run_id, h.status::pg_catalog.text AS head_status,
+			   GREATEST(h.created_at,
+					(SELECT p.published_at FROM @extschema@.commands p
+					  WHERE p.ordering_key OPERATOR(pg_catalog.=) h.ordering_key
+						AND p.decided_by OPERATOR(pg_catalog.=) h.decided_by
+						AND p.ordering_seq OPERATOR(pg_catalog.<) h.ordering_seq
+						AND (p.ordering_tail
+							 OR (p.status OPERATOR(pg_catalog.=) 'pending' AND p.due_at IS NULL)
+							 OR (p.status OPERATOR(pg_catalog.<>) 'pending' AND p.status OPERATOR(pg_catalog.<>) 'sending'))
+					  ORDER BY p.ordering_seq DESC LIMIT 1)) AS since,
+			   h.waiting, h.decided_by::pg_catalog.regrole AS decided_by,
+			   (h.status OPERATOR(pg_catalog.=) 'pending'
+				AND h.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+				AND NOT EXISTS (SELECT 1 FROM @extschema@.policies p
+								 WHERE p.kind OPERATOR(pg_catalog.=) h.kind AND p.paused)) AS head_claimable
+		  FROM (SELECT k.ordering_key, k.decided_by, k.ordering_seq, k.command_id, k.run_id, k.status,
+					   k.created_at, k.due_at, k.kind,
+					   pg_catalog.row_number() OVER (PARTITION BY k.ordering_key, k.decided_by
+													 ORDER BY k.ordering_seq) AS place,
+					   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
+												   AND k.due_at IS NULL)
+						   OVER (PARTITION BY k.ordering_key, k.decided_by) AS waiting
+				  FROM @extschema@.commands k
+				 WHERE k.ordering_key IS NOT NULL
+				   AND k.status OPERATOR(pg_catalog.<>) 'published') h
+		 WHERE h.place OPERATOR(pg_catalog.=) 1
+		   AND h.waiting OPERATOR(pg_catalog.>) (CASE WHEN h.status OPERATOR(pg_catalog.=) 'pending'
+														AND h.due_at IS NULL THEN 1 ELSE 0 END);
+		RETURN;
+	END IF;
+	-- Distributed: no correlated probe (Citus plans none over a shard's
+	-- rows), but four steps it runs as multi-shard queries, each one
+	-- materialized as an intermediate result: the unfinished commands with
+	-- a key, gathered from every shard; their heads, on the node that
+	-- asks; for each head's key, the highest place before the head that
+	-- commands_key_idx holds, aggregated on each shard and merged; that
+	-- command's published_at.
+	RETURN QUERY
+	WITH k AS MATERIALIZED (
+		SELECT c.ordering_key, c.decided_by, c.ordering_seq, c.command_id, c.run_id, c.status,
+			   c.created_at, c.due_at, c.kind
+		  FROM @extschema@.commands c
+		 WHERE c.ordering_key IS NOT NULL
+		   AND c.status OPERATOR(pg_catalog.<>) 'published'),
+	h AS MATERIALIZED (
+		SELECT w.* FROM (
+			SELECT k.*, pg_catalog.row_number() OVER (PARTITION BY k.ordering_key, k.decided_by
+													  ORDER BY k.ordering_seq) AS place,
+				   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
+											   AND k.due_at IS NULL)
+					   OVER (PARTITION BY k.ordering_key, k.decided_by) AS waiting
+			  FROM k) w
+		 WHERE w.place OPERATOR(pg_catalog.=) 1
+		   AND w.waiting OPERATOR(pg_catalog.>) (CASE WHEN w.status OPERATOR(pg_catalog.=) 'pending'
+														  AND w.due_at IS NULL THEN 1 ELSE 0 END)),
+	b AS MATERIALIZED (
+		SELECT p.ordering_key, p.decided_by, pg_catalog.max(p.ordering_seq) AS ordering_seq
+		  FROM @extschema@.commands p
+		  JOIN h ON p.ordering_key OPERATOR(pg_catalog.=) h.ordering_key
+			AND p.decided_by OPERATOR(pg_catalog.=) h.decided_by
+			AND p.ordering_seq OPERATOR(pg_catalog.<) h.ordering_seq
+		 WHERE p.ordering_key IS NOT NULL
+		   AND (p.ordering_tail
+				OR (p.status OPERATOR(pg_catalog.=) 'pending' AND p.due_at IS NULL)
+				OR (p.status OPERATOR(pg_catalog.<>) 'pending' AND p.status OPERATOR(pg_catalog.<>) 'sending'))
+		 GROUP BY p.ordering_key, p.decided_by),
+	s AS MATERIALIZED (
+		SELECT p.ordering_key, p.decided_by, p.published_at
+		  FROM @extschema@.commands p
+		  JOIN b ON p.ordering_key OPERATOR(pg_catalog.=) b.ordering_key
+			AND p.decided_by OPERATOR(pg_catalog.=) b.decided_by
+			AND p.ordering_seq OPERATOR(pg_catalog.=) b.ordering_seq
+		 WHERE p.ordering_key IS NOT NULL)
+	SELECT h.ordering_key::pg_catalog.text, h.command_id, h.run_id, h.status::pg_catalog.text,
+		   GREATEST(h.created_at, s.published_at), h.waiting, h.decided_by::pg_catalog.regrole,
+		   (h.status OPERATOR(pg_catalog.=) 'pending'
+			AND h.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()
+			AND NOT EXISTS (SELECT 1 FROM @extschema@.policies y
+							 WHERE y.kind OPERATOR(pg_catalog.=) h.kind AND y.paused))
+	  FROM h
+	  LEFT JOIN s ON s.ordering_key OPERATOR(pg_catalog.=) h.ordering_key
+		AND s.decided_by OPERATOR(pg_catalog.=) h.decided_by;
+END;
+$$;
+COMMENT ON FUNCTION @extschema@._blocked_keys()
+	IS 'the rows of the view outbox.blocked_keys, on one server or on a distributed outbox';
+
 CREATE VIEW @extschema@.blocked_keys WITH (security_barrier) AS
-SELECT h.ordering_key::pg_catalog.text AS ordering_key, h.command_id AS head_command_id,
-	   h.run_id AS head_run_id, h.status::pg_catalog.text AS head_status,
-	   GREATEST(h.created_at,
-			(SELECT p.published_at FROM @extschema@.commands p
-			  WHERE p.ordering_key OPERATOR(pg_catalog.=) h.ordering_key
-				AND p.decided_by OPERATOR(pg_catalog.=) h.decided_by
-				AND p.ordering_seq OPERATOR(pg_catalog.<) h.ordering_seq
-				AND (p.ordering_tail
-					 OR (p.status OPERATOR(pg_catalog.=) 'pending' AND p.due_at IS NULL)
-					 OR (p.status OPERATOR(pg_catalog.<>) 'pending' AND p.status OPERATOR(pg_catalog.<>) 'sending'))
-			  ORDER BY p.ordering_seq DESC LIMIT 1)) AS since,
-	   h.waiting, h.decided_by::pg_catalog.regrole AS decided_by,
-	   (h.status OPERATOR(pg_catalog.=) 'pending'
-		AND h.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()
-		AND NOT EXISTS (SELECT 1 FROM @extschema@.policies p
-						 WHERE p.kind OPERATOR(pg_catalog.=) h.kind AND p.paused)) AS head_claimable
-  FROM (SELECT k.ordering_key, k.decided_by, k.ordering_seq, k.command_id, k.run_id, k.status,
-			   k.created_at, k.due_at, k.kind,
-			   pg_catalog.row_number() OVER (PARTITION BY k.ordering_key, k.decided_by
-											 ORDER BY k.ordering_seq) AS place,
-			   pg_catalog.count(*) FILTER (WHERE k.status OPERATOR(pg_catalog.=) 'pending'
-										   AND k.due_at IS NULL)
-				   OVER (PARTITION BY k.ordering_key, k.decided_by) AS waiting
-		  FROM @extschema@.commands k
-		 WHERE k.ordering_key IS NOT NULL
-		   AND k.status OPERATOR(pg_catalog.<>) 'published') h
- WHERE h.place OPERATOR(pg_catalog.=) 1
-   AND h.waiting OPERATOR(pg_catalog.>) (CASE WHEN h.status OPERATOR(pg_catalog.=) 'pending'
-												AND h.due_at IS NULL THEN 1 ELSE 0 END);
+SELECT b.ordering_key, b.head_command_id, b.head_run_id, b.head_status, b.since,
+	   b.waiting, b.decided_by, b.head_claimable
+  FROM @extschema@._blocked_keys() b;
 COMMENT ON VIEW @extschema@.blocked_keys
 	IS 'ordering keys with commands waiting behind their head, with the head''s status and whether it may be claimed now (head_claimable)';
 
@@ -586,7 +663,7 @@ REVOKE ALL ON
 	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
 	@extschema@.horizon, @extschema@.blocked_keys, @extschema@.check_stream_state
 	FROM PUBLIC;
-REVOKE ALL ON FUNCTION @extschema@.verify(pg_catalog.bool) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.verify(pg_catalog.bool), @extschema@._blocked_keys() FROM PUBLIC;
 
 DO $$
 DECLARE
@@ -599,6 +676,7 @@ BEGIN
 	@extschema@.backlog, @extschema@.leases, @extschema@.dead_letters,
 	@extschema@.horizon, @extschema@.blocked_keys, @extschema@.check_stream_state
 	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
-	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.verify(pg_catalog.bool) TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
+	EXECUTE 'GRANT EXECUTE ON FUNCTION @extschema@.verify(pg_catalog.bool), @extschema@._blocked_keys()
+	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
 END;
 $$;

@@ -110,6 +110,16 @@ AS 'MODULE_PATHNAME', 'outbox_citus_lease_key_changed';
 COMMENT ON FUNCTION @extschema@._citus_lease_key_changed()
 	IS 'trigger on every node''s copy of the reference table lease_key: that node''s backends read the key again at commit';
 
+-- The statement trigger on outbox.commands (and, through Citus, on each
+-- of its shards): an insert into a shard wakes that node's worker at its
+-- commit (src/shared.c), also for a decision routed from the coordinator.
+CREATE FUNCTION @extschema@._citus_commands_inserted()
+RETURNS trigger
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'outbox_citus_commands_inserted';
+COMMENT ON FUNCTION @extschema@._citus_commands_inserted()
+	IS 'trigger on every shard of commands: wake that node''s worker when the inserting transaction commits';
+
 -- This node's local copies to the keys of a distributed outbox (true) or
 -- of a single server (false).  Idempotent: a node already in that shape
 -- is left alone.  On a worker the tables may be a distributed table's
@@ -252,6 +262,18 @@ BEGIN
 				USING ERRCODE = 'invalid_parameter_value';
 		END IF;
 	END IF;
+	-- A command with an ordering key that is not published yet would be
+	-- stuck: releasing the next command of its key is a statement over the
+	-- key's commands, which sit on several shards (Citus refuses it), and
+	-- ordered delivery is refused on a distributed outbox.
+	IF EXISTS (SELECT 1 FROM @extschema@.commands c
+				WHERE c.ordering_key IS NOT NULL
+				  AND c.status OPERATOR(pg_catalog.<>) 'published') THEN
+		RAISE EXCEPTION 'the outbox holds commands with an ordering key that are not published'
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  DETAIL = 'Ordered delivery is not supported on a distributed outbox: the release of a key''s next command could not run there.',
+				  HINT = 'Let the publishers deliver them first (a dead head: outbox.requeue or outbox.skip_head, an uncertain one: outbox.resolve); outbox.blocked_keys lists the keys that wait.';
+	END IF;
 	-- Every worker has this version, and its own outbox holds nothing that
 	-- the distributed tables would hide (its lease key stays, unread, and
 	-- comes back with undistribute()).
@@ -304,6 +326,11 @@ BEGIN
 			  USING pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass, group_of;
 			group_of := '@extschema@.events';
 		END LOOP;
+		-- A decision routed from the coordinator wakes the worker of the
+		-- node it commits on (Citus puts the trigger on every shard).
+		CREATE TRIGGER commands_inserted
+			AFTER INSERT ON @extschema@.commands
+			FOR EACH STATEMENT EXECUTE FUNCTION @extschema@._citus_commands_inserted();
 		-- The coordinator's relations keep the rows they held, now copied
 		-- into the shards: empty them (Citus reads the shards only).
 		FOREACH t IN ARRAY @extschema@._citus_tables(true) OPERATOR(pg_catalog.||) @extschema@._citus_tables(false)
@@ -368,6 +395,7 @@ BEGIN
 		-- distribute()'s trigger, from every node's copy of lease_key
 		PERFORM pg_catalog.set_config('citus.enable_unsafe_triggers', 'on', true);
 		DROP TRIGGER IF EXISTS lease_key_changed ON @extschema@.lease_key;
+		DROP TRIGGER IF EXISTS commands_inserted ON @extschema@.commands;
 		FOREACH t IN ARRAY @extschema@._citus_tables(false) OPERATOR(pg_catalog.||) @extschema@._citus_tables(true)
 		LOOP
 			rel := pg_catalog.format('@extschema@.%I', t)::pg_catalog.regclass;

@@ -20,7 +20,8 @@
 -- search_path to pg_catalog, pg_temp.  Internal helpers (names starting
 -- with "_") are called by those functions as the owner and granted to
 -- nobody, except _stats() and _workers(), which the views outbox.stats and
--- outbox.workers call with the reader's rights.
+-- outbox.workers call with the reader's rights, and _blocked_keys()
+-- (SECURITY DEFINER), which the view outbox.blocked_keys calls.
 --
 -- Parts 30 and 40 grant their own objects; the REVOKEs below are the safety
 -- net for everything in the schema, and test/pgtap/privileges.sql checks

@@ -204,6 +204,37 @@ is(safe_psql(0, $db, q{SELECT published_at >= available_at FROM outbox.commands 
 ok(poll_until(0, $db, q{SELECT count(*) FROM outbox.commands WHERE run_id LIKE 'l-%' AND status = 'published'
 	AND owner LIKE 'relay-%'}, '10'),
 	'the dead publisher\'s 10 leases are taken over when they expire');
+# Coordinator transactions that run 3 s before their commit, longer than
+# the due look goes back for decisions routed from the coordinator: the
+# look cannot find them, and nothing else is due to wake the relays; the
+# trigger on the shards wakes the worker of the node each commits on, at
+# its commit (one run: one node, one-phase; runs on both workers:
+# two-phase, woken at COMMIT PREPARED).
+is(safe_psql(0, $db, q{SELECT count(*) FROM outbox.commands WHERE status IN ('pending', 'sending')}), '0',
+	'nothing is pending or leased now');
+my ($one, $two) = ('', '');
+for my $g (1 .. 40)
+{
+	$one = "lt1-$g" if !$one && node_of_run("lt1-$g") == 1;
+}
+my $runs2 = join(', ', map { "'lt2-$_'" } 1 .. 6);
+my $nodes2 = join('', sort map { node_of_run("lt2-$_") } 1 .. 6);
+like($nodes2, qr/1.*2/, 'the second transaction\'s runs are on both workers');
+my ($lrc, $lout, $lerr) = psql(0, $db, qq{
+	BEGIN;
+	SELECT outbox.commit_decision('$one', 1, 'placed', 'wake-$one', 'wake', '{}');
+	SELECT pg_sleep(3);
+	COMMIT;
+	SET citus.log_remote_commands = on;
+	BEGIN;
+	SELECT count(*) FROM (SELECT outbox.commit_decision(r, 1, 'placed', 'wake-' || r, 'wake', '{}')
+							FROM unnest(ARRAY[$runs2]) r) s;
+	SELECT pg_sleep(3);
+	COMMIT;});
+is($lrc, 0, 'a one-run and a two-node transaction, each 3 s long, commit') or diag($lerr);
+like($lerr, qr/issuing COMMIT PREPARED/, '... the second with two-phase commit');
+ok(poll_until(0, $db, q{SELECT count(*) FROM outbox.commands WHERE run_id LIKE 'lt%' AND status = 'published'}, '7'),
+	'their 7 decisions are published by the relays polling every 600 s');
 for my $node (1, 2)
 {
 	$relays{$node}->signal('TERM');

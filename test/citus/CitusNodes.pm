@@ -12,12 +12,14 @@ package CitusNodes;
 use strict;
 use warnings;
 use Exporter 'import';
+use IO::Socket::INET ();
 use IPC::Run ();
 use Test::More;
 use Time::HiRes ();
 
-our @EXPORT = qw(@NODES node_name node_of_port citus_database psql safe_psql
-  psql_ddl busiest_shard on_all poll_until log_has wait_for_log session session_query session_end);
+our @EXPORT = qw(@NODES node_name node_of_port node_port citus_database psql safe_psql
+  psql_ddl busiest_shard on_all poll_until log_has wait_for_log session session_query session_end
+  start_node stop_node);
 
 my @ports = split ' ', ($ENV{CITUS_PORTS} // '');
 die "CITUS_PORTS must name three ports (test/run.sh citus sets it)\n"
@@ -36,6 +38,73 @@ sub node_of_port
 	my ($node) = grep { $ports[$_] == $port } @NODES;
 	die "no node listens on port $port\n" unless defined $node;
 	return $node;
+}
+
+# The port a node listens on.
+sub node_port { return $ports[ $_[0] ] }
+
+# Start one more node, for a test of its own (a worker added to the
+# cluster): a server in $CITUS_DATA/$name with the settings of the layer's
+# nodes (test/run.sh, citus_start), on a free port of 127.0.0.1.  Returns
+# its index for psql() and the others; it is not in @NODES (citus_database
+# and on_all keep to the three nodes).  The caller stops it with
+# stop_node, from an END block so that it stops whatever happens; the
+# layer's citus_stop stops it too if it is still running.
+sub start_node
+{
+	my ($name) = @_;
+	my $data = "$ENV{CITUS_DATA}/$name";
+	my $port;
+	for (1 .. 100)
+	{
+		my $p = 20000 + int(rand(20000));
+		next if IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $p, Proto => 'tcp');
+		my $l = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $p, Listen => 1, ReuseAddr => 1)
+		  or next;
+		$l->close;
+		$port = $p;
+		last;
+	}
+	die "no free port\n" unless defined $port;
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ "$ENV{PGBIN}/initdb", '-D', $data, '-A', 'trust', '-U', 'postgres', '--no-sync' ],
+		'>', \$out, '2>', \$err)
+	  or die "initdb $data failed: $err\n";
+	open(my $fh, '>>', "$data/postgresql.conf") or die "$data/postgresql.conf: $!";
+	print $fh join("\n",
+		"port = $port",
+		"listen_addresses = '127.0.0.1'",
+		"unix_socket_directories = '$data'",
+		"shared_preload_libraries = 'citus,outbox'",
+		'outbox.naptime = 200',
+		'max_prepared_transactions = 20',
+		'max_worker_processes = 32',
+		'wal_level = logical',
+		"citus.node_conninfo = 'sslmode=disable'", '');
+	close $fh;
+	IPC::Run::run([ "$ENV{PGBIN}/pg_ctl", '-D', $data, '-l', "$data/server.log", '-w', 'start' ],
+		'>', \$out, '2>', \$err)
+	  or die "pg_ctl start $data failed: $err\n";
+	push @ports, $port;
+	push @names, $name;
+	return $#ports;
+}
+
+# Stop a node start_node started: a fast shutdown, then SIGQUIT to the
+# postmaster of its data directory if it is still there.
+sub stop_node
+{
+	my ($node) = @_;
+	my $data = "$ENV{CITUS_DATA}/$names[$node]";
+	return unless -f "$data/postmaster.pid";
+	my ($out, $err) = ('', '');
+	IPC::Run::run([ "$ENV{PGBIN}/pg_ctl", '-D', $data, '-m', 'fast', '-w', '-t', '30', 'stop' ],
+		'>', \$out, '2>', \$err);
+	open(my $fh, '<', "$data/postmaster.pid") or return;
+	my $pid = <$fh>;
+	close $fh;
+	chomp $pid if defined $pid;
+	kill 'QUIT', $pid if $pid && $pid =~ /^\d+$/ && kill(0, $pid);
 }
 
 # Run SQL on a node through psql (unaligned, tuples only); returns

@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(252);
+SELECT plan(256);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -141,6 +141,9 @@ INSERT INTO expected VALUES
 	('outbox._workers()',
 	 'function', '{outbox_admin,pg_monitor}', false,
 	 $$SELECT count(*) FROM outbox._workers()$$),
+	('outbox._blocked_keys()',
+	 'function', '{outbox_admin,pg_monitor}', true,
+	 $$SELECT count(*) FROM outbox._blocked_keys()$$),
 	('outbox._siphash(bytea,bytea,integer)',
 	 'function', '{}', false,
 	 $$SELECT outbox._siphash('\x000102030405060708090a0b0c0d0e0f', '', 16)$$),
@@ -253,6 +256,11 @@ INSERT INTO expected VALUES
 	 $c$DO $d$ BEGIN CREATE TEMP TABLE pt_lk (x int);
 		CREATE TRIGGER pt_lk AFTER INSERT ON pt_lk FOR EACH STATEMENT EXECUTE FUNCTION outbox._citus_lease_key_changed();
 		INSERT INTO pt_lk VALUES (1); END $d$$c$),
+	('outbox._citus_commands_inserted()',
+	 'function', '{}', false,
+	 $c$DO $d$ BEGIN CREATE TEMP TABLE pt_ci (x int);
+		CREATE TRIGGER pt_ci AFTER INSERT ON pt_ci FOR EACH STATEMENT EXECUTE FUNCTION outbox._citus_commands_inserted();
+		INSERT INTO pt_ci VALUES (1); END $d$$c$),
 	('outbox._check_run(integer)',
 	 'function', '{}', false,
 	 $$SELECT outbox._check_run(99)$$),
@@ -604,15 +612,16 @@ SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' owned by ' || p.proowner::
 		  '{}'::text[], 'SECURITY DEFINER and C API functions are owned by the extension owner');
 
 -- 63: internal helpers are granted to none of the four roles, except the
--- two the views call with the reader's rights.
+-- three the views call.
 SELECT is(ARRAY(SELECT a.object || ':' || g.r
 				  FROM actual_objects a, grantee_roles g
 				 WHERE a.kind = 'function' AND a.object LIKE 'outbox.\_%'
 				   AND g.r NOT IN ('pg_monitor', 'public')
 				   AND has_function_privilege(g.r, a.oid, 'EXECUTE')
 				 ORDER BY 1),
-		  ARRAY['outbox._stats():' || outbox.role('admin'), 'outbox._workers():' || outbox.role('admin')],
-		  'internal helpers: only _stats and _workers, for the admin role (the views need them)');
+		  ARRAY['outbox._blocked_keys():' || outbox.role('admin'), 'outbox._stats():' || outbox.role('admin'),
+				'outbox._workers():' || outbox.role('admin')],
+		  'internal helpers: only _blocked_keys, _stats and _workers, for the admin role (the views need them)');
 
 -- 64: the group roles cannot log in and hold no special attribute.
 SELECT is(ARRAY(SELECT r.rolname::text FROM pg_roles r
