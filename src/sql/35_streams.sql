@@ -215,9 +215,12 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 -- how many ticks were cut, -1 when there is no stream at all.  The
 -- background worker calls it when a commit that appended to a stream wakes
 -- it (and every outbox.naptime), before it notifies the publishers.  Per
--- stream with new commands: its row locked, then one statement, in one
+-- stream: its row locked, its last tick read, then one statement, in one
 -- snapshot, that finds the partitions with commands the last tick does not
--- see (one probe of each partition's index), inserts the tick with that
+-- see (the rows of each partition's index from the last tick's xmax, and
+-- those of the transactions that were running then: a row is not in a
+-- snapshot exactly when its transaction came at or after the snapshot's
+-- xmax, or was running when it was taken), inserts the tick with that
 -- snapshot and records the tick in streams.part_ticks for those
 -- partitions.  The rows the statement sees are exactly those of the
 -- transactions its snapshot (the tick's) sees as committed, so the
@@ -232,54 +235,55 @@ DECLARE
 	s record;
 	n pg_catalog.int4 := 0;
 	c pg_catalog.int4;
+	parts pg_catalog.int4[];
+	last_tick pg_catalog.int8;
+	last_xmax pg_catalog.xid8;
+	last_xip pg_catalog.xid8[];
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM @extschema@.streams) THEN
 		RETURN -1;
 	END IF;
 	FOR s IN
-		SELECT t.stream_id, t.partitions
-		  FROM @extschema@.streams t
-		 CROSS JOIN LATERAL (SELECT k.snap FROM @extschema@.stream_ticks k
-							  WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id
-							  ORDER BY k.tick DESC LIMIT 1) k
-		 WHERE EXISTS (
-			SELECT 1 FROM @extschema@._stream_log l
-			 WHERE l.stream_id OPERATOR(pg_catalog.=) t.stream_id
-			   AND l.part OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.generate_series(0, t.partitions OPERATOR(pg_catalog.-) 1)))
-			   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin(k.snap)
-			   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, k.snap))
-		 ORDER BY t.stream_id
+		SELECT t.stream_id, t.partitions FROM @extschema@.streams t ORDER BY t.stream_id
 	LOOP
+		parts := ARRAY(SELECT pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1));
 		-- the stream's row: a subscription being created waits (and the
 		-- other way round); skip a stream someone else is ticking
 		PERFORM 1 FROM @extschema@.streams t
 		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id FOR UPDATE SKIP LOCKED;
 		CONTINUE WHEN NOT FOUND;
-		-- (a new snapshot, taken after the lock: it sees the last tick)
-		WITH k AS (
-			SELECT k.tick, k.snap FROM @extschema@.stream_ticks k
-			 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id
-			 ORDER BY k.tick DESC LIMIT 1),
-		 g AS (
-			SELECT g.p, EXISTS (
-					SELECT 1 FROM @extschema@._stream_log l
-					 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-					   AND l.part OPERATOR(pg_catalog.=) g.p
-					   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin(k.snap)
-					   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, k.snap)) AS filled
-			  FROM k CROSS JOIN pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1) AS g(p)),
+		-- the last tick, which no one else cuts while the row is held (a
+		-- new snapshot, taken after the lock, sees it)
+		SELECT k.tick, pg_catalog.pg_snapshot_xmax(k.snap), ARRAY(SELECT pg_catalog.pg_snapshot_xip(k.snap))
+		  INTO last_tick, last_xmax, last_xip
+		  FROM @extschema@.stream_ticks k
+		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id
+		 ORDER BY k.tick DESC LIMIT 1;
+		-- (one probe per partition and log table, with the values as
+		-- parameters so that they are the index's conditions)
+		WITH f AS (
+			SELECT g.p AS part FROM pg_catalog.unnest(parts) AS g(p)
+			 WHERE EXISTS (SELECT 1 FROM @extschema@._stream_log l
+							WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+							  AND l.part OPERATOR(pg_catalog.=) g.p
+							  AND l.xid OPERATOR(pg_catalog.>=) last_xmax)
+				OR (pg_catalog.cardinality(last_xip) OPERATOR(pg_catalog.>) 0
+					AND EXISTS (SELECT 1 FROM @extschema@._stream_log l
+								 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+								   AND l.part OPERATOR(pg_catalog.=) g.p
+								   AND l.xid OPERATOR(pg_catalog.=) ANY (last_xip)))),
 		 i AS (
 			INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
-			SELECT s.stream_id, k.tick OPERATOR(pg_catalog.+) 1,
+			SELECT s.stream_id, last_tick OPERATOR(pg_catalog.+) 1,
 				   @extschema@._stream_snapshot(pg_catalog.pg_current_snapshot()),
 				   (SELECT q.last_value FROM @extschema@.stream_log_id_seq q)
-			  FROM k
-			 WHERE EXISTS (SELECT 1 FROM g WHERE g.filled)
+			 WHERE EXISTS (SELECT 1 FROM f)
 			RETURNING stream_ticks.tick)
 		UPDATE @extschema@.streams t
-		   SET part_ticks = ARRAY(SELECT CASE WHEN g.filled THEN i.tick
+		   SET part_ticks = ARRAY(SELECT CASE WHEN g.p OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT f.part FROM f)) THEN i.tick
 											  ELSE COALESCE(t.part_ticks[g.p OPERATOR(pg_catalog.+) 1], 0) END
-									FROM g ORDER BY g.p)
+									FROM pg_catalog.unnest(parts) AS g(p)
+								   ORDER BY g.p)
 		  FROM i
 		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id;
 		GET DIAGNOSTICS c = ROW_COUNT;
@@ -291,11 +295,19 @@ $$;
 COMMENT ON FUNCTION @extschema@._stream_tick(pg_catalog.int4)
 	IS 'internal: cut a tick of every stream with commands its last tick does not see (the background worker calls it at a commit''s wake-up)';
 
--- Admin and tests: cut the ticks now, without the worker.
+-- Admin and tests: cut the ticks now, without the worker.  The tick's
+-- plans are generic, made once per session: here as in the worker
+-- (OutboxExecute), the planner is steered to index plans while they are
+-- made (OUTBOX_PLANNER_STEERING of src/outbox.h), so that none settles on
+-- a scan of a log table that was empty then.
 CREATE FUNCTION @extschema@.tick_streams()
 RETURNS pg_catalog.int4
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET jit = off
 AS $$ SELECT GREATEST(@extschema@._stream_tick(0), 0) $$;
 COMMENT ON FUNCTION @extschema@.tick_streams()
 	IS 'cut a tick of every stream with new commands now (the background worker does it when commits wake it); returns the number of ticks cut';
@@ -391,6 +403,7 @@ RETURNS TABLE (command_id pg_catalog.text, run_id pg_catalog.text, seq pg_catalo
 			   batch_id pg_catalog.int8, part pg_catalog.int4)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
 	s record;
