@@ -224,12 +224,20 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 -- snapshot and records the tick in streams.part_ticks for those
 -- partitions.  The rows the statement sees are exactly those of the
 -- transactions its snapshot (the tick's) sees as committed, so the
--- partitions it records are exactly those the tick gave commands.
+-- partitions it records are exactly those the tick gave commands.  Its
+-- plans are generic, made once per session, with the planner steered to
+-- index plans while they are made (the settings OutboxExecute turns off,
+-- OUTBOX_PLANNER_STEERING of src/outbox.h, here for tick_streams() too),
+-- so that none settles on a scan of a log table that was empty then.
 CREATE FUNCTION @extschema@._stream_tick(unused pg_catalog.int4 DEFAULT 0)
 RETURNS pg_catalog.int4
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+SET jit = off
 AS $$
 DECLARE
 	s record;
@@ -295,19 +303,11 @@ $$;
 COMMENT ON FUNCTION @extschema@._stream_tick(pg_catalog.int4)
 	IS 'internal: cut a tick of every stream with commands its last tick does not see (the background worker calls it at a commit''s wake-up)';
 
--- Admin and tests: cut the ticks now, without the worker.  The tick's
--- plans are generic, made once per session: here as in the worker
--- (OutboxExecute), the planner is steered to index plans while they are
--- made (OUTBOX_PLANNER_STEERING of src/outbox.h), so that none settles on
--- a scan of a log table that was empty then.
+-- Admin and tests: cut the ticks now, without the worker.
 CREATE FUNCTION @extschema@.tick_streams()
 RETURNS pg_catalog.int4
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET enable_sort = off
-SET jit = off
 AS $$ SELECT GREATEST(@extschema@._stream_tick(0), 0) $$;
 COMMENT ON FUNCTION @extschema@.tick_streams()
 	IS 'cut a tick of every stream with new commands now (the background worker does it when commits wake it); returns the number of ticks cut';
@@ -476,6 +476,9 @@ BEGIN
 	-- Partitions without commands are never looked at.
 	LOOP
 		SELECT p.part, p.batch_id, p.acked_tick, m.t_max, e.t_to, a.snap AS sa, b.snap AS sb,
+			   pg_catalog.pg_snapshot_xmax(a.snap) AS sa_xmax,
+			   ARRAY(SELECT pg_catalog.pg_snapshot_xip(a.snap)) AS sa_xip,
+			   pg_catalog.pg_snapshot_xmax(b.snap) AS sb_xmax,
 			   EXISTS (SELECT 1 FROM @extschema@.stream_failures f
 						WHERE f.subscription OPERATOR(pg_catalog.=) p.subscription
 						  AND f.part OPERATOR(pg_catalog.=) p.part
@@ -525,13 +528,17 @@ BEGIN
 			SELECT u.subscription, l.command_id, l.part, 'waiting', NULL, 0, now_ts,
 				   l.id, l.xid, l.stream_id, l.run_id, l.seq, l.kind, l.payload, l.headers,
 				   l.ordering_key, l.decided_by, l.created_at
-			  FROM @extschema@._stream_log l
-			 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-			   AND l.part OPERATOR(pg_catalog.=) pr.part
-			   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin(pr.sa)
-			   AND l.xid OPERATOR(pg_catalog.<) pg_catalog.pg_snapshot_xmax(pr.sb)
-			   AND pg_catalog.pg_visible_in_snapshot(l.xid, pr.sb)
-			   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, pr.sa)
+			  FROM (SELECT l.* FROM @extschema@._stream_log l
+					 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+					   AND l.part OPERATOR(pg_catalog.=) pr.part
+					   AND l.xid OPERATOR(pg_catalog.>=) pr.sa_xmax
+					   AND l.xid OPERATOR(pg_catalog.<) pr.sb_xmax
+					UNION ALL
+					SELECT l.* FROM @extschema@._stream_log l
+					 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+					   AND l.part OPERATOR(pg_catalog.=) pr.part
+					   AND l.xid OPERATOR(pg_catalog.=) ANY (pr.sa_xip)) l
+			 WHERE pg_catalog.pg_visible_in_snapshot(l.xid, pr.sb)
 			   AND l.ordering_key IS NOT NULL
 			   AND EXISTS (SELECT 1 FROM @extschema@.stream_failures k
 							WHERE k.subscription OPERATOR(pg_catalog.=) u.subscription
@@ -560,20 +567,28 @@ BEGIN
 		END IF;
 		-- The batch's commands, read once: those of the partition visible
 		-- in sb and not in sa that are not in the subscription's failures,
-		-- and the retries marked with the batch, in log order.
+		-- and the retries marked with the batch, in log order.  Not in sa:
+		-- from sa's xmax on (one range of the index, up to sb's xmax), or of
+		-- a transaction running when sa was taken (one probe each), so a
+		-- long transaction does not make every batch read what the ones
+		-- before it delivered.
 		RETURN QUERY
 			SELECT x.command_id, x.run_id, x.seq, x.kind, x.payload, 1::pg_catalog.int8,
 				   x.deliveries, until, x.headers, x.ordering_key, nb, pr.part
 			  FROM (SELECT l.id, l.command_id::pg_catalog.text AS command_id, l.run_id::pg_catalog.text AS run_id,
 						   l.seq, l.kind::pg_catalog.text AS kind, l.payload, 1 AS deliveries, l.headers,
 						   l.ordering_key::pg_catalog.text AS ordering_key
-					  FROM @extschema@._stream_log l
-					 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-					   AND l.part OPERATOR(pg_catalog.=) pr.part
-					   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin(pr.sa)
-					   AND l.xid OPERATOR(pg_catalog.<) pg_catalog.pg_snapshot_xmax(pr.sb)
-					   AND pg_catalog.pg_visible_in_snapshot(l.xid, pr.sb)
-					   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, pr.sa)
+					  FROM (SELECT l.* FROM @extschema@._stream_log l
+							 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+							   AND l.part OPERATOR(pg_catalog.=) pr.part
+							   AND l.xid OPERATOR(pg_catalog.>=) pr.sa_xmax
+							   AND l.xid OPERATOR(pg_catalog.<) pr.sb_xmax
+							UNION ALL
+							SELECT l.* FROM @extschema@._stream_log l
+							 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+							   AND l.part OPERATOR(pg_catalog.=) pr.part
+							   AND l.xid OPERATOR(pg_catalog.=) ANY (pr.sa_xip)) l
+					 WHERE pg_catalog.pg_visible_in_snapshot(l.xid, pr.sb)
 					   AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
 										WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
 										  AND f.command_id OPERATOR(pg_catalog.=) l.command_id)
