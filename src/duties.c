@@ -217,8 +217,9 @@ du_lock_stream_tables(void)
 /*
  * Run a saved one-int4-argument, one-int4-result statement; steered: with
  * the planner steered to index plans while the plans of the statements it
- * runs may be made (OutboxExecute), as for the tick, whose generic plans
- * must not settle on a scan of a log table that was empty when planned.
+ * runs may be made, and those plans generic (OutboxExecuteGeneric), as for
+ * the tick, whose generic plans must not settle on a scan of a log table
+ * that was empty when planned.
  */
 static int32
 du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg, bool steered)
@@ -230,7 +231,7 @@ du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg, bool steered)
 
 	args[0] = Int32GetDatum(arg);
 	if ((steered ?
-		 OutboxExecute(OutboxPrepare(cache, sql, 1, argtypes), args, NULL, false, 1) :
+		 OutboxExecuteGeneric(OutboxPrepare(cache, sql, 1, argtypes), args, NULL, false, 1) :
 		 SPI_execute_plan(OutboxPrepare(cache, sql, 1, argtypes), args, NULL, false, 1))
 		!= SPI_OK_SELECT ||
 		SPI_processed != 1)

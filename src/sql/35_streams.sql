@@ -224,20 +224,12 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 -- snapshot and records the tick in streams.part_ticks for those
 -- partitions.  The rows the statement sees are exactly those of the
 -- transactions its snapshot (the tick's) sees as committed, so the
--- partitions it records are exactly those the tick gave commands.  Its
--- plans are generic, made once per session, with the planner steered to
--- index plans while they are made (the settings OutboxExecute turns off,
--- OUTBOX_PLANNER_STEERING of src/outbox.h, here for tick_streams() too),
--- so that none settles on a scan of a log table that was empty then.
+-- partitions it records are exactly those the tick gave commands.  The
+-- worker runs it with the planner steered to index plans (OutboxExecute).
 CREATE FUNCTION @extschema@._stream_tick(unused pg_catalog.int4 DEFAULT 0)
 RETURNS pg_catalog.int4
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-SET enable_sort = off
-SET jit = off
 AS $$
 DECLARE
 	s record;
@@ -268,18 +260,24 @@ BEGIN
 		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id
 		 ORDER BY k.tick DESC LIMIT 1;
 		-- (one probe per partition and log table, with the values as
-		-- parameters so that they are the index's conditions)
+		-- parameters so that they are the index's conditions; a LIMIT, not
+		-- EXISTS, which the planner may turn into one scan of the whole
+		-- stream's index)
 		WITH f AS (
 			SELECT g.p AS part FROM pg_catalog.unnest(parts) AS g(p)
-			 WHERE EXISTS (SELECT 1 FROM @extschema@._stream_log l
-							WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-							  AND l.part OPERATOR(pg_catalog.=) g.p
-							  AND l.xid OPERATOR(pg_catalog.>=) last_xmax)
-				OR (pg_catalog.cardinality(last_xip) OPERATOR(pg_catalog.>) 0
-					AND EXISTS (SELECT 1 FROM @extschema@._stream_log l
-								 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-								   AND l.part OPERATOR(pg_catalog.=) g.p
-								   AND l.xid OPERATOR(pg_catalog.=) ANY (last_xip)))),
+			 CROSS JOIN LATERAL (SELECT 1 FROM @extschema@._stream_log l
+								  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+									AND l.part OPERATOR(pg_catalog.=) g.p
+									AND l.xid OPERATOR(pg_catalog.>=) last_xmax
+								  LIMIT 1) x
+			UNION
+			SELECT g.p FROM pg_catalog.unnest(parts) AS g(p)
+			 CROSS JOIN pg_catalog.unnest(last_xip) AS r(xid)
+			 CROSS JOIN LATERAL (SELECT 1 FROM @extschema@._stream_log l
+								  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+									AND l.part OPERATOR(pg_catalog.=) g.p
+									AND l.xid OPERATOR(pg_catalog.=) r.xid
+								  LIMIT 1) y),
 		 i AS (
 			INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
 			SELECT s.stream_id, last_tick OPERATOR(pg_catalog.+) 1,
@@ -403,7 +401,6 @@ RETURNS TABLE (command_id pg_catalog.text, run_id pg_catalog.text, seq pg_catalo
 			   batch_id pg_catalog.int8, part pg_catalog.int4)
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
 	s record;
@@ -534,10 +531,11 @@ BEGIN
 					   AND l.xid OPERATOR(pg_catalog.>=) pr.sa_xmax
 					   AND l.xid OPERATOR(pg_catalog.<) pr.sb_xmax
 					UNION ALL
-					SELECT l.* FROM @extschema@._stream_log l
-					 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-					   AND l.part OPERATOR(pg_catalog.=) pr.part
-					   AND l.xid OPERATOR(pg_catalog.=) ANY (pr.sa_xip)) l
+					SELECT l.* FROM pg_catalog.unnest(pr.sa_xip) AS r(xid)
+					 CROSS JOIN LATERAL (SELECT l.* FROM @extschema@._stream_log l
+										  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+											AND l.part OPERATOR(pg_catalog.=) pr.part
+											AND l.xid OPERATOR(pg_catalog.=) r.xid OFFSET 0) l) l
 			 WHERE pg_catalog.pg_visible_in_snapshot(l.xid, pr.sb)
 			   AND l.ordering_key IS NOT NULL
 			   AND EXISTS (SELECT 1 FROM @extschema@.stream_failures k
@@ -584,10 +582,11 @@ BEGIN
 							   AND l.xid OPERATOR(pg_catalog.>=) pr.sa_xmax
 							   AND l.xid OPERATOR(pg_catalog.<) pr.sb_xmax
 							UNION ALL
-							SELECT l.* FROM @extschema@._stream_log l
-							 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-							   AND l.part OPERATOR(pg_catalog.=) pr.part
-							   AND l.xid OPERATOR(pg_catalog.=) ANY (pr.sa_xip)) l
+							SELECT l.* FROM pg_catalog.unnest(pr.sa_xip) AS r(xid)
+							 CROSS JOIN LATERAL (SELECT l.* FROM @extschema@._stream_log l
+												  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+													AND l.part OPERATOR(pg_catalog.=) pr.part
+													AND l.xid OPERATOR(pg_catalog.=) r.xid OFFSET 0) l) l
 					 WHERE pg_catalog.pg_visible_in_snapshot(l.xid, pr.sb)
 					   AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
 										WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
