@@ -679,10 +679,15 @@ du_due(OutboxTurn *turn)
 
 /*
  * streams: cut the ticks of the streams with new commands, when a commit
- * that appended to a stream raised stream_pending, or every naptime.  The
- * flag is cleared before the tick's snapshot is taken, so a commit the
- * snapshot misses raises it again; a tick that failed or skipped its turn
- * raises it again too.
+ * that appended to a stream raised stream_pending, or every naptime.  While
+ * every publisher is busy (no claim of every kind found nothing since the
+ * last notification) the ticks are at most one per outbox.notify_interval,
+ * as the notifications are: a busy publisher claims again anyway, and a
+ * high commit rate then costs one tick per interval, not one per commit;
+ * once a publisher waits, the tick is cut at once.  The flag is cleared
+ * before the tick's snapshot is taken, so a commit the snapshot misses
+ * raises it again; a tick that failed or skipped its turn raises it again
+ * too.
  */
 static bool
 du_streams(OutboxTurn *turn)
@@ -691,12 +696,33 @@ du_streams(OutboxTurn *turn)
 	bool		backstop = du_last_tick == 0 ||
 		TimestampDifferenceExceeds(du_last_tick, turn->now, outbox_naptime_ms);
 
-	if (pg_atomic_exchange_u32(&MyOutboxSlot->stream_pending, 0) == 0 && !backstop)
+	if (!backstop && pg_atomic_read_u32(&MyOutboxSlot->stream_pending) == 0)
 		return false;
+	if (!backstop && du_last_notify != 0 &&
+		!TimestampDifferenceExceeds(du_last_tick, turn->now, outbox_notify_interval_ms))
+	{
+		pg_memory_barrier();
+		if ((TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->idle_at) < du_last_notify)
+		{
+			/* publishers busy: the flag stays up until the interval ends */
+			turn->next = TimestampTzPlusMilliseconds(du_last_tick, outbox_notify_interval_ms);
+			return false;
+		}
+	}
+	pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 0);
+	pg_memory_barrier();
 	du_last_tick = turn->now;
 	if (!du_run("outbox: cutting the stream ticks", &du_plan_tick,
 				"SELECT outbox._stream_tick($1)", false, 0, &n))
 		pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 1);
+	else if (n > 0)
+	{
+		/*
+		 * what it cut is announced, even if a notification went out while
+		 * the tick waited
+		 */
+		pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 1);
+	}
 	return false;
 }
 

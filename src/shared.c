@@ -368,11 +368,10 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		}
 
 		/*
-		 * An append to a stream: the worker cuts a tick at once, even
-		 * while it holds the notification back (a busy publisher claims
-		 * without one, but only what a tick has cut).  Only the commit
-		 * that raises the flag sets the latch; those that come while the
-		 * tick runs are in the next one.
+		 * An append to a stream: the worker cuts a tick (duties.c), even
+		 * while it holds the notification back.  Only the commit that
+		 * raises the flag sets the latch; those that come while it is up
+		 * are in the next tick.
 		 */
 		if ((due & OUTBOX_DUE_STREAM) != 0 &&
 			pg_atomic_exchange_u32(&slot->stream_pending, 1) == 0)
