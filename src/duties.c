@@ -37,11 +37,15 @@
  *				metrics read the counts (outbox.metrics_checks).  A count
  *				reads its tables whole (under a second per million
  *				commands): DDL that comes during one waits for that one.
- * streams		At every wake-up (a commit woke the worker), cut a tick of
- *				each stream with commands its last tick does not see (SQL
- *				outbox._stream_tick, docs/streams.md), before the notify
- *				duty tells the publishers (one short transaction, which
- *				finds nothing to do in a database without streams).
+ * streams		At a wake-up after a transaction that appended to a stream
+ *				committed (the slot's stream_pending, raised at its commit,
+ *				shared.c), cut a tick of each stream with commands its last
+ *				tick does not see (SQL outbox._stream_tick,
+ *				docs/streams.md), before the notify duty tells the
+ *				publishers; and every outbox.naptime, as a backstop (a
+ *				prepared transaction from before a restart, rows restored
+ *				by hand).  Any other wake-up runs no transaction for it: the
+ *				row path's wake-ups do not wait for a tick.
  * rotate		Every outbox.naptime, one step of the stream log's rotation
  *				(SQL outbox._stream_rotate: truncate a log table whose
  *				commands are all done, or switch the appends to the next).
@@ -106,7 +110,8 @@
  * events, commands, receipts, inbox and purged (citus_keys, on a worker
  * node whose keys are a single server's: their shells there, and
  * RowExclusiveLock on check_results), all conditional;
- * OutboxShared->lock, briefly, to write the slot's last_purged.  wake_pending and due_floor are atomics of the slot.
+ * OutboxShared->lock, briefly, to write the slot's last_purged.  wake_pending,
+ * stream_pending and due_floor are atomics of the slot.
  *
  *-------------------------------------------------------------------------
  */
@@ -147,6 +152,7 @@ static SPIPlanPtr du_plan_check = NULL;
 static SPIPlanPtr du_plan_citus_keys = NULL;
 
 static TimestampTz du_last_notify = 0;
+static TimestampTz du_last_tick = 0;	/* when the last tick began */
 static TimestampTz du_last_due_check = 0;
 static int64 du_purged = 0;		/* purged in the current turn */
 static BackgroundWorkerHandle *du_upkeep = NULL;	/* our upkeep worker */
@@ -221,9 +227,15 @@ du_lock_stream_tables(void)
 	return true;
 }
 
-/* Run a saved one-int4-argument, one-int4-result statement. */
+/*
+ * Run a saved one-int4-argument, one-int4-result statement; steered: with
+ * the planner steered to index plans while the plans of the statements it
+ * runs may be made, and those plans generic (OutboxExecuteGeneric), as for
+ * the tick, whose generic plans must not settle on a scan of a log table
+ * that was empty when planned.
+ */
 static int32
-du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg)
+du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg, bool steered)
 {
 	static const Oid argtypes[1] = {INT4OID};
 	Datum		args[1];
@@ -231,8 +243,10 @@ du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg)
 	Datum		d;
 
 	args[0] = Int32GetDatum(arg);
-	if (SPI_execute_plan(OutboxPrepare(cache, sql, 1, argtypes),
-						 args, NULL, false, 1) != SPI_OK_SELECT ||
+	if ((steered ?
+		 OutboxExecuteGeneric(OutboxPrepare(cache, sql, 1, argtypes), args, NULL, false, 1) :
+		 SPI_execute_plan(OutboxPrepare(cache, sql, 1, argtypes), args, NULL, false, 1))
+		!= SPI_OK_SELECT ||
 		SPI_processed != 1)
 		elog(ERROR, "outbox: \"%s\" failed", sql);
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
@@ -263,7 +277,7 @@ du_statement_txn(void *arg)
 	{
 		if (!du_lock_stream_tables())
 			return false;
-		st->result = du_exec_int(st->plan, st->sql, st->arg);
+		st->result = du_exec_int(st->plan, st->sql, st->arg, true);
 		return true;
 	}
 	if (!du_lock_tables(st->write))
@@ -277,7 +291,7 @@ du_statement_txn(void *arg)
 	if ((st->plan == &du_plan_purge && OutboxCitusCoordinator()) ||
 		(st->plan == &du_plan_rotate && OutboxCitusDistributed()))
 		return true;
-	st->result = du_exec_int(st->plan, st->sql, st->arg);
+	st->result = du_exec_int(st->plan, st->sql, st->arg, false);
 	return true;
 }
 
@@ -676,14 +690,52 @@ du_due(OutboxTurn *turn)
 	return false;
 }
 
-/* streams: cut the ticks of the streams with new commands. */
+/*
+ * streams: cut the ticks of the streams with new commands, when a commit
+ * that appended to a stream raised stream_pending, or every naptime.  While
+ * every publisher is busy (no claim of every kind found nothing since the
+ * last notification) the ticks are at most one per outbox.notify_interval,
+ * as the notifications are: a busy publisher claims again anyway, and a
+ * high commit rate then costs one tick per interval, not one per commit;
+ * once a publisher waits, the tick is cut at once.  The flag is cleared
+ * before the tick's snapshot is taken, so a commit the snapshot misses
+ * raises it again; a tick that failed or skipped its turn raises it again
+ * too.
+ */
 static bool
 du_streams(OutboxTurn *turn)
 {
 	int32		n;
+	bool		backstop = du_last_tick == 0 ||
+		TimestampDifferenceExceeds(du_last_tick, turn->now, outbox_naptime_ms);
 
-	(void) du_run("outbox: cutting the stream ticks", &du_plan_tick,
-				  "SELECT outbox._stream_tick($1)", false, 0, &n);
+	if (!backstop && pg_atomic_read_u32(&MyOutboxSlot->stream_pending) == 0)
+		return false;
+	if (!backstop && du_last_notify != 0 &&
+		!TimestampDifferenceExceeds(du_last_tick, turn->now, outbox_notify_interval_ms))
+	{
+		pg_memory_barrier();
+		if ((TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->idle_at) < du_last_notify)
+		{
+			/* publishers busy: the flag stays up until the interval ends */
+			turn->next = TimestampTzPlusMilliseconds(du_last_tick, outbox_notify_interval_ms);
+			return false;
+		}
+	}
+	pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 0);
+	pg_memory_barrier();
+	du_last_tick = turn->now;
+	if (!du_run("outbox: cutting the stream ticks", &du_plan_tick,
+				"SELECT outbox._stream_tick($1)", false, 0, &n))
+		pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 1);
+	else if (n > 0)
+	{
+		/*
+		 * what it cut is announced, even if a notification went out while
+		 * the tick waited
+		 */
+		pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 1);
+	}
 	return false;
 }
 
@@ -792,7 +844,7 @@ du_check_txn(void *arg)
 	 */
 	if (OutboxCitusDistributed() && !OutboxCitusCoordinator())
 		return true;
-	io[1] = du_exec_int(&du_plan_check, "SELECT outbox._check_run($1)", io[0]);
+	io[1] = du_exec_int(&du_plan_check, "SELECT outbox._check_run($1)", io[0], false);
 	return true;
 }
 

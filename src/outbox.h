@@ -157,6 +157,9 @@ typedef struct OutboxWorkerSlot
 	OutboxWorkerExit exit_reason;
 	Latch	   *latch;			/* worker's process latch, NULL if not running */
 	pg_atomic_uint32 wake_pending;	/* a producer committed since last look */
+	pg_atomic_uint32 stream_pending;	/* a transaction that appended to a
+										 * stream committed since the last
+										 * tick began */
 	pg_atomic_uint64 due_floor; /* earliest start of a transaction that
 								 * committed work since the due check's last
 								 * look and began before look_mark
@@ -267,6 +270,8 @@ extern int	OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls
 								  bool read_only, long count);
 extern int	OutboxExecuteLatest(SPIPlanPtr plan, Datum *args, const char *nulls,
 								bool read_only, long count);
+extern int	OutboxExecuteGeneric(SPIPlanPtr plan, Datum *args, const char *nulls,
+								 bool read_only, long count);
 
 /* keys.c: ordered delivery per key */
 /* The lock space of the ordering keys' locks (field4 of an advisory lock tag; pg_advisory_* use 1 and 2). */
@@ -331,6 +336,7 @@ extern void OutboxCountAtCommit(OutboxCounter c, int64 n);
 /* What OutboxDueAtCommit is told a transaction did (bits). */
 #define OUTBOX_DUE_MOVED		0x01	/* wrote a due_at or lease_until */
 #define OUTBOX_DUE_NOW			0x02	/* made a command claimable now */
+#define OUTBOX_DUE_STREAM		0x04	/* appended to a stream's log */
 extern void OutboxDueAtCommit(int what);
 extern void OutboxCountNow(OutboxCounter c, int64 n);
 extern void OutboxRequestWorkerAtCommit(void);

@@ -6,7 +6,9 @@
  *
  * Every statement the API and the worker run is prepared once per backend
  * (OutboxPrepare) and run through OutboxExecute, which turns off the plan
- * shapes listed in OUTBOX_PLANNER_STEERING while a plan may be made.  Near
+ * shapes listed in OUTBOX_PLANNER_STEERING while a plan may be made
+ * (OutboxExecuteGeneric also has the PL/pgSQL bodies it calls plan
+ * generically).  Near
  * the bottom: it calls only citus.c (OutboxPlanOptions, the plan mode).
  *
  * Locking: none.
@@ -18,6 +20,7 @@
 #include "executor/spi.h"
 #include "jit/jit.h"
 #include "optimizer/cost.h"
+#include "utils/plancache.h"
 #include "utils/snapmgr.h"
 
 #include "outbox.h"
@@ -69,13 +72,14 @@ OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
  */
 static int
 ob_execute(SPIPlanPtr plan, Datum *args, const char *nulls, bool read_only,
-		   long count, bool hash_joins, bool latest)
+		   long count, bool hash_joins, bool latest, bool generic)
 {
 #define PL_SAVE(var, name) bool save_##var = var;
 	OUTBOX_PLANNER_STEERING(PL_SAVE)
 #undef PL_SAVE
 	bool		save_nestloop = enable_nestloop;
 	bool		save_mergejoin = enable_mergejoin;
+	int			save_plan_cache_mode = plan_cache_mode;
 	int			ret;
 
 #define PL_OFF(var, name) var = false;
@@ -86,6 +90,8 @@ ob_execute(SPIPlanPtr plan, Datum *args, const char *nulls, bool read_only,
 		enable_nestloop = false;
 		enable_mergejoin = false;
 	}
+	if (generic)
+		plan_cache_mode = PLAN_CACHE_MODE_FORCE_GENERIC_PLAN;
 	PG_TRY();
 	{
 		if (latest)
@@ -101,6 +107,7 @@ ob_execute(SPIPlanPtr plan, Datum *args, const char *nulls, bool read_only,
 #undef PL_RESTORE
 		enable_nestloop = save_nestloop;
 		enable_mergejoin = save_mergejoin;
+		plan_cache_mode = save_plan_cache_mode;
 	}
 	PG_END_TRY();
 	return ret;
@@ -110,7 +117,7 @@ int
 OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
 			  bool read_only, long count)
 {
-	return ob_execute(plan, args, nulls, read_only, count, false, false);
+	return ob_execute(plan, args, nulls, read_only, count, false, false, false);
 }
 
 /*
@@ -129,7 +136,7 @@ int
 OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,
 					  bool read_only, long count)
 {
-	return ob_execute(plan, args, nulls, read_only, count, true, false);
+	return ob_execute(plan, args, nulls, read_only, count, true, false, false);
 }
 
 /*
@@ -143,5 +150,22 @@ int
 OutboxExecuteLatest(SPIPlanPtr plan, Datum *args, const char *nulls,
 					bool read_only, long count)
 {
-	return ob_execute(plan, args, nulls, read_only, count, false, true);
+	return ob_execute(plan, args, nulls, read_only, count, false, true, false);
+}
+
+/*
+ * OutboxExecute for a statement that calls a PL/pgSQL body whose own
+ * statements must run with generic plans (the stream claim's and tick's,
+ * src/sql/35_streams.sql): while it runs the plan cache makes no custom
+ * plan.  Left to choose, it re-planned some of them at every call, because
+ * the settings above price a generic plan with unknown values above the
+ * custom ones; their values are parameters that make index conditions, so
+ * the generic plan is the custom one.  (A SET clause on the function would
+ * do the same at about 0.1 ms per call.)
+ */
+int
+OutboxExecuteGeneric(SPIPlanPtr plan, Datum *args, const char *nulls,
+					 bool read_only, long count)
+{
+	return ob_execute(plan, args, nulls, read_only, count, false, false, true);
 }

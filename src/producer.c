@@ -529,7 +529,10 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 
 		SPI_finish();
 		if (recorded)
+		{
 			OutboxCountAtCommit(OBC_ENQUEUED, 1);
+			OutboxDueAtCommit(OUTBOX_DUE_STREAM);
+		}
 		PG_RETURN_BOOL(recorded);
 	}
 	if (OutboxCitusDistributed())
@@ -1495,7 +1498,11 @@ done:
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
 	if (n > m)
+	{
 		OutboxCountAtCommit(OBC_ENQUEUED, n - m);
+		if (stream_batch)
+			OutboxDueAtCommit(OUTBOX_DUE_STREAM);
+	}
 	return (Datum) 0;
 }
 

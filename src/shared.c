@@ -25,7 +25,9 @@
  * (OutboxDueAtCommit, kept per subtransaction and at PREPARE TRANSACTION
  * like the counts): renew moved a lease_until (OUTBOX_DUE_MOVED); the
  * release of the next command of an ordering key, requeue and resolve as
- * retry made a command claimable now (OUTBOX_DUE_NOW).  If the committed transaction enqueued
+ * retry made a command claimable now (OUTBOX_DUE_NOW); an append to a
+ * stream's log (OUTBOX_DUE_STREAM) raises the slot's stream_pending, so
+ * that the worker cuts a tick at its wake-up.  If the committed transaction enqueued
  * commands or made one claimable now, the callback also sets wake_pending
  * in the database's worker slot and sets the worker's latch; if it counted
  * anything or changed when a command is due, and began before the slot's
@@ -67,7 +69,7 @@
  * Locking.  The slots, the request queue, the prepared entries and
  * stats_reset are protected by OutboxShared->lock, which is never held
  * across anything that can fail or wait.  Counters, wake_pending,
- * due_floor, idle_at and nprepared are atomics, read and written without
+ * stream_pending, due_floor, idle_at and nprepared are atomics, read and written without
  * it.
  *
  *-------------------------------------------------------------------------
@@ -199,6 +201,7 @@ ob_shmem_startup(void)
 		for (i = 0; i < outbox_max_workers; i++)
 		{
 			pg_atomic_init_u32(&OutboxShared->slots[i].wake_pending, 0);
+			pg_atomic_init_u32(&OutboxShared->slots[i].stream_pending, 0);
 			pg_atomic_init_u64(&OutboxShared->slots[i].due_floor,
 							   (uint64) OUTBOX_NO_FLOOR);
 			pg_atomic_init_u64(&OutboxShared->slots[i].look_mark, 0);
@@ -368,6 +371,21 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 				   !pg_atomic_compare_exchange_u64(&slot->due_floor, &floor,
 												   (uint64) start))
 				;
+		}
+
+		/*
+		 * An append to a stream: the worker cuts a tick (duties.c), even
+		 * while it holds the notification back.  Only the commit that
+		 * raises the flag sets the latch; those that come while it is up
+		 * are in the next tick.
+		 */
+		if ((due & OUTBOX_DUE_STREAM) != 0 &&
+			pg_atomic_exchange_u32(&slot->stream_pending, 1) == 0)
+		{
+			Latch	   *latch = slot->latch;
+
+			if (latch != NULL)
+				SetLatch(latch);
 		}
 
 		/*

@@ -283,7 +283,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 		nulls[3] = 'n';
 	args[4] = ObjectIdGetDatum(caller);
 	SPI_connect();
-	if (OutboxExecute(OutboxPrepare(&plan,
+	if (OutboxExecuteGeneric(OutboxPrepare(&plan,
 									"SELECT b.command_id, b.run_id, b.seq, b.kind, b.payload,"
 									"       b.version, b.deliveries, b.lease_until, b.headers,"
 									"       b.ordering_key, b.batch_id, b.part"

@@ -250,13 +250,16 @@ COMMENT ON TABLE @extschema@.lease_key
 -- command_id stays unique through events_command_id_key (every command has
 -- its event), so the log has no unique index: one index serves the batches
 -- (stream, partition, xid) and one finds a command by id (receipts,
--- retries of the producer, the checks).
+-- retries of the producer, the checks).  part_ticks[part + 1] is the last
+-- tick in which partition part got commands (0: none yet), written by the
+-- tick, so that a claim goes straight to a partition with work.
 CREATE TABLE @extschema@.streams (
 	stream		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	stream_id	pg_catalog.int4 NOT NULL,
 	partitions	pg_catalog.int4 NOT NULL,
 	batch_size	pg_catalog.int4 NOT NULL,
 	created_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	part_ticks	pg_catalog.int8[] NOT NULL DEFAULT '{}',
 	CONSTRAINT streams_pkey PRIMARY KEY (stream),
 	CONSTRAINT streams_stream_id_key UNIQUE (stream_id),
 	CONSTRAINT streams_partitions_check CHECK (partitions OPERATOR(pg_catalog.>=) 1 AND partitions OPERATOR(pg_catalog.<=) 256),

@@ -110,8 +110,9 @@ BEGIN
 			USING ERRCODE = 'duplicate_object';
 	END IF;
 	SELECT COALESCE(pg_catalog.max(s.stream_id), 0) OPERATOR(pg_catalog.+) 1 INTO sid FROM @extschema@.streams s;
-	INSERT INTO @extschema@.streams (stream, stream_id, partitions, batch_size)
-	VALUES (stream, sid, partitions, batch_size);
+	INSERT INTO @extschema@.streams (stream, stream_id, partitions, batch_size, part_ticks)
+	VALUES (stream, sid, partitions, batch_size,
+			pg_catalog.array_fill(0::pg_catalog.int8, ARRAY[partitions]));
 	-- Tick 0 sees exactly the transactions finished before every running
 	-- one began (xid < xmin of the current snapshot): none of them can
 	-- have written to a stream that did not exist.
@@ -211,9 +212,20 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 
 -- Cut a tick of every stream that has commands its last tick does not see
 -- (committed since, or by a transaction that was running then); returns
--- how many ticks were cut, -1 when there is no stream at all.  The background worker calls it when a commit
--- wakes it, before it notifies the publishers.  One probe of each
--- partition's index per stream.
+-- how many ticks were cut, -1 when there is no stream at all.  The
+-- background worker calls it when a commit that appended to a stream wakes
+-- it (and every outbox.naptime), before it notifies the publishers.  Per
+-- stream: its row locked, its last tick read, then one statement, in one
+-- snapshot, that finds the partitions with commands the last tick does not
+-- see (the rows of each partition's index from the last tick's xmax, and
+-- those of the transactions that were running then: a row is not in a
+-- snapshot exactly when its transaction came at or after the snapshot's
+-- xmax, or was running when it was taken), inserts the tick with that
+-- snapshot and records the tick in streams.part_ticks for those
+-- partitions.  The rows the statement sees are exactly those of the
+-- transactions its snapshot (the tick's) sees as committed, so the
+-- partitions it records are exactly those the tick gave commands.  The
+-- worker runs it with the planner steered to index plans (OutboxExecute).
 CREATE FUNCTION @extschema@._stream_tick(unused pg_catalog.int4 DEFAULT 0)
 RETURNS pg_catalog.int4
 LANGUAGE plpgsql VOLATILE
@@ -222,36 +234,66 @@ AS $$
 DECLARE
 	s record;
 	n pg_catalog.int4 := 0;
+	c pg_catalog.int4;
+	parts pg_catalog.int4[];
+	last_tick pg_catalog.int8;
+	last_xmax pg_catalog.xid8;
+	last_xip pg_catalog.xid8[];
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM @extschema@.streams) THEN
 		RETURN -1;
 	END IF;
 	FOR s IN
-		SELECT t.stream_id, t.partitions, k.tick, k.snap
-		  FROM @extschema@.streams t
-		 CROSS JOIN LATERAL (SELECT k.tick, k.snap FROM @extschema@.stream_ticks k
-							  WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id
-							  ORDER BY k.tick DESC LIMIT 1) k
-		 ORDER BY t.stream_id
+		SELECT t.stream_id, t.partitions FROM @extschema@.streams t ORDER BY t.stream_id
 	LOOP
-		CONTINUE WHEN NOT EXISTS (
-			SELECT 1 FROM @extschema@._stream_log l
-			 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-			   AND l.part OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1)))
-			   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin(s.snap)
-			   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, s.snap));
+		parts := ARRAY(SELECT pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1));
 		-- the stream's row: a subscription being created waits (and the
 		-- other way round); skip a stream someone else is ticking
 		PERFORM 1 FROM @extschema@.streams t
 		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id FOR UPDATE SKIP LOCKED;
 		CONTINUE WHEN NOT FOUND;
-		INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
-		SELECT s.stream_id, pg_catalog.max(k.tick) OPERATOR(pg_catalog.+) 1,
-			   @extschema@._stream_snapshot(pg_catalog.pg_current_snapshot()),
-			   (SELECT q.last_value FROM @extschema@.stream_log_id_seq q)
+		-- the last tick, which no one else cuts while the row is held (a
+		-- new snapshot, taken after the lock, sees it)
+		SELECT k.tick, pg_catalog.pg_snapshot_xmax(k.snap), ARRAY(SELECT pg_catalog.pg_snapshot_xip(k.snap))
+		  INTO last_tick, last_xmax, last_xip
 		  FROM @extschema@.stream_ticks k
-		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
-		n := n OPERATOR(pg_catalog.+) 1;
+		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id
+		 ORDER BY k.tick DESC LIMIT 1;
+		-- (one probe per partition and log table, with the values as
+		-- parameters so that they are the index's conditions; a LIMIT, not
+		-- EXISTS, which the planner may turn into one scan of the whole
+		-- stream's index)
+		WITH f AS (
+			SELECT g.p AS part FROM pg_catalog.unnest(parts) AS g(p)
+			 CROSS JOIN LATERAL (SELECT 1 FROM @extschema@._stream_log l
+								  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+									AND l.part OPERATOR(pg_catalog.=) g.p
+									AND l.xid OPERATOR(pg_catalog.>=) last_xmax
+								  LIMIT 1) x
+			UNION
+			SELECT g.p FROM pg_catalog.unnest(parts) AS g(p)
+			 CROSS JOIN pg_catalog.unnest(last_xip) AS r(xid)
+			 CROSS JOIN LATERAL (SELECT 1 FROM @extschema@._stream_log l
+								  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+									AND l.part OPERATOR(pg_catalog.=) g.p
+									AND l.xid OPERATOR(pg_catalog.=) r.xid
+								  LIMIT 1) y),
+		 i AS (
+			INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
+			SELECT s.stream_id, last_tick OPERATOR(pg_catalog.+) 1,
+				   @extschema@._stream_snapshot(pg_catalog.pg_current_snapshot()),
+				   (SELECT q.last_value FROM @extschema@.stream_log_id_seq q)
+			 WHERE EXISTS (SELECT 1 FROM f)
+			RETURNING stream_ticks.tick)
+		UPDATE @extschema@.streams t
+		   SET part_ticks = ARRAY(SELECT CASE WHEN g.p OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT f.part FROM f)) THEN i.tick
+											  ELSE COALESCE(t.part_ticks[g.p OPERATOR(pg_catalog.+) 1], 0) END
+									FROM pg_catalog.unnest(parts) AS g(p)
+								   ORDER BY g.p)
+		  FROM i
+		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id;
+		GET DIAGNOSTICS c = ROW_COUNT;
+		n := n OPERATOR(pg_catalog.+) c;
 	END LOOP;
 	RETURN n;
 END;
@@ -509,11 +551,6 @@ DECLARE
 	pr record;
 	now_ts pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 	until pg_catalog.timestamptz;
-	t_max pg_catalog.int8;
-	t_to pg_catalog.int8;
-	a_last pg_catalog.int8;
-	sa pg_catalog.pg_snapshot;
-	sb pg_catalog.pg_snapshot;
 	nb pg_catalog.int8;
 	n_rows pg_catalog.int4;
 	n_retries pg_catalog.int4;
@@ -571,102 +608,185 @@ BEGIN
 		RETURN;
 	END IF;
 
-	-- 2. A new batch of a partition without one, the least recently acked
-	-- first; a partition with nothing new only moves on to the last tick.
-	SELECT pg_catalog.max(k.tick) INTO t_max FROM @extschema@.stream_ticks k
-	 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id;
+	-- 2. A new batch of a partition without one that has commands after
+	-- its acked tick (the last tick that gave it commands,
+	-- streams.part_ticks, is later) or due retries, the least recently
+	-- acked first: one statement picks and locks it, with the batch's end
+	-- (the first tick about batch_size commands of the whole stream, per
+	-- partition, after its start, else the last tick) and both snapshots.
+	-- Partitions without commands are never looked at.
 	LOOP
-		SELECT p.part, p.batch_id, p.acked_tick INTO pr FROM @extschema@.stream_progress p
+		SELECT p.part, p.batch_id, p.acked_tick, m.t_max, e.t_to, a.snap AS sa, b.snap AS sb,
+			   pg_catalog.pg_snapshot_xmax(a.snap) AS sa_xmax,
+			   ARRAY(SELECT pg_catalog.pg_snapshot_xip(a.snap)) AS sa_xip,
+			   pg_catalog.pg_snapshot_xmax(b.snap) AS sb_xmax,
+			   EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+						WHERE f.subscription OPERATOR(pg_catalog.=) p.subscription
+						  AND f.part OPERATOR(pg_catalog.=) p.part
+						  AND f.state OPERATOR(pg_catalog.=) 'retry'
+						  AND f.available_at OPERATOR(pg_catalog.<=) now_ts) AS due,
+			   EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+						WHERE f.subscription OPERATOR(pg_catalog.=) p.subscription
+						  AND f.ordering_key IS NOT NULL) AS keyed
+		  INTO pr
+		  FROM @extschema@.stream_progress p
+		 CROSS JOIN (SELECT pg_catalog.max(k.tick) AS t_max,
+							(SELECT t.part_ticks FROM @extschema@.streams t
+							  WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id) AS part_ticks
+					   FROM @extschema@.stream_ticks k
+					  WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id) m
+		  JOIN @extschema@.stream_ticks a
+			ON a.stream_id OPERATOR(pg_catalog.=) s.stream_id AND a.tick OPERATOR(pg_catalog.=) p.acked_tick
+		 CROSS JOIN LATERAL (
+			SELECT GREATEST(COALESCE(pg_catalog.min(k.tick), m.t_max), p.acked_tick) AS t_to
+			  FROM @extschema@.stream_ticks k
+			 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id
+			   AND k.tick OPERATOR(pg_catalog.>) p.acked_tick
+			   AND k.last_id OPERATOR(pg_catalog.>=) (a.last_id OPERATOR(pg_catalog.+)
+				   (s.batch_size::pg_catalog.int8 OPERATOR(pg_catalog.*) s.partitions))) e
+		  JOIN @extschema@.stream_ticks b
+			ON b.stream_id OPERATOR(pg_catalog.=) s.stream_id AND b.tick OPERATOR(pg_catalog.=) e.t_to
 		 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
 		   AND p.batch_to IS NULL
 		   AND p.part OPERATOR(pg_catalog.<>) ALL (tried)
-		   AND (p.acked_tick OPERATOR(pg_catalog.<) t_max
+		   AND (p.acked_tick OPERATOR(pg_catalog.<) COALESCE(m.part_ticks[p.part OPERATOR(pg_catalog.+) 1], 0)
 				OR EXISTS (SELECT 1 FROM @extschema@.stream_failures f
 							WHERE f.subscription OPERATOR(pg_catalog.=) p.subscription
 							  AND f.part OPERATOR(pg_catalog.=) p.part
 							  AND f.state OPERATOR(pg_catalog.=) 'retry'
 							  AND f.available_at OPERATOR(pg_catalog.<=) now_ts))
 		 ORDER BY p.acked_at NULLS FIRST, p.part LIMIT 1
-		   FOR UPDATE SKIP LOCKED;
+		   FOR UPDATE OF p SKIP LOCKED;
 		EXIT WHEN NOT FOUND;
 		nb := pr.batch_id OPERATOR(pg_catalog.+) 1;
-		-- the batch's end: the first tick about batch_size commands (of the
-		-- whole stream, per partition) after its start, else the last
-		SELECT k.last_id INTO a_last FROM @extschema@.stream_ticks k
-		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id AND k.tick OPERATOR(pg_catalog.=) pr.acked_tick;
-		SELECT COALESCE(pg_catalog.min(k.tick), t_max) INTO t_to FROM @extschema@.stream_ticks k
-		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id
-		   AND k.tick OPERATOR(pg_catalog.>) pr.acked_tick
-		   AND k.last_id OPERATOR(pg_catalog.>=) (a_last OPERATOR(pg_catalog.+)
-			   (s.batch_size::pg_catalog.int8 OPERATOR(pg_catalog.*) s.partitions));
-		t_to := GREATEST(t_to, pr.acked_tick);
-		sa := @extschema@._stream_snap(s.stream_id, pr.acked_tick);
-		sb := @extschema@._stream_snap(s.stream_id, t_to);
 		-- Commands of an ordering key with an unfinished failure in this
 		-- subscription wait behind it (in the failures, as waiting).
-		INSERT INTO @extschema@.stream_failures AS f
-			(subscription, command_id, part, state, batch_id, deliveries, available_at,
-			 log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key,
-			 decided_by, created_at)
-		SELECT u.subscription, l.command_id, l.part, 'waiting', NULL, 0, now_ts,
-			   l.id, l.xid, l.stream_id, l.run_id, l.seq, l.kind, l.payload, l.headers,
-			   l.ordering_key, l.decided_by, l.created_at
-		  FROM @extschema@._stream_log l
-		 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-		   AND l.part OPERATOR(pg_catalog.=) pr.part
-		   AND l.xid OPERATOR(pg_catalog.>=) pg_catalog.pg_snapshot_xmin(sa)
-		   AND l.xid OPERATOR(pg_catalog.<) pg_catalog.pg_snapshot_xmax(sb)
-		   AND pg_catalog.pg_visible_in_snapshot(l.xid, sb)
-		   AND NOT pg_catalog.pg_visible_in_snapshot(l.xid, sa)
-		   AND l.ordering_key IS NOT NULL
-		   AND EXISTS (SELECT 1 FROM @extschema@.stream_failures k
-						WHERE k.subscription OPERATOR(pg_catalog.=) u.subscription
-						  AND k.ordering_key OPERATOR(pg_catalog.=) l.ordering_key
-						  AND k.decided_by OPERATOR(pg_catalog.=) l.decided_by)
-		ON CONFLICT ON CONSTRAINT stream_failures_pkey DO NOTHING;
+		IF pr.keyed THEN
+			INSERT INTO @extschema@.stream_failures AS f
+				(subscription, command_id, part, state, batch_id, deliveries, available_at,
+				 log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key,
+				 decided_by, created_at)
+			SELECT u.subscription, l.command_id, l.part, 'waiting', NULL, 0, now_ts,
+				   l.id, l.xid, l.stream_id, l.run_id, l.seq, l.kind, l.payload, l.headers,
+				   l.ordering_key, l.decided_by, l.created_at
+			  FROM (SELECT l.* FROM @extschema@._stream_log l
+					 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+					   AND l.part OPERATOR(pg_catalog.=) pr.part
+					   AND l.xid OPERATOR(pg_catalog.>=) pr.sa_xmax
+					   AND l.xid OPERATOR(pg_catalog.<) pr.sb_xmax
+					UNION ALL
+					SELECT l.* FROM pg_catalog.unnest(pr.sa_xip) AS r(xid)
+					 CROSS JOIN LATERAL (SELECT l.* FROM @extschema@._stream_log l
+										  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+											AND l.part OPERATOR(pg_catalog.=) pr.part
+											AND l.xid OPERATOR(pg_catalog.=) r.xid OFFSET 0) l) l
+			 WHERE pg_catalog.pg_visible_in_snapshot(l.xid, pr.sb)
+			   AND l.ordering_key IS NOT NULL
+			   AND EXISTS (SELECT 1 FROM @extschema@.stream_failures k
+							WHERE k.subscription OPERATOR(pg_catalog.=) u.subscription
+							  AND k.ordering_key OPERATOR(pg_catalog.=) l.ordering_key
+							  AND k.decided_by OPERATOR(pg_catalog.=) l.decided_by)
+			ON CONFLICT ON CONSTRAINT stream_failures_pkey DO NOTHING;
+		END IF;
 		-- the retries that are due join the batch
-		WITH r AS (
-			SELECT f.command_id FROM @extschema@.stream_failures f
-			 WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
-			   AND f.part OPERATOR(pg_catalog.=) pr.part
-			   AND f.state OPERATOR(pg_catalog.=) 'retry'
-			   AND f.available_at OPERATOR(pg_catalog.<=) now_ts
-			 ORDER BY f.available_at LIMIT s.batch_size),
-		 m AS (
-			UPDATE @extschema@.stream_failures f
-			   SET batch_id = nb, deliveries = f.deliveries OPERATOR(pg_catalog.+) 1
-			  FROM r
-			 WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
-			   AND f.command_id OPERATOR(pg_catalog.=) r.command_id
-			RETURNING 1)
-		SELECT pg_catalog.count(*) INTO n_retries FROM m;
-		SELECT pg_catalog.count(*) INTO n_rows
-		  FROM @extschema@._stream_batch_rows(u.subscription, pr.part, nb, s.stream_id, sa, sb, 1) r;
+		n_retries := 0;
+		IF pr.due THEN
+			WITH r AS (
+				SELECT f.command_id FROM @extschema@.stream_failures f
+				 WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
+				   AND f.part OPERATOR(pg_catalog.=) pr.part
+				   AND f.state OPERATOR(pg_catalog.=) 'retry'
+				   AND f.available_at OPERATOR(pg_catalog.<=) now_ts
+				 ORDER BY f.available_at LIMIT s.batch_size),
+			 m AS (
+				UPDATE @extschema@.stream_failures f
+				   SET batch_id = nb, deliveries = f.deliveries OPERATOR(pg_catalog.+) 1
+				  FROM r
+				 WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
+				   AND f.command_id OPERATOR(pg_catalog.=) r.command_id
+				RETURNING 1)
+			SELECT pg_catalog.count(*) INTO n_retries FROM m;
+		END IF;
+		-- The batch's commands, read once: those of the partition visible
+		-- in sb and not in sa that are not in the subscription's failures,
+		-- and the retries marked with the batch, in log order.  Not in sa:
+		-- from sa's xmax on (one range of the index, up to sb's xmax), or of
+		-- a transaction running when sa was taken (one probe each), so a
+		-- long transaction does not make every batch read what the ones
+		-- before it delivered.
+		RETURN QUERY
+			SELECT x.command_id, x.run_id, x.seq, x.kind, x.payload, 1::pg_catalog.int8,
+				   x.deliveries, until, x.headers, x.ordering_key, nb, pr.part
+			  FROM (SELECT l.id, l.command_id::pg_catalog.text AS command_id, l.run_id::pg_catalog.text AS run_id,
+						   l.seq, l.kind::pg_catalog.text AS kind, l.payload, 1 AS deliveries, l.headers,
+						   l.ordering_key::pg_catalog.text AS ordering_key
+					  FROM (SELECT l.* FROM @extschema@._stream_log l
+							 WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+							   AND l.part OPERATOR(pg_catalog.=) pr.part
+							   AND l.xid OPERATOR(pg_catalog.>=) pr.sa_xmax
+							   AND l.xid OPERATOR(pg_catalog.<) pr.sb_xmax
+							UNION ALL
+							SELECT l.* FROM pg_catalog.unnest(pr.sa_xip) AS r(xid)
+							 CROSS JOIN LATERAL (SELECT l.* FROM @extschema@._stream_log l
+												  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
+													AND l.part OPERATOR(pg_catalog.=) pr.part
+													AND l.xid OPERATOR(pg_catalog.=) r.xid OFFSET 0) l) l
+					 WHERE pg_catalog.pg_visible_in_snapshot(l.xid, pr.sb)
+					   AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
+										WHERE f.subscription OPERATOR(pg_catalog.=) u.subscription
+										  AND f.command_id OPERATOR(pg_catalog.=) l.command_id)
+					UNION ALL
+					SELECT f.log_id, f.command_id, f.run_id, f.seq, f.kind, f.payload, f.deliveries, f.headers,
+						   f.ordering_key
+					  FROM @extschema@.stream_failures f
+					 WHERE n_retries OPERATOR(pg_catalog.>) 0
+					   AND f.subscription OPERATOR(pg_catalog.=) u.subscription
+					   AND f.part OPERATOR(pg_catalog.=) pr.part
+					   AND f.batch_id OPERATOR(pg_catalog.=) nb) x
+			 ORDER BY x.id;
+		GET DIAGNOSTICS n_rows = ROW_COUNT;
 		IF n_rows OPERATOR(pg_catalog.=) 0 THEN
-			-- nothing to deliver: the partition's progress moves on.  A
-			-- batch end capped before the last tick (batch_size) says
-			-- nothing of the ticks after it: the partition is looked at
-			-- again, from its new acked tick, until it reaches the last
-			-- one (every round moves it on by a tick at least).
-			UPDATE @extschema@.stream_progress p SET acked_tick = t_to
+			-- nothing to deliver (the commands are after a batch end
+			-- capped by batch_size, or wait behind their key): the
+			-- partition's progress moves on, and it is looked at again
+			-- from its new acked tick until it reaches the last one.
+			UPDATE @extschema@.stream_progress p SET acked_tick = pr.t_to
 			 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
 			   AND p.part OPERATOR(pg_catalog.=) pr.part;
-			IF t_to OPERATOR(pg_catalog.>=) t_max THEN
+			IF pr.t_to OPERATOR(pg_catalog.>=) pr.t_max THEN
 				tried := tried OPERATOR(pg_catalog.||) pr.part;
 			END IF;
 			CONTINUE;
 		END IF;
 		UPDATE @extschema@.stream_progress p
-		   SET batch_id = nb, batch_to = t_to, version = 1, owner = worker, role = caller,
+		   SET batch_id = nb, batch_to = pr.t_to, version = 1, owner = worker, role = caller,
 			   lease_until = until, deliveries = 1, batch_rows = n_rows, batch_retries = n_retries
 		 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
 		   AND p.part OPERATOR(pg_catalog.=) pr.part;
-		RETURN QUERY
-			SELECT r.command_id, r.run_id, r.seq, r.kind, r.payload, 1::pg_catalog.int8,
-				   r.deliveries, until, r.headers, r.ordering_key, nb, pr.part
-			  FROM @extschema@._stream_batch_rows(u.subscription, pr.part, nb, s.stream_id, sa, sb, 1) r;
 		RETURN;
 	END LOOP;
+	-- Nothing to claim: the partitions without a batch and without
+	-- commands since their acked tick move on to the last tick (one
+	-- statement; so that old ticks can go, and the lag views read 0).
+	-- part_ticks and the last tick are read in one snapshot: a partition
+	-- moved on had no command in any tick up to that one.
+	WITH m AS (
+		SELECT pg_catalog.max(k.tick) AS t_max,
+			   (SELECT t.part_ticks FROM @extschema@.streams t
+				 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id) AS part_ticks
+		  FROM @extschema@.stream_ticks k
+		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id),
+	 c AS (
+		SELECT p.part, m.t_max FROM @extschema@.stream_progress p CROSS JOIN m
+		 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
+		   AND p.batch_to IS NULL
+		   AND p.acked_tick OPERATOR(pg_catalog.<) m.t_max
+		   AND p.acked_tick OPERATOR(pg_catalog.>=) COALESCE(m.part_ticks[p.part OPERATOR(pg_catalog.+) 1], 0)
+		   FOR UPDATE OF p SKIP LOCKED)
+	UPDATE @extschema@.stream_progress p SET acked_tick = c.t_max
+	  FROM c
+	 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
+	   AND p.part OPERATOR(pg_catalog.=) c.part;
 	RETURN;
 END;
 $$;

@@ -454,6 +454,8 @@ BEGIN
 	SELECT s.stream_id, 1, outbox._stream_snapshot(format('%s:%s:', pg_current_xact_id()::text::bigint + 1,
 								  pg_current_xact_id()::text::bigint + 1)::pg_snapshot), 1
 	  FROM outbox.streams s WHERE s.stream = 'pt-stream';
+	-- (and says that it gave the stream's partition commands, as a tick does)
+	UPDATE outbox.streams SET part_ticks = '{1}' WHERE stream = 'pt-stream';
 	UPDATE outbox.commands
 	   SET status = 'uncertain', lease_until = NULL, version = version + 1,
 		   last_error = 'lease of worker pt-w expired; kind pt-kind-unc needs a manual takeover'
