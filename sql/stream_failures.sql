@@ -80,6 +80,14 @@ SELECT octet_length(f.last_error) AS bytes, right(f.last_error, 11) AS tail,
 SELECT outbox._error_text('short') AS kept, outbox._error_text(NULL) IS NULL AS null_kept;
 DELETE FROM outbox.commands WHERE command_id = 'row-long';
 DELETE FROM outbox.events WHERE command_id = 'row-long';
+-- Resolved as dead, a cut error keeps the note: the error is cut further
+-- so that "; resolved as dead" fits after its mark, within the 4,096 bytes.
+SELECT outbox.resolve('r', 'long', 'dead');
+SELECT octet_length(f.last_error) AS bytes, right(f.last_error, 28) AS tail
+  FROM outbox.stream_failures f WHERE f.command_id = 'long';
+SELECT octet_length(outbox._error_text(repeat('x', 4078), '; resolved as dead')) AS fits,
+	   right(outbox._error_text(repeat('x', 4079), '; resolved as dead'), 28) AS cut,
+	   outbox._error_text('boom', NULL) AS no_note;
 SELECT outbox.resolve('r', 'long', 'published');
 
 -- requeue and resolve of stream commands.  Two subscriptions; d1 (key K)
