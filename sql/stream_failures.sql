@@ -219,3 +219,21 @@ SELECT * FROM pg_temp.claim('c7', 'capst', 'c', 'w7');
 SELECT outbox.ack_batch('w7', pg_temp.tok('c7')) AS published;
 SELECT count(*) AS failures FROM outbox.stream_failures WHERE subscription = 'c';
 SELECT outbox.verify();
+
+-- A command dead by a fatal failure keeps, once requeued, the deliveries
+-- it had left (as on the row path): one more failure that is not fatal
+-- makes it a retry, not dead; one that used them up goes dead again at
+-- its next failure (d1 and q1 above).
+SELECT outbox.create_stream('fatalst', 1);
+SELECT outbox.set_policy('fatalst.k', stream => 'fatalst', max_deliveries => 3,
+						 backoff_base => '0', backoff_max => '0');
+SELECT outbox.create_subscription('fatalst', 'fs');
+SELECT outbox.commit_decision('fr', 1, 'e', 'f1', 'fatalst.k', '{}');
+SELECT outbox.tick_streams();
+SELECT * FROM pg_temp.claim('f1', 'fatalst', 'fs', 'w');
+SELECT outbox.ack_batch('w', pg_temp.tok('f1'), ARRAY['f1'], ARRAY['HTTP 400'], ARRAY[true]) AS published;
+SELECT outbox.requeue('fr', 'f1');
+SELECT * FROM pg_temp.claim('f2', 'fatalst', 'fs', 'w');
+SELECT outbox.ack_batch('w', pg_temp.tok('f2'), ARRAY['f1'], ARRAY['HTTP 503']) AS published;
+SELECT * FROM pg_temp.failed('fs');
+SELECT pg_temp.clean();
