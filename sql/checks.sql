@@ -224,6 +224,23 @@ SELECT * FROM outbox.conservation;
 SELECT outbox.verify();
 RESET ROLE;
 DROP ROLE regress_checks_monitor, regress_checks_admin, regress_checks_nobody;
+-- blocked_keys reads its rows through outbox._blocked_keys(): a role
+-- given SELECT on the view by hand needs EXECUTE on the function too
+-- (docs/reference.md, outbox.blocked_keys).
+CREATE ROLE regress_checks_viewer;
+GRANT USAGE ON SCHEMA outbox TO regress_checks_viewer;
+GRANT SELECT ON outbox.blocked_keys TO regress_checks_viewer;
+SET ROLE regress_checks_viewer;
+SELECT count(*) FROM outbox.blocked_keys;
+RESET ROLE;
+GRANT EXECUTE ON FUNCTION outbox._blocked_keys() TO regress_checks_viewer;
+SET ROLE regress_checks_viewer;
+SELECT count(*) FROM outbox.blocked_keys;
+RESET ROLE;
+REVOKE ALL ON FUNCTION outbox._blocked_keys() FROM regress_checks_viewer;
+REVOKE ALL ON outbox.blocked_keys FROM regress_checks_viewer;
+REVOKE ALL ON SCHEMA outbox FROM regress_checks_viewer;
+DROP ROLE regress_checks_viewer;
 
 --
 -- Purge of old completed commands: every check stays at zero.  A command

@@ -80,6 +80,14 @@ SELECT octet_length(f.last_error) AS bytes, right(f.last_error, 11) AS tail,
 SELECT outbox._error_text('short') AS kept, outbox._error_text(NULL) IS NULL AS null_kept;
 DELETE FROM outbox.commands WHERE command_id = 'row-long';
 DELETE FROM outbox.events WHERE command_id = 'row-long';
+-- Resolved as dead, a cut error keeps the note: the error is cut further
+-- so that "; resolved as dead" fits after its mark, within the 4,096 bytes.
+SELECT outbox.resolve('r', 'long', 'dead');
+SELECT octet_length(f.last_error) AS bytes, right(f.last_error, 28) AS tail
+  FROM outbox.stream_failures f WHERE f.command_id = 'long';
+SELECT octet_length(outbox._error_text(repeat('x', 4078), '; resolved as dead')) AS fits,
+	   right(outbox._error_text(repeat('x', 4079), '; resolved as dead'), 28) AS cut,
+	   outbox._error_text('boom', NULL) AS no_note;
 SELECT outbox.resolve('r', 'long', 'published');
 
 -- requeue and resolve of stream commands.  Two subscriptions; d1 (key K)
@@ -211,3 +219,21 @@ SELECT * FROM pg_temp.claim('c7', 'capst', 'c', 'w7');
 SELECT outbox.ack_batch('w7', pg_temp.tok('c7')) AS published;
 SELECT count(*) AS failures FROM outbox.stream_failures WHERE subscription = 'c';
 SELECT outbox.verify();
+
+-- A command dead by a fatal failure keeps, once requeued, the deliveries
+-- it had left (as on the row path): one more failure that is not fatal
+-- makes it a retry, not dead; one that used them up goes dead again at
+-- its next failure (d1 and q1 above).
+SELECT outbox.create_stream('fatalst', 1);
+SELECT outbox.set_policy('fatalst.k', stream => 'fatalst', max_deliveries => 3,
+						 backoff_base => '0', backoff_max => '0');
+SELECT outbox.create_subscription('fatalst', 'fs');
+SELECT outbox.commit_decision('fr', 1, 'e', 'f1', 'fatalst.k', '{}');
+SELECT outbox.tick_streams();
+SELECT * FROM pg_temp.claim('f1', 'fatalst', 'fs', 'w');
+SELECT outbox.ack_batch('w', pg_temp.tok('f1'), ARRAY['f1'], ARRAY['HTTP 400'], ARRAY[true]) AS published;
+SELECT outbox.requeue('fr', 'f1');
+SELECT * FROM pg_temp.claim('f2', 'fatalst', 'fs', 'w');
+SELECT outbox.ack_batch('w', pg_temp.tok('f2'), ARRAY['f1'], ARRAY['HTTP 503']) AS published;
+SELECT * FROM pg_temp.failed('fs');
+SELECT pg_temp.clean();

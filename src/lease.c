@@ -1285,15 +1285,51 @@ le_error_text(text *error)
 }
 
 /*
- * outbox._error_text(error): le_error_text for SQL, so that the stream
- * path (ack_batch's errors, part 35) cuts its errors as fail does.
+ * outbox._error_text(error, note): le_error_text for SQL, so that the stream
+ * path (ack_batch's errors, part 35) cuts its errors as fail does.  With a
+ * note (a short text of the extension's, such as "; resolved as dead"),
+ * the error is cut so that it and the note fit in OUTBOX_MAX_ERROR_LEN
+ * bytes, and the note follows it: appended to an error that was cut
+ * already, the note would otherwise be cut away itself.
  */
 Datum
 outbox_error_text(PG_FUNCTION_ARGS)
 {
+	text	   *error;
+	text	   *note;
+	text	   *t;
+	int			len;
+	int			nlen;
+	int			keep;
+	int			mark = 0;
+
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
-	PG_RETURN_TEXT_P(le_error_text(PG_GETARG_TEXT_PP(0)));
+	error = PG_GETARG_TEXT_PP(0);
+	if (PG_NARGS() < 2 || PG_ARGISNULL(1))
+		PG_RETURN_TEXT_P(le_error_text(error));
+	note = PG_GETARG_TEXT_PP(1);
+	len = VARSIZE_ANY_EXHDR(error);
+	nlen = VARSIZE_ANY_EXHDR(note);
+	if (nlen > OUTBOX_MAX_ERROR_LEN / 2)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("note is too long"),
+				 errdetail("The note is %d bytes long; the limit is %d bytes.",
+						   nlen, OUTBOX_MAX_ERROR_LEN / 2)));
+	keep = len;
+	if (len + nlen > OUTBOX_MAX_ERROR_LEN)
+	{
+		mark = (int) strlen(LE_CUT_MARK);
+		keep = pg_mbcliplen(VARDATA_ANY(error), len,
+							OUTBOX_MAX_ERROR_LEN - nlen - mark);
+	}
+	t = palloc(VARHDRSZ + keep + mark + nlen);
+	SET_VARSIZE(t, VARHDRSZ + keep + mark + nlen);
+	memcpy(VARDATA(t), VARDATA_ANY(error), keep);
+	memcpy(VARDATA(t) + keep, LE_CUT_MARK, mark);
+	memcpy(VARDATA(t) + keep + mark, VARDATA_ANY(note), nlen);
+	PG_RETURN_TEXT_P(t);
 }
 
 /*

@@ -121,13 +121,14 @@ COMMENT ON FUNCTION @extschema@._siphash(pg_catalog.bytea, pg_catalog.bytea, pg_
 
 -- Internal: an error text fit for last_error, cut as fail cuts it (at most
 -- OUTBOX_MAX_ERROR_LEN bytes, on a character boundary, ending with
--- " [... cut]"); the stream path's failures use it.
-CREATE FUNCTION @extschema@._error_text(error pg_catalog.text)
+-- " [... cut]"); with a note, the error is cut so that the note, appended,
+-- fits too.  The stream path's failures use it.
+CREATE FUNCTION @extschema@._error_text(error pg_catalog.text, note pg_catalog.text DEFAULT NULL)
 RETURNS pg_catalog.text
 LANGUAGE c IMMUTABLE PARALLEL SAFE
 AS 'MODULE_PATHNAME', 'outbox_error_text';
-COMMENT ON FUNCTION @extschema@._error_text(pg_catalog.text)
-	IS 'internal: an error text cut to at most OUTBOX_MAX_ERROR_LEN bytes on a character boundary, with a mark';
+COMMENT ON FUNCTION @extschema@._error_text(pg_catalog.text, pg_catalog.text)
+	IS 'internal: an error text cut to at most OUTBOX_MAX_ERROR_LEN bytes on a character boundary, with a mark; with a note, cut so that the note appended fits too';
 
 -- Admin: a new lease key; every token handed out before is refused.
 CREATE FUNCTION @extschema@.rotate_lease_key()

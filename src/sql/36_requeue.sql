@@ -117,8 +117,8 @@ BEGIN
 			END IF;
 		ELSE
 			UPDATE @extschema@.stream_failures x
-			   SET last_error = @extschema@._error_text(COALESCE(x.last_error OPERATOR(pg_catalog.||) '; ', '')
-														OPERATOR(pg_catalog.||) 'resolved as dead')
+			   SET last_error = CASE WHEN x.last_error IS NULL THEN 'resolved as dead'
+									 ELSE @extschema@._error_text(x.last_error, '; resolved as dead') END
 			 WHERE x.subscription OPERATOR(pg_catalog.=) p.subscription
 			   AND x.command_id OPERATOR(pg_catalog.=) _stream_settle.command_id;
 		END IF;

@@ -219,7 +219,7 @@ INSERT INTO expected VALUES
 	 -- (pt-s1 is dead nowhere: 55000, which the block takes as success)
 	 $c$DO $d$ BEGIN PERFORM outbox._stream_settle('pt-run', 'pt-s1', NULL, 'retry', 'h', now());
 		EXCEPTION WHEN object_not_in_prerequisite_state THEN NULL; END $d$$c$),
-	('outbox._error_text(text)',
+	('outbox._error_text(text,text)',
 	 'function', '{}', false,
 	 $$SELECT outbox._error_text('boom')$$),
 	-- Citus (src/sql/50_citus.sql): the owner only
