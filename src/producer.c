@@ -3,9 +3,14 @@
  * producer.c
  *		The producer API: commit_decision, commit_decisions, record_event.
  *
- * Everything runs in the caller's transaction through SPI with saved
- * plans, so an event and the command it decides commit or roll back
- * together with the caller's own writes.
+ * Everything runs in the caller's transaction, so an event and the command
+ * it decides commit or roll back together with the caller's own writes.
+ * The common decision (no ordering key, no stream, no deciders, Citus not
+ * loaded) is inserted without SQL, heap and index inserts as the executor's
+ * helpers make them (pr_direct_open says how and when); every other case
+ * runs SPI statements with saved plans, described here.  Both take
+ * RowExclusiveLock on outbox.events and outbox.commands and their indexes,
+ * held to the end of the transaction.
  *
  * Each call is one plain INSERT statement (the commands, then their events):
  * the unique indexes detect a taken key, waiting for a concurrent inserter
@@ -639,7 +644,13 @@ pr_direct_open(PrDirect *d)
 		return false;
 	d->commands = table_open(pr_commands_relid, RowExclusiveLock);
 	d->events = table_open(pr_events_relid, RowExclusiveLock);
-	if (!pr_direct_plain(d->commands, 0) || !pr_direct_plain(d->events, 1) ||
+
+	/* the locks read invalidations: a change committed since the look counts */
+	if (!pr_direct_valid)
+		pr_direct_lookup();
+	if (!pr_direct_usable || RelationGetRelid(d->commands) != pr_commands_relid ||
+		RelationGetRelid(d->events) != pr_events_relid ||
+		!pr_direct_plain(d->commands, 0) || !pr_direct_plain(d->events, 1) ||
 		pg_class_aclcheck(pr_commands_relid, GetUserId(), ACL_SELECT) != ACLCHECK_OK ||
 		!OidIsValid(RelationGetPrimaryKeyIndex(d->commands)))
 	{
@@ -661,6 +672,8 @@ pr_direct_open(PrDirect *d)
 	PushActiveSnapshot(GetTransactionSnapshot());
 	CommandCounterIncrement();
 	UpdateActiveSnapshotCommandId();
+	d->estate->es_snapshot = GetActiveSnapshot();
+	d->estate->es_output_cid = GetCurrentCommandId(true);
 	return true;
 }
 
@@ -703,7 +716,7 @@ pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
 	List	   *deferred;
 
 	ExecStoreVirtualTuple(slot);
-	table_tuple_insert(rri->ri_RelationDesc, slot, GetCurrentCommandId(true), 0, NULL);
+	table_tuple_insert(rri->ri_RelationDesc, slot, d->estate->es_output_cid, 0, NULL);
 	deferred = ExecInsertIndexTuples(rri, slot, d->estate, false, false, NULL, NIL);
 	list_free(deferred);
 	ResetPerTupleExprContext(d->estate);
