@@ -478,7 +478,9 @@ pr_decide_stream(Datum *args, char *nulls, text *key, const PrWhat *what, int or
  * commands_pkey under the snapshot the statement would take (and its
  * predicate locks), as PR_DECIDE's NOT EXISTS does.
  *
- * Nothing observable differs from the statements, so anything that could
+ * Nothing the API promises differs from the statements (only the CONTEXT
+ * of an error of a constraint that is not the extension's, and what
+ * pg_stat_statements lists: docs/internals.md), so anything that could
  * make a difference sends the call to them instead: a trigger or a rule
  * on either table (the extension creates none outside Citus, but a
  * superuser could), row-level security, CHECK constraints other than
