@@ -241,3 +241,36 @@ SELECT command_id, headers FROM outbox.commands WHERE run_id = 'r-hb' ORDER BY s
 -- claim returns them as its last field.
 SELECT command_id, jsonb_typeof(headers) AS headers, headers->>'traceparent' AS traceparent,
        headers->>'x-correlation-id' AS correlation FROM outbox.claim('w-h', 10, kinds => '{k-h}') ORDER BY command_id;
+
+-- The common decision is written without SQL statements (docs/internals.md);
+-- a table with a trigger (a superuser's) takes the statements, and the
+-- trigger fires.  Both write the same rows: the same defaults, the same
+-- times (one transaction), the same decider.
+BEGIN;
+CREATE TABLE public.seen_rows (tab text, command_id text);
+CREATE FUNCTION public.note_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.seen_rows VALUES (TG_TABLE_NAME, NEW.command_id); RETURN NEW; END $$;
+CREATE TRIGGER note_event AFTER INSERT ON outbox.events FOR EACH ROW EXECUTE FUNCTION public.note_row();
+SELECT outbox.commit_decision('r-w1', 1, 'e', 'c-w1', 'k-w', '{"n": 1}', event_payload => '{"e": 1}',
+       priority => 3, headers => '{"x-a": "b"}');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r-w2", "seq": 1, "event_kind": "e", "command_id": "c-w2",
+       "command_kind": "k-w", "payload": {"n": 1}, "event_payload": {"e": 1}, "priority": 3, "headers": {"x-a": "b"}}]');
+DROP TRIGGER note_event ON outbox.events;
+SELECT outbox.commit_decision('r-w3', 1, 'e', 'c-w3', 'k-w', '{"n": 1}', event_payload => '{"e": 1}',
+       priority => 3, headers => '{"x-a": "b"}');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r-w4", "seq": 1, "event_kind": "e", "command_id": "c-w4",
+       "command_kind": "k-w", "payload": {"n": 1}, "event_payload": {"e": 1}, "priority": 3, "headers": {"x-a": "b"}}]');
+SELECT * FROM public.seen_rows ORDER BY command_id;
+SELECT count(*) AS commands, count(DISTINCT to_jsonb(c) - '{command_id,run_id}'::text[]) AS distinct_rows,
+       bool_and(c.created_at = now() AND c.available_at = now() AND c.due_at = now()) AS times_now,
+       bool_and(c.decided_by = current_user::regrole) AS decided_by_caller
+  FROM outbox.commands c WHERE c.kind = 'k-w';
+SELECT count(*) AS events, count(DISTINCT to_jsonb(e) - '{command_id,run_id}'::text[]) AS distinct_rows
+  FROM outbox.events e WHERE e.run_id LIKE 'r-w_';
+-- A retry is answered false on either path; a conflict names its constraint.
+SELECT outbox.commit_decision('r-w3', 1, 'e', 'c-w3', 'k-w', '{"n": 1}') AS retry;
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r-w4", "seq": 1, "event_kind": "e", "command_id": "c-w4",
+       "command_kind": "k-w", "payload": {"n": 1}}]');
+SELECT pg_temp.taken($$SELECT outbox.commit_decision('r-w3', 2, 'e', 'c-w3', 'k-w', '{}')$$) AS command_id,
+       pg_temp.taken($$SELECT outbox.commit_decision('r-w3', 1, 'e', 'c-w5', 'k-w', '{}')$$) AS run_seq;
+ROLLBACK;

@@ -3,9 +3,14 @@
  * producer.c
  *		The producer API: commit_decision, commit_decisions, record_event.
  *
- * Everything runs in the caller's transaction through SPI with saved
- * plans, so an event and the command it decides commit or roll back
- * together with the caller's own writes.
+ * Everything runs in the caller's transaction, so an event and the command
+ * it decides commit or roll back together with the caller's own writes.
+ * The common decision (no ordering key, no stream, no deciders, Citus not
+ * loaded) is inserted without SQL, heap and index inserts as the executor's
+ * helpers make them (pr_direct_open says how and when); every other case
+ * runs SPI statements with saved plans, described here.  Both take
+ * RowExclusiveLock on outbox.events and outbox.commands and their indexes,
+ * held to the end of the transaction.
  *
  * Each call is one plain INSERT statement (the commands, then their events):
  * the unique indexes detect a taken key, waiting for a concurrent inserter
@@ -60,14 +65,26 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
+#include "executor/executor.h"
 #include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/fmgrprotos.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
 #include "utils/resowner.h"
+#include "utils/snapmgr.h"
 
 #include "outbox.h"
 
@@ -447,6 +464,343 @@ pr_decide_stream(Datum *args, char *nulls, text *key, const PrWhat *what, int or
 }
 
 /*
+ * The direct writer: the common decision (no ordering key, no stream, no
+ * deciders in the policies, Citus not loaded) inserted without SQL.  The
+ * two relations are opened once per call with RowExclusiveLock (the lock
+ * the INSERT statements take), the tuples are formed with the columns'
+ * defaults of src/sql/00_schema.sql (status 'pending', version 1,
+ * deliveries 0, created_at now(); available_at and due_at the not-before
+ * time or now()) and inserted with their index entries as the executor's
+ * ExecSimpleRelationInsert does: table_tuple_insert, then
+ * ExecInsertIndexTuples, whose unique checks wait for a concurrent
+ * inserter of the same key and raise 23505 naming the constraint, as the
+ * statement's insert does.  The command id is first looked for in
+ * commands_pkey under the snapshot the statement would take (and its
+ * predicate locks), as PR_DECIDE's NOT EXISTS does.
+ *
+ * Nothing the API promises differs from the statements (only the CONTEXT
+ * of an error of a constraint that is not the extension's, and what
+ * pg_stat_statements lists: docs/internals.md), so anything that could
+ * make a difference sends the call to them instead: a trigger or a rule
+ * on either table (the extension creates none outside Citus, but a
+ * superuser could), row-level security, CHECK constraints other than
+ * events_seq_check (checked by pr_check_seq before), a column the
+ * writer does not know or a default on a column it leaves NULL, or a
+ * missing INSERT or SELECT privilege of the extension's owner (the
+ * statements then raise the error).
+ */
+typedef struct PrDirect
+{
+	Relation	commands;
+	Relation	events;
+	ResultRelInfo *crri;
+	ResultRelInfo *erri;
+	EState	   *estate;
+	TupleTableSlot *cslot;
+	TupleTableSlot *eslot;
+} PrDirect;
+
+/* The columns the direct writer fills, by name, in the tables' order. */
+#define PR_CMD_NATTS	21
+#define PR_EVT_NATTS	6
+static const char *const pr_cmd_cols[PR_CMD_NATTS] = {"command_id", "run_id", "seq", "kind",
+	"status", "version", "deliveries", "priority", "available_at", "due_at", "lease_until",
+	"owner", "created_at", "published_at", "last_error", "payload", "decided_by", "headers",
+"ordering_key", "ordering_seq", "ordering_tail"};
+static const char *const pr_evt_cols[PR_EVT_NATTS] = {"run_id", "seq", "kind", "payload",
+"command_id", "created_at"};
+
+/* The columns with a default in 00_schema.sql: commands' and events'. */
+static const bool pr_cmd_hasdef[PR_CMD_NATTS] = {false, false, false, false, true, true, true,
+true, false, false, false, false, true};
+static const bool pr_evt_hasdef[PR_EVT_NATTS] = {false, false, false, false, false, true};
+
+#define PRC_COMMAND_ID	0
+#define PRC_RUN_ID		1
+#define PRC_SEQ			2
+#define PRC_KIND		3
+#define PRC_STATUS		4
+#define PRC_VERSION		5
+#define PRC_DELIVERIES	6
+#define PRC_PRIORITY	7
+#define PRC_AVAILABLE_AT 8
+#define PRC_DUE_AT		9
+#define PRC_CREATED_AT	12
+#define PRC_PAYLOAD		15
+#define PRC_DECIDED_BY	16
+#define PRC_HEADERS		17
+#define PRE_RUN_ID		0
+#define PRE_SEQ			1
+#define PRE_KIND		2
+#define PRE_PAYLOAD		3
+#define PRE_COMMAND_ID	4
+#define PRE_CREATED_AT	5
+
+/*
+ * The tables' ids and the attribute number of each known column, read
+ * once and forgotten at any invalidation of the relcache (ALTER TABLE,
+ * DROP EXTENSION, a new trigger).
+ */
+static bool pr_direct_valid = false;
+static bool pr_direct_registered = false;
+static bool pr_direct_usable = false;
+static Oid	pr_commands_relid = InvalidOid;
+static Oid	pr_events_relid = InvalidOid;
+static AttrNumber pr_cmd_attno[PR_CMD_NATTS];
+static AttrNumber pr_evt_attno[PR_EVT_NATTS];
+
+/* Relcache callback: forget the direct writer's look at the tables. */
+static void
+pr_direct_forget(Datum arg, Oid relid)
+{
+	if (!OidIsValid(relid) || relid == pr_commands_relid || relid == pr_events_relid)
+		pr_direct_valid = false;
+}
+
+/*
+ * Map a relation's columns to the names the writer knows; false when it
+ * has a column (not dropped) of another name, lacks one, or has a default
+ * or a generated or identity column where 00_schema.sql has none.
+ */
+static bool
+pr_direct_map(Relation rel, const char *const *names, const bool *hasdef,
+			  int n, AttrNumber *attno)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			seen = 0;
+	int			i;
+	int			j;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped)
+			continue;
+		for (j = 0; j < n; j++)
+			if (strcmp(NameStr(att->attname), names[j]) == 0)
+				break;
+		if (j == n || att->attgenerated || att->attidentity ||
+			att->atthasdef != hasdef[j])
+			return false;
+		attno[j] = att->attnum;
+		seen++;
+	}
+	return seen == n;
+}
+
+/* Look at the two tables once: their ids and columns (pr_direct_usable). */
+static void
+pr_direct_lookup(void)
+{
+	Oid			nsp;
+	Relation	rel;
+
+	if (pr_direct_valid)
+		return;
+	if (!pr_direct_registered)
+	{
+		CacheRegisterRelcacheCallback(pr_direct_forget, (Datum) 0);
+		pr_direct_registered = true;
+	}
+	pr_direct_valid = true;
+	pr_direct_usable = false;
+	nsp = get_namespace_oid("outbox", false);
+	pr_commands_relid = get_relname_relid("commands", nsp);
+	pr_events_relid = get_relname_relid("events", nsp);
+	if (!OidIsValid(pr_commands_relid) || !OidIsValid(pr_events_relid))
+		return;
+	rel = table_open(pr_commands_relid, AccessShareLock);
+	pr_direct_usable = pr_direct_map(rel, pr_cmd_cols, pr_cmd_hasdef, PR_CMD_NATTS,
+									 pr_cmd_attno);
+	table_close(rel, NoLock);
+	rel = table_open(pr_events_relid, AccessShareLock);
+	pr_direct_usable = pr_direct_usable &&
+		pr_direct_map(rel, pr_evt_cols, pr_evt_hasdef, PR_EVT_NATTS, pr_evt_attno);
+	table_close(rel, NoLock);
+}
+
+/* Whether a relation opened by the writer takes its rows as the statement would. */
+static bool
+pr_direct_plain(Relation rel, int nchecks)
+{
+	return rel->rd_rel->relkind == RELKIND_RELATION &&
+		rel->trigdesc == NULL && rel->rd_rules == NULL &&
+		!rel->rd_rel->relrowsecurity &&
+		(rel->rd_att->constr == NULL ? 0 : rel->rd_att->constr->num_check) == nchecks &&
+		pg_class_aclcheck(RelationGetRelid(rel), GetUserId(), ACL_INSERT) == ACLCHECK_OK;
+}
+
+/*
+ * Open the two tables and their indexes for the direct writer; false
+ * (nothing open, the locks kept, as the statements would take them) when
+ * the call must take the statements instead.
+ */
+static bool
+pr_direct_open(PrDirect *d)
+{
+	if (OutboxCitusLoaded())
+		return false;
+	pr_direct_lookup();
+	if (!pr_direct_usable)
+		return false;
+	d->commands = table_open(pr_commands_relid, RowExclusiveLock);
+	d->events = table_open(pr_events_relid, RowExclusiveLock);
+
+	/* the locks read invalidations: a change committed since the look counts */
+	if (!pr_direct_valid)
+		pr_direct_lookup();
+	if (!pr_direct_usable || RelationGetRelid(d->commands) != pr_commands_relid ||
+		RelationGetRelid(d->events) != pr_events_relid ||
+		!pr_direct_plain(d->commands, 0) || !pr_direct_plain(d->events, 1) ||
+		pg_class_aclcheck(pr_commands_relid, GetUserId(), ACL_SELECT) != ACLCHECK_OK ||
+		!OidIsValid(RelationGetPrimaryKeyIndex(d->commands)))
+	{
+		table_close(d->events, NoLock);
+		table_close(d->commands, NoLock);
+		return false;
+	}
+	d->estate = CreateExecutorState();
+	d->crri = makeNode(ResultRelInfo);
+	InitResultRelInfo(d->crri, d->commands, 1, NULL, 0);
+	ExecOpenIndices(d->crri, false);
+	d->erri = makeNode(ResultRelInfo);
+	InitResultRelInfo(d->erri, d->events, 2, NULL, 0);
+	ExecOpenIndices(d->erri, false);
+	d->cslot = table_slot_create(d->commands, NULL);
+	d->eslot = table_slot_create(d->events, NULL);
+
+	/* the statement's snapshot and command id, as SPI takes them */
+	PushActiveSnapshot(GetTransactionSnapshot());
+	CommandCounterIncrement();
+	UpdateActiveSnapshotCommandId();
+	d->estate->es_snapshot = GetActiveSnapshot();
+	d->estate->es_output_cid = GetCurrentCommandId(true);
+	return true;
+}
+
+/* Close what pr_direct_open opened, keeping the locks; make the rows visible. */
+static void
+pr_direct_close(PrDirect *d)
+{
+	PopActiveSnapshot();
+	CommandCounterIncrement();
+	ExecDropSingleTupleTableSlot(d->eslot);
+	ExecDropSingleTupleTableSlot(d->cslot);
+	ExecCloseIndices(d->erri);
+	ExecCloseIndices(d->crri);
+	FreeExecutorState(d->estate);
+	table_close(d->events, NoLock);
+	table_close(d->commands, NoLock);
+}
+
+/* Whether commands holds command_id, under the statement's snapshot. */
+static bool
+pr_direct_stored(PrDirect *d, text *command_id)
+{
+	ScanKeyData key;
+	SysScanDesc scan;
+	bool		found;
+
+	ScanKeyInit(&key, pr_cmd_attno[PRC_COMMAND_ID], BTEqualStrategyNumber, F_TEXTEQ,
+				PointerGetDatum(command_id));
+	scan = systable_beginscan(d->commands, RelationGetPrimaryKeyIndex(d->commands), true,
+							  GetActiveSnapshot(), 1, &key);
+	found = HeapTupleIsValid(systable_getnext(scan));
+	systable_endscan(scan);
+	return found;
+}
+
+/* Insert the slot's row and its index entries, as ExecSimpleRelationInsert. */
+static void
+pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
+{
+	List	   *deferred;
+
+	ExecStoreVirtualTuple(slot);
+	table_tuple_insert(rri->ri_RelationDesc, slot, d->estate->es_output_cid, 0, NULL);
+	deferred = ExecInsertIndexTuples(rri, slot, d->estate, false, false, NULL, NIL);
+	list_free(deferred);
+	ResetPerTupleExprContext(d->estate);
+}
+
+/*
+ * Insert one decision (args as PR_DECIDE takes them; nulls[10], the
+ * headers, may be 'n'), the command and then its event; a unique
+ * violation of the extension's keys is re-raised as pr_insert does.
+ */
+static void
+pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
+				   const PrWhat *w)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	TupleTableSlot *c = d->cslot;
+	TupleTableSlot *e = d->eslot;
+	Datum		at = nulls[7] == 'n' ? TimestampTzGetDatum(now) : args[7];
+	int			i;
+
+	ExecClearTuple(c);
+	for (i = 0; i < c->tts_tupleDescriptor->natts; i++)
+		c->tts_isnull[i] = true;
+#define PR_SETC(col, v) \
+	do { c->tts_values[pr_cmd_attno[col] - 1] = (v); \
+		 c->tts_isnull[pr_cmd_attno[col] - 1] = false; } while (0)
+	PR_SETC(PRC_COMMAND_ID, args[3]);
+	PR_SETC(PRC_RUN_ID, args[0]);
+	PR_SETC(PRC_SEQ, args[1]);
+	PR_SETC(PRC_KIND, args[4]);
+	PR_SETC(PRC_STATUS, CStringGetTextDatum("pending"));
+	PR_SETC(PRC_VERSION, Int64GetDatum(1));
+	PR_SETC(PRC_DELIVERIES, Int32GetDatum(0));
+	PR_SETC(PRC_PRIORITY, args[8]);
+	PR_SETC(PRC_AVAILABLE_AT, at);
+	PR_SETC(PRC_DUE_AT, at);
+	PR_SETC(PRC_CREATED_AT, TimestampTzGetDatum(now));
+	PR_SETC(PRC_PAYLOAD, args[5]);
+	PR_SETC(PRC_DECIDED_BY, args[9]);
+	if (nulls[10] != 'n')
+		PR_SETC(PRC_HEADERS, args[10]);
+#undef PR_SETC
+
+	ExecClearTuple(e);
+	for (i = 0; i < e->tts_tupleDescriptor->natts; i++)
+		e->tts_isnull[i] = true;
+#define PR_SETE(col, v) \
+	do { e->tts_values[pr_evt_attno[col] - 1] = (v); \
+		 e->tts_isnull[pr_evt_attno[col] - 1] = false; } while (0)
+	PR_SETE(PRE_RUN_ID, args[0]);
+	PR_SETE(PRE_SEQ, args[1]);
+	PR_SETE(PRE_KIND, args[2]);
+	if (nulls[6] != 'n')
+		PR_SETE(PRE_PAYLOAD, args[6]);
+	PR_SETE(PRE_COMMAND_ID, args[3]);
+	PR_SETE(PRE_CREATED_AT, TimestampTzGetDatum(now));
+#undef PR_SETE
+
+	PG_TRY();
+	{
+		pr_direct_insert(d, d->crri, c);
+		pr_direct_insert(d, d->erri, e);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode == ERRCODE_UNIQUE_VIOLATION)
+		{
+			FlushErrorState();
+			pr_raise_taken(edata, w);
+			ReThrowError(edata);
+		}
+		FreeErrorData(edata);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+}
+
+/*
  * outbox.commit_decision(run_id, seq, event_kind, command_id, command_kind,
  *						  payload, event_payload, not_before, priority,
  *						  headers, ordering_key)
@@ -473,6 +827,7 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 	text	   *key = NULL;
 	SPIPlanPtr	plan;
 	PrWhat		what;
+	PrDirect	direct;
 
 	OutboxArgNotNull(fcinfo, 1, "seq");
 	seq = PG_GETARG_INT64(1);
@@ -541,6 +896,23 @@ pr_commit_decision(FunctionCallInfo fcinfo, Oid caller)
 		if (key != NULL)
 			pr_raise_keyed_distributed(command_id, 0);
 		plan = NULL;
+	}
+	else if (key == NULL && !OutboxAnyDeciders() && pr_direct_open(&direct))
+	{
+		/* the common decision: written without SQL (pr_direct_open) */
+		if (!pr_direct_stored(&direct, command_id))
+		{
+			pr_direct_decision(&direct, args, nulls, GetCurrentTransactionStartTimestamp(),
+							   &what);
+			pr_direct_close(&direct);
+			SPI_finish();
+			OutboxCountAtCommit(OBC_ENQUEUED, 1);
+			PG_RETURN_BOOL(true);
+		}
+		pr_direct_close(&direct);
+		pr_why_not(args, nulls, 0);
+		SPI_finish();
+		PG_RETURN_BOOL(false);
 	}
 	else if (key == NULL)
 		plan = OutboxAnyDeciders() ?
@@ -1141,6 +1513,85 @@ pr_try_batch(Datum *args, const char *nulls, uint64 rows, const Oid *argtypes)
 }
 
 /*
+ * The common batch written without SQL (pr_direct_open), in a
+ * subtransaction as pr_try_batch: each decision's command and then its
+ * event.  Returns 1 when all are inserted, 0 when a unique violation of
+ * the extension's keys rolled the subtransaction back (the caller then
+ * diagnoses, as after pr_try_batch), and -1, having written nothing, when
+ * the call must take the statements (pr_direct_open said no).  Any other
+ * error is re-raised as it came.
+ */
+static int
+pr_try_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile int result = 1;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		PrDirect	d;
+		PrWhat		what;
+		TimestampTz now = GetCurrentTransactionStartTimestamp();
+		int			i;
+		int			j;
+
+		if (pr_direct_open(&d))
+		{
+			what.run_id = NULL;
+			what.seq = 0;
+			what.command_id = NULL;
+			what.rows = n;
+			for (i = 0; i < n; i++)
+			{
+				Datum		args[PR_NKEYS + 1];
+				char		nulls[PR_NKEYS + 1];
+
+				for (j = 0; j < PR_NKEYS; j++)
+				{
+					args[PR_KEY_PARAM(j)] = elems[j][i];
+					nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+				}
+				if (elnulls[PR_KEY_PRIORITY][i])
+					args[PR_KEY_PARAM(PR_KEY_PRIORITY)] = Int32GetDatum(0);
+				args[9] = ObjectIdGetDatum(caller);
+				pr_direct_decision(&d, args, nulls, now, &what);
+			}
+			pr_direct_close(&d);
+		}
+		else
+			result = -1;
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+		const char *con;
+
+		MemoryContextSwitchTo(cxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+		con = edata->constraint_name;
+		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION || con == NULL ||
+			edata->schema_name == NULL || strcmp(edata->schema_name, "outbox") != 0 ||
+			(strcmp(con, "events_pkey") != 0 && strcmp(con, "commands_pkey") != 0 &&
+			 strcmp(con, "events_command_id_key") != 0))
+			ReThrowError(edata);
+		FreeErrorData(edata);
+		result = 0;
+	}
+	PG_END_TRY();
+	return result;
+}
+
+/*
  * commit_decisions on a distributed outbox: each decision as
  * commit_decision makes it there (pr_decide_routed), so that each goes to
  * its run's node; a batch of several runs writes several nodes, and Citus
@@ -1220,6 +1671,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	int			j;
 	PrWhat		what;
 	bool		stream_batch;
+	bool		common;
+	int			direct;
 
 	OutboxArgNotNull(fcinfo, 0, "decisions");
 	doc = PG_GETARG_JSONB_P(0);
@@ -1333,6 +1786,31 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 		goto done;
 	}
 
+	/*
+	 * The common batch: no stream, no kind with deciders, no ordering key.
+	 * Written without SQL when it can be (pr_try_batch_direct), else
+	 * inserted at once by pr_try_batch below.
+	 */
+	common = false;
+	direct = -1;
+	if (!stream_batch && !OutboxAnyDeciders())
+	{
+		for (i = 0; i < n; i++)
+			if (!elnulls[PR_KEY_ORDERING_KEY][i])
+				break;
+		common = (i == n);
+	}
+	if (common)
+	{
+		direct = pr_try_batch_direct(elems, elnulls, n, caller);
+		if (direct > 0)
+		{
+			SPI_finish();
+			m = 0;
+			goto done;
+		}
+	}
+
 	for (j = 0; j < PR_NKEYS; j++)
 	{
 		int16		typlen;
@@ -1349,18 +1827,12 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	args[9] = ObjectIdGetDatum(caller);
 	nulls[9] = ' ';
 
-	/* The common batch: inserted at once (pr_try_batch). */
-	if (!stream_batch && !OutboxAnyDeciders())
+	/* The common batch, not written directly: inserted at once (pr_try_batch). */
+	if (common && direct < 0 && pr_try_batch(args, nulls, n, argtypes))
 	{
-		for (i = 0; i < n; i++)
-			if (!elnulls[PR_KEY_ORDERING_KEY][i])
-				break;
-		if (i == n && pr_try_batch(args, nulls, n, argtypes))
-		{
-			SPI_finish();
-			m = 0;
-			goto done;
-		}
+		SPI_finish();
+		m = 0;
+		goto done;
 	}
 
 	/*
