@@ -274,3 +274,11 @@ SELECT * FROM outbox.commit_decisions('[{"run_id": "r-w4", "seq": 1, "event_kind
 SELECT pg_temp.taken($$SELECT outbox.commit_decision('r-w3', 2, 'e', 'c-w3', 'k-w', '{}')$$) AS command_id,
        pg_temp.taken($$SELECT outbox.commit_decision('r-w3', 1, 'e', 'c-w5', 'k-w', '{}')$$) AS run_seq;
 ROLLBACK;
+-- A column a superuser made NOT NULL is enforced on the direct path too
+-- (23502, as the statement would refuse it), and nothing is written.
+BEGIN;
+DELETE FROM outbox.events WHERE payload IS NULL;
+ALTER TABLE outbox.events ALTER COLUMN payload SET NOT NULL;
+SELECT outbox.commit_decision('r-nn', 1, 'e', 'c-nn', 'k-w', '{"n": 1}');
+ROLLBACK;
+SELECT count(*) AS written FROM outbox.commands WHERE command_id = 'c-nn';

@@ -711,12 +711,27 @@ pr_direct_stored(PrDirect *d, text *command_id)
 	return found;
 }
 
-/* Insert the slot's row and its index entries, as ExecSimpleRelationInsert. */
+/*
+ * Insert the slot's row and its index entries, as ExecSimpleRelationInsert;
+ * a NULL in a NOT NULL column is refused as the executor refuses it (a
+ * superuser may have made a column NOT NULL; the CHECK constraint is
+ * pr_check_seq's, pr_direct_plain admits no other).
+ */
 static void
 pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
 {
+	Relation	rel = rri->ri_RelationDesc;
+	TupleDesc	desc = RelationGetDescr(rel);
 	List	   *deferred;
+	int			i;
 
+	for (i = 0; i < desc->natts; i++)
+		if (slot->tts_isnull[i] && TupleDescAttr(desc, i)->attnotnull)
+			ereport(ERROR,
+					(errcode(ERRCODE_NOT_NULL_VIOLATION),
+					 errmsg("null value in column \"%s\" of relation \"%s\" violates not-null constraint",
+							NameStr(TupleDescAttr(desc, i)->attname), RelationGetRelationName(rel)),
+					 errtablecol(rel, i + 1)));
 	ExecStoreVirtualTuple(slot);
 	table_tuple_insert(rri->ri_RelationDesc, slot, d->estate->es_output_cid, 0, NULL);
 	deferred = ExecInsertIndexTuples(rri, slot, d->estate, false, false, NULL, NIL);
