@@ -194,6 +194,19 @@ sink_confirm(Sink *sink, char **err)
 	return sink->ops->confirm(sink, err);
 }
 
+/*
+ * Probe an idle sink (sink.h).  SINK_RETRY when the sink has no probe:
+ * nothing is known then.
+ */
+SinkResult
+sink_probe(Sink *sink, char **err)
+{
+	*err = NULL;
+	if (sink->ops->probe == NULL)
+		return SINK_RETRY;
+	return sink->ops->probe(sink, err);
+}
+
 /* Reopen after SIGHUP (sink.h). */
 bool
 sink_reopen(Sink *sink, char **err)

@@ -67,6 +67,16 @@
  *	reopen(sink, &err)				(NULL: nothing to do)
  *		SIGHUP: reopen an output file.  False with `err`: exit 1.
  *
+ *	probe(sink, &err)				(NULL: no probe)
+ *		The relay is idle (no delivery for --probe-interval seconds): check
+ *		cheaply, without publishing anything or causing any effect at the
+ *		broker, that the broker is reachable and accepts the relay, waiting
+ *		at most about --connect-timeout (the relay waits for nothing else
+ *		meanwhile).  SINK_OK or SINK_UNAVAILABLE with a malloc'd `err`;
+ *		outbox_relay_sink_up follows the answer.  A sink that connects
+ *		lazily may connect here, and keep the connection for the next
+ *		batch.
+ *
  *	close(sink)
  *		Flush, disconnect and free.  Called once, also after a failed
  *		deliver.
@@ -133,6 +143,7 @@ typedef struct SinkOps
 	SinkResult	(*deliver) (Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
 	bool		(*confirm) (Sink *sink, char **err);
 	bool		(*reopen) (Sink *sink, char **err);
+	SinkResult	(*probe) (Sink *sink, char **err);
 	void		(*close) (Sink *sink);
 	const char *(*describe) (Sink *sink);
 } SinkOps;
@@ -173,6 +184,7 @@ extern SinkOpenResult sink_open(const char *url, Sink **sink, char **err);
 extern SinkResult sink_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
 extern bool sink_confirm(Sink *sink, char **err);
 extern bool sink_reopen(Sink *sink, char **err);
+extern SinkResult sink_probe(Sink *sink, char **err);
 extern void sink_close(Sink *sink);
 extern const char *sink_describe(Sink *sink);
 extern void sink_print_usage(FILE *out);

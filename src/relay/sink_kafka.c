@@ -511,6 +511,51 @@ kafka_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
 	return s->unavailable ? SINK_UNAVAILABLE : SINK_OK;
 }
 
+/*
+ * The idle probe: a metadata request for the topic (no message is
+ * produced), bounded by --connect-timeout.  The broker must answer and
+ * know the topic with a leader for each partition.
+ */
+static SinkResult
+kafka_probe(Sink *base, char **err)
+{
+	KafkaSink  *s = (KafkaSink *) base;
+	const struct rd_kafka_metadata *md = NULL;
+	rd_kafka_resp_err_t e;
+	int			i;
+
+	if (s->fatal)
+	{
+		*err = sink_errorf("kafka %s: %s", s->topic, s->lasterr);
+		return SINK_UNAVAILABLE;
+	}
+	rd_kafka_poll(s->rk, 0);
+	e = rd_kafka_metadata(s->rk, 0, s->rkt, &md, (int) (relay_opts.connect_timeout * 1000));
+	if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		*err = sink_errorf("kafka %s: metadata request: %s", s->topic, rd_kafka_err2str(e));
+		return SINK_UNAVAILABLE;
+	}
+	if (md->topic_cnt < 1 || md->topics[0].err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		*err = sink_errorf("kafka %s: %s", s->topic,
+						   md->topic_cnt < 1 ? "no metadata for the topic" :
+						   rd_kafka_err2str(md->topics[0].err));
+		rd_kafka_metadata_destroy(md);
+		return SINK_UNAVAILABLE;
+	}
+	for (i = 0; i < md->topics[0].partition_cnt; i++)
+		if (md->topics[0].partitions[i].leader < 0)
+		{
+			*err = sink_errorf("kafka %s: partition %d has no leader", s->topic,
+							   md->topics[0].partitions[i].id);
+			rd_kafka_metadata_destroy(md);
+			return SINK_UNAVAILABLE;
+		}
+	rd_kafka_metadata_destroy(md);
+	return SINK_OK;
+}
+
 /* Flush what is left (briefly) and destroy the producer. */
 static void
 kafka_close(Sink *base)
@@ -548,6 +593,7 @@ const SinkOps sink_kafka_ops = {
 	"                      successful delivery report (--timeout bounds the wait)\n",
 	.open = kafka_open,
 	.deliver = kafka_deliver,
+	.probe = kafka_probe,
 	.close = kafka_close,
 	.describe = kafka_describe,
 };
