@@ -18,6 +18,18 @@
  * ids and error texts, which producers and endpoints control, are logged
  * escaped (log_text), so that no id can forge a line of the log.
  *
+ * Pipelined calls.  The main loop sends the next batch's claim, and a
+ * delivered batch's report when it is one call (an ack_many, or with
+ * --stream an ack_batch), without waiting (db_async_claim,
+ * db_async_report): libpq's pipeline mode, each call followed by its own
+ * sync so that it is a transaction of its own and an error of one aborts
+ * no other.  db_async_collect takes the results in, in order, without
+ * blocking or until a given batch's call is in; every synchronous call
+ * first takes in whatever is pending and leaves pipeline mode.  A lost
+ * connection abandons what is pending: an ack's commands stay delivered and
+ * are reported again on the next connection, with the same tokens; a
+ * claim's batch stays empty (its leases, if it committed, expire).
+ *
  * Streams.  claim_batch returns the commands of one batch with the same
  * first columns as claim (every row carries the batch's token), so a
  * batch is read as today.  The batch is leased and acked as a whole: its

@@ -107,6 +107,13 @@ static RelayBatch *cur = NULL;
 static RelayBatch *ahead = NULL;
 static RelayBatch *acking = NULL;
 
+/*
+ * Claims ahead that came back empty in a row, and batches to deliver
+ * before the next claim ahead (see the main loop).
+ */
+static int	ahead_empty = 0;
+static int	ahead_skip = 0;
+
 /* The idle probe: monotonic time the sink last did something. */
 static double sink_active_at = 0;
 static bool probe_down = false;	/* the last probe found the sink down */
@@ -875,9 +882,14 @@ take_in_ahead(void)
 	ahead = NULL;
 	if (b->n == 0)
 	{
+		/* claim ahead less often while it finds nothing: 1, 3, 7, 15 */
+		if (ahead_empty < 4)
+			ahead_empty++;
+		ahead_skip = (1 << ahead_empty) - 1;
 		batch_free(b);
 		return NULL;
 	}
+	ahead_empty = 0;
 	b->claimed_at = relay_now();
 	b->claimed_wall = trace_clock();
 	metrics_claimed(b->n);
@@ -1079,9 +1091,15 @@ main(int argc, char **argv)
 		 * The next batch's claim goes out before this one is delivered, so
 		 * that the database works on it while the sink waits for the
 		 * broker.  Not while stopping or after an outage, nor with a sink
-		 * that was found broken.
+		 * that was found broken; and after claims ahead that found nothing
+		 * (no backlog, or none but the keys of the batch being delivered,
+		 * which the server holds back until its ack), only every 2nd, 4th,
+		 * 8th, at most 16th batch, so that an idle or single-key relay does
+		 * not double its claims.
 		 */
-		if (!relay_stop && outage_since <= 0 && !sink_broken && db_connected())
+		if (ahead_skip > 0)
+			ahead_skip--;
+		else if (!relay_stop && outage_since <= 0 && !sink_broken && db_connected())
 		{
 			ahead = free_slot();
 			if (db_async_claim(ahead) == DB_OK)

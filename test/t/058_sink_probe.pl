@@ -85,6 +85,14 @@ sub states
 		count(*) FILTER (WHERE status <> 'published') FROM outbox.commands WHERE kind = '$kind'});
 }
 
+# A bad interval is a usage error.
+{
+	my ($rc, $err) = OutboxBrokerServer::relay_run('--dsn', $dsn, '--sink', 'stdout',
+		'--probe-interval', '-1', '--drain');
+	is($rc, 2, '--probe-interval -1: exit 2');
+	like($err, qr/invalid value "-1" for --probe-interval/, '--probe-interval -1: says why');
+}
+
 # The brokers: name, the relay's sink, start, stop.
 my @brokers;
 if (relay_has_sink('redis'))
