@@ -32,6 +32,10 @@
  * retryable failures when the relay stops before delivering it (a second
  * stop request, a stop during an outage, a broken sink).  A batch with
  * failed commands (a fail call each) is reported at once, not pipelined.
+ * With a sink that delivers now and confirms later (sink.h: submit and
+ * settle, the Kafka sink), the batch claimed ahead is submitted before the
+ * current one is settled (submit_ahead), so the broker works on both; a
+ * submitted batch is always settled, also when it is given back.
  *
  * Idle probe.  After --probe-interval seconds without a delivery, while
  * waiting for work, the relay asks the sink to probe its broker (sink.h)
@@ -92,6 +96,7 @@ static bool sink_broken = false;
 static double backoff = 0;		/* current reconnect/retry backoff */
 static bool ever_connected = false;
 static double outage_since = 0; /* monotonic time the sink went down, or 0 */
+static double outage_ended = 0; /* monotonic time the last outage ended */
 
 /* For the trace of -vv: wall-clock milliseconds of a batch's steps. */
 static double trace_woke = 0;	/* a notification ended the wait before the
@@ -747,10 +752,18 @@ process_batch(RelayBatch *batch)
 		reason = "delivery not attempted: the relay was interrupted";
 	else if (relay_stop && outage_since > 0)
 		reason = "delivery not attempted: the sink was unavailable";
-	for (; reason == NULL;)
+	/* a submitted batch is settled, also one that is given back */
+	while (reason == NULL || batch->submitted)
 	{
 		double		began = relay_now();
-		SinkResult	r = sink_deliver(sink, batch, relay_tick, batch);
+		double		submitted_at = batch->submitted ? batch->submitted_at : 0;
+		SinkResult	r;
+
+		if (batch->submitted)
+			r = sink_settle(sink, batch, relay_tick, batch);
+		else
+			r = sink_deliver(sink, batch, relay_tick, batch);
+		batch->submitted = false;
 
 		batch->delivered_wall = trace_clock();
 		sink_active_at = relay_now();
@@ -759,12 +772,28 @@ process_batch(RelayBatch *batch)
 		if (r != SINK_UNAVAILABLE)
 		{
 			if (outage_since > 0)
+			{
 				relay_log("sink %s is available again after %.1fs",
 						  sink_describe(sink), relay_now() - outage_since);
+				outage_ended = relay_now();
+			}
 			outage_since = 0;
 			if (relay_stop >= 2)
 				reason = "delivery not attempted: the relay was interrupted";
 			break;
+		}
+		if (reason != NULL)
+			break;				/* given back: no retry */
+		if (submitted_at > 0 && submitted_at < outage_ended)
+		{
+			/*
+			 * Submitted ahead while the broker was failing, and settled
+			 * after the outage of the batch before it ended: what failed
+			 * is that outage's, so it goes again at once, not as a new one.
+			 */
+			if (!report_batch(batch))
+				break;
+			continue;
 		}
 		held = count_todo(batch, &first);
 		free(held_error);
@@ -878,6 +907,11 @@ take_in_ahead(void)
 {
 	RelayBatch *b = ahead;
 
+	if (b->claimed_at > 0)
+	{
+		ahead = NULL;			/* taken in already (submit_ahead) */
+		return b;
+	}
 	db_async_collect(b, true);
 	ahead = NULL;
 	if (b->n == 0)
@@ -898,13 +932,52 @@ take_in_ahead(void)
 }
 
 /*
+ * With a sink that delivers now and confirms later (sink.h: submit): hand
+ * the current batch to the sink, then take the claim ahead in and hand
+ * that batch over too, before the current one is settled, so that the
+ * broker confirms the one while it receives the other.
+ */
+static void
+submit_ahead(void)
+{
+	RelayBatch *b;
+
+	if (!sink_can_submit(sink) || relay_stop >= 2)
+		return;
+	if (!cur->submitted)
+	{
+		cur->submitted = true;
+		cur->submitted_at = relay_now();
+		if (sink_submit(sink, cur) == SINK_UNAVAILABLE)
+			return;				/* the outage is settle's; no more now */
+	}
+	if (ahead == NULL || relay_stop)
+		return;
+	b = take_in_ahead();
+	ahead = b;
+	if (b == NULL)
+		return;
+	b->submitted = true;
+	b->submitted_at = relay_now();
+	(void) sink_submit(sink, b);
+}
+
+/*
  * Give back a claimed batch that will not be delivered (the relay stops
- * with it in hand): its commands are failed as retryable.
+ * with it in hand): its commands are failed as retryable (a submitted
+ * batch is settled first: what the broker confirmed is acked).
  */
 static void
 release_batch(RelayBatch *batch, const char *reason)
 {
 	int			i;
+
+	if (batch->submitted)
+	{
+		(void) sink_settle(sink, batch, relay_tick, batch);
+		batch->submitted = false;
+		confirm_sink(batch);
+	}
 
 	for (i = 0; i < batch->n; i++)
 	{
@@ -1107,6 +1180,7 @@ main(int argc, char **argv)
 			else
 				ahead = NULL;
 		}
+		submit_ahead();
 		process_batch(cur);
 		batch = cur;
 		cur = NULL;

@@ -130,6 +130,8 @@ typedef struct RelayBatch
 	double		claim_sent;		/* wall ms */
 	double		claimed_wall;	/* wall ms */
 	double		delivered_wall; /* wall ms: the sink returned */
+	bool		submitted;		/* handed to the sink, not settled (sink.h) */
+	double		submitted_at;	/* monotonic time it was handed over */
 } RelayBatch;
 
 /* Cumulative counters, printed in the summary line. */

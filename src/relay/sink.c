@@ -184,6 +184,27 @@ sink_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	return sink->ops->deliver(sink, batch, tick, arg);
 }
 
+/* Whether the sink can deliver now and confirm later (sink.h: submit). */
+bool
+sink_can_submit(Sink *sink)
+{
+	return sink->ops->submit != NULL && sink->ops->settle != NULL;
+}
+
+/* Start delivering a batch (sink.h: submit). */
+SinkResult
+sink_submit(Sink *sink, RelayBatch *batch)
+{
+	return sink->ops->submit(sink, batch);
+}
+
+/* Wait for a submitted batch's confirmations (sink.h: settle). */
+SinkResult
+sink_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	return sink->ops->settle(sink, batch, tick, arg);
+}
+
 /* Push buffered deliveries out (sink.h). */
 bool
 sink_confirm(Sink *sink, char **err)

@@ -58,6 +58,21 @@
  *		it returns false (a second SIGTERM), stop waiting, give what is
  *		still unsettled SINK_RETRY ("delivery interrupted") and return.
  *
+ *	submit(sink, batch), settle(sink, batch, tick, arg)	(NULL: no overlap)
+ *		Deliver now, confirm later: submit hands the batch's CMD_TODO
+ *		commands to the broker (as many as the window allows) and returns
+ *		without waiting for a confirmation; settle then does what deliver
+ *		does for that batch (sends the rest, waits until every command is
+ *		settled, returns the same results), serving the confirmations of
+ *		another submitted batch meanwhile.  The relay submits the batch it
+ *		claimed ahead while the current one waits for its confirmations:
+ *		at most two batches are submitted and not settled, and every
+ *		submitted batch is settled (also when the relay stops: tick returns
+ *		false then), before the sink is closed.  deliver is submit and
+ *		settle.  A sink whose library cannot keep two batches apart (a
+ *		reply that names no message, a window per call) leaves both NULL
+ *		and is delivered a batch at a time.
+ *
  *	confirm(sink, &err)				(NULL: nothing to do)
  *		Called after deliver and before the acks.  For sinks that buffer
  *		what deliver accepted (stdout, a file: fflush and fdatasync).
@@ -141,6 +156,8 @@ typedef struct SinkOps
 	const char *usage;			/* --help lines: "  kafka://HOST:PORT/TOPIC ..." */
 	SinkOpenResult (*open) (const char *url, Sink **sink, char **err);
 	SinkResult	(*deliver) (Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
+	SinkResult	(*submit) (Sink *sink, RelayBatch *batch);
+	SinkResult	(*settle) (Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
 	bool		(*confirm) (Sink *sink, char **err);
 	bool		(*reopen) (Sink *sink, char **err);
 	SinkResult	(*probe) (Sink *sink, char **err);
@@ -182,6 +199,9 @@ typedef struct SinkHost
 /* sink.c: the registry and what every module may use */
 extern SinkOpenResult sink_open(const char *url, Sink **sink, char **err);
 extern SinkResult sink_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
+extern bool sink_can_submit(Sink *sink);
+extern SinkResult sink_submit(Sink *sink, RelayBatch *batch);
+extern SinkResult sink_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
 extern bool sink_confirm(Sink *sink, char **err);
 extern bool sink_reopen(Sink *sink, char **err);
 extern SinkResult sink_probe(Sink *sink, char **err);
