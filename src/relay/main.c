@@ -33,9 +33,10 @@
  * stop request, a stop during an outage, a broken sink).  A batch with
  * failed commands (a fail call each) is reported at once, not pipelined.
  * With a sink that delivers now and confirms later (sink.h: submit and
- * settle, the Kafka sink), the batch claimed ahead is submitted before the
- * current one is settled (submit_ahead), so the broker works on both; a
- * submitted batch is always settled, also when it is given back.
+ * settle, the Kafka sink), the batch claimed ahead is submitted while the
+ * current one is being settled, as soon as its claim is in (submit_ahead,
+ * from the sink's tick), so the broker works on both; a submitted batch is
+ * always settled, also when it is given back.
  *
  * Idle probe.  After --probe-interval seconds without a delivery, while
  * waiting for work, the relay asks the sink to probe its broker (sink.h)
@@ -605,6 +606,8 @@ maybe_renew(RelayBatch *batch)
 }
 
 static void finish_batch(RelayBatch *batch);
+static void submit_ahead(bool from_tick);
+
 
 /*
  * Take in the results of the pipelined calls that have come; finish the
@@ -650,6 +653,8 @@ relay_tick(void *arg)
 	if (relay_stop >= 2)
 		return false;
 	renew_held(batch);
+	if (batch == cur)
+		submit_ahead(true);
 	return true;
 }
 
@@ -760,7 +765,11 @@ process_batch(RelayBatch *batch)
 		SinkResult	r;
 
 		if (batch->submitted)
+		{
+			batch->settle_began = began;
 			r = sink_settle(sink, batch, relay_tick, batch);
+			batch->settle_began = 0;
+		}
 		else
 			r = sink_deliver(sink, batch, relay_tick, batch);
 		batch->submitted = false;
@@ -938,20 +947,25 @@ take_in_ahead(void)
  * broker confirms the one while it receives the other.
  */
 static void
-submit_ahead(void)
+submit_ahead(bool from_tick)
 {
 	RelayBatch *b;
 
-	if (!sink_can_submit(sink) || relay_stop >= 2)
+	if (!sink_can_submit(sink) || relay_stop >= 2 || cur == NULL)
 		return;
-	if (!cur->submitted)
+	if (!cur->submitted && cur->settle_began <= 0 && !from_tick)
 	{
 		cur->submitted = true;
 		cur->submitted_at = relay_now();
 		if (sink_submit(sink, cur) == SINK_UNAVAILABLE)
 			return;				/* the outage is settle's; no more now */
 	}
-	if (ahead == NULL || relay_stop)
+	/*
+	 * The batch ahead once its claim is in (never waiting for it), while
+	 * the current one is being settled (from the sink's tick).
+	 */
+	if (ahead == NULL || ahead->submitted || relay_stop || outage_since > 0 ||
+		cur->settle_began <= 0 || db_async_pending(ahead))
 		return;
 	b = take_in_ahead();
 	ahead = b;
@@ -1180,7 +1194,7 @@ main(int argc, char **argv)
 			else
 				ahead = NULL;
 		}
-		submit_ahead();
+		submit_ahead(false);
 		process_batch(cur);
 		batch = cur;
 		cur = NULL;

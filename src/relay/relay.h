@@ -132,6 +132,7 @@ typedef struct RelayBatch
 	double		delivered_wall; /* wall ms: the sink returned */
 	bool		submitted;		/* handed to the sink, not settled (sink.h) */
 	double		submitted_at;	/* monotonic time it was handed over */
+	double		settle_began;	/* monotonic time settle began, or 0 */
 } RelayBatch;
 
 /* Cumulative counters, printed in the summary line. */

@@ -65,8 +65,10 @@
  *		does for that batch (sends the rest, waits until every command is
  *		settled, returns the same results), serving the confirmations of
  *		another submitted batch meanwhile.  The relay submits the batch it
- *		claimed ahead while the current one waits for its confirmations:
- *		at most two batches are submitted and not settled, and every
+ *		claimed ahead while the current one waits for its confirmations
+ *		(from tick, called within settle, so call tick often: every 10 ms
+ *		or so while waiting): at most two batches are submitted and not
+ *		settled, and every
  *		submitted batch is settled (also when the relay stops: tick returns
  *		false then), before the sink is closed.  deliver is submit and
  *		settle.  A sink whose library cannot keep two batches apart (a

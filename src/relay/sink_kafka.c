@@ -80,6 +80,7 @@ typedef struct KafkaSink
 	long		window;
 	uint32_t	gen;			/* the last round's generation */
 	KafkaRound	rounds[KAFKA_ROUNDS];
+	KafkaRound *waiting;		/* the round settle waits for, or NULL */
 	int			inflight;		/* messages of all rounds not settled yet */
 	bool		fatal;			/* the producer hit a fatal error */
 	char		lasterr[512];	/* the last error librdkafka reported */
@@ -244,11 +245,9 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	RelayCommand *cmd;
 	SinkResult	r;
 	char		msg[1024];
-
 	KafkaRound *rd = NULL;
 	int			i;
 
-	(void) rk;
 	for (i = 0; i < KAFKA_ROUNDS; i++)
 		if (s->rounds[i].batch != NULL && s->rounds[i].gen == gen)
 			rd = &s->rounds[i];
@@ -256,6 +255,9 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 		return;					/* a report of an earlier, abandoned batch */
 	rd->pending--;
 	s->inflight--;
+	/* the round settle waits for is settled: end the flush that waits */
+	if (rd == s->waiting && rd->pending == 0)
+		rd_kafka_yield(rk);
 	cmd = &rd->batch->cmds[index];
 	r = kafka_classify(m->err);
 	if (r == SINK_OK)
@@ -557,7 +559,6 @@ kafka_submit(Sink *base, RelayBatch *batch)
 	initPQExpBuffer(&body);
 	kafka_produce_round(s, rd, &body);
 	termPQExpBuffer(&body);
-	rd_kafka_poll(s->rk, 0);
 	return rd->unavailable ? SINK_UNAVAILABLE : SINK_OK;
 }
 
@@ -574,7 +575,6 @@ kafka_settle(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
 	PQExpBufferData body;
 	bool		stop = false;
 	bool		unavailable;
-	double		ticked = relay_now();
 
 	if (rd == NULL)
 		return SINK_OK;			/* not submitted: nothing to wait for */
@@ -590,17 +590,20 @@ kafka_settle(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
 		 * Once the batch is produced nothing more comes before its reports,
 		 * so linger.ms would only be waited out: rd_kafka_flush sends what
 		 * librdkafka holds at once, ignoring linger.ms, and serves the
-		 * delivery reports as rd_kafka_poll does.  It returns when every
-		 * message is settled, the other round's too, so it is called for
-		 * 2 ms at a time: this round may be settled before the other one.
+		 * delivery reports as rd_kafka_poll does.  But it waits for the
+		 * other round's messages too: while that one has messages in
+		 * flight, rd_kafka_poll serves the reports instead, returning as
+		 * soon as some came (and the one that settles this round ends it:
+		 * rd_kafka_yield in kafka_dr_cb).  This round's messages were
+		 * produced a batch earlier then, so linger.ms is behind them.
+		 * 10 ms at a time: tick may submit the next batch (sink.h).
 		 */
-		if (stop || rd->unavailable || rd->next >= batch->n)
-			(void) rd_kafka_flush(s->rk, 2);
+		s->waiting = rd;
+		if ((stop || rd->unavailable || rd->next >= batch->n) && s->inflight == rd->pending)
+			(void) rd_kafka_flush(s->rk, 10);
 		else
-			rd_kafka_poll(s->rk, 2);
-		if (relay_now() - ticked < 0.05)
-			continue;
-		ticked = relay_now();
+			rd_kafka_poll(s->rk, 10);
+		s->waiting = NULL;
 		if (!stop && tick != NULL && !tick(arg))
 		{
 			/* interrupted: purge what librdkafka still holds, all rounds */
