@@ -5,7 +5,8 @@
 #
 #   perl -I test/perl bench/broker_ctl.pl KIND DIR BASELINE_BINARY
 #
-# KIND: kafka (test/kafka-mock, topic "bench", 4 partitions), redis
+# KIND: kafka (test/kafka-mock, topic "bench", 4 partitions; KAFKA_RTT=MS
+# makes its brokers answer every request MS milliseconds late), redis
 # (redis-server, appendfsync always), rabbitmq (exchange "bench" bound to
 # queue "bench" by "cmd"), nats (nats-server -js, stream "bench" over
 # "bench.>"), mosquitto.  Prints one line "ready ADDRESS" (host:port, the
@@ -143,6 +144,9 @@ if ($kind eq 'kafka')
 	}
 	die "kafka-mock printed no bootstrap list\n" unless defined $line && $line =~ /^bootstrap (\S+)/;
 	$addr = $1;
+	# KAFKA_RTT=MS: the brokers answer every request MS late (a broker
+	# across a network)
+	print $kafka_in "rtt $ENV{KAFKA_RTT}\n" if ($ENV{KAFKA_RTT} // '') =~ /^[1-9]\d*$/;
 }
 print "ready $addr\n";
 

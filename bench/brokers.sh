@@ -34,6 +34,8 @@
 #
 # Settings: N, B, REPEATS, RELAYS ("1 4"), BROKERS ("stdout kafka redis
 # rabbitmq nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency,
+# KAFKA_RTT=MS (the Kafka mock answers every request MS late, as a broker
+# across a network would; the baseline too),
 # BEFORE=PATH: another outbox-relay binary (e.g. an earlier build) whose
 # cells take turns with this build's in each round, printed as "before"
 # columns (and its latency run precedes this build's): a before/after

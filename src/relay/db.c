@@ -18,6 +18,18 @@
  * ids and error texts, which producers and endpoints control, are logged
  * escaped (log_text), so that no id can forge a line of the log.
  *
+ * Pipelined calls.  The main loop sends the next batch's claim, and a
+ * delivered batch's report when it is one call (an ack_many, or with
+ * --stream an ack_batch), without waiting (db_async_claim,
+ * db_async_report): libpq's pipeline mode, each call followed by its own
+ * sync so that it is a transaction of its own and an error of one aborts
+ * no other.  db_async_collect takes the results in, in order, without
+ * blocking or until a given batch's call is in; every synchronous call
+ * first takes in whatever is pending and leaves pipeline mode.  A lost
+ * connection abandons what is pending: an ack's commands stay delivered and
+ * are reported again on the next connection, with the same tokens; a
+ * claim's batch stays empty (its leases, if it committed, expire).
+ *
  * Streams.  claim_batch returns the commands of one batch with the same
  * first columns as claim (every row carries the batch's token), so a
  * batch is read as today.  The batch is leased and acked as a whole: its
@@ -50,6 +62,37 @@
 
 static PGconn *conn = NULL;
 static char *channel = NULL;
+
+/*
+ * Pipelined calls (libpq's pipeline mode): at most DB_MAX_ASYNC calls sent
+ * and not yet taken in, each followed by its own sync, so that each is a
+ * transaction of its own and one's error does not abort the next.
+ */
+typedef enum AsyncKind
+{
+	ASYNC_CLAIM,				/* claim or claim_batch into batch */
+	ASYNC_ACK,					/* ack_many of batch's delivered commands */
+	ASYNC_ACK_STREAM			/* ack_batch of a stream batch */
+} AsyncKind;
+
+typedef struct AsyncCall
+{
+	AsyncKind	kind;
+	RelayBatch *batch;
+	int		   *idx;			/* ASYNC_ACK: the commands acked, in order */
+	int			n;
+	int			delivered;		/* ASYNC_ACK_STREAM: what it reports */
+	int			failed;
+	const char *first_error;
+	PGresult   *res;			/* the call's result, once in */
+} AsyncCall;
+
+#define DB_MAX_ASYNC 4
+static AsyncCall async_calls[DB_MAX_ASYNC];
+static int	async_count = 0;
+
+static bool db_settle(void);
+static void async_abandon(void);
 
 /*
  * Joined to a call, this one-row subquery makes the call's transaction
@@ -213,6 +256,7 @@ db_connected(void)
 void
 db_disconnect(void)
 {
+	async_abandon();
 	if (conn != NULL)
 		PQfinish(conn);
 	conn = NULL;
@@ -451,24 +495,15 @@ cmd_set_headers(RelayCommand *cmd, const char *json, const char *lines)
 	}
 }
 
-/* Claim a batch.  On DB_OK, batch->n may be 0. */
-DbResult
-db_claim(RelayBatch *batch)
+/*
+ * The claim's parameters (the buffers are the caller's: they must live as
+ * long as vals is used).
+ */
+static void
+claim_params(const char **vals, char *batchbuf, size_t batchlen, char *leasebuf, size_t leaselen)
 {
-	char		batchbuf[16];
-	char		leasebuf[32];
-	const char *vals[4];
-	PGresult   *res;
-	double		now;
-	double		left = 1e9;
-	int			i;
-
-	memset(batch, 0, sizeof(*batch));
-	if (!db_connected())
-		return DB_RETRY;
-
-	snprintf(batchbuf, sizeof(batchbuf), "%d", relay_opts.batch);
-	snprintf(leasebuf, sizeof(leasebuf), "%.3f", relay_opts.lease);
+	snprintf(batchbuf, batchlen, "%d", relay_opts.batch);
+	snprintf(leasebuf, leaselen, "%.3f", relay_opts.lease);
 	if (relay_opts.stream != NULL)
 	{
 		/* the stream's batch_size sizes its batches */
@@ -484,16 +519,16 @@ db_claim(RelayBatch *batch)
 		vals[2] = relay_opts.lease > 0 ? leasebuf : NULL;
 		vals[3] = relay_opts.kinds;
 	}
+}
 
-	res = PQexecPrepared(conn, "outbox_claim", 4, vals, NULL, NULL, 0);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		DbResult	r = db_failure(res, "claim");
+/* Fill the batch from a claim's result (which the batch then owns). */
+static void
+claim_fill(RelayBatch *batch, PGresult *res)
+{
+	double		now = relay_now();
+	double		left = 1e9;
+	int			i;
 
-		PQclear(res);
-		return r;
-	}
-	now = relay_now();
 	batch->res = res;
 	batch->n = PQntuples(res);
 	batch->cmds = relay_malloc(sizeof(RelayCommand) * (batch->n ? batch->n : 1));
@@ -523,57 +558,67 @@ db_claim(RelayBatch *batch)
 		relay_stats.batches++;
 		relay_stats.claimed += batch->n;
 	}
+}
+
+/* Claim a batch.  On DB_OK, batch->n may be 0. */
+DbResult
+db_claim(RelayBatch *batch)
+{
+	char		batchbuf[16];
+	char		leasebuf[32];
+	const char *vals[4];
+	PGresult   *res;
+
+	memset(batch, 0, sizeof(*batch));
+	if (!db_settle())
+		return DB_RETRY;
+
+	claim_params(vals, batchbuf, sizeof(batchbuf), leasebuf, sizeof(leasebuf));
+	res = PQexecPrepared(conn, "outbox_claim", 4, vals, NULL, NULL, 0);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		DbResult	r = db_failure(res, "claim");
+
+		PQclear(res);
+		return r;
+	}
+	claim_fill(batch, res);
 	return DB_OK;
 }
 
-/* Ack every delivered command of the batch in one call. */
-static DbResult
-db_ack(RelayBatch *batch)
+/*
+ * The token array of the batch's delivered commands, and their indexes in
+ * idx (as many as the batch has commands); the number of them.
+ */
+static int
+ack_build(RelayBatch *batch, StrBuf *toks, int *idx)
 {
-	StrBuf		toks;
-	int		   *idx;
 	int			n = 0;
 	int			i;
-	int			r;
-	const char *vals[2];
-	PGresult   *res;
-	int			stale = 0;
-	const char *first_reason = NULL;
 
-	idx = relay_malloc(sizeof(int) * (batch->n ? batch->n : 1));
-	sb_init(&toks);
-	sb_puts(&toks, "{");
+	sb_init(toks);
+	sb_puts(toks, "{");
 	for (i = 0; i < batch->n; i++)
 	{
 		if (batch->cmds[i].state != CMD_DELIVERED)
 			continue;
 		if (n > 0)
-			sb_puts(&toks, ",");
-		sb_array_elem(&toks, batch->cmds[i].token);
+			sb_puts(toks, ",");
+		sb_array_elem(toks, batch->cmds[i].token);
 		idx[n++] = i;
 	}
-	sb_puts(&toks, "}");
-	if (n == 0)
-	{
-		sb_free(&toks);
-		free(idx);
-		return DB_OK;
-	}
+	sb_puts(toks, "}");
+	return n;
+}
 
-	vals[0] = relay_opts.worker;
-	vals[1] = toks.data;
-	res = PQexecPrepared(conn, "outbox_ack", 2, vals, NULL, NULL, 0);
-	sb_free(&toks);
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		DbResult	dr = db_failure(res, "ack");
+/* Take an ack's rows in: one per token, in the tokens' order. */
+static void
+ack_process(RelayBatch *batch, PGresult *res, const int *idx, int n)
+{
+	int			r;
+	int			stale = 0;
+	const char *first_reason = NULL;
 
-		PQclear(res);
-		free(idx);
-		return dr;
-	}
-
-	/* one row per token, in the tokens' order */
 	for (r = 0; r < PQntuples(res) && r < n; r++)
 	{
 		bool		acked = PQgetvalue(res, r, 1)[0] == 't';
@@ -594,9 +639,42 @@ db_ack(RelayBatch *batch)
 	if (stale > 0)
 		relay_log("%d of %d acks refused (first reason: %s); another worker owns them now",
 				  stale, n, log_text(first_reason));
-	PQclear(res);
-
 	/* anything the server did not mention stays to be reported */
+}
+
+/* Ack every delivered command of the batch in one call. */
+static DbResult
+db_ack(RelayBatch *batch)
+{
+	StrBuf		toks;
+	int		   *idx;
+	int			n;
+	const char *vals[2];
+	PGresult   *res;
+
+	idx = relay_malloc(sizeof(int) * (batch->n ? batch->n : 1));
+	n = ack_build(batch, &toks, idx);
+	if (n == 0)
+	{
+		sb_free(&toks);
+		free(idx);
+		return DB_OK;
+	}
+
+	vals[0] = relay_opts.worker;
+	vals[1] = toks.data;
+	res = PQexecPrepared(conn, "outbox_ack", 2, vals, NULL, NULL, 0);
+	sb_free(&toks);
+	if (PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		DbResult	dr = db_failure(res, "ack");
+
+		PQclear(res);
+		free(idx);
+		return dr;
+	}
+	ack_process(batch, res, idx, n);
+	PQclear(res);
 	free(idx);
 	return DB_OK;
 }
@@ -736,91 +814,109 @@ stream_fail_key_followers(RelayBatch *batch)
 	}
 }
 
-/*
- * With --stream: report the batch in one ack_batch call once every command
- * has an outcome (delivered, or failed by the sink: those are named with
- * their errors, and so are the later commands of a failed one's ordering
- * key).  Until then nothing is reported: the batch's lease covers the held
- * commands and those delivered alike.
- */
-static DbResult
-db_report_stream(RelayBatch *batch)
+/* The arguments of a stream batch's ack_batch call, and what it reports. */
+typedef struct StreamAck
 {
 	StrBuf		ids;
 	StrBuf		errs;
 	StrBuf		fatals;
 	const char *vals[5];
+	int			delivered;
+	int			failed;
+	const char *first_error;
+} StreamAck;
+
+/*
+ * Build the ack_batch call of a stream batch whose commands all have an
+ * outcome (delivered, or failed by the sink: those are named with their
+ * errors, and so are the later commands of a failed one's ordering key).
+ * False when there is nothing to report yet: a command is still to be
+ * delivered (the batch's lease covers the held commands and those
+ * delivered alike), or nothing of the batch is left.
+ */
+static bool
+stream_ack_build(RelayBatch *batch, StreamAck *a)
+{
 	const char *token = stream_batch_token(batch);
-	const char *first_error = NULL;
-	PGresult   *res;
-	int			delivered = 0;
-	int			failed = 0;
 	int			i;
 
 	if (token == NULL)
-		return DB_OK;
+		return false;
 	for (i = 0; i < batch->n; i++)
 		if (batch->cmds[i].state == CMD_TODO)
-			return DB_OK;
+			return false;
 	stream_fail_key_followers(batch);
 
-	sb_init(&ids);
-	sb_init(&errs);
-	sb_init(&fatals);
-	sb_puts(&ids, "{");
-	sb_puts(&errs, "{");
-	sb_puts(&fatals, "{");
+	memset(a, 0, sizeof(*a));
+	sb_init(&a->ids);
+	sb_init(&a->errs);
+	sb_init(&a->fatals);
+	sb_puts(&a->ids, "{");
+	sb_puts(&a->errs, "{");
+	sb_puts(&a->fatals, "{");
 	for (i = 0; i < batch->n; i++)
 	{
 		RelayCommand *cmd = &batch->cmds[i];
 
 		if (cmd->state == CMD_DELIVERED)
-			delivered++;
+			a->delivered++;
 		if (cmd->state != CMD_FAILED)
 			continue;
-		if (failed > 0)
+		if (a->failed > 0)
 		{
-			sb_puts(&ids, ",");
-			sb_puts(&errs, ",");
-			sb_puts(&fatals, ",");
+			sb_puts(&a->ids, ",");
+			sb_puts(&a->errs, ",");
+			sb_puts(&a->fatals, ",");
 		}
-		sb_array_elem(&ids, cmd->command_id);
-		sb_array_elem(&errs, cmd->error ? cmd->error : "delivery failed");
-		sb_puts(&fatals, cmd->fatal ? "t" : "f");
-		if (failed++ == 0)
-			first_error = cmd->error;
+		sb_array_elem(&a->ids, cmd->command_id);
+		sb_array_elem(&a->errs, cmd->error ? cmd->error : "delivery failed");
+		sb_puts(&a->fatals, cmd->fatal ? "t" : "f");
+		if (a->failed++ == 0)
+			a->first_error = cmd->error;
 	}
-	sb_puts(&ids, "}");
-	sb_puts(&errs, "}");
-	sb_puts(&fatals, "}");
+	sb_puts(&a->ids, "}");
+	sb_puts(&a->errs, "}");
+	sb_puts(&a->fatals, "}");
 
-	vals[0] = relay_opts.worker;
-	vals[1] = token;
-	vals[2] = failed > 0 ? ids.data : NULL;
-	vals[3] = failed > 0 ? errs.data : NULL;
-	vals[4] = failed > 0 ? fatals.data : NULL;
-	res = PQexecPrepared(conn, "outbox_ack", 5, vals, NULL, NULL, 0);
-	sb_free(&ids);
-	sb_free(&errs);
-	sb_free(&fatals);
+	a->vals[0] = relay_opts.worker;
+	a->vals[1] = token;
+	a->vals[2] = a->failed > 0 ? a->ids.data : NULL;
+	a->vals[3] = a->failed > 0 ? a->errs.data : NULL;
+	a->vals[4] = a->failed > 0 ? a->fatals.data : NULL;
+	return true;
+}
+
+/* Free what stream_ack_build made. */
+static void
+stream_ack_free(StreamAck *a)
+{
+	sb_free(&a->ids);
+	sb_free(&a->errs);
+	sb_free(&a->fatals);
+}
+
+/*
+ * Take the result of a stream batch's ack_batch in: every command of the
+ * batch is reported (or, refused with OB001, another worker's now).
+ */
+static DbResult
+stream_ack_process(RelayBatch *batch, PGresult *res, int delivered, int failed,
+				   const char *first_error)
+{
+	int			i;
+
 	if (PQresultStatus(res) != PGRES_TUPLES_OK)
 	{
-		DbResult	r;
-
 		if (lease_not_owned(res))
 		{
-			PQclear(res);
 			stream_batch_lost(batch, "ack");
 			return DB_OK;
 		}
-		r = db_failure(res, "ack_batch");
-		PQclear(res);
-		return r;
+		return db_failure(res, "ack_batch");
 	}
 	if (PQntuples(res) == 1 && atoll(PQgetvalue(res, 0, 0)) != delivered)
 		relay_debug("ack_batch published %s of %d delivered commands",
 					PQgetvalue(res, 0, 0), delivered);
-	PQclear(res);
 
 	for (i = 0; i < batch->n; i++)
 	{
@@ -842,6 +938,26 @@ db_report_stream(RelayBatch *batch)
 	}
 	log_failures(failed, first_error);
 	return DB_OK;
+}
+
+/*
+ * With --stream: report the batch in one ack_batch call once every command
+ * has an outcome (stream_ack_build).  Until then nothing is reported.
+ */
+static DbResult
+db_report_stream(RelayBatch *batch)
+{
+	StreamAck	a;
+	PGresult   *res;
+	DbResult	r;
+
+	if (!stream_ack_build(batch, &a))
+		return DB_OK;
+	res = PQexecPrepared(conn, "outbox_ack", 5, a.vals, NULL, NULL, 0);
+	r = stream_ack_process(batch, res, a.delivered, a.failed, a.first_error);
+	PQclear(res);
+	stream_ack_free(&a);
+	return r;
 }
 
 /* With --stream: renew the lease of the batch while it is not reported. */
@@ -897,7 +1013,7 @@ db_report(RelayBatch *batch)
 	int			failed = 0;
 	const char *first_error = NULL;
 
-	if (!db_connected())
+	if (!db_settle())
 		return DB_RETRY;
 	if (relay_opts.stream != NULL)
 		return db_report_stream(batch);
@@ -933,7 +1049,7 @@ db_renew(RelayBatch *batch)
 	int			i;
 	int			renewed = 0;
 
-	if (!db_connected())
+	if (!db_settle())
 		return DB_RETRY;
 	if (relay_opts.stream != NULL)
 		return db_renew_stream(batch);
@@ -1010,7 +1126,7 @@ db_wait(double timeout)
 	struct timeval tv;
 	int			rc;
 
-	if (!db_connected())
+	if (!db_settle())
 	{
 		relay_sleep(timeout);
 		return false;
@@ -1050,4 +1166,285 @@ db_wait(double timeout)
 		}
 	}
 	return false;
+}
+
+/*
+ * Forget the pipelined calls not taken in (the connection is gone): an ack
+ * leaves its commands delivered, to be reported again; a claim leaves its
+ * batch empty (the leases it may have granted expire: the commands are
+ * only delayed).
+ */
+static void
+async_abandon(void)
+{
+	int			i;
+
+	for (i = 0; i < async_count; i++)
+	{
+		free(async_calls[i].idx);
+		if (async_calls[i].res != NULL)
+			PQclear(async_calls[i].res);
+	}
+	async_count = 0;
+}
+
+/* Whether a pipelined call of the batch is still to be taken in. */
+bool
+db_async_pending(const RelayBatch *batch)
+{
+	int			i;
+
+	for (i = 0; i < async_count; i++)
+		if (async_calls[i].batch == batch)
+			return true;
+	return false;
+}
+
+/* Ready the connection for one more pipelined call. */
+static bool
+async_begin(void)
+{
+	if (!db_connected() || async_count >= DB_MAX_ASYNC)
+		return false;
+	if (PQpipelineStatus(conn) == PQ_PIPELINE_OFF && !PQenterPipelineMode(conn))
+	{
+		relay_log("could not enter pipeline mode: %s", one_line(PQerrorMessage(conn)));
+		return false;
+	}
+	return true;
+}
+
+/* Queue a call just sent (sent: what PQsendQueryPrepared returned). */
+static DbResult
+async_push(int sent, const AsyncCall *c)
+{
+	if (!sent || !PQpipelineSync(conn))
+	{
+		relay_log("connection lost sending a call: %s", one_line(PQerrorMessage(conn)));
+		free(c->idx);
+		db_disconnect();
+		return DB_RETRY;
+	}
+	async_calls[async_count++] = *c;
+	return DB_OK;
+}
+
+/*
+ * Send the claim of the next batch without waiting for it; its result is
+ * taken in by db_async_collect.  Until then the batch is empty.
+ */
+DbResult
+db_async_claim(RelayBatch *batch)
+{
+	char		batchbuf[16];
+	char		leasebuf[32];
+	const char *vals[4];
+	AsyncCall	c;
+
+	memset(batch, 0, sizeof(*batch));
+	if (!async_begin())
+		return DB_RETRY;
+	claim_params(vals, batchbuf, sizeof(batchbuf), leasebuf, sizeof(leasebuf));
+	memset(&c, 0, sizeof(c));
+	c.kind = ASYNC_CLAIM;
+	c.batch = batch;
+	return async_push(PQsendQueryPrepared(conn, "outbox_claim", 4, vals, NULL, NULL, 0), &c);
+}
+
+/*
+ * Send the report of a batch without waiting for it, when it is one call:
+ * an ack of its delivered commands (a batch with failed commands takes
+ * db_report's way: a fail call each), or with --stream the batch's
+ * ack_batch.  True when sent, or when there is nothing to report; false
+ * when the batch must be reported by db_report.
+ */
+bool
+db_async_report(RelayBatch *batch)
+{
+	AsyncCall	c;
+	int			i;
+
+	memset(&c, 0, sizeof(c));
+	c.batch = batch;
+	if (relay_opts.stream != NULL)
+	{
+		StreamAck	a;
+		int			sent;
+
+		for (i = 0; i < batch->n; i++)
+			if (batch->cmds[i].state == CMD_TODO)
+				return false;
+		if (stream_batch_token(batch) == NULL)
+			return true;
+		if (!stream_ack_build(batch, &a))
+			return true;		/* nothing to report */
+		if (!async_begin())
+		{
+			stream_ack_free(&a);
+			return false;
+		}
+		c.kind = ASYNC_ACK_STREAM;
+		c.delivered = a.delivered;
+		c.failed = a.failed;
+		c.first_error = a.first_error;
+		sent = PQsendQueryPrepared(conn, "outbox_ack", 5, a.vals, NULL, NULL, 0);
+		stream_ack_free(&a);
+		return async_push(sent, &c) == DB_OK;
+	}
+	else
+	{
+		StrBuf		toks;
+		const char *vals[2];
+		int			sent;
+
+		for (i = 0; i < batch->n; i++)
+			if (batch->cmds[i].state == CMD_FAILED || batch->cmds[i].state == CMD_TODO)
+				return false;
+		c.kind = ASYNC_ACK;
+		c.idx = relay_malloc(sizeof(int) * (batch->n ? batch->n : 1));
+		c.n = ack_build(batch, &toks, c.idx);
+		if (c.n == 0 || !async_begin())
+		{
+			sb_free(&toks);
+			free(c.idx);
+			return c.n == 0;
+		}
+		vals[0] = relay_opts.worker;
+		vals[1] = toks.data;
+		sent = PQsendQueryPrepared(conn, "outbox_ack", 2, vals, NULL, NULL, 0);
+		sb_free(&toks);
+		return async_push(sent, &c) == DB_OK;
+	}
+}
+
+/* Take in the first pipelined call, whose result is c->res. */
+static void
+async_finish(AsyncCall *c)
+{
+	PGresult   *res = c->res;
+
+	switch (c->kind)
+	{
+		case ASYNC_CLAIM:
+			if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK)
+			{
+				claim_fill(c->batch, res);
+				res = NULL;		/* the batch's now */
+			}
+			else
+			{
+				/* a fatal error here comes again with the next claim */
+				(void) db_failure(res, "claim");
+			}
+			break;
+		case ASYNC_ACK:
+			if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK)
+				ack_process(c->batch, res, c->idx, c->n);
+			else
+				(void) db_failure(res, "ack");
+			break;
+		case ASYNC_ACK_STREAM:
+			if (res != NULL)
+				(void) stream_ack_process(c->batch, res, c->delivered, c->failed,
+										  c->first_error);
+			else
+				(void) db_failure(res, "ack_batch");
+			break;
+	}
+	if (res != NULL)
+		PQclear(res);
+	free(c->idx);
+	c->idx = NULL;
+	c->res = NULL;
+}
+
+/*
+ * Take in the results of pipelined calls that have come (wait false: never
+ * blocks), or with wait until no call of `until` (NULL: none at all) is
+ * left.  A call whose connection was lost leaves what db_async_claim and
+ * async_abandon say.
+ */
+void
+db_async_collect(const RelayBatch *until, bool wait)
+{
+	int			empty = 0;
+
+	while (async_count > 0)
+	{
+		AsyncCall  *c = &async_calls[0];
+		AsyncCall	done;
+		PGresult   *res;
+
+		if (wait && until != NULL && !db_async_pending(until))
+			break;
+		if (!db_connected())
+		{
+			db_disconnect();
+			return;
+		}
+		if (!wait)
+		{
+			if (!PQconsumeInput(conn))
+			{
+				relay_log("connection lost: %s", one_line(PQerrorMessage(conn)));
+				db_disconnect();
+				return;
+			}
+			if (PQisBusy(conn))
+				break;
+		}
+		res = PQgetResult(conn);
+		if (res == NULL)
+		{
+			/* the end of a call's results; its sync comes next */
+			if (++empty > 2)
+			{
+				relay_log("connection lost: %s", one_line(PQerrorMessage(conn)));
+				db_disconnect();
+				return;
+			}
+			continue;
+		}
+		empty = 0;
+		if (PQresultStatus(res) != PGRES_PIPELINE_SYNC)
+		{
+			if (c->res == NULL)
+				c->res = res;
+			else
+				PQclear(res);
+			continue;
+		}
+		PQclear(res);
+		/* off the queue first: a lost connection abandons the rest */
+		done = *c;
+		memmove(&async_calls[0], &async_calls[1], sizeof(AsyncCall) * (async_count - 1));
+		async_count--;
+		async_finish(&done);
+		if (!db_connected())
+		{
+			db_disconnect();
+			return;
+		}
+		if (async_count == 0 && !PQexitPipelineMode(conn))
+		{
+			relay_log("could not leave pipeline mode: %s", one_line(PQerrorMessage(conn)));
+			db_disconnect();
+			return;
+		}
+	}
+}
+
+/* Take every pipelined call in; whether there is a usable connection. */
+static bool
+db_settle(void)
+{
+	if (async_count > 0)
+		db_async_collect(NULL, true);
+	if (db_connected() && PQpipelineStatus(conn) != PQ_PIPELINE_OFF &&
+		!PQexitPipelineMode(conn))
+	{
+		relay_log("could not leave pipeline mode: %s", one_line(PQerrorMessage(conn)));
+		db_disconnect();
+	}
+	return db_connected();
 }

@@ -13,6 +13,35 @@
  * for --poll seconds, whichever comes first: the poll is the backstop that
  * makes the relay work without notifications.
  *
+ * Pipelining.  The claim of the next batch is sent (libpq's pipeline
+ * mode, db.c) before the sink delivers the current one, so the database
+ * works on it while the sink waits for the broker's confirmations; and
+ * once the sink has returned (every command confirmed or refused), the
+ * batch's ack is sent without waiting for its answer before the next batch
+ * is delivered.  So the relay holds at most three batches: one acked (its
+ * ack on its way), one delivered, one claimed ahead (at most one batch
+ * ahead).  Nothing is acked before the sink returned with the broker's
+ * confirmation of it.  Each batch has its own tokens, so a refusal (OB001)
+ * of one does not touch the others.  Order per key holds: the database
+ * hands out no command of an ordering key whose earlier command is not
+ * acked, and no second batch of a stream partition whose batch is open, so
+ * the batch claimed ahead holds none of the keys (partitions) of the one
+ * being delivered.  No claim goes ahead while stopping, during an outage
+ * or with a broken sink; a batch claimed ahead is delivered after the
+ * current one, renewed with it during an outage, and given back as
+ * retryable failures when the relay stops before delivering it (a second
+ * stop request, a stop during an outage, a broken sink).  A batch with
+ * failed commands (a fail call each) is reported at once, not pipelined.
+ * With a sink that delivers now and confirms later (sink.h: submit and
+ * settle, the Kafka sink), the batch claimed ahead is submitted while the
+ * current one is being settled, as soon as its claim is in (submit_ahead,
+ * from the sink's tick), so the broker works on both; a submitted batch is
+ * always settled, also when it is given back.
+ *
+ * Idle probe.  After --probe-interval seconds without a delivery, while
+ * waiting for work, the relay asks the sink to probe its broker (sink.h)
+ * and sets outbox_relay_sink_up from the answer, logging a change.
+ *
  * Leases.  A batch's leases are renewed when half of the shortest one has
  * passed and commands of the batch are still undelivered (the delivered
  * ones are acked first).  A renewal refused with lease_not_owned drops the
@@ -41,9 +70,10 @@
  * ack_batch once every command of it has an outcome, and renews it with
  * renew_batch (db.c); the loop is the same.
  *
- * Signals.  SIGTERM or SIGINT: stop claiming, finish and report the batch
- * in flight, exit 0.  A second one: abort the deliveries in progress, fail
- * the rest of the batch as retryable, exit 0.  SIGHUP: reopen a file sink.
+ * Signals.  SIGTERM or SIGINT: stop claiming, finish and report the
+ * batches in hand (the one being delivered, then the one claimed ahead),
+ * exit 0.  A second one: abort the deliveries in progress, fail the rest of
+ * both batches as retryable, exit 0.  SIGHUP: reopen a file sink.
  *
  *-------------------------------------------------------------------------
  */
@@ -67,11 +97,32 @@ static bool sink_broken = false;
 static double backoff = 0;		/* current reconnect/retry backoff */
 static bool ever_connected = false;
 static double outage_since = 0; /* monotonic time the sink went down, or 0 */
+static double outage_ended = 0; /* monotonic time the last outage ended */
 
 /* For the trace of -vv: wall-clock milliseconds of a batch's steps. */
 static double trace_woke = 0;	/* a notification ended the wait before the
 								 * claim, or 0 */
-static double trace_delivered = 0;	/* the sink returned */
+
+/*
+ * The batches the relay holds (see "Pipelining" in the file header): the
+ * one the sink delivers, the next one claimed meanwhile, and the one whose
+ * ack is on its way.  Each points into slots, or is NULL.
+ */
+static RelayBatch slots[3];
+static RelayBatch *cur = NULL;
+static RelayBatch *ahead = NULL;
+static RelayBatch *acking = NULL;
+
+/*
+ * Claims ahead that came back empty in a row, and batches to deliver
+ * before the next claim ahead (see the main loop).
+ */
+static int	ahead_empty = 0;
+static int	ahead_skip = 0;
+
+/* The idle probe: monotonic time the sink last did something. */
+static double sink_active_at = 0;
+static bool probe_down = false;	/* the last probe found the sink down */
 
 /* Print --help. */
 static void
@@ -109,6 +160,8 @@ usage(void)
 		   "                            async: it does not (a crash can lose it: its\n"
 		   "                            commands are delivered again, never lost)\n"
 		   "      --metrics=HOST:PORT   serve Prometheus metrics at http://HOST:PORT/metrics\n"
+		   "      --probe-interval=SECONDS  probe an idle sink's broker after this long\n"
+		   "                            without a delivery (default 10; 0: never)\n"
 		   "  -v, --verbose             log every batch\n"
 		   "  -V, --version             print the version and exit\n"
 		   "  -h, --help                print this help and exit\n\n");
@@ -117,8 +170,8 @@ usage(void)
 	printf("  A sink that is down or refuses the relay holds the batch (no delivery is\n"
 		   "  spent), pauses claiming and retries with backoff; a bad URL exits 2.\n\n");
 	printf("Signals:\n"
-		   "  SIGTERM, SIGINT     stop claiming, finish the batch in flight, exit 0;\n"
-		   "                      a second one fails what is left of the batch (retryable)\n"
+		   "  SIGTERM, SIGINT     stop claiming, finish the batches in hand, exit 0;\n"
+		   "                      a second one fails what is left of them (retryable)\n"
 		   "  SIGHUP              reopen the file of a file: sink\n\n");
 	printf("Exit status:\n"
 		   "  0  stopped by a signal, or --drain found nothing to claim\n"
@@ -145,7 +198,7 @@ trace_clock(void)
  * with).  bench/latency.sh reads it.
  */
 static void
-trace_batch(const RelayBatch *batch, double claim_sent, double claimed, double reported)
+trace_batch(const RelayBatch *batch, double reported)
 {
 	StrBuf		sb;
 	int			i;
@@ -154,7 +207,8 @@ trace_batch(const RelayBatch *batch, double claim_sent, double claimed, double r
 	for (i = 0; i < batch->n; i++)
 		sb_printf(&sb, "%s%lld", i > 0 ? "," : "", batch->cmds[i].seq);
 	relay_log("trace: n=%d woke=%.3f claim=%.3f claimed=%.3f delivered=%.3f acked=%.3f seqs=%s",
-			  batch->n, trace_woke, claim_sent, claimed, trace_delivered, reported, sb.data);
+			  batch->n, batch->woke, batch->claim_sent, batch->claimed_wall,
+			  batch->delivered_wall, reported, sb.data);
 	sb_free(&sb);
 }
 
@@ -276,6 +330,7 @@ parse_options(int argc, char **argv)
 		{"metrics", required_argument, NULL, 4},
 		{"claim-commit", required_argument, NULL, 5},
 		{"ack-commit", required_argument, NULL, 6},
+		{"probe-interval", required_argument, NULL, 7},
 		{"stream", required_argument, NULL, 20},
 		{"subscription", required_argument, NULL, 21},
 		{"verbose", no_argument, NULL, 'v'},
@@ -293,6 +348,7 @@ parse_options(int argc, char **argv)
 	relay_opts.connect_timeout = 5.0;
 	relay_opts.concurrency = 1;
 	relay_opts.citus_refresh = 10.0;
+	relay_opts.probe_interval = 10.0;
 	relay_opts.headers = relay_malloc(sizeof(char *) * (argc + 1));
 
 	while ((c = getopt_long(argc, argv, "d:s:b:l:k:w:p:c:H:vVh", longopts, NULL)) != -1)
@@ -380,6 +436,13 @@ parse_options(int argc, char **argv)
 					else
 						relay_opts.ack_async = !sync;
 				}
+				break;
+			case 7:
+				/* 0 turns the probe off */
+				if (strcmp(optarg, "0") == 0)
+					relay_opts.probe_interval = 0;
+				else
+					relay_opts.probe_interval = parse_seconds(optarg, "--probe-interval");
 				break;
 			case 20:
 			case 21:
@@ -542,6 +605,45 @@ maybe_renew(RelayBatch *batch)
 	renew_batch(batch);
 }
 
+static void finish_batch(RelayBatch *batch);
+static void submit_ahead(bool from_tick);
+
+
+/*
+ * Take in the results of the pipelined calls that have come; finish the
+ * batch whose ack came back (with wait: wait for it).  An ack that left
+ * outcomes unreported (a lost connection) is finished by the main loop,
+ * which reports them again.
+ */
+static void
+take_in_ack(bool wait)
+{
+	int			i;
+
+	db_async_collect(wait ? acking : NULL, wait);
+	if (acking == NULL || db_async_pending(acking))
+		return;
+	if (!wait)
+		for (i = 0; i < acking->n; i++)
+			if (acking->cmds[i].state == CMD_DELIVERED || acking->cmds[i].state == CMD_FAILED)
+				return;
+	finish_batch(acking);
+	acking = NULL;
+}
+
+/*
+ * Renew, when due, the leases of the batch being delivered and of the one
+ * claimed ahead (once its claim is in).
+ */
+static void
+renew_held(RelayBatch *batch)
+{
+	take_in_ack(false);
+	maybe_renew(batch);
+	if (ahead != NULL && ahead != batch && !db_async_pending(ahead) && ahead->n > 0)
+		maybe_renew(ahead);
+}
+
 /* Called by the sink while deliveries are in flight; false interrupts. */
 static bool
 relay_tick(void *arg)
@@ -550,7 +652,9 @@ relay_tick(void *arg)
 
 	if (relay_stop >= 2)
 		return false;
-	maybe_renew(batch);
+	renew_held(batch);
+	if (batch == cur)
+		submit_ahead(true);
 	return true;
 }
 
@@ -627,15 +731,17 @@ outage_wait(RelayBatch *batch, double seconds)
 		if (left <= 0)
 			return true;
 		relay_sleep(left < 0.25 ? left : 0.25);
-		maybe_renew(batch);
+		renew_held(batch);
 		metrics_publish();
 	}
 }
 
 /*
- * Deliver a claimed batch and report its outcome.  While the sink is
- * unavailable, the commands it could not deliver are held and tried again
- * after a backoff (see the file header).
+ * Deliver a claimed batch, leaving its outcome to be reported by the
+ * caller.  While the sink is unavailable, the commands it could not
+ * deliver are held and tried again after a backoff (see the file header).
+ * A batch the relay is told to give back before its delivery began (a
+ * second stop request, or a stop during an outage) is not delivered.
  */
 static void
 process_batch(RelayBatch *batch)
@@ -647,23 +753,56 @@ process_batch(RelayBatch *batch)
 	int			held;
 	int			i;
 
-	for (;;)
+	if (relay_stop >= 2)
+		reason = "delivery not attempted: the relay was interrupted";
+	else if (relay_stop && outage_since > 0)
+		reason = "delivery not attempted: the sink was unavailable";
+	/* a submitted batch is settled, also one that is given back */
+	while (reason == NULL || batch->submitted)
 	{
 		double		began = relay_now();
-		SinkResult	r = sink_deliver(sink, batch, relay_tick, batch);
+		double		submitted_at = batch->submitted ? batch->submitted_at : 0;
+		SinkResult	r;
 
-		trace_delivered = trace_clock();
+		if (batch->submitted)
+		{
+			batch->settle_began = began;
+			r = sink_settle(sink, batch, relay_tick, batch);
+			batch->settle_began = 0;
+		}
+		else
+			r = sink_deliver(sink, batch, relay_tick, batch);
+		batch->submitted = false;
+
+		batch->delivered_wall = trace_clock();
+		sink_active_at = relay_now();
 		confirm_sink(batch);
 		metrics_sink_done(r != SINK_UNAVAILABLE, relay_now() - began);
 		if (r != SINK_UNAVAILABLE)
 		{
 			if (outage_since > 0)
+			{
 				relay_log("sink %s is available again after %.1fs",
 						  sink_describe(sink), relay_now() - outage_since);
+				outage_ended = relay_now();
+			}
 			outage_since = 0;
 			if (relay_stop >= 2)
 				reason = "delivery not attempted: the relay was interrupted";
 			break;
+		}
+		if (reason != NULL)
+			break;				/* given back: no retry */
+		if (submitted_at > 0 && submitted_at < outage_ended)
+		{
+			/*
+			 * Submitted ahead while the broker was failing, and settled
+			 * after the outage of the batch before it ended: what failed
+			 * is that outage's, so it goes again at once, not as a new one.
+			 */
+			if (!report_batch(batch))
+				break;
+			continue;
 		}
 		held = count_todo(batch, &first);
 		free(held_error);
@@ -709,9 +848,195 @@ process_batch(RelayBatch *batch)
 		cmd->error = relay_clean_error(msg, 900);
 	}
 	free(held_error);
+	relay_debug("batch of %d delivered", batch->n);
+}
 
-	(void) report_batch(batch);
+/*
+ * A batch's ack came back, or it was reported otherwise: report what is
+ * left to report (an ack lost with its connection goes again, with the
+ * same tokens), count it, and free it.
+ */
+static void
+finish_batch(RelayBatch *batch)
+{
+	int			i;
+
+	for (i = 0; i < batch->n; i++)
+		if (batch->cmds[i].state == CMD_DELIVERED || batch->cmds[i].state == CMD_FAILED)
+		{
+			(void) report_batch(batch);
+			break;
+		}
+	metrics_batch_done(batch->n, relay_now() - batch->claimed_at);
+	if (relay_opts.verbose >= 2)
+		trace_batch(batch, trace_clock());
 	relay_debug("batch of %d done", batch->n);
+	batch_free(batch);
+}
+
+/* A slot no batch occupies. */
+static RelayBatch *
+free_slot(void)
+{
+	int			i;
+
+	for (i = 0; i < 3; i++)
+		if (&slots[i] != cur && &slots[i] != ahead && &slots[i] != acking)
+			return &slots[i];
+	return NULL;				/* not reached: three slots, three roles */
+}
+
+/*
+ * Report the delivered batch: its ack goes out without waiting for it
+ * (take_in_ack finishes the batch when it comes back), unless the batch
+ * needs more than one call (failed commands), which are reported at once.
+ * The previous batch's ack is taken in first: one ack on its way at a
+ * time.
+ */
+static void
+report_delivered(RelayBatch *batch)
+{
+	if (acking != NULL)
+		take_in_ack(true);
+	if (db_connected() && db_async_report(batch))
+	{
+		acking = batch;
+		return;
+	}
+	(void) report_batch(batch);
+	finish_batch(batch);
+}
+
+/*
+ * The batch claimed ahead, once its claim is in: the next to deliver, or
+ * NULL when the claim found nothing (or its connection was lost).
+ */
+static RelayBatch *
+take_in_ahead(void)
+{
+	RelayBatch *b = ahead;
+
+	if (b->claimed_at > 0)
+	{
+		ahead = NULL;			/* taken in already (submit_ahead) */
+		return b;
+	}
+	db_async_collect(b, true);
+	ahead = NULL;
+	if (b->n == 0)
+	{
+		/* claim ahead less often while it finds nothing: 1, 3, 7, 15 */
+		if (ahead_empty < 4)
+			ahead_empty++;
+		ahead_skip = (1 << ahead_empty) - 1;
+		batch_free(b);
+		return NULL;
+	}
+	ahead_empty = 0;
+	b->claimed_at = relay_now();
+	b->claimed_wall = trace_clock();
+	metrics_claimed(b->n);
+	relay_debug("claimed %d ahead", b->n);
+	return b;
+}
+
+/*
+ * With a sink that delivers now and confirms later (sink.h: submit): hand
+ * the current batch to the sink, then take the claim ahead in and hand
+ * that batch over too, before the current one is settled, so that the
+ * broker confirms the one while it receives the other.
+ */
+static void
+submit_ahead(bool from_tick)
+{
+	RelayBatch *b;
+
+	if (!sink_can_submit(sink) || relay_stop >= 2 || cur == NULL)
+		return;
+	if (!cur->submitted && cur->settle_began <= 0 && !from_tick)
+	{
+		cur->submitted = true;
+		cur->submitted_at = relay_now();
+		if (sink_submit(sink, cur) == SINK_UNAVAILABLE)
+			return;				/* the outage is settle's; no more now */
+	}
+	/*
+	 * The batch ahead once its claim is in (never waiting for it), while
+	 * the current one is being settled (from the sink's tick).
+	 */
+	if (ahead == NULL || ahead->submitted || relay_stop || outage_since > 0 ||
+		cur->settle_began <= 0 || db_async_pending(ahead))
+		return;
+	b = take_in_ahead();
+	ahead = b;
+	if (b == NULL)
+		return;
+	b->submitted = true;
+	b->submitted_at = relay_now();
+	(void) sink_submit(sink, b);
+}
+
+/*
+ * Give back a claimed batch that will not be delivered (the relay stops
+ * with it in hand): its commands are failed as retryable (a submitted
+ * batch is settled first: what the broker confirmed is acked).
+ */
+static void
+release_batch(RelayBatch *batch, const char *reason)
+{
+	int			i;
+
+	if (batch->submitted)
+	{
+		(void) sink_settle(sink, batch, relay_tick, batch);
+		batch->submitted = false;
+		confirm_sink(batch);
+	}
+
+	for (i = 0; i < batch->n; i++)
+	{
+		RelayCommand *cmd = &batch->cmds[i];
+
+		if (cmd->state != CMD_TODO)
+			continue;
+		cmd->state = CMD_FAILED;
+		cmd->fatal = false;
+		free(cmd->error);
+		cmd->error = relay_strdup(reason);
+	}
+	(void) report_batch(batch);
+	finish_batch(batch);
+}
+
+/*
+ * Probe an idle sink (sink.h) once it has been idle --probe-interval
+ * seconds: outbox_relay_sink_up follows the probe, and a change is logged.
+ */
+static void
+probe_idle_sink(void)
+{
+	char	   *err = NULL;
+	SinkResult	r;
+
+	if (relay_opts.probe_interval <= 0 || relay_now() - sink_active_at < relay_opts.probe_interval)
+		return;
+	r = sink_probe(sink, &err);
+	sink_active_at = relay_now();
+	if (r == SINK_OK)
+	{
+		if (probe_down)
+			relay_log("idle probe: sink %s is available again", sink_describe(sink));
+		probe_down = false;
+		metrics_sink_probed(true);
+	}
+	else if (r == SINK_UNAVAILABLE)
+	{
+		if (!probe_down)
+			relay_log("idle probe: sink unavailable: %s", err ? err : "no reason given");
+		probe_down = true;
+		metrics_sink_probed(false);
+	}
+	free(err);
 }
 
 /* The summary line. */
@@ -736,6 +1061,7 @@ main(int argc, char **argv)
 	char	   *err = NULL;
 	SinkOpenResult opened;
 	bool		stop_logged = false;
+	RelayBatch *batch;
 
 	parse_options(argc, argv);
 	srandom((unsigned int) getpid() ^ (unsigned int) (started * 1000));
@@ -771,74 +1097,108 @@ main(int argc, char **argv)
 
 	for (;;)
 	{
-		RelayBatch	batch;
 		DbResult	r;
-		double		claimed_at;
-		double		claim_sent;
-		double		claimed_wall;
 
 		metrics_publish();
-		if (relay_stop)
+		take_in_ack(false);
+		if (cur == NULL && ahead != NULL)
+			cur = take_in_ahead();
+		if (cur == NULL)
 		{
-			if (!stop_logged)
-				relay_log("stop requested: no more claims");
-			stop_logged = true;
-			break;
-		}
-		if (!db_connected())
-		{
-			if (!connect_loop(0))
-				break;
-			continue;
-		}
-		if (relay_reopen)
-		{
-			relay_reopen = 0;
-			if (!sink_reopen(sink, &err))
+			if (relay_stop)
 			{
-				relay_log("%s", err ? err : "could not reopen the sink");
-				free(err);
+				if (!stop_logged)
+					relay_log("stop requested: no more claims");
+				stop_logged = true;
+				break;
+			}
+			if (!db_connected())
+			{
+				if (acking != NULL)
+					take_in_ack(true);	/* reported on a new connection */
+				if (!connect_loop(0))
+					break;
+				continue;
+			}
+			if (relay_reopen)
+			{
+				relay_reopen = 0;
+				if (!sink_reopen(sink, &err))
+				{
+					relay_log("%s", err ? err : "could not reopen the sink");
+					free(err);
+					exit_code = RELAY_EXIT_RUNTIME;
+					break;
+				}
+			}
+
+			batch = free_slot();
+			{
+				double		sent = trace_clock();
+
+				r = db_claim(batch);
+				batch->claim_sent = sent;
+			}
+			batch->claimed_wall = trace_clock();
+			batch->woke = trace_woke;
+			if (r == DB_FATAL)
+			{
 				exit_code = RELAY_EXIT_RUNTIME;
 				break;
 			}
-		}
-
-		claim_sent = trace_clock();
-		r = db_claim(&batch);
-		claimed_wall = trace_clock();
-		if (r == DB_FATAL)
-		{
-			exit_code = RELAY_EXIT_RUNTIME;
-			break;
-		}
-		if (r == DB_RETRY)
-		{
-			if (db_connected())
-				relay_sleep(next_backoff());
-			continue;
-		}
-		backoff = 0;
-		if (batch.n == 0)
-		{
-			batch_free(&batch);
-			if (relay_opts.drain)
+			if (r == DB_RETRY)
 			{
-				relay_log("nothing left to claim");
-				break;
+				if (db_connected())
+					relay_sleep(next_backoff());
+				continue;
 			}
-			trace_woke = db_wait(relay_opts.poll) ? trace_clock() : 0;
-			continue;
+			backoff = 0;
+			if (batch->n == 0)
+			{
+				batch_free(batch);
+				if (acking != NULL)
+					take_in_ack(true);
+				if (relay_opts.drain)
+				{
+					relay_log("nothing left to claim");
+					break;
+				}
+				probe_idle_sink();
+				trace_woke = db_wait(relay_opts.poll) ? trace_clock() : 0;
+				continue;
+			}
+			relay_debug("claimed %d", batch->n);
+			batch->claimed_at = relay_now();
+			metrics_claimed(batch->n);
+			cur = batch;
 		}
-
-		relay_debug("claimed %d", batch.n);
-		claimed_at = relay_now();
-		metrics_claimed(batch.n);
-		process_batch(&batch);
-		metrics_batch_done(relay_now() - claimed_at);
-		if (relay_opts.verbose >= 2)
-			trace_batch(&batch, claim_sent, claimed_wall, trace_clock());
 		trace_woke = 0;
-		batch_free(&batch);
+
+		/*
+		 * The next batch's claim goes out before this one is delivered, so
+		 * that the database works on it while the sink waits for the
+		 * broker.  Not while stopping or after an outage, nor with a sink
+		 * that was found broken; and after claims ahead that found nothing
+		 * (no backlog, or none but the keys of the batch being delivered,
+		 * which the server holds back until its ack), only every 2nd, 4th,
+		 * 8th, at most 16th batch, so that an idle or single-key relay does
+		 * not double its claims.
+		 */
+		if (ahead_skip > 0)
+			ahead_skip--;
+		else if (!relay_stop && outage_since <= 0 && !sink_broken && db_connected())
+		{
+			ahead = free_slot();
+			if (db_async_claim(ahead) == DB_OK)
+				ahead->claim_sent = trace_clock();
+			else
+				ahead = NULL;
+		}
+		submit_ahead(false);
+		process_batch(cur);
+		batch = cur;
+		cur = NULL;
+		report_delivered(batch);
 		if (exit_code != RELAY_EXIT_OK)
 			break;
 		if (sink_broken)
@@ -847,6 +1207,13 @@ main(int argc, char **argv)
 			break;
 		}
 	}
+
+	/* what is still in hand: the ack on its way, a batch claimed ahead */
+	if (acking != NULL)
+		take_in_ack(true);
+	if (ahead != NULL && (batch = take_in_ahead()) != NULL)
+		release_batch(batch, sink_broken ? "delivery not attempted: the sink could not be written" :
+					  "delivery not attempted: the relay stopped");
 
 	metrics_stop();
 	db_disconnect();

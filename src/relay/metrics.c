@@ -506,17 +506,22 @@ metrics_claimed(int n)
 {
 	metrics_publish();
 	pthread_mutex_lock(&metrics_lock);
-	mt_snap.in_flight = n;
+	mt_snap.in_flight += n;
 	pthread_mutex_unlock(&metrics_lock);
 }
 
-/* The batch's outcome was reported, seconds after its claim (main thread). */
+/*
+ * The outcome of a batch of n commands was reported, seconds after its
+ * claim (main thread).
+ */
 void
-metrics_batch_done(double seconds)
+metrics_batch_done(int n, double seconds)
 {
 	metrics_publish();
 	pthread_mutex_lock(&metrics_lock);
-	mt_snap.in_flight = 0;
+	mt_snap.in_flight -= n;
+	if (mt_snap.in_flight < 0)
+		mt_snap.in_flight = 0;
 	mt_observe(&mt_snap.batch, seconds);
 	pthread_mutex_unlock(&metrics_lock);
 }
@@ -543,6 +548,20 @@ metrics_sink_done(bool available, double seconds)
 	mt_snap.sink_down = !available;
 	if (available)
 		mt_observe(&mt_snap.confirm, seconds);
+	pthread_mutex_unlock(&metrics_lock);
+}
+
+/*
+ * An idle relay's probe of its sink found it available or not (main
+ * thread): outbox_relay_sink_up follows it as it follows deliveries.
+ */
+void
+metrics_sink_probed(bool available)
+{
+	pthread_mutex_lock(&metrics_lock);
+	if (!available && !mt_snap.sink_down)
+		mt_snap.sink_outages++;
+	mt_snap.sink_down = !available;
 	pthread_mutex_unlock(&metrics_lock);
 }
 

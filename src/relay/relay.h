@@ -68,6 +68,8 @@ typedef struct RelayOptions
 	bool		claim_sync;		/* claims wait for their WAL flush */
 	bool		ack_async;		/* acks do not wait for their WAL flush */
 	const char *metrics;		/* HOST:PORT of the /metrics endpoint, or NULL */
+	double		probe_interval; /* idle seconds before the sink is probed, 0:
+								 * never */
 	bool		citus;			/* --citus: a relay per node (citus.c) */
 	double		citus_refresh;	/* --citus: seconds between node lists */
 	int			verbose;
@@ -122,6 +124,15 @@ typedef struct RelayBatch
 	double		lease_end;		/* monotonic time the first lease ends */
 	double		renew_at;		/* monotonic time to renew the leases */
 	PGresult   *res;			/* the claim result the strings point into */
+	/* main.c: the batch's times, for the metrics and the -vv trace */
+	double		claimed_at;		/* monotonic time of the claim's result */
+	double		woke;			/* wall ms: a notification before the claim */
+	double		claim_sent;		/* wall ms */
+	double		claimed_wall;	/* wall ms */
+	double		delivered_wall; /* wall ms: the sink returned */
+	bool		submitted;		/* handed to the sink, not settled (sink.h) */
+	double		submitted_at;	/* monotonic time it was handed over */
+	double		settle_began;	/* monotonic time settle began, or 0 */
 } RelayBatch;
 
 /* Cumulative counters, printed in the summary line. */
@@ -182,6 +193,10 @@ extern DbResult db_claim(RelayBatch *batch);
 extern DbResult db_report(RelayBatch *batch);
 extern DbResult db_renew(RelayBatch *batch);
 extern bool db_wait(double timeout);
+extern DbResult db_async_claim(RelayBatch *batch);
+extern bool db_async_report(RelayBatch *batch);
+extern bool db_async_pending(const RelayBatch *batch);
+extern void db_async_collect(const RelayBatch *until, bool wait);
 extern void batch_free(RelayBatch *batch);
 
 /* citus.c */
@@ -202,7 +217,8 @@ extern bool metrics_parse(const char *spec, char **host, char **port);
 extern bool metrics_start(const char *spec, char **errmsg);
 extern void metrics_publish(void);
 extern void metrics_claimed(int n);
-extern void metrics_batch_done(double seconds);
+extern void metrics_batch_done(int n, double seconds);
+extern void metrics_sink_probed(bool available);
 extern void metrics_sink_failure(MetricsFailure class);
 extern void metrics_sink_done(bool available, double seconds);
 extern void metrics_stop(void);

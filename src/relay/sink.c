@@ -184,6 +184,27 @@ sink_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	return sink->ops->deliver(sink, batch, tick, arg);
 }
 
+/* Whether the sink can deliver now and confirm later (sink.h: submit). */
+bool
+sink_can_submit(Sink *sink)
+{
+	return sink->ops->submit != NULL && sink->ops->settle != NULL;
+}
+
+/* Start delivering a batch (sink.h: submit). */
+SinkResult
+sink_submit(Sink *sink, RelayBatch *batch)
+{
+	return sink->ops->submit(sink, batch);
+}
+
+/* Wait for a submitted batch's confirmations (sink.h: settle). */
+SinkResult
+sink_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	return sink->ops->settle(sink, batch, tick, arg);
+}
+
 /* Push buffered deliveries out (sink.h). */
 bool
 sink_confirm(Sink *sink, char **err)
@@ -192,6 +213,19 @@ sink_confirm(Sink *sink, char **err)
 	if (sink->ops->confirm == NULL)
 		return true;
 	return sink->ops->confirm(sink, err);
+}
+
+/*
+ * Probe an idle sink (sink.h).  SINK_RETRY when the sink has no probe:
+ * nothing is known then.
+ */
+SinkResult
+sink_probe(Sink *sink, char **err)
+{
+	*err = NULL;
+	if (sink->ops->probe == NULL)
+		return SINK_RETRY;
+	return sink->ops->probe(sink, err);
 }
 
 /* Reopen after SIGHUP (sink.h). */

@@ -58,6 +58,23 @@
  *		it returns false (a second SIGTERM), stop waiting, give what is
  *		still unsettled SINK_RETRY ("delivery interrupted") and return.
  *
+ *	submit(sink, batch), settle(sink, batch, tick, arg)	(NULL: no overlap)
+ *		Deliver now, confirm later: submit hands the batch's CMD_TODO
+ *		commands to the broker (as many as the window allows) and returns
+ *		without waiting for a confirmation; settle then does what deliver
+ *		does for that batch (sends the rest, waits until every command is
+ *		settled, returns the same results), serving the confirmations of
+ *		another submitted batch meanwhile.  The relay submits the batch it
+ *		claimed ahead while the current one waits for its confirmations
+ *		(from tick, called within settle, so call tick often: every 10 ms
+ *		or so while waiting): at most two batches are submitted and not
+ *		settled, and every
+ *		submitted batch is settled (also when the relay stops: tick returns
+ *		false then), before the sink is closed.  deliver is submit and
+ *		settle.  A sink whose library cannot keep two batches apart (a
+ *		reply that names no message, a window per call) leaves both NULL
+ *		and is delivered a batch at a time.
+ *
  *	confirm(sink, &err)				(NULL: nothing to do)
  *		Called after deliver and before the acks.  For sinks that buffer
  *		what deliver accepted (stdout, a file: fflush and fdatasync).
@@ -66,6 +83,16 @@
  *
  *	reopen(sink, &err)				(NULL: nothing to do)
  *		SIGHUP: reopen an output file.  False with `err`: exit 1.
+ *
+ *	probe(sink, &err)				(NULL: no probe)
+ *		The relay is idle (no delivery for --probe-interval seconds): check
+ *		cheaply, without publishing anything or causing any effect at the
+ *		broker, that the broker is reachable and accepts the relay, waiting
+ *		at most about --connect-timeout (the relay waits for nothing else
+ *		meanwhile).  SINK_OK or SINK_UNAVAILABLE with a malloc'd `err`;
+ *		outbox_relay_sink_up follows the answer.  A sink that connects
+ *		lazily may connect here, and keep the connection for the next
+ *		batch.
  *
  *	close(sink)
  *		Flush, disconnect and free.  Called once, also after a failed
@@ -131,8 +158,11 @@ typedef struct SinkOps
 	const char *usage;			/* --help lines: "  kafka://HOST:PORT/TOPIC ..." */
 	SinkOpenResult (*open) (const char *url, Sink **sink, char **err);
 	SinkResult	(*deliver) (Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
+	SinkResult	(*submit) (Sink *sink, RelayBatch *batch);
+	SinkResult	(*settle) (Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
 	bool		(*confirm) (Sink *sink, char **err);
 	bool		(*reopen) (Sink *sink, char **err);
+	SinkResult	(*probe) (Sink *sink, char **err);
 	void		(*close) (Sink *sink);
 	const char *(*describe) (Sink *sink);
 } SinkOps;
@@ -171,8 +201,12 @@ typedef struct SinkHost
 /* sink.c: the registry and what every module may use */
 extern SinkOpenResult sink_open(const char *url, Sink **sink, char **err);
 extern SinkResult sink_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
+extern bool sink_can_submit(Sink *sink);
+extern SinkResult sink_submit(Sink *sink, RelayBatch *batch);
+extern SinkResult sink_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg);
 extern bool sink_confirm(Sink *sink, char **err);
 extern bool sink_reopen(Sink *sink, char **err);
+extern SinkResult sink_probe(Sink *sink, char **err);
 extern void sink_close(Sink *sink);
 extern const char *sink_describe(Sink *sink);
 extern void sink_print_usage(FILE *out);

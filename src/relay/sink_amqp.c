@@ -647,6 +647,45 @@ amqp_cork(AmqpSink *s, bool on)
 #endif
 }
 
+/*
+ * The idle probe: connect (log in, open the channel in confirm mode) when
+ * not connected, as the next batch would; then a passive exchange.declare
+ * of the exchange, which only checks that it exists (the default exchange
+ * always does: a basic.qos round trip, which a publishing channel does not
+ * use, checks the connection instead).  Nothing is published.  A refusal
+ * closes the channel: the connection is dropped, and the next batch makes
+ * a new one.
+ */
+static SinkResult
+amqp_probe(Sink *sink, char **err)
+{
+	AmqpSink   *s = (AmqpSink *) sink;
+	amqp_rpc_reply_t r;
+	char		msg[1024];
+	char		buf[512];
+
+	if (s->conn == NULL && !amqp_connect(s, msg, sizeof(msg)))
+	{
+		*err = sink_errorf("amqp %s:%d: %s", s->host, s->port, msg);
+		return SINK_UNAVAILABLE;
+	}
+	if (s->exchange[0] != '\0')
+		amqp_exchange_declare(s->conn, AMQP_CHANNEL, amqp_cstring_bytes(s->exchange),
+							  amqp_cstring_bytes("direct"), 1, 0, 0, 0, amqp_empty_table);
+	else
+		amqp_basic_qos(s->conn, AMQP_CHANNEL, 0, 0, 0);
+	r = amqp_get_rpc_reply(s->conn);
+	if (r.reply_type != AMQP_RESPONSE_NORMAL)
+	{
+		*err = sink_errorf("amqp %s:%d: %s \"%s\": %s", s->host, s->port,
+						   s->exchange[0] ? "exchange" : "connection", s->exchange,
+						   amqp_reply_text(r, buf, sizeof(buf)));
+		amqp_drop(s);
+		return SINK_UNAVAILABLE;
+	}
+	return SINK_OK;
+}
+
 /* Deliver the batch's CMD_TODO commands (sink.h: deliver). */
 static SinkResult
 amqp_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
@@ -805,6 +844,7 @@ const SinkOps sink_amqp_ops = {
 	"                      OUTBOX_RELAY_AMQP_PASSWORD, never in the URL\n",
 	.open = amqp_open,
 	.deliver = amqp_deliver,
+	.probe = amqp_probe,
 	.confirm = NULL,
 	.reopen = NULL,
 	.close = amqp_close,

@@ -402,6 +402,56 @@ http_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
 	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
 }
 
+/*
+ * The idle probe: a connection to the endpoint's host and port, with the
+ * TLS handshake for https (CURLOPT_CONNECT_ONLY), bounded by
+ * --connect-timeout, then closed.  No request is sent: any request could
+ * have effects at the endpoint, so a refusal only a request would show
+ * (401, 403, 404) is not seen before the next delivery.
+ */
+static SinkResult
+http_probe(Sink *base, char **err)
+{
+	HttpSink   *sink = (HttpSink *) base;
+	CURL	   *c = curl_easy_init();
+	char		errbuf[CURL_ERROR_SIZE];
+	CURLcode	rc;
+
+	if (c == NULL)
+	{
+		*err = sink_errorf("could not allocate a curl handle");
+		return SINK_RETRY;
+	}
+	errbuf[0] = '\0';
+	curl_easy_setopt(c, CURLOPT_URL, sink->url);
+#if LIBCURL_VERSION_NUM >= 0x075500
+	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+	curl_easy_setopt(c, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
+#endif
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c, CURLOPT_CONNECT_ONLY, 1L);
+	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long) (relay_opts.connect_timeout * 1000));
+	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+	rc = curl_easy_perform(c);
+	curl_easy_cleanup(c);
+	if (rc == CURLE_OK)
+		return SINK_OK;
+	*err = sink_errorf("%s: %s", curl_easy_strerror(rc), errbuf[0] ? errbuf : base->shown);
+	switch (rc)
+	{
+		case CURLE_COULDNT_CONNECT:
+		case CURLE_COULDNT_RESOLVE_HOST:
+		case CURLE_COULDNT_RESOLVE_PROXY:
+		case CURLE_SSL_CONNECT_ERROR:
+		case CURLE_PEER_FAILED_VERIFICATION:
+		case CURLE_OPERATION_TIMEDOUT:
+			return SINK_UNAVAILABLE;
+		default:
+			return SINK_RETRY;
+	}
+}
+
 /* Close and free. */
 static void
 http_close(Sink *sink)
@@ -419,5 +469,6 @@ const SinkOps sink_http_ops = {
 	"                      pause claiming; any other 4xx is fatal (the command is dead)\n",
 	.open = http_open,
 	.deliver = http_deliver,
+	.probe = http_probe,
 	.close = http_close,
 };

@@ -30,6 +30,15 @@
  * (key=value lines, # comments) for TLS and SASL, so that secrets stay
  * off the command line; window=N, messages in flight (default 10000).
  *
+ * Deliver now, confirm later (sink.h: submit, settle): each batch handed
+ * over is a round with a generation of its own, carried in every message's
+ * opaque with its command's index, so that the delivery reports of the two
+ * rounds at most in flight (the batch the relay waits for and the one it
+ * claimed ahead) are kept apart; settle returns once its own round is
+ * settled, whatever the other's state.  A report of a round that is gone
+ * (settled, or abandoned at close) is ignored.  The window counts the
+ * messages of both rounds.
+ *
  * The relay stays single-threaded: librdkafka runs threads of its own,
  * but its callbacks run in rd_kafka_poll, called from the relay's thread.
  *
@@ -46,6 +55,20 @@
 
 #include "sink.h"
 
+/*
+ * One batch handed to the producer (submit) and not settled yet: at most
+ * two at once, the one the relay waits for and the one claimed ahead.
+ */
+#define KAFKA_ROUNDS 2
+typedef struct KafkaRound
+{
+	RelayBatch *batch;			/* NULL: the slot is free */
+	uint32_t	gen;			/* in each of its messages' opaque */
+	int			next;			/* the next command to produce */
+	int			pending;		/* its messages not settled yet */
+	bool		unavailable;	/* a report said the broker is unavailable */
+} KafkaRound;
+
 typedef struct KafkaSink
 {
 	Sink		base;
@@ -55,10 +78,10 @@ typedef struct KafkaSink
 	char	   *topic;
 	char	   *config;			/* path of a properties file, or NULL */
 	long		window;
-	uint32_t	gen;			/* batch generation, in each message's opaque */
-	RelayBatch *batch;			/* the batch being delivered */
-	int			pending;		/* messages of the batch not settled yet */
-	bool		unavailable;	/* a report said the broker is unavailable */
+	uint32_t	gen;			/* the last round's generation */
+	KafkaRound	rounds[KAFKA_ROUNDS];
+	KafkaRound *waiting;		/* the round settle waits for, or NULL */
+	int			inflight;		/* messages of all rounds not settled yet */
 	bool		fatal;			/* the producer hit a fatal error */
 	char		lasterr[512];	/* the last error librdkafka reported */
 	char		shown[600];		/* describe() */
@@ -222,12 +245,20 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	RelayCommand *cmd;
 	SinkResult	r;
 	char		msg[1024];
+	KafkaRound *rd = NULL;
+	int			i;
 
-	(void) rk;
-	if (s->batch == NULL || gen != s->gen || index < 0 || index >= s->batch->n)
+	for (i = 0; i < KAFKA_ROUNDS; i++)
+		if (s->rounds[i].batch != NULL && s->rounds[i].gen == gen)
+			rd = &s->rounds[i];
+	if (rd == NULL || index < 0 || index >= rd->batch->n)
 		return;					/* a report of an earlier, abandoned batch */
-	s->pending--;
-	cmd = &s->batch->cmds[index];
+	rd->pending--;
+	s->inflight--;
+	/* the round settle waits for is settled: end the flush that waits */
+	if (rd == s->waiting && rd->pending == 0)
+		rd_kafka_yield(rk);
+	cmd = &rd->batch->cmds[index];
 	r = kafka_classify(m->err);
 	if (r == SINK_OK)
 	{
@@ -245,7 +276,7 @@ kafka_dr_cb(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 	if (s->lasterr[0] && r == SINK_UNAVAILABLE)
 		strncat(msg, ")", sizeof(msg) - strlen(msg) - 1);
 	if (r == SINK_UNAVAILABLE)
-		s->unavailable = true;
+		rd->unavailable = true;
 	sink_outcome(cmd, r, msg);
 }
 
@@ -381,14 +412,14 @@ config:
 
 /* Produce one command's message; a librdkafka error code. */
 static rd_kafka_resp_err_t
-kafka_produce(KafkaSink *s, RelayCommand *cmd, int index, PQExpBuffer body)
+kafka_produce(KafkaSink *s, KafkaRound *rd, RelayCommand *cmd, int index, PQExpBuffer body)
 {
 	static const char *const own[] = {"command_id", "run_id", "seq", "kind",
 	"deliveries", "content-type", "ordering_key", NULL};
 	const char *key = cmd->ordering_key ? cmd->ordering_key : cmd->run_id;
 	char		deliveries[16];
 	char		seq[24];
-	uintptr_t	tag = ((uintptr_t) s->gen << 32) | (uintptr_t) index;
+	uintptr_t	tag = ((uintptr_t) rd->gen << 32) | (uintptr_t) index;
 	rd_kafka_headers_t *hdrs;
 	rd_kafka_resp_err_t err;
 	int			i;
@@ -424,16 +455,78 @@ kafka_produce(KafkaSink *s, RelayCommand *cmd, int index, PQExpBuffer body)
 	return err;
 }
 
-/* Deliver the batch: produce it, then wait for every delivery report. */
+/* The round of a batch, or NULL. */
+static KafkaRound *
+kafka_round(KafkaSink *s, RelayBatch *batch)
+{
+	int			i;
+
+	for (i = 0; i < KAFKA_ROUNDS; i++)
+		if (s->rounds[i].batch == batch)
+			return &s->rounds[i];
+	return NULL;
+}
+
+/*
+ * Produce what the window allows of the round's commands still to do.  A
+ * produce call refused outright settles its command at once.
+ */
+static void
+kafka_produce_round(KafkaSink *s, KafkaRound *rd, PQExpBuffer body)
+{
+	RelayBatch *batch = rd->batch;
+
+	while (!rd->unavailable && rd->next < batch->n && s->inflight < s->window)
+	{
+		RelayCommand *cmd = &batch->cmds[rd->next];
+		rd_kafka_resp_err_t e;
+
+		if (cmd->state != CMD_TODO)
+		{
+			rd->next++;
+			continue;
+		}
+		e = kafka_produce(s, rd, cmd, rd->next, body);
+		if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL)
+			break;				/* poll, then try again */
+		if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+		{
+			char		msg[512];
+			SinkResult	r = kafka_classify(e);
+
+			snprintf(msg, sizeof(msg), "kafka %s: %s", s->topic, rd_kafka_err2str(e));
+			if (r == SINK_UNAVAILABLE)
+				rd->unavailable = true;
+			sink_outcome(cmd, r, msg);
+		}
+		else
+		{
+			rd->pending++;
+			s->inflight++;
+		}
+		rd->next++;
+	}
+}
+
+/*
+ * Start delivering the batch (sink.h: submit): produce its messages, as
+ * many as the window allows, and return without waiting for a delivery
+ * report; settle waits for them.  A producer that hit a fatal error is
+ * replaced first when no other round needs it.
+ */
 static SinkResult
-kafka_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
+kafka_submit(Sink *base, RelayBatch *batch)
 {
 	KafkaSink  *s = (KafkaSink *) base;
+	KafkaRound *rd = kafka_round(s, NULL);
 	PQExpBufferData body;
-	bool		stop = false;
-	int			next = 0;
 
-	if (s->fatal)
+	if (rd == NULL)
+	{
+		relay_log("kafka sink: more than %d batches submitted at once", KAFKA_ROUNDS);
+		exit(RELAY_EXIT_RUNTIME);
+	}
+	if (s->fatal && s->rounds[0].batch == NULL && s->rounds[1].batch == NULL)
 	{
 		char	   *err = NULL;
 
@@ -449,66 +542,134 @@ kafka_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
 		}
 		s->fatal = false;
 	}
-	s->gen++;
-	s->batch = batch;
-	s->pending = 0;
-	s->unavailable = false;
-	s->lasterr[0] = '\0';
-	initPQExpBuffer(&body);
+	memset(rd, 0, sizeof(*rd));
+	rd->batch = batch;
+	rd->gen = ++s->gen;
+	if (s->fatal)
+	{
+		int			i;
 
+		/* the old producer still settles another round: wait for it */
+		rd->unavailable = true;
+		for (i = 0; i < batch->n; i++)
+			if (batch->cmds[i].state == CMD_TODO)
+				sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, s->lasterr);
+		return SINK_UNAVAILABLE;
+	}
+	initPQExpBuffer(&body);
+	kafka_produce_round(s, rd, &body);
+	termPQExpBuffer(&body);
+	return rd->unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/*
+ * Wait until every message of a submitted batch is settled by its delivery
+ * report (sink.h: settle), producing the rest of it as the window frees
+ * up; the reports of the other round are served meanwhile.
+ */
+static SinkResult
+kafka_settle(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	KafkaSink  *s = (KafkaSink *) base;
+	KafkaRound *rd = kafka_round(s, batch);
+	PQExpBufferData body;
+	bool		stop = false;
+	bool		unavailable;
+
+	if (rd == NULL)
+		return SINK_OK;			/* not submitted: nothing to wait for */
+	initPQExpBuffer(&body);
 	for (;;)
 	{
-		/* produce while the window allows */
-		while (!stop && !s->unavailable && next < batch->n && s->pending < s->window)
-		{
-			RelayCommand *cmd = &batch->cmds[next];
-			rd_kafka_resp_err_t e;
-
-			if (cmd->state != CMD_TODO)
-			{
-				next++;
-				continue;
-			}
-			e = kafka_produce(s, cmd, next, &body);
-			if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL)
-				break;			/* poll, then try again */
-			if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
-			{
-				char		msg[512];
-				SinkResult	r = kafka_classify(e);
-
-				snprintf(msg, sizeof(msg), "kafka %s: %s", s->topic, rd_kafka_err2str(e));
-				if (r == SINK_UNAVAILABLE)
-					s->unavailable = true;
-				sink_outcome(cmd, r, msg);
-			}
-			else
-				s->pending++;
-			next++;
-		}
-		if (s->pending == 0 && (stop || s->unavailable || next >= batch->n))
+		if (!stop)
+			kafka_produce_round(s, rd, &body);
+		if (rd->pending == 0 && (stop || rd->unavailable || rd->next >= batch->n))
 			break;
 
 		/*
 		 * Once the batch is produced nothing more comes before its reports,
 		 * so linger.ms would only be waited out: rd_kafka_flush sends what
 		 * librdkafka holds at once, ignoring linger.ms, and serves the
-		 * delivery reports as rd_kafka_poll does.
+		 * delivery reports as rd_kafka_poll does.  But it waits for the
+		 * other round's messages too: while that one has messages in
+		 * flight, rd_kafka_poll serves the reports instead, returning as
+		 * soon as some came (and the one that settles this round ends it:
+		 * rd_kafka_yield in kafka_dr_cb).  This round's messages were
+		 * produced a batch earlier then, so linger.ms is behind them.
+		 * 10 ms at a time: tick may submit the next batch (sink.h).
 		 */
-		if (stop || s->unavailable || next >= batch->n)
-			(void) rd_kafka_flush(s->rk, 100);
+		s->waiting = rd;
+		if ((stop || rd->unavailable || rd->next >= batch->n) && s->inflight == rd->pending)
+			(void) rd_kafka_flush(s->rk, 10);
 		else
-			rd_kafka_poll(s->rk, 100);
+			rd_kafka_poll(s->rk, 10);
+		s->waiting = NULL;
 		if (!stop && tick != NULL && !tick(arg))
 		{
-			/* interrupted: purge what librdkafka still holds */
+			/* interrupted: purge what librdkafka still holds, all rounds */
 			stop = true;
 			rd_kafka_purge(s->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 		}
 	}
 	termPQExpBuffer(&body);
-	s->batch = NULL;
-	return s->unavailable ? SINK_UNAVAILABLE : SINK_OK;
+	unavailable = rd->unavailable;
+	memset(rd, 0, sizeof(*rd));
+	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/* Deliver the batch: submit it, then settle it. */
+static SinkResult
+kafka_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	SinkResult	r = kafka_submit(base, batch);
+	SinkResult	r2 = kafka_settle(base, batch, tick, arg);
+
+	return r == SINK_UNAVAILABLE ? r : r2;
+}
+
+/*
+ * The idle probe: a metadata request for the topic (no message is
+ * produced), bounded by --connect-timeout.  The broker must answer and
+ * know the topic with a leader for each partition.
+ */
+static SinkResult
+kafka_probe(Sink *base, char **err)
+{
+	KafkaSink  *s = (KafkaSink *) base;
+	const struct rd_kafka_metadata *md = NULL;
+	rd_kafka_resp_err_t e;
+	int			i;
+
+	if (s->fatal)
+	{
+		*err = sink_errorf("kafka %s: %s", s->topic, s->lasterr);
+		return SINK_UNAVAILABLE;
+	}
+	rd_kafka_poll(s->rk, 0);
+	e = rd_kafka_metadata(s->rk, 0, s->rkt, &md, (int) (relay_opts.connect_timeout * 1000));
+	if (e != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		*err = sink_errorf("kafka %s: metadata request: %s", s->topic, rd_kafka_err2str(e));
+		return SINK_UNAVAILABLE;
+	}
+	if (md->topic_cnt < 1 || md->topics[0].err != RD_KAFKA_RESP_ERR_NO_ERROR)
+	{
+		*err = sink_errorf("kafka %s: %s", s->topic,
+						   md->topic_cnt < 1 ? "no metadata for the topic" :
+						   rd_kafka_err2str(md->topics[0].err));
+		rd_kafka_metadata_destroy(md);
+		return SINK_UNAVAILABLE;
+	}
+	for (i = 0; i < md->topics[0].partition_cnt; i++)
+		if (md->topics[0].partitions[i].leader < 0)
+		{
+			*err = sink_errorf("kafka %s: partition %d has no leader", s->topic,
+							   md->topics[0].partitions[i].id);
+			rd_kafka_metadata_destroy(md);
+			return SINK_UNAVAILABLE;
+		}
+	rd_kafka_metadata_destroy(md);
+	return SINK_OK;
 }
 
 /* Flush what is left (briefly) and destroy the producer. */
@@ -517,6 +678,8 @@ kafka_close(Sink *base)
 {
 	KafkaSink  *s = (KafkaSink *) base;
 
+	/* no report may reach a batch the relay has freed */
+	memset(s->rounds, 0, sizeof(s->rounds));
 	if (s->rk != NULL)
 	{
 		rd_kafka_flush(s->rk, 1000);
@@ -548,6 +711,9 @@ const SinkOps sink_kafka_ops = {
 	"                      successful delivery report (--timeout bounds the wait)\n",
 	.open = kafka_open,
 	.deliver = kafka_deliver,
+	.submit = kafka_submit,
+	.settle = kafka_settle,
+	.probe = kafka_probe,
 	.close = kafka_close,
 	.describe = kafka_describe,
 };

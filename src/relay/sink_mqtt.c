@@ -632,6 +632,28 @@ mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
 }
 
+/*
+ * The idle probe: libmosquitto's loop runs once (it reads what the broker
+ * sent and sends the keepalive PINGREQ when due), which notices a
+ * connection the broker closed; without a connection the sink connects as
+ * the next batch would and waits for the CONNACK.  Nothing is published.
+ */
+static SinkResult
+mqtt_probe(Sink *sink, char **err)
+{
+	MqttSink   *s = (MqttSink *) sink;
+	char		msg[1024];
+
+	if (s->connected && mosquitto_loop(s->mosq, 0, 1) != MOSQ_ERR_SUCCESS)
+		s->connected = false;
+	if (!s->connected && !mqtt_connect(s, NULL, NULL, msg, sizeof(msg)))
+	{
+		*err = sink_errorf("mqtt: %s", msg);
+		return SINK_UNAVAILABLE;
+	}
+	return SINK_OK;
+}
+
 /* Disconnect and free the sink. */
 static void
 mqtt_close(Sink *sink)
@@ -663,6 +685,7 @@ const SinkOps sink_mqtt_ops = {
 	"                      OUTBOX_RELAY_MQTT_PASSWORD\n",
 	.open = mqtt_open,
 	.deliver = mqtt_deliver,
+	.probe = mqtt_probe,
 	.confirm = NULL,
 	.reopen = NULL,
 	.close = mqtt_close,

@@ -129,41 +129,19 @@ nats_header_ok(const char *s)
 }
 
 /*
- * Connect and check that a stream captures the subject.  False with msg
- * set; *no_stream is set when the server answered that none does.
+ * Ask the server which streams capture the subject ($JS.API.STREAM.NAMES, a
+ * read-only request).  False with msg set when none does (*no_stream) or
+ * the server cannot say.
  */
 static bool
-nats_connect(NatsSink *s, char *msg, size_t size, bool *no_stream)
+nats_stream_check(NatsSink *s, char *msg, size_t size, bool *no_stream)
 {
-	natsOptions *opts = NULL;
 	natsStatus	st;
 	natsMsg    *reply = NULL;
 	char		req[1024];
 	const char *data;
 
 	*no_stream = false;
-	if (natsOptions_Create(&opts) != NATS_OK ||
-		natsOptions_SetURL(opts, s->server) != NATS_OK ||
-		natsOptions_SetTimeout(opts, (int64_t) (relay_opts.connect_timeout * 1000)) != NATS_OK ||
-		natsOptions_SetAllowReconnect(opts, false) != NATS_OK ||
-		natsOptions_SetName(opts, RELAY_NAME) != NATS_OK ||
-		(s->user != NULL &&
-		 natsOptions_SetUserInfo(opts, s->user, s->password ? s->password : "") != NATS_OK) ||
-		(s->token != NULL && natsOptions_SetToken(opts, s->token) != NATS_OK))
-	{
-		snprintf(msg, size, "could not set up the NATS connection options");
-		natsOptions_Destroy(opts);
-		return false;
-	}
-	st = natsConnection_Connect(&s->nc, opts);
-	natsOptions_Destroy(opts);
-	if (st != NATS_OK)
-	{
-		snprintf(msg, size, "could not connect to %s: %s", s->server, natsStatus_GetText(st));
-		s->nc = NULL;
-		return false;
-	}
-
 	snprintf(req, sizeof(req), "{\"subject\":\"%s\"}", s->subject);
 	st = natsConnection_RequestString(&reply, s->nc, "$JS.API.STREAM.NAMES", req,
 									  (int64_t) (relay_opts.timeout * 1000));
@@ -198,9 +176,49 @@ nats_connect(NatsSink *s, char *msg, size_t size, bool *no_stream)
 
 fail:
 	natsMsg_Destroy(reply);
-	natsConnection_Destroy(s->nc);
-	s->nc = NULL;
 	return false;
+}
+
+/*
+ * Connect and check that a stream captures the subject.  False with msg
+ * set; *no_stream is set when the server answered that none does.
+ */
+static bool
+nats_connect(NatsSink *s, char *msg, size_t size, bool *no_stream)
+{
+	natsOptions *opts = NULL;
+	natsStatus	st;
+
+	*no_stream = false;
+	if (natsOptions_Create(&opts) != NATS_OK ||
+		natsOptions_SetURL(opts, s->server) != NATS_OK ||
+		natsOptions_SetTimeout(opts, (int64_t) (relay_opts.connect_timeout * 1000)) != NATS_OK ||
+		natsOptions_SetAllowReconnect(opts, false) != NATS_OK ||
+		natsOptions_SetName(opts, RELAY_NAME) != NATS_OK ||
+		(s->user != NULL &&
+		 natsOptions_SetUserInfo(opts, s->user, s->password ? s->password : "") != NATS_OK) ||
+		(s->token != NULL && natsOptions_SetToken(opts, s->token) != NATS_OK))
+	{
+		snprintf(msg, size, "could not set up the NATS connection options");
+		natsOptions_Destroy(opts);
+		return false;
+	}
+	st = natsConnection_Connect(&s->nc, opts);
+	natsOptions_Destroy(opts);
+	if (st != NATS_OK)
+	{
+		snprintf(msg, size, "could not connect to %s: %s", s->server, natsStatus_GetText(st));
+		s->nc = NULL;
+		return false;
+	}
+
+	if (!nats_stream_check(s, msg, size, no_stream))
+	{
+		natsConnection_Destroy(s->nc);
+		s->nc = NULL;
+		return false;
+	}
+	return true;
 }
 
 /* Find the command of a PubAck: by its Nats-Msg-Id, from the cursor on. */
@@ -652,6 +670,48 @@ nats_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	return unavailable && !stopped ? SINK_UNAVAILABLE : SINK_OK;
 }
 
+/*
+ * The idle probe: a connection the server closed is dropped; without one,
+ * the sink connects as the next batch would (which checks the subject's
+ * stream); with one, a PING/PONG round trip (natsConnection_FlushTimeout)
+ * and the stream check again.  Nothing is published.
+ */
+static SinkResult
+nats_probe(Sink *sink, char **err)
+{
+	NatsSink   *s = (NatsSink *) sink;
+	char		msg[1024];
+	bool		no_stream;
+	natsStatus	st;
+
+	if (s->nc != NULL && natsConnection_IsClosed(s->nc))
+		nats_drop(s);
+	if (s->nc == NULL)
+	{
+		if (!nats_connect(s, msg, sizeof(msg), &no_stream) ||
+			!nats_jetstream(s, msg, sizeof(msg)))
+		{
+			nats_drop(s);
+			*err = sink_errorf("nats: %s", msg);
+			return SINK_UNAVAILABLE;
+		}
+		return SINK_OK;
+	}
+	st = natsConnection_FlushTimeout(s->nc, (int64_t) (relay_opts.connect_timeout * 1000));
+	if (st != NATS_OK)
+	{
+		*err = sink_errorf("nats: no PONG from %s: %s", s->server, natsStatus_GetText(st));
+		nats_drop(s);
+		return SINK_UNAVAILABLE;
+	}
+	if (!nats_stream_check(s, msg, sizeof(msg), &no_stream))
+	{
+		*err = sink_errorf("nats: %s", msg);
+		return SINK_UNAVAILABLE;
+	}
+	return SINK_OK;
+}
+
 /* Close the connection and free the sink. */
 static void
 nats_close(Sink *sink)
@@ -686,6 +746,7 @@ const SinkOps sink_nats_ops = {
 	"                      OUTBOX_RELAY_NATS_PASSWORD, OUTBOX_RELAY_NATS_TOKEN\n",
 	.open = nats_open,
 	.deliver = nats_deliver,
+	.probe = nats_probe,
 	.confirm = NULL,
 	.reopen = NULL,
 	.close = nats_close,

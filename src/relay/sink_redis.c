@@ -415,6 +415,80 @@ redis_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
 	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
 }
 
+/*
+ * The idle probe: the delivery connection, if any, is dropped when the
+ * server closed it (an idle connection has nothing to read but its end);
+ * then a connection of its own, bounded by --connect-timeout, sends AUTH
+ * and SELECT as a batch would, and PING, and is closed.  Nothing is
+ * written to the stream.
+ */
+static SinkResult
+redis_probe(Sink *base, char **err)
+{
+	RedisSink  *s = (RedisSink *) base;
+	redisContext *c;
+	redisReply *reply;
+	struct timeval tv;
+	const char *step = "PING";
+
+	if (s->c != NULL)
+	{
+		struct pollfd pfd;
+
+		pfd.fd = s->c->fd;
+		pfd.events = POLLIN;
+		pfd.revents = 0;
+		if (poll(&pfd, 1, 0) != 0)
+			redis_disconnect(s);
+	}
+	tv.tv_sec = (long) relay_opts.connect_timeout;
+	tv.tv_usec = (long) ((relay_opts.connect_timeout - tv.tv_sec) * 1e6);
+	c = redisConnectWithTimeout(s->host, s->port, tv);
+	if (c == NULL || c->err)
+	{
+		*err = sink_errorf("redis %s:%d: could not connect: %s", s->host, s->port,
+						   c ? c->errstr : "out of memory");
+		if (c != NULL)
+			redisFree(c);
+		return SINK_UNAVAILABLE;
+	}
+	tv.tv_sec = (long) relay_opts.timeout;
+	tv.tv_usec = (long) ((relay_opts.timeout - tv.tv_sec) * 1e6);
+	(void) redisSetTimeout(c, tv);
+	if (s->password != NULL)
+	{
+		step = "AUTH";
+		reply = s->user != NULL ? redisCommand(c, "AUTH %s %s", s->user, s->password) :
+			redisCommand(c, "AUTH %s", s->password);
+		if (reply == NULL || reply->type == REDIS_REPLY_ERROR)
+			goto fail;
+		freeReplyObject(reply);
+	}
+	if (s->db != 0)
+	{
+		step = "SELECT";
+		reply = redisCommand(c, "SELECT %ld", s->db);
+		if (reply == NULL || reply->type == REDIS_REPLY_ERROR)
+			goto fail;
+		freeReplyObject(reply);
+	}
+	step = "PING";
+	reply = redisCommand(c, "PING");
+	if (reply == NULL || reply->type == REDIS_REPLY_ERROR)
+		goto fail;
+	freeReplyObject(reply);
+	redisFree(c);
+	return SINK_OK;
+
+fail:
+	*err = sink_errorf("redis %s:%d: %s: %s", s->host, s->port, step,
+					   reply ? reply->str : (c->errstr[0] ? c->errstr : "no reply"));
+	if (reply != NULL)
+		freeReplyObject(reply);
+	redisFree(c);
+	return SINK_UNAVAILABLE;
+}
+
 /* Close the connection and free. */
 static void
 redis_close(Sink *base)
@@ -447,6 +521,7 @@ const SinkOps sink_redis_ops = {
 	"                      (password also from OUTBOX_RELAY_REDIS_PASSWORD)\n",
 	.open = redis_open,
 	.deliver = redis_deliver,
+	.probe = redis_probe,
 	.close = redis_close,
 	.describe = redis_describe,
 };

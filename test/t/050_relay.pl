@@ -513,11 +513,14 @@ produce([ 'slow-renew', 'slow', '{"test_sleep_ms": 3500}' ]);
 }
 
 # ---------------------------------------------------------------------------
-# SIGTERM: stop claiming, finish the delivery in flight, exit 0.
-# A second signal interrupts it and fails the command (retryable).
+# SIGTERM: stop claiming, finish the batches in hand (the one in flight and
+# the one claimed ahead while it was delivered), exit 0.  A second signal
+# interrupts the delivery and fails the command (retryable), and gives the
+# batch claimed ahead back undelivered (retryable too).
 # ---------------------------------------------------------------------------
 produce([ 'term-slow', 'term', '{"test_sleep_ms": 1500}' ]);
 produce([ 'term-next', 'term', '{}' ]);
+produce([ 'term-third', 'term', '{}' ]);
 {
 	my $err = "$tmp/relay-term.err";
 	my $pid = spawn("$tmp/relay-term.out", $err, 'outbox-relay', '--dsn', $dsn,
@@ -525,29 +528,41 @@ produce([ 'term-next', 'term', '{}' ]);
 	ok($node->poll_query_until('postgres',
 		"SELECT status = 'sending' FROM outbox.commands WHERE command_id = 'term-slow'"),
 		'SIGTERM: slow delivery in flight');
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'sending' FROM outbox.commands WHERE command_id = 'term-next'"),
+		'SIGTERM: the next batch claimed ahead meanwhile');
 	kill 'TERM', $pid;
 	is(wait_exit($pid), 0, 'SIGTERM: exit 0');
 	is(sq("SELECT status || ' ' || deliveries FROM outbox.commands WHERE command_id = 'term-slow'"),
 		'published 1', 'SIGTERM: the delivery in flight was finished and acked');
 	is(sq("SELECT status || ' ' || deliveries FROM outbox.commands WHERE command_id = 'term-next'"),
+		'published 1', 'SIGTERM: the batch claimed ahead was delivered and acked too');
+	is(sq("SELECT status || ' ' || deliveries FROM outbox.commands WHERE command_id = 'term-third'"),
 		'pending 0', 'SIGTERM: nothing claimed after the signal');
 	like(slurp_file($err), qr/stop requested.*summary: .*exit=0/s, 'SIGTERM: logged and summarized');
 }
-sq("UPDATE outbox.commands SET payload = '{\"test_sleep_ms\": 20000}' WHERE command_id = 'term-next'");
+sq("UPDATE outbox.commands SET payload = '{\"test_sleep_ms\": 20000}' WHERE command_id = 'term-third'");
+produce([ 'term-fourth', 'term', '{}' ]);
 {
 	my $err = "$tmp/relay-term2.err";
 	my $pid = spawn("$tmp/relay-term2.out", $err, 'outbox-relay', '--dsn', $dsn,
-		'--sink', $url, '--kinds', 'term', '--timeout', '30', '--poll', '0.2');
+		'--sink', $url, '--kinds', 'term', '--batch', '1', '--timeout', '30', '--poll', '0.2');
 	ok($node->poll_query_until('postgres',
-		"SELECT status = 'sending' FROM outbox.commands WHERE command_id = 'term-next'"),
+		"SELECT status = 'sending' FROM outbox.commands WHERE command_id = 'term-third'"),
 		'second SIGTERM: slow delivery in flight');
+	ok($node->poll_query_until('postgres',
+		"SELECT status = 'sending' FROM outbox.commands WHERE command_id = 'term-fourth'"),
+		'second SIGTERM: the next batch claimed ahead');
 	kill 'TERM', $pid;
 	usleep(100_000);
 	kill 'TERM', $pid;
 	is(wait_exit($pid), 0, 'second SIGTERM: exit 0');
-	is(sq("SELECT status || ' ' || deliveries || ' ' || last_error FROM outbox.commands WHERE command_id = 'term-next'"),
+	is(sq("SELECT status || ' ' || deliveries || ' ' || last_error FROM outbox.commands WHERE command_id = 'term-third'"),
 		'pending 1 delivery interrupted: the relay was stopped',
 		'second SIGTERM: the delivery in flight was failed as retryable');
+	is(sq("SELECT status || ' ' || deliveries || ' ' || last_error FROM outbox.commands WHERE command_id = 'term-fourth'"),
+		'pending 1 delivery not attempted: the relay was interrupted',
+		'second SIGTERM: the batch claimed ahead was given back undelivered, retryable');
 }
 
 # ---------------------------------------------------------------------------

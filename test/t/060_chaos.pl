@@ -485,14 +485,18 @@ for my $id (sort keys %all)
 }
 
 # A stream's batches are cut at ticks, about $BATCH commands per partition:
-# the bound counts the largest batch a relay claimed (its -v log).
+# the bound counts the largest batch a relay claimed (its -v log: "claimed
+# N", or "claimed N ahead" for the batch claimed while another was being
+# delivered).  A kill still costs one batch: the ack of the batch before
+# the one in delivery was written to the socket before it, so the server
+# gets it and commits it even when the relay dies.
 my $batch_max = $BATCH;
 if ($STREAM)
 {
 	for my $f (glob("$tmp/relay*.err"))
 	{
 		my $log = slurp_file($f);
-		while ($log =~ /claimed (\d+)$/mg)
+		while ($log =~ /claimed (\d+)(?: ahead)?$/mg)
 		{
 			$batch_max = $1 if $1 > $batch_max;
 		}
