@@ -1472,6 +1472,33 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 	"  FROM u"
 
 /*
+ * In the PG_CATCH of a batch's subtransaction: roll it back and go back to
+ * cxt and owner; a unique violation of the extension's keys (a decision
+ * taken already, or a retry) is forgotten, so that the caller falls back
+ * to the decision-by-decision check; any other error is raised again.
+ */
+static void
+pr_batch_caught(MemoryContext cxt, ResourceOwner owner)
+{
+	ErrorData  *edata;
+	const char *con;
+
+	MemoryContextSwitchTo(cxt);
+	edata = CopyErrorData();
+	FlushErrorState();
+	RollbackAndReleaseCurrentSubTransaction();
+	MemoryContextSwitchTo(cxt);
+	CurrentResourceOwner = owner;
+	con = edata->constraint_name;
+	if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION || con == NULL ||
+		edata->schema_name == NULL || strcmp(edata->schema_name, "outbox") != 0 ||
+		(strcmp(con, "events_pkey") != 0 && strcmp(con, "commands_pkey") != 0 &&
+		 strcmp(con, "events_command_id_key") != 0))
+		ReThrowError(edata);
+	FreeErrorData(edata);
+}
+
+/*
  * The common batch, in a subtransaction: no kind of the policies has
  * deciders, no decision has an ordering key, and no command id of the batch
  * is stored yet.  PR_BATCH runs at once, without the diagnosis, which is
@@ -1506,22 +1533,7 @@ pr_try_batch(Datum *args, const char *nulls, uint64 rows, const Oid *argtypes)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
-		const char *con;
-
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(cxt);
-		CurrentResourceOwner = owner;
-		con = edata->constraint_name;
-		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION || con == NULL ||
-			edata->schema_name == NULL || strcmp(edata->schema_name, "outbox") != 0 ||
-			(strcmp(con, "events_pkey") != 0 && strcmp(con, "commands_pkey") != 0 &&
-			 strcmp(con, "events_command_id_key") != 0))
-			ReThrowError(edata);
-		FreeErrorData(edata);
+		pr_batch_caught(cxt, owner);
 	}
 	PG_END_TRY();
 	return inserted;
@@ -1584,22 +1596,7 @@ pr_try_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
-		const char *con;
-
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(cxt);
-		CurrentResourceOwner = owner;
-		con = edata->constraint_name;
-		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION || con == NULL ||
-			edata->schema_name == NULL || strcmp(edata->schema_name, "outbox") != 0 ||
-			(strcmp(con, "events_pkey") != 0 && strcmp(con, "commands_pkey") != 0 &&
-			 strcmp(con, "events_command_id_key") != 0))
-			ReThrowError(edata);
-		FreeErrorData(edata);
+		pr_batch_caught(cxt, owner);
 		result = 0;
 	}
 	PG_END_TRY();

@@ -75,6 +75,19 @@ http_write(char *ptr, size_t size, size_t nmemb, void *userdata)
 	return len;
 }
 
+/* What every curl handle of the sink starts with: the URL, HTTP(S) only, no signals. */
+static void
+http_easy_target(HttpSink *sink, CURL *c)
+{
+	curl_easy_setopt(c, CURLOPT_URL, sink->url);
+#if LIBCURL_VERSION_NUM >= 0x075500
+	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+	curl_easy_setopt(c, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
+#endif
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+}
+
 /* Create the easy handle of one slot, with the options every request shares. */
 static bool
 http_slot_init(HttpSink *sink, HttpSlot *slot)
@@ -86,13 +99,7 @@ http_slot_init(HttpSink *sink, HttpSlot *slot)
 	slot->easy = c;
 	slot->cmd = -1;
 	initPQExpBuffer(&slot->body);
-	curl_easy_setopt(c, CURLOPT_URL, sink->url);
-#if LIBCURL_VERSION_NUM >= 0x075500
-	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-#else
-	curl_easy_setopt(c, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
-#endif
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	http_easy_target(sink, c);
 	curl_easy_setopt(c, CURLOPT_POST, 1L);
 	curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
 	curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
@@ -423,13 +430,7 @@ http_probe(Sink *base, char **err)
 		return SINK_RETRY;
 	}
 	errbuf[0] = '\0';
-	curl_easy_setopt(c, CURLOPT_URL, sink->url);
-#if LIBCURL_VERSION_NUM >= 0x075500
-	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-#else
-	curl_easy_setopt(c, CURLOPT_PROTOCOLS, CURLPROTO_HTTP | CURLPROTO_HTTPS);
-#endif
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	http_easy_target(sink, c);
 	curl_easy_setopt(c, CURLOPT_CONNECT_ONLY, 1L);
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long) (relay_opts.connect_timeout * 1000));
 	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
