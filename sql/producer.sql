@@ -282,3 +282,12 @@ ALTER TABLE outbox.events ALTER COLUMN payload SET NOT NULL;
 SELECT outbox.commit_decision('r-nn', 1, 'e', 'c-nn', 'k-w', '{"n": 1}');
 ROLLBACK;
 SELECT count(*) AS written FROM outbox.commands WHERE command_id = 'c-nn';
+-- A column a superuser gave another type takes the statements, which
+-- convert the value (the direct writer would store the jsonb as it is).
+BEGIN;
+ALTER TABLE outbox.commands ALTER COLUMN headers TYPE json USING headers::json;
+SELECT outbox.commit_decision('r-ty', 1, 'e', 'c-ty', 'k-w', '{"n": 1}', headers => '{"x-a": "b"}');
+SELECT * FROM outbox.commit_decisions('[{"run_id": "r-ty2", "seq": 1, "event_kind": "e", "command_id": "c-ty2",
+       "command_kind": "k-w", "payload": {"n": 1}, "headers": {"x-a": "c"}}]');
+SELECT command_id, headers::text AS headers FROM outbox.commands WHERE run_id LIKE 'r-ty%' ORDER BY command_id;
+ROLLBACK;

@@ -515,6 +515,18 @@ static const bool pr_cmd_hasdef[PR_CMD_NATTS] = {false, false, false, false, tru
 true, false, false, false, false, true};
 static const bool pr_evt_hasdef[PR_EVT_NATTS] = {false, false, false, false, false, true};
 
+/*
+ * Their types in 00_schema.sql: status, version and deliveries are the
+ * extension's domains over text, int8 and int4 (PR_DOMAIN: the base type).
+ */
+#define PR_DOMAIN(t)	(-(t))
+static const int64 pr_cmd_types[PR_CMD_NATTS] = {TEXTOID, TEXTOID, INT8OID, TEXTOID,
+	PR_DOMAIN(TEXTOID), PR_DOMAIN(INT8OID), PR_DOMAIN(INT4OID), INT4OID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TEXTOID,
+JSONBOID, OIDOID, JSONBOID, TEXTOID, INT8OID, BOOLOID};
+static const int64 pr_evt_types[PR_EVT_NATTS] = {TEXTOID, INT8OID, TEXTOID, JSONBOID, TEXTOID,
+TIMESTAMPTZOID};
+
 #define PRC_COMMAND_ID	0
 #define PRC_RUN_ID		1
 #define PRC_SEQ			2
@@ -559,12 +571,14 @@ pr_direct_forget(Datum arg, Oid relid)
 
 /*
  * Map a relation's columns to the names the writer knows; false when it
- * has a column (not dropped) of another name, lacks one, or has a default
- * or a generated or identity column where 00_schema.sql has none.
+ * has a column (not dropped) of another name, lacks one, has a default or
+ * a generated or identity column where 00_schema.sql has none, or a column
+ * of another type (the statements would convert the value; the writer
+ * would store the datum as it is).
  */
 static bool
 pr_direct_map(Relation rel, const char *const *names, const bool *hasdef,
-			  int n, AttrNumber *attno)
+			  const int64 *types, int n, AttrNumber *attno)
 {
 	TupleDesc	desc = RelationGetDescr(rel);
 	int			seen = 0;
@@ -582,6 +596,10 @@ pr_direct_map(Relation rel, const char *const *names, const bool *hasdef,
 				break;
 		if (j == n || att->attgenerated || att->attidentity ||
 			att->atthasdef != hasdef[j])
+			return false;
+		if (types[j] > 0 ? att->atttypid != (Oid) types[j] :
+			(get_typtype(att->atttypid) != TYPTYPE_DOMAIN ||
+			 getBaseType(att->atttypid) != (Oid) -types[j]))
 			return false;
 		attno[j] = att->attnum;
 		seen++;
@@ -611,12 +629,13 @@ pr_direct_lookup(void)
 	if (!OidIsValid(pr_commands_relid) || !OidIsValid(pr_events_relid))
 		return;
 	rel = table_open(pr_commands_relid, AccessShareLock);
-	pr_direct_usable = pr_direct_map(rel, pr_cmd_cols, pr_cmd_hasdef, PR_CMD_NATTS,
-									 pr_cmd_attno);
+	pr_direct_usable = pr_direct_map(rel, pr_cmd_cols, pr_cmd_hasdef, pr_cmd_types,
+									 PR_CMD_NATTS, pr_cmd_attno);
 	table_close(rel, NoLock);
 	rel = table_open(pr_events_relid, AccessShareLock);
 	pr_direct_usable = pr_direct_usable &&
-		pr_direct_map(rel, pr_evt_cols, pr_evt_hasdef, PR_EVT_NATTS, pr_evt_attno);
+		pr_direct_map(rel, pr_evt_cols, pr_evt_hasdef, pr_evt_types, PR_EVT_NATTS,
+						  pr_evt_attno);
 	table_close(rel, NoLock);
 }
 
