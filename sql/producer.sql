@@ -291,3 +291,13 @@ SELECT * FROM outbox.commit_decisions('[{"run_id": "r-ty2", "seq": 1, "event_kin
        "command_kind": "k-w", "payload": {"n": 1}, "headers": {"x-a": "c"}}]');
 SELECT command_id, headers::text AS headers FROM outbox.commands WHERE run_id LIKE 'r-ty%' ORDER BY command_id;
 ROLLBACK;
+-- A CHECK constraint that is not events_seq_check (here in its place)
+-- sends the call to the statements, which check it (23514).
+BEGIN;
+ALTER TABLE outbox.events DROP CONSTRAINT events_seq_check;
+ALTER TABLE outbox.events ADD CONSTRAINT events_kind_check CHECK (kind <> 'forbidden');
+\set VERBOSITY terse
+SELECT outbox.commit_decision('r-ck', 1, 'forbidden', 'c-ck', 'k-w', '{"n": 1}');
+\set VERBOSITY default
+ROLLBACK;
+SELECT count(*) AS written FROM outbox.commands WHERE command_id = 'c-ck';

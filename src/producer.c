@@ -641,12 +641,16 @@ pr_direct_lookup(void)
 
 /* Whether a relation opened by the writer takes its rows as the statement would. */
 static bool
-pr_direct_plain(Relation rel, int nchecks)
+pr_direct_plain(Relation rel, const char *check)
 {
+	TupleConstr *constr = rel->rd_att->constr;
+	int			nchecks = constr == NULL ? 0 : constr->num_check;
+
 	return rel->rd_rel->relkind == RELKIND_RELATION &&
 		rel->trigdesc == NULL && rel->rd_rules == NULL &&
 		!rel->rd_rel->relrowsecurity &&
-		(rel->rd_att->constr == NULL ? 0 : rel->rd_att->constr->num_check) == nchecks &&
+		(check == NULL ? nchecks == 0 :
+		 nchecks == 1 && strcmp(constr->check[0].ccname, check) == 0) &&
 		pg_class_aclcheck(RelationGetRelid(rel), GetUserId(), ACL_INSERT) == ACLCHECK_OK;
 }
 
@@ -671,7 +675,7 @@ pr_direct_open(PrDirect *d)
 		pr_direct_lookup();
 	if (!pr_direct_usable || RelationGetRelid(d->commands) != pr_commands_relid ||
 		RelationGetRelid(d->events) != pr_events_relid ||
-		!pr_direct_plain(d->commands, 0) || !pr_direct_plain(d->events, 1) ||
+		!pr_direct_plain(d->commands, NULL) || !pr_direct_plain(d->events, "events_seq_check") ||
 		pg_class_aclcheck(pr_commands_relid, GetUserId(), ACL_SELECT) != ACLCHECK_OK ||
 		!OidIsValid(RelationGetPrimaryKeyIndex(d->commands)))
 	{
