@@ -193,6 +193,30 @@ pr_raise_taken(ErrorData *edata, const PrWhat *w)
 }
 
 /*
+ * In the PG_CATCH of an insert of decisions (the statements' or the direct
+ * writer's): a unique violation is raised again as pr_raise_taken says,
+ * any other error as it is.  Does not return.
+ */
+static void pr_insert_caught(MemoryContext cxt, const PrWhat *w) pg_attribute_noreturn();
+
+static void
+pr_insert_caught(MemoryContext cxt, const PrWhat *w)
+{
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(cxt);
+	edata = CopyErrorData();
+	if (edata->sqlerrcode == ERRCODE_UNIQUE_VIOLATION)
+	{
+		FlushErrorState();
+		pr_raise_taken(edata, w);
+		ReThrowError(edata);
+	}
+	FreeErrorData(edata);
+	PG_RE_THROW();
+}
+
+/*
  * Run a plain INSERT of decisions (or of an event), which must insert
  * w->rows rows, or none when none_ok (the single decision's filters).
  * Returns whether it inserted them.  A unique violation of the extension's
@@ -220,18 +244,7 @@ pr_insert(SPIPlanPtr plan, Datum *args, const char *nulls, const PrWhat *w,
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		if (edata->sqlerrcode == ERRCODE_UNIQUE_VIOLATION)
-		{
-			FlushErrorState();
-			pr_raise_taken(edata, w);
-			ReThrowError(edata);
-		}
-		FreeErrorData(edata);
-		PG_RE_THROW();
+		pr_insert_caught(cxt, w);
 	}
 	PG_END_TRY();
 	return inserted;
@@ -822,18 +835,7 @@ pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(cxt);
-		edata = CopyErrorData();
-		if (edata->sqlerrcode == ERRCODE_UNIQUE_VIOLATION)
-		{
-			FlushErrorState();
-			pr_raise_taken(edata, w);
-			ReThrowError(edata);
-		}
-		FreeErrorData(edata);
-		PG_RE_THROW();
+		pr_insert_caught(cxt, w);
 	}
 	PG_END_TRY();
 }
