@@ -216,6 +216,25 @@ citus_label(const CitusNode *n)
 }
 
 /*
+ * Whether a query of the node list failed: then log it, and clear res and
+ * close conn.
+ */
+static bool
+ci_list_failed(PGconn *conn, PGresult *res)
+{
+	char	   *msg;
+
+	if (PQresultStatus(res) == PGRES_TUPLES_OK)
+		return false;
+	msg = relay_clean_error(PQresultErrorMessage(res), 400);
+	relay_log("--citus: could not read the node list: %s", msg);
+	free(msg);
+	PQclear(res);
+	PQfinish(conn);
+	return true;
+}
+
+/*
  * Read the node list on the coordinator and mark the nodes listed (adding
  * the new ones).  False when it could not be read; with a fatal error
  * (no Citus, no outbox) discovery_exit is set.
@@ -233,16 +252,8 @@ citus_discover(bool quiet)
 	res = PQexec(conn,
 				 "SELECT pg_catalog.to_regclass('pg_catalog.pg_dist_node') IS NOT NULL,"
 				 "       EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'outbox')");
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		char	   *msg = relay_clean_error(PQresultErrorMessage(res), 400);
-
-		relay_log("--citus: could not read the node list: %s", msg);
-		free(msg);
-		PQclear(res);
-		PQfinish(conn);
+	if (ci_list_failed(conn, res))
 		return false;
-	}
 	if (strcmp(PQgetvalue(res, 0, 0), "t") != 0 || strcmp(PQgetvalue(res, 0, 1), "t") != 0)
 	{
 		relay_log("--citus: database \"%s\" has no %s", PQdb(conn),
@@ -273,16 +284,8 @@ citus_discover(bool quiet)
 				 "         WHERE s.logicalrelid = 'outbox.commands'::pg_catalog.regclass"
 				 "           AND p.groupid = n.groupid))"
 				 " ORDER BY n.nodeid");
-	if (PQresultStatus(res) != PGRES_TUPLES_OK)
-	{
-		char	   *msg = relay_clean_error(PQresultErrorMessage(res), 400);
-
-		relay_log("--citus: could not read the node list: %s", msg);
-		free(msg);
-		PQclear(res);
-		PQfinish(conn);
+	if (ci_list_failed(conn, res))
 		return false;
-	}
 	distributed = PQntuples(res) > 0 && strcmp(PQgetvalue(res, 0, 2), "t") == 0;
 	for (i = 0; i < nnodes; i++)
 		nodes[i].listed = false;
