@@ -301,3 +301,34 @@ SELECT outbox.commit_decision('r-ck', 1, 'forbidden', 'c-ck', 'k-w', '{"n": 1}')
 \set VERBOSITY default
 ROLLBACK;
 SELECT count(*) AS written FROM outbox.commands WHERE command_id = 'c-ck';
+-- One decision twice in one statement: the second call is the first's
+-- retry (false), on every path (the direct writer, an ordering key, a
+-- stream, the batch), and nothing is written twice; another decision under
+-- the same id in the same statement is a conflict (23505).
+BEGIN;
+SELECT outbox.create_stream('s-twice');
+SELECT outbox.set_policy('k-twice-s', stream => 's-twice');
+SELECT outbox.commit_decision('r-tw1', 1, 'e', 'c-tw1', 'k-w', '{"n": 1}') AS first,
+       outbox.commit_decision('r-tw1', 1, 'e', 'c-tw1', 'k-w', '{"n": 1}') AS again;
+SELECT outbox.commit_decision('r-tw2', 1, 'e', 'c-tw2', 'k-w', '{"n": 1}', ordering_key => 'key-tw') AS first,
+       outbox.commit_decision('r-tw2', 1, 'e', 'c-tw2', 'k-w', '{"n": 1}', ordering_key => 'key-tw') AS again;
+SELECT outbox.commit_decision('r-tw3', 1, 'e', 'c-tw3', 'k-twice-s', '{"n": 1}') AS first,
+       outbox.commit_decision('r-tw3', 1, 'e', 'c-tw3', 'k-twice-s', '{"n": 1}') AS again;
+SELECT a.recorded AS first, b.recorded AS again
+  FROM outbox.commit_decisions('[{"run_id": "r-tw4", "seq": 1, "event_kind": "e", "command_id": "c-tw4",
+                                  "command_kind": "k-w", "payload": {"n": 1}}]') a,
+       outbox.commit_decisions('[{"run_id": "r-tw4", "seq": 1, "event_kind": "e", "command_id": "c-tw4",
+                                  "command_kind": "k-w", "payload": {"n": 1}}]') b;
+SELECT a.recorded AS first, b.recorded AS again
+  FROM outbox.commit_decisions('[{"run_id": "r-tw5", "seq": 1, "event_kind": "e", "command_id": "c-tw5",
+                                  "command_kind": "k-twice-s", "payload": {"n": 1}}]') a,
+       outbox.commit_decisions('[{"run_id": "r-tw5", "seq": 1, "event_kind": "e", "command_id": "c-tw5",
+                                  "command_kind": "k-twice-s", "payload": {"n": 1}}]') b;
+SELECT (SELECT count(*) FROM outbox.commands WHERE run_id LIKE 'r-tw%') AS commands,
+       (SELECT count(*) FROM outbox._stream_log WHERE run_id LIKE 'r-tw%') AS stream_log,
+       (SELECT count(*) FROM outbox.events WHERE run_id LIKE 'r-tw%') AS events;
+\set VERBOSITY terse
+SELECT outbox.commit_decision('r-tw6', 1, 'e', 'c-tw6', 'k-w', '{"n": 1}'),
+       outbox.commit_decision('r-tw6', 2, 'e', 'c-tw6', 'k-w', '{"n": 1}');
+\set VERBOSITY default
+ROLLBACK;

@@ -360,7 +360,9 @@ pr_raise_keyed_distributed(text *command_id, int elem)
  * Why a decision (args as commit_decision's statement takes them) was not
  * inserted: raise 42501 for a kind the caller may not decide, 23505 for a
  * conflict (ord names the decision of a batch, 0 a single one); return for
- * the caller's own retry.
+ * the caller's own retry.  Not read-only: the look must see a row that an
+ * earlier call in the same statement inserted (two commit_decision calls of
+ * one command in one SELECT), which the statement's snapshot does not.
  */
 static void
 pr_why_not(Datum *args, const char *nulls, int ord)
@@ -382,7 +384,7 @@ pr_why_not(Datum *args, const char *nulls, int ord)
 									"  FROM (SELECT 1) one"
 									"  LEFT JOIN outbox.commands c ON c.command_id OPERATOR(pg_catalog.=) $4",
 									11, argtypes),
-					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "outbox: diagnosis of a decision failed");
 	forbidden = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	stored = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
@@ -1878,7 +1880,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	 * it is the caller's own retry (in batch order).  Each table is read by
 	 * the batch's keys and hash-joined to the elements (as the batch ack's
 	 * diagnosis, OutboxExecuteHashJoin), whatever its statistics said when
-	 * the plan was made.
+	 * the plan was made; not read-only, so that it sees what an earlier
+	 * call in the same statement recorded.
 	 */
 	if (OutboxExecuteHashJoin(stream_batch ? OutboxStreamBatchWhyPlan() :
 							  OutboxPrepare(&plan_batch_why,
@@ -1904,7 +1907,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 									"    AND c.command_id OPERATOR(pg_catalog.=) ANY ($4)"
 									"  ORDER BY u.ord) s",
 									11, argtypes),
-					  args, nulls, true, 0) != SPI_OK_SELECT)
+					  args, nulls, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: diagnosis of a batch of decisions failed");
 	m = 0;
 	for (j = 0; j < 2; j++)

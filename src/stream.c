@@ -623,7 +623,7 @@ OutboxStreamWhyNot(Datum *args, const char *nulls)
 									"  FROM (SELECT 1) one"
 									"  LEFT JOIN outbox.events e ON e.command_id OPERATOR(pg_catalog.=) $4",
 									12, argtypes),
-					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "outbox: diagnosis of a stream decision failed");
 	forbidden = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	stored = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
