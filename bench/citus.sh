@@ -120,18 +120,60 @@ SELECT public.place_order('r:client_id-:id', 1);
 EOF
 outbox_give_to_pg_user "$WORK"
 
-produce() {
-	as_pg "'$PGBIN/pgbench' -n -h 127.0.0.1 -p ${PORTS[$1]} -c $CLIENTS -j $CLIENTS -T $DURATION -f '$WORK/produce.sql' bench" 2>&1 |
-		sed -n 's/^tps = \([0-9.]*\).*/\1/p' | head -1
+# CPU time (clock ticks) a server has used so far: its postmaster's own and
+# that of its children that ended (cutime, cstime: every backend that
+# exited), plus that of the children still running.
+node_ticks() {
+	local pm c
+	pm=$(head -1 "$WORK/$1/postmaster.pid")
+	{
+		awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat"
+		for c in $(ps -o pid= --ppid "$pm"); do
+			awk '{ print $14 + $15 }' "/proc/$c/stat" 2>/dev/null
+		done
+	} | awk '{ s += $1 } END { print s + 0 }'
+}
+TICK_MS=$(awk -v t="$(getconf CLK_TCK)" 'BEGIN { print 1000 / t }')
+# Every server's ticks, in the order single coordinator worker1 worker2.
+all_ticks() { echo "$(node_ticks single) $(node_ticks coordinator) $(node_ticks worker1) $(node_ticks worker2)"; }
+# CPU ms per 1,000 commands between two all_ticks for COUNT commands: the
+# single server's when $1 is single, else the coordinator's and the two
+# workers' together ("coordinator workers").
+cpu_per_k() {
+	awk -v a="$1" -v b="$2" -v n="$3" -v w="$4" -v ms="$TICK_MS" 'BEGIN {
+		split(a, x, " "); split(b, y, " ");
+		if (n <= 0) { print "0 0"; exit }
+		if (w == "single") printf "%.1f\n", (y[1] - x[1]) * ms * 1000 / n;
+		else printf "%.1f %.1f\n", (y[2] - x[2]) * ms * 1000 / n, (y[3] - x[3] + y[4] - x[4]) * ms * 1000 / n }'
 }
 
-# Relays with --drain, one per argument (its options after --dsn);
-# commands per second.
+# pgbench on server $1; prints transactions per second and leaves the
+# number of transactions in $WORK/produced.
+produce() {
+	as_pg "'$PGBIN/pgbench' -n -h 127.0.0.1 -p ${PORTS[$1]} -c $CLIENTS -j $CLIENTS -T $DURATION -f '$WORK/produce.sql' bench" >"$WORK/pgbench.out" 2>&1
+	sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$WORK/pgbench.out" | head -1 >"$WORK/produced"
+	sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$WORK/pgbench.out" | head -1
+}
+# produce on $1, and its CPU per 1,000 decisions appended to the file $2
+produce_cpu() {
+	local t0 t1 tps
+	t0=$(all_ticks)
+	tps=$(produce "$1")
+	t1=$(all_ticks)
+	cpu_per_k "$t0" "$t1" "$(cat "$WORK/produced")" "$1" >>"$WORK/$2"
+	echo "$tps"
+}
+
+# Relays with --drain on the outbox of server $1, one per argument after
+# the second (its options after --dsn); commands per second; the servers'
+# CPU per 1,000 commands drained is appended to the file $2.
 drain() {
 	local start end n args pids=()
 	local node=$1
+	local cpu=$2 t0 t1
 	n=$(psql_on "$node" bench "SELECT count(*) FROM outbox.commands WHERE status = 'pending'")
-	shift
+	shift 2
+	t0=$(all_ticks)
 	start=$(date +%s.%N)
 	for args in "$@"; do
 		as_pg "'$RELAY' --dsn $args --sink stdout --batch 100 --drain >/dev/null 2>>'$WORK/relay.log'" &
@@ -139,6 +181,8 @@ drain() {
 	done
 	wait "${pids[@]}"
 	end=$(date +%s.%N)
+	t1=$(all_ticks)
+	cpu_per_k "$t0" "$t1" "$n" "$node" >>"$WORK/$cpu"
 	left=$(psql_on "$node" bench "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")
 	[ "$left" = 0 ] || echo "bench/citus.sh: $left commands left unpublished on $node" >&2
 	echo "$n $start $end" | awk '{ printf "%.0f", $1 / ($3 - $2) }'
@@ -150,16 +194,16 @@ dsn() { echo "'host=127.0.0.1 port=${PORTS[$1]} dbname=bench user=postgres'"; }
 P_S="" P_C="" R_S2="" R_W="" R_S4="" R_C2="" R_C4=""
 for r in $(seq "$REPEATS"); do
 	setup || { echo "setup failed" >&2; exit 1; }
-	P_S="$P_S $(produce single)"
-	P_C="$P_C $(produce coordinator)"
-	R_S2="$R_S2 $(drain single "$(dsn single)" "$(dsn single)")"
-	R_W="$R_W $(drain coordinator "$(dsn worker1)" "$(dsn worker2)")"
+	P_S="$P_S $(produce_cpu single cpu.p_s)"
+	P_C="$P_C $(produce_cpu coordinator cpu.p_c)"
+	R_S2="$R_S2 $(drain single cpu.r_s2 "$(dsn single)" "$(dsn single)")"
+	R_W="$R_W $(drain coordinator cpu.r_w "$(dsn worker1)" "$(dsn worker2)")"
 	produce single >/dev/null
 	produce coordinator >/dev/null
-	R_S4="$R_S4 $(drain single "$(dsn single)" "$(dsn single)" "$(dsn single)" "$(dsn single)")"
-	R_C2="$R_C2 $(drain coordinator "$(dsn coordinator) --citus" "$(dsn coordinator) --citus")"
+	R_S4="$R_S4 $(drain single cpu.r_s4 "$(dsn single)" "$(dsn single)" "$(dsn single)" "$(dsn single)")"
+	R_C2="$R_C2 $(drain coordinator cpu.r_c2 "$(dsn coordinator) --citus" "$(dsn coordinator) --citus")"
 	produce coordinator >/dev/null
-	R_C4="$R_C4 $(drain coordinator "$(dsn coordinator) --citus" "$(dsn coordinator) --citus" \
+	R_C4="$R_C4 $(drain coordinator cpu.r_c4 "$(dsn coordinator) --citus" "$(dsn coordinator) --citus" \
 		"$(dsn coordinator) --citus" "$(dsn coordinator) --citus")"
 done
 
@@ -175,3 +219,26 @@ row "produce, tx/s (function, $CLIENTS clients)" "$P_S" "$P_C"
 row "relay, commands/s, 2 relays: one per worker" "$R_S2" "$R_W"
 row "relay, commands/s, 2 relays: --citus" "$R_S2" "$R_C2"
 row "relay, commands/s, 4 relays: --citus" "$R_S4" "$R_C4"
+
+# Per node: the servers' CPU per 1,000 commands (every process of each
+# server, whatever the machine's load), the single server against the
+# coordinator and against the two workers together.  A worker stores and
+# drains the runs of its shards, so with a machine of its own a worker
+# keeps pace with one server when the workers' CPU per command is no more
+# than the single server's (ratio single / workers >= 1); the coordinator's
+# CPU is the hop's cost, on its own machine.
+cpu_row() {
+	local s c w
+	s=$(median <"$WORK/$2")
+	c=$(awk '{ print $1 }' "$WORK/$3" | median)
+	w=$(awk '{ print $2 }' "$WORK/$3" | median)
+	printf '| %-46s | %7.1f | %11.1f | %7.1f | %5.2f |\n' "$1" "$s" "$c" "$w" \
+		"$(awk -v a="$s" -v b="$w" 'BEGIN { print (b > 0 ? a / b : 0) }')"
+}
+echo
+echo "# CPU ms per 1,000 commands, every process of each server, median"
+echo "| work                                           |  single | coordinator | workers | single / workers |"
+cpu_row "produce (function, $CLIENTS clients)" cpu.p_s cpu.p_c
+cpu_row "relay, 2 relays: one per worker" cpu.r_s2 cpu.r_w
+cpu_row "relay, 2 relays: --citus" cpu.r_s2 cpu.r_c2
+cpu_row "relay, 4 relays: --citus" cpu.r_s4 cpu.r_c4

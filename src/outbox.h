@@ -264,6 +264,8 @@ extern void OutboxSipHash(const unsigned char *key, const unsigned char *msg, si
 /* plans.c */
 extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,
 								int nargs, const Oid *argtypes);
+extern SPIPlanPtr OutboxPrepareRouted(SPIPlanPtr *cache, const char *sql,
+									  int nargs, const Oid *argtypes);
 extern int	OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
 						  bool read_only, long count);
 extern int	OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,

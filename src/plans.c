@@ -56,6 +56,36 @@ OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
 }
 
 /*
+ * OutboxPrepare for a statement that is generic even with Citus: a
+ * statement over one table, distributed or reference, with no subquery,
+ * CTE or join, whose condition on a distributed table's distribution
+ * column is run_id = $n (and, for an INSERT, whose run_id is a
+ * parameter).  Citus plans such a statement once and picks its shard at
+ * each execution, and on the node that holds the shard it keeps the
+ * shard's plan too: a custom plan instead would be planned twice per
+ * call, by the distributed planner and then for the shard (most of a
+ * routed decision's time on its node: docs/citus.md).
+ */
+SPIPlanPtr
+OutboxPrepareRouted(SPIPlanPtr *cache, const char *sql, int nargs,
+					const Oid *argtypes)
+{
+	SPIPlanPtr	plan;
+
+	if (*cache != NULL)
+		return *cache;
+	plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes,
+							  CURSOR_OPT_GENERIC_PLAN);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 sql, SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	*cache = plan;
+	return plan;
+}
+
+/*
  * SPI_execute_plan with the planner steered to index plans.
  *
  * Every statement of the API has an index that serves it, but its saved

@@ -402,10 +402,12 @@ pr_why_not(Datum *args, const char *nulls, int ord)
  * commit_decision on a distributed outbox (docs/citus.md): Citus cannot
  * route PR_DECIDE (a data-modifying CTE whose look for the command id
  * reads every shard), and runs it through intermediate results, touching
- * several nodes (then committed with two-phase commit).  Three statements
- * instead, each naming the run, so each goes to the one shard group of the
- * run: whether the run holds the command already, the command, its event.
- * A kind the caller may not decide inserts nothing.  Returns whether it
+ * several nodes (then committed with two-phase commit).  Four statements
+ * instead, each of one table and naming the run, so each goes to the one
+ * shard group of the run: whether the run holds the command already,
+ * whether the caller may not decide the kind (policies is a reference
+ * table), the command, its event.  A kind the caller may not decide
+ * inserts nothing.  Returns whether it
  * inserted; when not, the caller's diagnosis tells a retry from a conflict
  * or a forbidden kind.
  */
@@ -415,36 +417,43 @@ pr_decide_routed(Datum *args, const char *nulls, const PrWhat *what)
 	static const Oid argtypes[11] = {TEXTOID, INT8OID, TEXTOID, TEXTOID, TEXTOID,
 	JSONBOID, JSONBOID, TIMESTAMPTZOID, INT4OID, OIDOID, JSONBOID};
 	static SPIPlanPtr plan_has = NULL;
+	static SPIPlanPtr plan_forbidden = NULL;
 	static SPIPlanPtr plan_command = NULL;
 	static SPIPlanPtr plan_event_of = NULL;
-	bool		isnull;
 
-	if (OutboxExecute(OutboxPrepare(&plan_has,
-									"SELECT EXISTS (SELECT 1 FROM outbox.commands x"
-									"                WHERE x.run_id OPERATOR(pg_catalog.=) $1"
-									"                  AND x.command_id OPERATOR(pg_catalog.=) $4)"
-									"    OR EXISTS (SELECT 1 FROM outbox.policies p"
-									"                WHERE p.kind OPERATOR(pg_catalog.=) $5"
-									"                  AND p.deciders IS NOT NULL"
-									"                  AND NOT outbox._may(p.deciders, $10))",
-									11, argtypes),
-					  args, nulls, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
+	/* each statement one table, routed by run_id (OutboxPrepareRouted) */
+	if (OutboxExecute(OutboxPrepareRouted(&plan_has,
+										  "SELECT 1 FROM outbox.commands x"
+										  " WHERE x.run_id OPERATOR(pg_catalog.=) $1"
+										  "   AND x.command_id OPERATOR(pg_catalog.=) $4",
+										  11, argtypes),
+					  args, nulls, true, 1) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: look for a decision failed");
-	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
+	if (SPI_processed > 0)
 		return false;
-	pr_insert(OutboxPrepare(&plan_command,
-							"INSERT INTO outbox.commands"
-							"  (command_id, run_id, seq, kind, payload, priority,"
-							"   available_at, due_at, decided_by, headers)"
-							"VALUES ($4, $1, $2, $5, $6, $9,"
-							"        COALESCE($8, pg_catalog.now()),"
-							"        COALESCE($8, pg_catalog.now()), $10, $11)",
-							11, argtypes),
+	if (OutboxExecute(OutboxPrepareRouted(&plan_forbidden,
+										  "SELECT 1 FROM outbox.policies p"
+										  " WHERE p.kind OPERATOR(pg_catalog.=) $5"
+										  "   AND p.deciders IS NOT NULL"
+										  "   AND NOT outbox._may(p.deciders, $10)",
+										  11, argtypes),
+					  args, nulls, true, 1) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: look for a decision failed");
+	if (SPI_processed > 0)
+		return false;
+	pr_insert(OutboxPrepareRouted(&plan_command,
+								      "INSERT INTO outbox.commands"
+								      "  (command_id, run_id, seq, kind, payload, priority,"
+								      "   available_at, due_at, decided_by, headers)"
+								      "VALUES ($4, $1, $2, $5, $6, $9,"
+								      "        COALESCE($8, pg_catalog.now()),"
+								      "        COALESCE($8, pg_catalog.now()), $10, $11)",
+								      11, argtypes),
 			  args, nulls, what, false);
-	pr_insert(OutboxPrepare(&plan_event_of,
-							"INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
-							"VALUES ($1, $2, $3, $7, $4)",
-							11, argtypes),
+	pr_insert(OutboxPrepareRouted(&plan_event_of,
+								      "INSERT INTO outbox.events (run_id, seq, kind, payload, command_id)"
+								      "VALUES ($1, $2, $3, $7, $4)",
+								      11, argtypes),
 			  args, nulls, what, false);
 	return true;
 }

@@ -218,6 +218,28 @@ is(safe_psql(0, $db, q{SELECT (SELECT count(*) FROM outbox.commands WHERE run_id
 		+ (SELECT count(*) FROM outbox.events WHERE run_id LIKE 'ord-%')}), '0',
 	'the refused ordered decisions recorded nothing');
 
+# A kind restricted to deciders, on the routed path: a producer outside the
+# list is refused (42501) from the coordinator and on a worker and records
+# nothing; a listed one records (the list is read from the reference table
+# on the run's node at every call).
+safe_psql(0, $db, q{CREATE ROLE dec_ok LOGIN; CREATE ROLE dec_no LOGIN;
+	SELECT format('GRANT %I TO dec_ok, dec_no', outbox.role('producer')) \gexec
+	SELECT outbox.set_policy('ship_listed', deciders => ARRAY['dec_ok']::regrole[])});
+for my $node (0, 1)
+{
+	my $where = $node == 0 ? 'from the coordinator' : 'on a worker';
+	is(sqlstate($node, $db, "SET ROLE dec_no; SELECT outbox.commit_decision('dec-no-$node', 1, 'placed',
+		'ship-dec-no-$node', 'ship_listed', '{}')"), '42501', "a producer outside the kind's deciders, $where: 42501");
+	# (rolled back: the later counts are of the other commands)
+	is(safe_psql($node, $db, "BEGIN; SET ROLE dec_ok; SELECT outbox.commit_decision('dec-ok-$node', 1, 'placed',
+		'ship-dec-ok-$node', 'ship_listed', '{}'); RESET ROLE;
+		SELECT count(*) FROM outbox.commands c JOIN outbox.events e USING (run_id, command_id)
+		 WHERE run_id = 'dec-ok-$node'; ROLLBACK"), "t\n1", "a listed decider, $where: recorded");
+}
+is(safe_psql(0, $db, q{SELECT (SELECT count(*) FROM outbox.commands WHERE run_id LIKE 'dec-%')
+		+ (SELECT count(*) FROM outbox.events WHERE run_id LIKE 'dec-%')}), '0',
+	'the refused decisions recorded nothing');
+
 # --- claims, a publisher that dies, two relays, a shard move ------------------------------
 # More commands, decided from the coordinator.
 safe_psql(0, $db, q{
