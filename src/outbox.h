@@ -266,6 +266,9 @@ extern SPIPlanPtr OutboxPrepare(SPIPlanPtr *cache, const char *sql,
 								int nargs, const Oid *argtypes);
 extern SPIPlanPtr OutboxPrepareRouted(SPIPlanPtr *cache, const char *sql,
 									  int nargs, const Oid *argtypes);
+extern SPIPlanPtr OutboxPrepareWith(SPIPlanPtr *cache, const char *sql,
+									int nargs, const Oid *argtypes,
+									int cursor_options);
 extern int	OutboxExecute(SPIPlanPtr plan, Datum *args, const char *nulls,
 						  bool read_only, long count);
 extern int	OutboxExecuteHashJoin(SPIPlanPtr plan, Datum *args, const char *nulls,

@@ -5,7 +5,8 @@
  *		plans.
  *
  * Every statement the API and the worker run is prepared once per backend
- * (OutboxPrepare) and run through OutboxExecute, which turns off the plan
+ * (OutboxPrepare; OutboxPrepareRouted for the statements Citus routes
+ * with a generic plan) and run through OutboxExecute, which turns off the plan
  * shapes listed in OUTBOX_PLANNER_STEERING while a plan may be made
  * (OutboxExecuteGeneric also has the PL/pgSQL bodies it calls plan
  * generically).  Near
@@ -40,12 +41,19 @@ SPIPlanPtr
 OutboxPrepare(SPIPlanPtr *cache, const char *sql, int nargs,
 			  const Oid *argtypes)
 {
+	return OutboxPrepareWith(cache, sql, nargs, argtypes, OutboxPlanOptions());
+}
+
+/* OutboxPrepare with the cursor options given. */
+SPIPlanPtr
+OutboxPrepareWith(SPIPlanPtr *cache, const char *sql, int nargs,
+				  const Oid *argtypes, int cursor_options)
+{
 	SPIPlanPtr	plan;
 
 	if (*cache != NULL)
 		return *cache;
-	plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes,
-							  OutboxPlanOptions());
+	plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes, cursor_options);
 	if (plan == NULL)
 		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 			 sql, SPI_result_code_string(SPI_result));
@@ -70,19 +78,7 @@ SPIPlanPtr
 OutboxPrepareRouted(SPIPlanPtr *cache, const char *sql, int nargs,
 					const Oid *argtypes)
 {
-	SPIPlanPtr	plan;
-
-	if (*cache != NULL)
-		return *cache;
-	plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes,
-							  CURSOR_OPT_GENERIC_PLAN);
-	if (plan == NULL)
-		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-			 sql, SPI_result_code_string(SPI_result));
-	if (SPI_keepplan(plan) != 0)
-		elog(ERROR, "SPI_keepplan failed");
-	*cache = plan;
-	return plan;
+	return OutboxPrepareWith(cache, sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
 }
 
 /*
