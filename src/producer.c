@@ -748,17 +748,15 @@ pr_direct_stored(PrDirect *d, text *command_id)
 }
 
 /*
- * Insert the slot's row and its index entries, as ExecSimpleRelationInsert;
- * a NULL in a NOT NULL column is refused as the executor refuses it (a
- * superuser may have made a column NOT NULL; the CHECK constraint is
- * pr_check_seq's, pr_direct_plain admits no other).
+ * Refuse a NULL in a NOT NULL column of the slot's row as the executor
+ * refuses it (a superuser may have made a column NOT NULL; the CHECK
+ * constraint is pr_check_seq's, pr_direct_plain admits no other), and
+ * store the row as the slot's virtual tuple.
  */
 static void
-pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
+pr_direct_ready(Relation rel, TupleTableSlot *slot)
 {
-	Relation	rel = rri->ri_RelationDesc;
 	TupleDesc	desc = RelationGetDescr(rel);
-	List	   *deferred;
 	int			i;
 
 	for (i = 0; i < desc->natts; i++)
@@ -769,24 +767,40 @@ pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
 							NameStr(TupleDescAttr(desc, i)->attname), RelationGetRelationName(rel)),
 					 errtablecol(rel, i + 1)));
 	ExecStoreVirtualTuple(slot);
-	table_tuple_insert(rri->ri_RelationDesc, slot, d->estate->es_output_cid, 0, NULL);
+}
+
+/* Insert the index entries of the row just inserted from slot. */
+static void
+pr_direct_index(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
+{
+	List	   *deferred;
+
 	deferred = ExecInsertIndexTuples(rri, slot, d->estate, false, false, NULL, NIL);
 	list_free(deferred);
 	ResetPerTupleExprContext(d->estate);
 }
 
 /*
- * Insert one decision (args as PR_DECIDE takes them; nulls[10], the
- * headers, may be 'n'), the command and then its event; a unique
- * violation of the extension's keys is re-raised as pr_insert does.
+ * Insert the slot's row and its index entries, as ExecSimpleRelationInsert
+ * (the NOT NULL check of pr_direct_ready first).
  */
 static void
-pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
-				   const PrWhat *w)
+pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
 {
-	MemoryContext cxt = CurrentMemoryContext;
-	TupleTableSlot *c = d->cslot;
-	TupleTableSlot *e = d->eslot;
+	pr_direct_ready(rri->ri_RelationDesc, slot);
+	table_tuple_insert(rri->ri_RelationDesc, slot, d->estate->es_output_cid, 0, NULL);
+	pr_direct_index(d, rri, slot);
+}
+
+/*
+ * Fill the command slot c and the event slot e with one decision (args as
+ * PR_DECIDE takes them; nulls[10], the headers, may be 'n'); pending is
+ * the text 'pending'.
+ */
+static void
+pr_direct_fill(TupleTableSlot *c, TupleTableSlot *e, Datum *args, const char *nulls,
+			   TimestampTz now, Datum pending)
+{
 	Datum		at = nulls[7] == 'n' ? TimestampTzGetDatum(now) : args[7];
 	int			i;
 
@@ -800,7 +814,7 @@ pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
 	PR_SETC(PRC_RUN_ID, args[0]);
 	PR_SETC(PRC_SEQ, args[1]);
 	PR_SETC(PRC_KIND, args[4]);
-	PR_SETC(PRC_STATUS, CStringGetTextDatum("pending"));
+	PR_SETC(PRC_STATUS, pending);
 	PR_SETC(PRC_VERSION, Int64GetDatum(1));
 	PR_SETC(PRC_DELIVERIES, Int32GetDatum(0));
 	PR_SETC(PRC_PRIORITY, args[8]);
@@ -827,11 +841,24 @@ pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
 	PR_SETE(PRE_COMMAND_ID, args[3]);
 	PR_SETE(PRE_CREATED_AT, TimestampTzGetDatum(now));
 #undef PR_SETE
+}
 
+/*
+ * Insert one decision (args as pr_direct_fill takes them), the command and
+ * then its event; a unique violation of the extension's keys is re-raised
+ * as pr_insert does.
+ */
+static void
+pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
+				   const PrWhat *w)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+
+	pr_direct_fill(d->cslot, d->eslot, args, nulls, now, CStringGetTextDatum("pending"));
 	PG_TRY();
 	{
-		pr_direct_insert(d, d->crri, c);
-		pr_direct_insert(d, d->erri, e);
+		pr_direct_insert(d, d->crri, d->cslot);
+		pr_direct_insert(d, d->erri, d->eslot);
 	}
 	PG_CATCH();
 	{
@@ -1565,6 +1592,65 @@ pr_try_batch(Datum *args, const char *nulls, uint64 rows, const Oid *argtypes)
 }
 
 /*
+ * Write the n decisions of a batch (the arrays of pr_commit_decisions) as
+ * COPY does: the rows of each table formed in slots of their own (over a
+ * copy of the table's descriptor, which they need not pin), one
+ * table_multi_insert per table (commands, then events: fewer page locks
+ * and WAL records than a heap insert per row), then each row's index
+ * entries, whose unique checks raise a taken key's 23505 as the
+ * statements' insert does (pr_try_batch_direct catches it).
+ */
+static void
+pr_direct_batch(PrDirect *d, Datum **elems, bool **elnulls, int n, Oid caller)
+{
+	TupleTableSlot **cs = palloc(sizeof(TupleTableSlot *) * n);
+	TupleTableSlot **es = palloc(sizeof(TupleTableSlot *) * n);
+	TupleDesc	cdesc = CreateTupleDescCopy(RelationGetDescr(d->commands));
+	TupleDesc	edesc = CreateTupleDescCopy(RelationGetDescr(d->events));
+	const TupleTableSlotOps *cops = table_slot_callbacks(d->commands);
+	const TupleTableSlotOps *eops = table_slot_callbacks(d->events);
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	Datum		pending = CStringGetTextDatum("pending");
+	int			i;
+	int			j;
+
+	for (i = 0; i < n; i++)
+	{
+		Datum		args[PR_NKEYS + 1];
+		char		nulls[PR_NKEYS + 1];
+
+		for (j = 0; j < PR_NKEYS; j++)
+		{
+			args[PR_KEY_PARAM(j)] = elems[j][i];
+			nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+		}
+		if (elnulls[PR_KEY_PRIORITY][i])
+			args[PR_KEY_PARAM(PR_KEY_PRIORITY)] = Int32GetDatum(0);
+		args[9] = ObjectIdGetDatum(caller);
+		cs[i] = MakeSingleTupleTableSlot(cdesc, cops);
+		es[i] = MakeSingleTupleTableSlot(edesc, eops);
+		pr_direct_fill(cs[i], es[i], args, nulls, now, pending);
+		pr_direct_ready(d->commands, cs[i]);
+		pr_direct_ready(d->events, es[i]);
+	}
+	table_multi_insert(d->commands, cs, n, d->estate->es_output_cid, 0, NULL);
+	for (i = 0; i < n; i++)
+		pr_direct_index(d, d->crri, cs[i]);
+	table_multi_insert(d->events, es, n, d->estate->es_output_cid, 0, NULL);
+	for (i = 0; i < n; i++)
+		pr_direct_index(d, d->erri, es[i]);
+	for (i = 0; i < n; i++)
+	{
+		ExecDropSingleTupleTableSlot(cs[i]);
+		ExecDropSingleTupleTableSlot(es[i]);
+	}
+	pfree(cs);
+	pfree(es);
+	FreeTupleDesc(cdesc);
+	FreeTupleDesc(edesc);
+}
+
+/*
  * The common batch written without SQL (pr_direct_open), in a
  * subtransaction as pr_try_batch: each decision's command and then its
  * event.  Returns 1 when all are inserted, 0 when a unique violation of
@@ -1585,32 +1671,10 @@ pr_try_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
 	PG_TRY();
 	{
 		PrDirect	d;
-		PrWhat		what;
-		TimestampTz now = GetCurrentTransactionStartTimestamp();
-		int			i;
-		int			j;
 
 		if (pr_direct_open(&d))
 		{
-			what.run_id = NULL;
-			what.seq = 0;
-			what.command_id = NULL;
-			what.rows = n;
-			for (i = 0; i < n; i++)
-			{
-				Datum		args[PR_NKEYS + 1];
-				char		nulls[PR_NKEYS + 1];
-
-				for (j = 0; j < PR_NKEYS; j++)
-				{
-					args[PR_KEY_PARAM(j)] = elems[j][i];
-					nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
-				}
-				if (elnulls[PR_KEY_PRIORITY][i])
-					args[PR_KEY_PARAM(PR_KEY_PRIORITY)] = Int32GetDatum(0);
-				args[9] = ObjectIdGetDatum(caller);
-				pr_direct_decision(&d, args, nulls, now, &what);
-			}
+			pr_direct_batch(&d, elems, elnulls, n, caller);
 			pr_direct_close(&d);
 		}
 		else
