@@ -71,6 +71,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "common/hashfn.h"
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "funcapi.h"
@@ -82,6 +83,7 @@
 #include "utils/fmgrprotos.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/numeric.h"
 #include "utils/rel.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
@@ -1077,6 +1079,7 @@ outbox_record_event(PG_FUNCTION_ARGS)
 
 static const char *const pr_keys[PR_NKEYS] = {"run_id", "seq", "event_kind", "command_id",
 "command_kind", "payload", "event_payload", "not_before", "priority", "headers", "ordering_key"};
+static const int pr_key_lens[PR_NKEYS] = {6, 3, 10, 10, 12, 7, 13, 10, 8, 7, 12};
 
 #define PR_KEY_RUN_ID		0
 #define PR_KEY_SEQ			1
@@ -1135,12 +1138,18 @@ pr_json_text(int elem, const char *key, JsonbValue *v)
 	return PointerGetDatum(cstring_to_text_with_len(v->val.string.val, v->val.string.len));
 }
 
-/* A JSON number that must be an integer (numeric_int8 would round it). */
+/*
+ * A JSON number that must be an integer (numeric_int8 would round it); a
+ * number written without a fraction (display scale 0) is one at once.
+ */
 static Datum
 pr_json_integer(int elem, const char *key, Numeric num)
 {
 	Datum		d = NumericGetDatum(num);
 
+	if (!numeric_is_nan(num) && !numeric_is_inf(num) &&
+		DatumGetInt32(DirectFunctionCall1(numeric_scale, d)) == 0)
+		return d;
 	if (!DatumGetBool(DirectFunctionCall2(numeric_eq, d,
 										  DirectFunctionCall2(numeric_trunc, d, Int32GetDatum(0)))))
 		ereport(ERROR,
@@ -1150,11 +1159,65 @@ pr_json_integer(int elem, const char *key, Numeric num)
 }
 
 /*
- * Read one decision (a JSON object) of commit_decisions into values and
- * isnull, in the order of pr_keys; missing keys and JSON nulls are SQL
- * NULLs.  Unknown keys and values of the wrong type are refused.  seq may be
- * a number or a string (a driver's int8), not_before a string in any input
- * form of timestamptz.
+ * Read the value v of key i (of pr_keys) of decision elem (1-based) into
+ * values[i] and isnull[i]: a JSON null is an SQL NULL (payload and
+ * event_payload keep it as the JSON null); values of the wrong type are
+ * refused.  seq may be a number or a string (a driver's int8), not_before a
+ * string in any input form of timestamptz.
+ */
+static void
+pr_read_value(int elem, int i, JsonbValue *v, Datum *values, bool *isnull)
+{
+	const char *key = pr_keys[i];
+
+	if (v->type == jbvNull && i != PR_KEY_PAYLOAD && i != PR_KEY_EVENT_PAYLOAD)
+		return;
+	isnull[i] = false;
+	switch (i)
+	{
+		case PR_KEY_SEQ:
+			if (v->type == jbvNumeric)
+				values[i] = DirectFunctionCall1(numeric_int8,
+												pr_json_integer(elem, key, v->val.numeric));
+			else if (v->type == jbvString)
+				values[i] = DirectFunctionCall1(int8in,
+												CStringGetDatum(pnstrdup(v->val.string.val, v->val.string.len)));
+			else
+				pr_raise_json_type(elem, key, v, "a number or a string");
+			break;
+		case PR_KEY_PAYLOAD:
+		case PR_KEY_EVENT_PAYLOAD:
+			values[i] = PointerGetDatum(JsonbValueToJsonb(v));
+			break;
+		case PR_KEY_HEADERS:
+			values[i] = PointerGetDatum(JsonbValueToJsonb(v));
+			OutboxCheckHeaders(DatumGetJsonbP(values[i]), elem);
+			break;
+		case PR_KEY_NOT_BEFORE:
+			if (v->type != jbvString)
+				pr_raise_json_type(elem, key, v, "a string");
+			values[i] = DirectFunctionCall3(timestamptz_in,
+											CStringGetDatum(pnstrdup(v->val.string.val, v->val.string.len)),
+											ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
+			break;
+		case PR_KEY_PRIORITY:
+			if (v->type != jbvNumeric)
+				pr_raise_json_type(elem, key, v, "a number");
+			values[i] = DirectFunctionCall1(numeric_int4,
+											pr_json_integer(elem, key, v->val.numeric));
+			break;
+		default:
+			values[i] = pr_json_text(elem, key, v);
+			break;
+	}
+}
+
+/*
+ * Read one decision of commit_decisions into values and isnull, in the
+ * order of pr_keys (pr_read_value): a JSON object of those keys, missing
+ * keys being SQL NULLs and unknown keys refused, or a JSON array of their
+ * values in that order (commit_decision's parameters), of 6 to 11 members,
+ * the missing last ones being SQL NULLs.
  */
 static void
 pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
@@ -1170,125 +1233,102 @@ pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
 		values[i] = (Datum) 0;
 		isnull[i] = true;
 	}
-	if (obj->type != jbvBinary || !JsonContainerIsObject(obj->val.binary.data))
+	if (obj->type != jbvBinary)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("decision %d must be a JSON object", elem)));
+				 errmsg("decision %d must be a JSON object or array", elem)));
+	if (JsonContainerIsArray(obj->val.binary.data))
+	{
+		int			size = JsonContainerSize(obj->val.binary.data);
+
+		if (size <= PR_KEY_PAYLOAD || size > PR_NKEYS)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("decision %d must have %d to %d values", elem,
+							PR_KEY_PAYLOAD + 1, PR_NKEYS),
+					 errdetail("It has %d.", size),
+					 errhint("The values are run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before, priority, headers and ordering_key, in this order.")));
+		it = JsonbIteratorInit(obj->val.binary.data);
+		tok = JsonbIteratorNext(&it, &v, true);
+		Assert(tok == WJB_BEGIN_ARRAY);
+		i = 0;
+		while ((tok = JsonbIteratorNext(&it, &v, true)) == WJB_ELEM)
+			pr_read_value(elem, i++, &v, values, isnull);
+		return;
+	}
 	it = JsonbIteratorInit(obj->val.binary.data);
 	tok = JsonbIteratorNext(&it, &k, true);
 	Assert(tok == WJB_BEGIN_OBJECT);
 	while ((tok = JsonbIteratorNext(&it, &k, true)) == WJB_KEY)
 	{
-		char	   *key = pnstrdup(k.val.string.val, k.val.string.len);
-
 		tok = JsonbIteratorNext(&it, &v, true);
 		Assert(tok == WJB_VALUE);
 		for (i = 0; i < PR_NKEYS; i++)
-			if (strcmp(key, pr_keys[i]) == 0)
+			if (k.val.string.len == pr_key_lens[i] &&
+				memcmp(k.val.string.val, pr_keys[i], k.val.string.len) == 0)
 				break;
 		if (i == PR_NKEYS)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("decision %d has an unknown key \"%s\"", elem, key),
+					 errmsg("decision %d has an unknown key \"%s\"", elem,
+							pnstrdup(k.val.string.val, k.val.string.len)),
 					 errhint("The keys are run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before, priority, headers and ordering_key.")));
-		if (v.type == jbvNull && i != PR_KEY_PAYLOAD && i != PR_KEY_EVENT_PAYLOAD)
-			continue;
-		isnull[i] = false;
-		switch (i)
-		{
-			case PR_KEY_SEQ:
-				if (v.type == jbvNumeric)
-					values[i] = DirectFunctionCall1(numeric_int8,
-													pr_json_integer(elem, key, v.val.numeric));
-				else if (v.type == jbvString)
-					values[i] = DirectFunctionCall1(int8in,
-													CStringGetDatum(pnstrdup(v.val.string.val, v.val.string.len)));
-				else
-					pr_raise_json_type(elem, key, &v, "a number or a string");
-				break;
-			case PR_KEY_PAYLOAD:
-			case PR_KEY_EVENT_PAYLOAD:
-				values[i] = PointerGetDatum(JsonbValueToJsonb(&v));
-				break;
-			case PR_KEY_HEADERS:
-				values[i] = PointerGetDatum(JsonbValueToJsonb(&v));
-				OutboxCheckHeaders(DatumGetJsonbP(values[i]), elem);
-				break;
-			case PR_KEY_NOT_BEFORE:
-				if (v.type != jbvString)
-					pr_raise_json_type(elem, key, &v, "a string");
-				values[i] = DirectFunctionCall3(timestamptz_in,
-												CStringGetDatum(pnstrdup(v.val.string.val, v.val.string.len)),
-												ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
-				break;
-			case PR_KEY_PRIORITY:
-				if (v.type != jbvNumeric)
-					pr_raise_json_type(elem, key, &v, "a number");
-				values[i] = DirectFunctionCall1(numeric_int4,
-												pr_json_integer(elem, key, v.val.numeric));
-				break;
-			default:
-				values[i] = pr_json_text(elem, key, &v);
-				break;
-		}
-		pfree(key);
+		pr_read_value(elem, i, &v, values, isnull);
 	}
 }
 
 /* One element of a batch, for finding repeats within it. */
 typedef struct PrKey
 {
-	text	   *id;				/* command_id, or run_id with seq */
-	int64		seq;
+	const char *id;				/* command_id, or run_id with seq */
+	int			len;			/* id's length in bytes */
 	int			elem;			/* 0-based position in the batch */
+	int64		seq;
 } PrKey;
 
-/* qsort comparator of PrKey: id byte by byte (as the "C" keys), seq, position. */
-static int
-pr_cmp_key(const void *a, const void *b)
+/* Whether two keys are equal: the same bytes (as the "C" keys) and seq. */
+static inline bool
+pr_same_key(const PrKey *x, const PrKey *y)
 {
-	const PrKey *x = (const PrKey *) a;
-	const PrKey *y = (const PrKey *) b;
-	int			c = OutboxCompareIds(x->id, y->id);
-
-	if (c != 0)
-		return c;
-	if (x->seq != y->seq)
-		return x->seq < y->seq ? -1 : 1;
-	return x->elem - y->elem;
+	return x->len == y->len && x->seq == y->seq && memcmp(x->id, y->id, x->len) == 0;
 }
 
 /*
- * Sort n keys and find the repeat placed earliest in the batch: *second is
- * its position and *first that of its earliest twin (0-based).  Returns
+ * Find the repeat placed earliest in the batch: *second is its position
+ * and *first that of its earliest twin (0-based), the keys being looked up
+ * in batch order in an open-addressing hash table of their own.  Returns
  * false when the keys are all distinct.
  */
 static bool
 pr_find_repeat(PrKey *keys, int n, int *first, int *second)
 {
+	uint32		size = 16;
+	uint32		mask;
+	int		   *slots;
 	int			i;
-	int			group = 0;
-	bool		found = false;
 
-	qsort(keys, n, sizeof(PrKey), pr_cmp_key);
-	for (i = 1; i < n; i++)
+	while (size < (uint32) n * 2)
+		size <<= 1;
+	mask = size - 1;
+	slots = palloc(sizeof(int) * size);
+	memset(slots, -1, sizeof(int) * size);
+	for (i = 0; i < n; i++)
 	{
-		PrKey		k = keys[i];
+		uint32		h = hash_bytes_extended((const unsigned char *) keys[i].id,
+											keys[i].len, (uint64) keys[i].seq);
 
-		k.elem = keys[i - 1].elem;
-		if (pr_cmp_key(&k, &keys[i - 1]) != 0)
-		{
-			group = i;
-			continue;
-		}
-		if (!found || keys[i].elem < *second)
-		{
-			*first = keys[group].elem;
-			*second = keys[i].elem;
-			found = true;
-		}
+		for (h &= mask; slots[h] >= 0; h = (h + 1) & mask)
+			if (pr_same_key(&keys[slots[h]], &keys[i]))
+			{
+				*first = slots[h];
+				*second = i;
+				pfree(slots);
+				return true;
+			}
+		slots[h] = i;
 	}
-	return found;
+	pfree(slots);
+	return false;
 }
 
 /*
@@ -1305,7 +1345,10 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 
 	for (i = 0; i < n; i++)
 	{
-		keys[i].id = DatumGetTextPP(command_ids[i]);
+		text	   *t = DatumGetTextPP(command_ids[i]);
+
+		keys[i].id = VARDATA_ANY(t);
+		keys[i].len = VARSIZE_ANY_EXHDR(t);
 		keys[i].seq = 0;
 		keys[i].elem = i;
 	}
@@ -1318,7 +1361,10 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 						   text_to_cstring(DatumGetTextPP(command_ids[second])))));
 	for (i = 0; i < n; i++)
 	{
-		keys[i].id = DatumGetTextPP(run_ids[i]);
+		text	   *t = DatumGetTextPP(run_ids[i]);
+
+		keys[i].id = VARDATA_ANY(t);
+		keys[i].len = VARSIZE_ANY_EXHDR(t);
 		keys[i].seq = DatumGetInt64(seqs[i]);
 		keys[i].elem = i;
 	}
@@ -1780,7 +1826,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	if (!JB_ROOT_IS_ARRAY(doc) || JB_ROOT_IS_SCALAR(doc))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("decisions must be a JSON array of objects")));
+				 errmsg("decisions must be a JSON array of decisions"),
+				 errdetail("Each decision is a JSON object or a JSON array of its values.")));
 	n = JB_ROOT_COUNT(doc);
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
