@@ -30,8 +30,9 @@
  * no error, no second row), or any other decision holding the id (23505
  * commands_pkey).  A retry racing the first attempt waits for it on the
  * unique index and, if it committed, gets the 23505; the next retry gets
- * false.  The set-based form reads a JSON array; it checks its elements
- * for repeats among themselves (naming both positions) and then, in one
+ * false.  The set-based form reads a JSON array (of objects, or of arrays
+ * of the values in commit_decision's order); it checks its elements for
+ * repeats among themselves (naming both positions) and then, in one
  * query, for forbidden kinds and stored ids, before it inserts anything.
  * A batch without ordering keys, while no kind has deciders, skips that
  * query: its insert runs in a subtransaction, which a unique violation of
