@@ -72,8 +72,8 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
-#include "common/hashfn.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "executor/executor.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -1080,6 +1080,7 @@ outbox_record_event(PG_FUNCTION_ARGS)
 
 static const char *const pr_keys[PR_NKEYS] = {"run_id", "seq", "event_kind", "command_id",
 "command_kind", "payload", "event_payload", "not_before", "priority", "headers", "ordering_key"};
+/* The lengths of pr_keys, for matching a JSON key without copying it. */
 static const int pr_key_lens[PR_NKEYS] = {6, 3, 10, 10, 12, 7, 13, 10, 8, 7, 12};
 
 #define PR_KEY_RUN_ID		0
@@ -1278,12 +1279,11 @@ pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
 	}
 }
 
-/* One element of a batch, for finding repeats within it. */
+/* One element of a batch, for finding repeats within it (in batch order). */
 typedef struct PrKey
 {
 	const char *id;				/* command_id, or run_id with seq */
 	int			len;			/* id's length in bytes */
-	int			elem;			/* 0-based position in the batch */
 	int64		seq;
 } PrKey;
 
@@ -1351,7 +1351,6 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 		keys[i].id = VARDATA_ANY(t);
 		keys[i].len = VARSIZE_ANY_EXHDR(t);
 		keys[i].seq = 0;
-		keys[i].elem = i;
 	}
 	if (pr_find_repeat(keys, n, &first, &second))
 		ereport(ERROR,
@@ -1367,7 +1366,6 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 		keys[i].id = VARDATA_ANY(t);
 		keys[i].len = VARSIZE_ANY_EXHDR(t);
 		keys[i].seq = DatumGetInt64(seqs[i]);
-		keys[i].elem = i;
 	}
 	if (pr_find_repeat(keys, n, &first, &second))
 		ereport(ERROR,
