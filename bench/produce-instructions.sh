@@ -11,7 +11,9 @@
 #   bash bench/produce-instructions.sh
 #   SCRIPTS="outbox hand" N1=5 N2=105 bash bench/produce-instructions.sh
 #
-# Settings: SCRIPTS ("outbox hand outbox-batch hand-batch"), N1 and N2
+# Settings: SCRIPTS ("outbox hand outbox-batch hand-batch rows-batch";
+# rows-batch is outbox-batch with each decision a JSON array of its values
+# instead of an object), N1 and N2
 # (5 and 105 for the single decisions; a fifth of them for the batches of
 # 100), OUTBOX_SKIP_BUILD (measure what is installed without building).
 set -u
@@ -21,7 +23,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
 OUTBOX_PACKAGES+=(valgrind)
 
-SCRIPTS=${SCRIPTS:-"outbox hand outbox-batch hand-batch"}
+SCRIPTS=${SCRIPTS:-"outbox hand outbox-batch hand-batch rows-batch"}
 N1=${N1:-5}
 N2=${N2:-105}
 
@@ -69,11 +71,19 @@ EOF
 		printf '{"run_id": "run-%%1$s", "seq": %d, "event_kind": "trip_requested", "command_id": "cmd-%%1$s-%d", "command_kind": "lock_budget", "payload": {"amount": 900, "to": "budget"}}' "$g" "$g"
 	done
 	echo "]', \$1::text)::jsonb);"
+	# the same decisions as arrays of their values (commit_decision's order)
+	printf "PREPARE obr(bigint) AS SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('["
+	for g in $(seq 100); do
+		[ "$g" -gt 1 ] && printf ', '
+		printf '["run-%%1$s", %d, "trip_requested", "cmd-%%1$s-%d", "lock_budget", {"amount": 900, "to": "budget"}]' "$g" "$g"
+	done
+	echo "]', \$1::text)::jsonb);"
 	for i in $(seq "$n"); do
 		case $script in
 			outbox) echo "BEGIN; EXECUTE ib('c1'); EXECUTE od($i); COMMIT;" ;;
 			hand) echo "BEGIN; EXECUTE hb('c1'); EXECUTE hd($i); COMMIT;" ;;
 			outbox-batch) echo "BEGIN; EXECUTE ib('c1'); EXECUTE obt($i); COMMIT;" ;;
+			rows-batch) echo "BEGIN; EXECUTE ib('c1'); EXECUTE obr($i); COMMIT;" ;;
 			hand-batch) echo "BEGIN; EXECUTE hb('c1'); EXECUTE hbt($i); COMMIT;" ;;
 		esac
 	done
@@ -109,3 +119,7 @@ for k in "" -batch; do
 			'BEGIN {printf "ratio hand / outbox (%s): %.2f\n", k, h / o}'
 	fi
 done
+if [ -n "${per[rows-batch]:-}" ] && [ -n "${per[hand-batch]:-}" ]; then
+	awk -v h="${per[hand-batch]}" -v o="${per[rows-batch]}" \
+		'BEGIN {printf "ratio hand / outbox (-batch, decisions as arrays): %.2f\n", h / o}'
+fi

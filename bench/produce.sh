@@ -19,6 +19,10 @@
 # unique and partial indexes, and the same fillfactor).
 # Batches: outbox.commit_decisions of 100 decisions per call against one
 # multi-row INSERT of 100 events and 100 commands by hand.
+# BATCH_ARG says how the 100 decisions reach commit_decisions: "text"
+# (JSON text of 100 objects put together by format(), the default), "rows"
+# (the same with each decision an array of its values) or "agg" (built by
+# jsonb_agg in SQL).
 # Each cell runs CLIENTS_LIST = "1 4 8" clients, DURATION seconds per
 # system, the systems taking turns within each of REPEATS repeats; the
 # medians are reported with their ratio outbox / hand, and the median of the
@@ -73,6 +77,20 @@ INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id 
 SELECT count(*) FROM outbox.commit_decisions((SELECT jsonb_agg(jsonb_build_object('run_id', 'run-' || :id, 'seq', g, 'event_kind', 'trip_requested', 'command_id', 'cmd-' || :id || '-' || g, 'command_kind', 'lock_budget', 'payload', '{"amount": 900, "to": "budget"}'::jsonb)) FROM generate_series(1, 100) g));
 COMMIT;
 EOF
+elif [ "$BATCH_ARG" = rows ]; then
+	# the same JSON text with each decision an array of its values
+	# (commit_decision's order) instead of an object
+	{
+		echo 'BEGIN;'
+		echo "INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \\gset"
+		printf "SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('["
+		for g in $(seq 100); do
+			[ "$g" -gt 1 ] && printf ', '
+			printf '["run-%%1$s", %d, "trip_requested", "cmd-%%1$s-%d", "lock_budget", {"amount": 900, "to": "budget"}]' "$g" "$g"
+		done
+		echo "]', :id::text)::jsonb);"
+		echo 'COMMIT;'
+	} >"$WORK/outbox-batch.sql"
 else
 	# the array as a client sends it: JSON text, the business row's id
 	# put into it by format() ($1 is that id, %1$s its every use)

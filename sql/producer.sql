@@ -332,3 +332,40 @@ SELECT outbox.commit_decision('r-tw6', 1, 'e', 'c-tw6', 'k-w', '{"n": 1}'),
        outbox.commit_decision('r-tw6', 2, 'e', 'c-tw6', 'k-w', '{"n": 1}');
 \set VERBOSITY default
 ROLLBACK;
+
+-- A decision may also be a JSON array of its values, in the order of
+-- commit_decision's parameters (run_id, seq, event_kind, command_id,
+-- command_kind, payload, then optionally event_payload, not_before,
+-- priority, headers, ordering_key); the forms mix within one call.
+SELECT * FROM outbox.commit_decisions('[
+  ["run-a1", 1, "e", "cmd-a1", "k", {"n": 1}],
+  ["run-a1", "2", "e", "cmd-a2", "k", {"n": 2}, {"why": 2}, null, 3],
+  {"run_id": "run-a1", "seq": 3, "event_kind": "e", "command_id": "cmd-a3", "command_kind": "k", "payload": {"n": 3}}]');
+SELECT command_id, seq, kind, payload, priority, headers FROM outbox.commands
+ WHERE run_id = 'run-a1' ORDER BY command_id;
+SELECT seq, payload FROM outbox.events WHERE run_id = 'run-a1' ORDER BY seq;
+-- a retry answers false; another decision holding an id is a conflict;
+-- a repeat within the batch is named by its positions
+SELECT * FROM outbox.commit_decisions('[["run-a1", 1, "e", "cmd-a1", "k", {"n": 1}], ["run-a1", 4, "e", "cmd-a4", "k", {}]]');
+SELECT * FROM outbox.commit_decisions('[["run-a2", 1, "e", "cmd-a1", "k", {}]]');
+SELECT * FROM outbox.commit_decisions('[["run-a3", 1, "e", "cmd-a5", "k", {}], ["run-a3", 2, "e", "cmd-a5", "k", {}]]');
+-- too few or too many values, a value of the wrong type, a NULL where a
+-- value is required, an element that is neither form: 22023 / 22004
+SELECT * FROM outbox.commit_decisions('[["run-a3", 1, "e", "cmd-a6", "k"]]');
+SELECT * FROM outbox.commit_decisions('[["run-a3", 1, "e", "cmd-a6", "k", {}, null, null, 0, null, "key", 1]]');
+SELECT * FROM outbox.commit_decisions('[["run-a3", 1, "e", "cmd-a6", 7, {}]]');
+SELECT * FROM outbox.commit_decisions('[["run-a3", 1.5, "e", "cmd-a6", "k", {}]]');
+SELECT * FROM outbox.commit_decisions('[["run-a3", null, "e", "cmd-a6", "k", {}]]');
+SELECT * FROM outbox.commit_decisions('[["run-a3", 1, "e", "cmd-a6", "k", {}], 5]');
+SELECT count(*) AS run_a3_rows FROM outbox.events WHERE run_id = 'run-a3';
+-- headers and an ordering key by position (the keyed statements)
+SELECT * FROM outbox.commit_decisions('[["run-a4", 1, "e", "cmd-a7", "k", {}, null, null, null, {"x-a": "b"}, "key-a"]]');
+SELECT command_id, ordering_key, ordering_seq, headers FROM outbox.commands WHERE run_id = 'run-a4';
+-- The batch's direct writer enforces a NOT NULL a superuser added too
+-- (23502), before it inserts anything.
+BEGIN;
+DELETE FROM outbox.events WHERE payload IS NULL;
+ALTER TABLE outbox.events ALTER COLUMN payload SET NOT NULL;
+SELECT * FROM outbox.commit_decisions('[["r-nnb", 1, "e", "c-nnb1", "k-w", {}, {"n": 1}], ["r-nnb", 2, "e", "c-nnb2", "k-w", {}]]');
+ROLLBACK;
+SELECT count(*) AS written FROM outbox.commands WHERE run_id = 'r-nnb';

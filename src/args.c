@@ -175,6 +175,16 @@ OutboxCheckPayload(Jsonb *j, const char *what)
 	/* A scalar or a flat container cannot be too deep: skip the walk. */
 	if (JB_ROOT_IS_SCALAR(j) || JB_ROOT_COUNT(j) == 0)
 		return;
+	{
+		uint32		nchildren = JB_ROOT_COUNT(j) * (JB_ROOT_IS_OBJECT(j) ? 2 : 1);
+		uint32		i;
+
+		for (i = 0; i < nchildren; i++)
+			if (JBE_ISCONTAINER(j->root.children[i]))
+				break;
+		if (i == nchildren)
+			return;
+	}
 	it = JsonbIteratorInit(&j->root);
 	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
 	{

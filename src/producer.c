@@ -30,8 +30,9 @@
  * no error, no second row), or any other decision holding the id (23505
  * commands_pkey).  A retry racing the first attempt waits for it on the
  * unique index and, if it committed, gets the 23505; the next retry gets
- * false.  The set-based form reads a JSON array; it checks its elements
- * for repeats among themselves (naming both positions) and then, in one
+ * false.  The set-based form reads a JSON array (of objects, or of arrays
+ * of the values in commit_decision's order); it checks its elements for
+ * repeats among themselves (naming both positions) and then, in one
  * query, for forbidden kinds and stored ids, before it inserts anything.
  * A batch without ordering keys, while no kind has deciders, skips that
  * query: its insert runs in a subtransaction, which a unique violation of
@@ -72,6 +73,7 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "executor/executor.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -82,6 +84,7 @@
 #include "utils/fmgrprotos.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/numeric.h"
 #include "utils/rel.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
@@ -759,17 +762,15 @@ pr_direct_stored(PrDirect *d, text *command_id)
 }
 
 /*
- * Insert the slot's row and its index entries, as ExecSimpleRelationInsert;
- * a NULL in a NOT NULL column is refused as the executor refuses it (a
- * superuser may have made a column NOT NULL; the CHECK constraint is
- * pr_check_seq's, pr_direct_plain admits no other).
+ * Refuse a NULL in a NOT NULL column of the slot's row as the executor
+ * refuses it (a superuser may have made a column NOT NULL; the CHECK
+ * constraint is pr_check_seq's, pr_direct_plain admits no other), and
+ * store the row as the slot's virtual tuple.
  */
 static void
-pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
+pr_direct_ready(Relation rel, TupleTableSlot *slot)
 {
-	Relation	rel = rri->ri_RelationDesc;
 	TupleDesc	desc = RelationGetDescr(rel);
-	List	   *deferred;
 	int			i;
 
 	for (i = 0; i < desc->natts; i++)
@@ -780,24 +781,40 @@ pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
 							NameStr(TupleDescAttr(desc, i)->attname), RelationGetRelationName(rel)),
 					 errtablecol(rel, i + 1)));
 	ExecStoreVirtualTuple(slot);
-	table_tuple_insert(rri->ri_RelationDesc, slot, d->estate->es_output_cid, 0, NULL);
+}
+
+/* Insert the index entries of the row just inserted from slot. */
+static void
+pr_direct_index(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
+{
+	List	   *deferred;
+
 	deferred = ExecInsertIndexTuples(rri, slot, d->estate, false, false, NULL, NIL);
 	list_free(deferred);
 	ResetPerTupleExprContext(d->estate);
 }
 
 /*
- * Insert one decision (args as PR_DECIDE takes them; nulls[10], the
- * headers, may be 'n'), the command and then its event; a unique
- * violation of the extension's keys is re-raised as pr_insert does.
+ * Insert the slot's row and its index entries, as ExecSimpleRelationInsert
+ * (the NOT NULL check of pr_direct_ready first).
  */
 static void
-pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
-				   const PrWhat *w)
+pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
 {
-	MemoryContext cxt = CurrentMemoryContext;
-	TupleTableSlot *c = d->cslot;
-	TupleTableSlot *e = d->eslot;
+	pr_direct_ready(rri->ri_RelationDesc, slot);
+	table_tuple_insert(rri->ri_RelationDesc, slot, d->estate->es_output_cid, 0, NULL);
+	pr_direct_index(d, rri, slot);
+}
+
+/*
+ * Fill the command slot c and the event slot e with one decision (args as
+ * PR_DECIDE takes them; nulls[10], the headers, may be 'n'); pending is
+ * the text 'pending'.
+ */
+static void
+pr_direct_fill(TupleTableSlot *c, TupleTableSlot *e, Datum *args, const char *nulls,
+			   TimestampTz now, Datum pending)
+{
 	Datum		at = nulls[7] == 'n' ? TimestampTzGetDatum(now) : args[7];
 	int			i;
 
@@ -811,7 +828,7 @@ pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
 	PR_SETC(PRC_RUN_ID, args[0]);
 	PR_SETC(PRC_SEQ, args[1]);
 	PR_SETC(PRC_KIND, args[4]);
-	PR_SETC(PRC_STATUS, CStringGetTextDatum("pending"));
+	PR_SETC(PRC_STATUS, pending);
 	PR_SETC(PRC_VERSION, Int64GetDatum(1));
 	PR_SETC(PRC_DELIVERIES, Int32GetDatum(0));
 	PR_SETC(PRC_PRIORITY, args[8]);
@@ -838,11 +855,24 @@ pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
 	PR_SETE(PRE_COMMAND_ID, args[3]);
 	PR_SETE(PRE_CREATED_AT, TimestampTzGetDatum(now));
 #undef PR_SETE
+}
 
+/*
+ * Insert one decision (args as pr_direct_fill takes them), the command and
+ * then its event; a unique violation of the extension's keys is re-raised
+ * as pr_insert does.
+ */
+static void
+pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
+				   const PrWhat *w)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+
+	pr_direct_fill(d->cslot, d->eslot, args, nulls, now, CStringGetTextDatum("pending"));
 	PG_TRY();
 	{
-		pr_direct_insert(d, d->crri, c);
-		pr_direct_insert(d, d->erri, e);
+		pr_direct_insert(d, d->crri, d->cslot);
+		pr_direct_insert(d, d->erri, d->eslot);
 	}
 	PG_CATCH();
 	{
@@ -1061,6 +1091,8 @@ outbox_record_event(PG_FUNCTION_ARGS)
 
 static const char *const pr_keys[PR_NKEYS] = {"run_id", "seq", "event_kind", "command_id",
 "command_kind", "payload", "event_payload", "not_before", "priority", "headers", "ordering_key"};
+/* The lengths of pr_keys, for matching a JSON key without copying it. */
+static const int pr_key_lens[PR_NKEYS] = {6, 3, 10, 10, 12, 7, 13, 10, 8, 7, 12};
 
 #define PR_KEY_RUN_ID		0
 #define PR_KEY_SEQ			1
@@ -1119,12 +1151,18 @@ pr_json_text(int elem, const char *key, JsonbValue *v)
 	return PointerGetDatum(cstring_to_text_with_len(v->val.string.val, v->val.string.len));
 }
 
-/* A JSON number that must be an integer (numeric_int8 would round it). */
+/*
+ * A JSON number that must be an integer (numeric_int8 would round it); a
+ * number written without a fraction (display scale 0) is one at once.
+ */
 static Datum
 pr_json_integer(int elem, const char *key, Numeric num)
 {
 	Datum		d = NumericGetDatum(num);
 
+	if (!numeric_is_nan(num) && !numeric_is_inf(num) &&
+		DatumGetInt32(DirectFunctionCall1(numeric_scale, d)) == 0)
+		return d;
 	if (!DatumGetBool(DirectFunctionCall2(numeric_eq, d,
 										  DirectFunctionCall2(numeric_trunc, d, Int32GetDatum(0)))))
 		ereport(ERROR,
@@ -1134,11 +1172,65 @@ pr_json_integer(int elem, const char *key, Numeric num)
 }
 
 /*
- * Read one decision (a JSON object) of commit_decisions into values and
- * isnull, in the order of pr_keys; missing keys and JSON nulls are SQL
- * NULLs.  Unknown keys and values of the wrong type are refused.  seq may be
- * a number or a string (a driver's int8), not_before a string in any input
- * form of timestamptz.
+ * Read the value v of key i (of pr_keys) of decision elem (1-based) into
+ * values[i] and isnull[i]: a JSON null is an SQL NULL (payload and
+ * event_payload keep it as the JSON null); values of the wrong type are
+ * refused.  seq may be a number or a string (a driver's int8), not_before a
+ * string in any input form of timestamptz.
+ */
+static void
+pr_read_value(int elem, int i, JsonbValue *v, Datum *values, bool *isnull)
+{
+	const char *key = pr_keys[i];
+
+	if (v->type == jbvNull && i != PR_KEY_PAYLOAD && i != PR_KEY_EVENT_PAYLOAD)
+		return;
+	isnull[i] = false;
+	switch (i)
+	{
+		case PR_KEY_SEQ:
+			if (v->type == jbvNumeric)
+				values[i] = DirectFunctionCall1(numeric_int8,
+												pr_json_integer(elem, key, v->val.numeric));
+			else if (v->type == jbvString)
+				values[i] = DirectFunctionCall1(int8in,
+												CStringGetDatum(pnstrdup(v->val.string.val, v->val.string.len)));
+			else
+				pr_raise_json_type(elem, key, v, "a number or a string");
+			break;
+		case PR_KEY_PAYLOAD:
+		case PR_KEY_EVENT_PAYLOAD:
+			values[i] = PointerGetDatum(JsonbValueToJsonb(v));
+			break;
+		case PR_KEY_HEADERS:
+			values[i] = PointerGetDatum(JsonbValueToJsonb(v));
+			OutboxCheckHeaders(DatumGetJsonbP(values[i]), elem);
+			break;
+		case PR_KEY_NOT_BEFORE:
+			if (v->type != jbvString)
+				pr_raise_json_type(elem, key, v, "a string");
+			values[i] = DirectFunctionCall3(timestamptz_in,
+											CStringGetDatum(pnstrdup(v->val.string.val, v->val.string.len)),
+											ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
+			break;
+		case PR_KEY_PRIORITY:
+			if (v->type != jbvNumeric)
+				pr_raise_json_type(elem, key, v, "a number");
+			values[i] = DirectFunctionCall1(numeric_int4,
+											pr_json_integer(elem, key, v->val.numeric));
+			break;
+		default:
+			values[i] = pr_json_text(elem, key, v);
+			break;
+	}
+}
+
+/*
+ * Read one decision of commit_decisions into values and isnull, in the
+ * order of pr_keys (pr_read_value): a JSON object of those keys, missing
+ * keys being SQL NULLs and unknown keys refused, or a JSON array of their
+ * values in that order (commit_decision's parameters), of 6 to 11 members,
+ * the missing last ones being SQL NULLs.
  */
 static void
 pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
@@ -1154,125 +1246,101 @@ pr_read_decision(int elem, JsonbValue *obj, Datum *values, bool *isnull)
 		values[i] = (Datum) 0;
 		isnull[i] = true;
 	}
-	if (obj->type != jbvBinary || !JsonContainerIsObject(obj->val.binary.data))
+	if (obj->type != jbvBinary)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("decision %d must be a JSON object", elem)));
+				 errmsg("decision %d must be a JSON object or array", elem)));
+	if (JsonContainerIsArray(obj->val.binary.data))
+	{
+		int			size = JsonContainerSize(obj->val.binary.data);
+
+		if (size <= PR_KEY_PAYLOAD || size > PR_NKEYS)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("decision %d must have %d to %d values", elem,
+							PR_KEY_PAYLOAD + 1, PR_NKEYS),
+					 errdetail("It has %d.", size),
+					 errhint("The values are run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before, priority, headers and ordering_key, in this order.")));
+		it = JsonbIteratorInit(obj->val.binary.data);
+		tok = JsonbIteratorNext(&it, &v, true);
+		Assert(tok == WJB_BEGIN_ARRAY);
+		i = 0;
+		while ((tok = JsonbIteratorNext(&it, &v, true)) == WJB_ELEM)
+			pr_read_value(elem, i++, &v, values, isnull);
+		return;
+	}
 	it = JsonbIteratorInit(obj->val.binary.data);
 	tok = JsonbIteratorNext(&it, &k, true);
 	Assert(tok == WJB_BEGIN_OBJECT);
 	while ((tok = JsonbIteratorNext(&it, &k, true)) == WJB_KEY)
 	{
-		char	   *key = pnstrdup(k.val.string.val, k.val.string.len);
-
 		tok = JsonbIteratorNext(&it, &v, true);
 		Assert(tok == WJB_VALUE);
 		for (i = 0; i < PR_NKEYS; i++)
-			if (strcmp(key, pr_keys[i]) == 0)
+			if (k.val.string.len == pr_key_lens[i] &&
+				memcmp(k.val.string.val, pr_keys[i], k.val.string.len) == 0)
 				break;
 		if (i == PR_NKEYS)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("decision %d has an unknown key \"%s\"", elem, key),
+					 errmsg("decision %d has an unknown key \"%s\"", elem,
+							pnstrdup(k.val.string.val, k.val.string.len)),
 					 errhint("The keys are run_id, seq, event_kind, command_id, command_kind, payload, event_payload, not_before, priority, headers and ordering_key.")));
-		if (v.type == jbvNull && i != PR_KEY_PAYLOAD && i != PR_KEY_EVENT_PAYLOAD)
-			continue;
-		isnull[i] = false;
-		switch (i)
-		{
-			case PR_KEY_SEQ:
-				if (v.type == jbvNumeric)
-					values[i] = DirectFunctionCall1(numeric_int8,
-													pr_json_integer(elem, key, v.val.numeric));
-				else if (v.type == jbvString)
-					values[i] = DirectFunctionCall1(int8in,
-													CStringGetDatum(pnstrdup(v.val.string.val, v.val.string.len)));
-				else
-					pr_raise_json_type(elem, key, &v, "a number or a string");
-				break;
-			case PR_KEY_PAYLOAD:
-			case PR_KEY_EVENT_PAYLOAD:
-				values[i] = PointerGetDatum(JsonbValueToJsonb(&v));
-				break;
-			case PR_KEY_HEADERS:
-				values[i] = PointerGetDatum(JsonbValueToJsonb(&v));
-				OutboxCheckHeaders(DatumGetJsonbP(values[i]), elem);
-				break;
-			case PR_KEY_NOT_BEFORE:
-				if (v.type != jbvString)
-					pr_raise_json_type(elem, key, &v, "a string");
-				values[i] = DirectFunctionCall3(timestamptz_in,
-												CStringGetDatum(pnstrdup(v.val.string.val, v.val.string.len)),
-												ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
-				break;
-			case PR_KEY_PRIORITY:
-				if (v.type != jbvNumeric)
-					pr_raise_json_type(elem, key, &v, "a number");
-				values[i] = DirectFunctionCall1(numeric_int4,
-												pr_json_integer(elem, key, v.val.numeric));
-				break;
-			default:
-				values[i] = pr_json_text(elem, key, &v);
-				break;
-		}
-		pfree(key);
+		pr_read_value(elem, i, &v, values, isnull);
 	}
 }
 
-/* One element of a batch, for finding repeats within it. */
+/* One element of a batch, for finding repeats within it (in batch order). */
 typedef struct PrKey
 {
-	text	   *id;				/* command_id, or run_id with seq */
+	const char *id;				/* command_id, or run_id with seq */
+	int			len;			/* id's length in bytes */
 	int64		seq;
-	int			elem;			/* 0-based position in the batch */
 } PrKey;
 
-/* qsort comparator of PrKey: id byte by byte (as the "C" keys), seq, position. */
-static int
-pr_cmp_key(const void *a, const void *b)
+/* Whether two keys are equal: the same bytes (as the "C" keys) and seq. */
+static inline bool
+pr_same_key(const PrKey *x, const PrKey *y)
 {
-	const PrKey *x = (const PrKey *) a;
-	const PrKey *y = (const PrKey *) b;
-	int			c = OutboxCompareIds(x->id, y->id);
-
-	if (c != 0)
-		return c;
-	if (x->seq != y->seq)
-		return x->seq < y->seq ? -1 : 1;
-	return x->elem - y->elem;
+	return x->len == y->len && x->seq == y->seq && memcmp(x->id, y->id, x->len) == 0;
 }
 
 /*
- * Sort n keys and find the repeat placed earliest in the batch: *second is
- * its position and *first that of its earliest twin (0-based).  Returns
+ * Find the repeat placed earliest in the batch: *second is its position
+ * and *first that of its earliest twin (0-based), the keys being looked up
+ * in batch order in an open-addressing hash table of their own.  Returns
  * false when the keys are all distinct.
  */
 static bool
 pr_find_repeat(PrKey *keys, int n, int *first, int *second)
 {
+	uint32		size = 16;
+	uint32		mask;
+	int		   *slots;
 	int			i;
-	int			group = 0;
-	bool		found = false;
 
-	qsort(keys, n, sizeof(PrKey), pr_cmp_key);
-	for (i = 1; i < n; i++)
+	while (size < (uint32) n * 2)
+		size <<= 1;
+	mask = size - 1;
+	slots = palloc(sizeof(int) * size);
+	memset(slots, -1, sizeof(int) * size);
+	for (i = 0; i < n; i++)
 	{
-		PrKey		k = keys[i];
+		uint32		h = hash_bytes_extended((const unsigned char *) keys[i].id,
+											keys[i].len, (uint64) keys[i].seq);
 
-		k.elem = keys[i - 1].elem;
-		if (pr_cmp_key(&k, &keys[i - 1]) != 0)
-		{
-			group = i;
-			continue;
-		}
-		if (!found || keys[i].elem < *second)
-		{
-			*first = keys[group].elem;
-			*second = keys[i].elem;
-			found = true;
-		}
+		for (h &= mask; slots[h] >= 0; h = (h + 1) & mask)
+			if (pr_same_key(&keys[slots[h]], &keys[i]))
+			{
+				*first = slots[h];
+				*second = i;
+				pfree(slots);
+				return true;
+			}
+		slots[h] = i;
 	}
-	return found;
+	pfree(slots);
+	return false;
 }
 
 /*
@@ -1289,9 +1357,11 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 
 	for (i = 0; i < n; i++)
 	{
-		keys[i].id = DatumGetTextPP(command_ids[i]);
+		text	   *t = DatumGetTextPP(command_ids[i]);
+
+		keys[i].id = VARDATA_ANY(t);
+		keys[i].len = VARSIZE_ANY_EXHDR(t);
 		keys[i].seq = 0;
-		keys[i].elem = i;
 	}
 	if (pr_find_repeat(keys, n, &first, &second))
 		ereport(ERROR,
@@ -1302,9 +1372,11 @@ pr_check_repeats(Datum *run_ids, Datum *seqs, Datum *command_ids, int n)
 						   text_to_cstring(DatumGetTextPP(command_ids[second])))));
 	for (i = 0; i < n; i++)
 	{
-		keys[i].id = DatumGetTextPP(run_ids[i]);
+		text	   *t = DatumGetTextPP(run_ids[i]);
+
+		keys[i].id = VARDATA_ANY(t);
+		keys[i].len = VARSIZE_ANY_EXHDR(t);
 		keys[i].seq = DatumGetInt64(seqs[i]);
-		keys[i].elem = i;
 	}
 	if (pr_find_repeat(keys, n, &first, &second))
 		ereport(ERROR,
@@ -1576,6 +1648,65 @@ pr_try_batch(Datum *args, const char *nulls, uint64 rows, const Oid *argtypes)
 }
 
 /*
+ * Write the n decisions of a batch (the arrays of pr_commit_decisions) as
+ * COPY does: the rows of each table formed in slots of their own (over a
+ * copy of the table's descriptor, which they need not pin), one
+ * table_multi_insert per table (commands, then events: fewer page locks
+ * and WAL records than a heap insert per row), then each row's index
+ * entries, whose unique checks raise a taken key's 23505 as the
+ * statements' insert does (pr_try_batch_direct catches it).
+ */
+static void
+pr_direct_batch(PrDirect *d, Datum **elems, bool **elnulls, int n, Oid caller)
+{
+	TupleTableSlot **cs = palloc(sizeof(TupleTableSlot *) * n);
+	TupleTableSlot **es = palloc(sizeof(TupleTableSlot *) * n);
+	TupleDesc	cdesc = CreateTupleDescCopy(RelationGetDescr(d->commands));
+	TupleDesc	edesc = CreateTupleDescCopy(RelationGetDescr(d->events));
+	const TupleTableSlotOps *cops = table_slot_callbacks(d->commands);
+	const TupleTableSlotOps *eops = table_slot_callbacks(d->events);
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+	Datum		pending = CStringGetTextDatum("pending");
+	int			i;
+	int			j;
+
+	for (i = 0; i < n; i++)
+	{
+		Datum		args[PR_NKEYS + 1];
+		char		nulls[PR_NKEYS + 1];
+
+		for (j = 0; j < PR_NKEYS; j++)
+		{
+			args[PR_KEY_PARAM(j)] = elems[j][i];
+			nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+		}
+		if (elnulls[PR_KEY_PRIORITY][i])
+			args[PR_KEY_PARAM(PR_KEY_PRIORITY)] = Int32GetDatum(0);
+		args[9] = ObjectIdGetDatum(caller);
+		cs[i] = MakeSingleTupleTableSlot(cdesc, cops);
+		es[i] = MakeSingleTupleTableSlot(edesc, eops);
+		pr_direct_fill(cs[i], es[i], args, nulls, now, pending);
+		pr_direct_ready(d->commands, cs[i]);
+		pr_direct_ready(d->events, es[i]);
+	}
+	table_multi_insert(d->commands, cs, n, d->estate->es_output_cid, 0, NULL);
+	for (i = 0; i < n; i++)
+		pr_direct_index(d, d->crri, cs[i]);
+	table_multi_insert(d->events, es, n, d->estate->es_output_cid, 0, NULL);
+	for (i = 0; i < n; i++)
+		pr_direct_index(d, d->erri, es[i]);
+	for (i = 0; i < n; i++)
+	{
+		ExecDropSingleTupleTableSlot(cs[i]);
+		ExecDropSingleTupleTableSlot(es[i]);
+	}
+	pfree(cs);
+	pfree(es);
+	FreeTupleDesc(cdesc);
+	FreeTupleDesc(edesc);
+}
+
+/*
  * The common batch written without SQL (pr_direct_open), in a
  * subtransaction as pr_try_batch: each decision's command and then its
  * event.  Returns 1 when all are inserted, 0 when a unique violation of
@@ -1596,32 +1727,10 @@ pr_try_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
 	PG_TRY();
 	{
 		PrDirect	d;
-		PrWhat		what;
-		TimestampTz now = GetCurrentTransactionStartTimestamp();
-		int			i;
-		int			j;
 
 		if (pr_direct_open(&d))
 		{
-			what.run_id = NULL;
-			what.seq = 0;
-			what.command_id = NULL;
-			what.rows = n;
-			for (i = 0; i < n; i++)
-			{
-				Datum		args[PR_NKEYS + 1];
-				char		nulls[PR_NKEYS + 1];
-
-				for (j = 0; j < PR_NKEYS; j++)
-				{
-					args[PR_KEY_PARAM(j)] = elems[j][i];
-					nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
-				}
-				if (elnulls[PR_KEY_PRIORITY][i])
-					args[PR_KEY_PARAM(PR_KEY_PRIORITY)] = Int32GetDatum(0);
-				args[9] = ObjectIdGetDatum(caller);
-				pr_direct_decision(&d, args, nulls, now, &what);
-			}
+			pr_direct_batch(&d, elems, elnulls, n, caller);
 			pr_direct_close(&d);
 		}
 		else
@@ -1727,7 +1836,8 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 	if (!JB_ROOT_IS_ARRAY(doc) || JB_ROOT_IS_SCALAR(doc))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("decisions must be a JSON array of objects")));
+				 errmsg("decisions must be a JSON array of decisions"),
+				 errdetail("Each decision is a JSON object or a JSON array of its values.")));
 	n = JB_ROOT_COUNT(doc);
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
