@@ -8,8 +8,8 @@
 -- grows with the commands that are not finished (the backlog) and never
 -- with the published history:
 --
---   pending, due      commands_claim_idx  (due_at IS NOT NULL; kind INCLUDEd)
---   sending           commands_lease_idx  (status = 'sending'; kind INCLUDEd)
+--   pending, due      commands_claim_idx  (due_at IS NOT NULL; kind its last key)
+--   sending           commands_lease_idx  (status = 'sending'; kind its last key)
 --   waiting, dead     commands_held_idx   (the rest: no claim or ack writes
 --   and uncertain                          to it)
 --
@@ -44,7 +44,11 @@
 --
 -- A (kind, status, state) with no command has no row.  The heap is read
 -- only for pages that are not all-visible in the visibility map
--- (autovacuum sets them; "Heap Fetches" in the plan).
+-- (autovacuum sets them; "Heap Fetches" in the plan).  Each aggregate is
+-- evaluated for every index entry read, so the pending and the sending
+-- commands are counted with one filter each: the delayed ones and the
+-- live leases are the rest, and the oldest due_at (lease_until) is the
+-- oldest ready command (expired lease) whenever there is one.
 CREATE FUNCTION @extschema@.metrics_backlog(
 	OUT kind pg_catalog.text,
 	OUT status pg_catalog.text,
@@ -57,18 +61,16 @@ SET search_path = pg_catalog, pg_temp
 ROWS 30
 AS $$
 WITH p AS (
-	SELECT c.kind,
+	SELECT c.kind, pg_catalog.count(*) AS n,
 		   pg_catalog.count(*) FILTER (WHERE c.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS ready,
-		   pg_catalog.count(*) FILTER (WHERE c.due_at OPERATOR(pg_catalog.>) pg_catalog.now()) AS delayed,
-		   pg_catalog.min(c.due_at) FILTER (WHERE c.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest
+		   pg_catalog.min(c.due_at) AS oldest
 	  FROM @extschema@.commands c
 	 WHERE c.due_at IS NOT NULL
 	 GROUP BY c.kind),
 s AS (
-	SELECT c.kind,
-		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.>) pg_catalog.now()) AS live,
+	SELECT c.kind, pg_catalog.count(*) AS n,
 		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS expired,
-		   pg_catalog.min(c.lease_until) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest
+		   pg_catalog.min(c.lease_until) AS oldest
 	  FROM @extschema@.commands c
 	 WHERE c.status OPERATOR(pg_catalog.=) 'sending'
 	 GROUP BY c.kind),
@@ -84,9 +86,9 @@ SELECT x.kind, x.status, x.state, x.n, COALESCE(x.age, 0)
 			   pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) p.oldest) AS age
 		  FROM p
 		UNION ALL
-		SELECT p.kind, 'pending', 2, 'delayed', p.delayed, NULL FROM p
+		SELECT p.kind, 'pending', 2, 'delayed', p.n OPERATOR(pg_catalog.-) p.ready, NULL FROM p
 		UNION ALL
-		SELECT s.kind, 'sending', 4, 'live', s.live, NULL FROM s
+		SELECT s.kind, 'sending', 4, 'live', s.n OPERATOR(pg_catalog.-) s.expired, NULL FROM s
 		UNION ALL
 		SELECT s.kind, 'sending', 5, 'expired', s.expired,
 			   pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) s.oldest)

@@ -41,8 +41,8 @@ SELECT col_has_default('outbox', 'commands', 'status', 'col_has_default outbox, 
 SELECT col_default_is('outbox', 'commands', 'status', 'pending'::text, 'new commands are pending');
 SELECT col_type_is('outbox', 'commands', 'status', 'outbox', 'command_status', 'status is of the domain command_status');
 SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx', 'commands_held_idx', 'commands_key_idx']);
-SELECT is_indexed('outbox', 'commands', ARRAY['priority', 'due_at', 'created_at', 'kind'], 'claim index by priority and availability (kind INCLUDEd)');
-SELECT is_indexed('outbox', 'commands', ARRAY['lease_until', 'kind'], 'lease index for takeovers (kind INCLUDEd)');
+SELECT is_indexed('outbox', 'commands', ARRAY['priority', 'due_at', 'created_at', 'kind'], 'claim index by priority and availability (and kind, for the metrics)');
+SELECT is_indexed('outbox', 'commands', ARRAY['lease_until', 'kind'], 'lease index for takeovers (and kind, for the metrics)');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_claim_idx'::regclass),
 	'(due_at IS NOT NULL)', 'claim index holds claimable rows only');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_lease_idx'::regclass),
@@ -50,9 +50,11 @@ SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid 
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_held_idx'::regclass),
 	'(((status)::text = ANY (ARRAY[''dead''::text, ''uncertain''::text])) OR (((status)::text = ''pending''::text) AND (due_at IS NULL)))',
 	'held index holds the dead, uncertain and waiting commands only');
-SELECT is((SELECT array_agg(pg_get_indexdef(indexrelid, k, true) ORDER BY k) FROM pg_index, generate_series(indnkeyatts + 1, indnatts) k
+SELECT is((SELECT array_agg(pg_get_indexdef(indexrelid) ORDER BY indexrelid::regclass::text) FROM pg_index
 			WHERE indexrelid IN ('outbox.commands_claim_idx'::regclass, 'outbox.commands_lease_idx'::regclass)),
-	ARRAY['kind', 'kind'], 'both claim indexes carry kind as a non-key column, for the metrics');
+	ARRAY['CREATE INDEX commands_claim_idx ON outbox.commands USING btree (priority DESC, due_at, created_at, kind) WHERE (due_at IS NOT NULL)',
+		  'CREATE INDEX commands_lease_idx ON outbox.commands USING btree (lease_until, kind) WHERE ((status)::text = ''sending''::text)'],
+	'both claim indexes end with kind, a key column (deduplicated), for the metrics');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_key_idx'::regclass),
 	'((ordering_key IS NOT NULL) AND (ordering_tail OR (((status)::text = ''pending''::text) AND (due_at IS NULL)) OR (((status)::text <> ''pending''::text) AND ((status)::text <> ''sending''::text))))',
 	'key index holds the commands with an ordering key that wait, are published, dead or uncertain, or are marked as their key''s last head');
