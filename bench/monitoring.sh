@@ -30,12 +30,13 @@
 # every page (the heap is then read for every unfinished command, until
 # autovacuum comes).
 #
-# Then the write cost of commands_unfinished_idx, the index the metrics
-# read: in one run, the two systems taking turns within each of WREPEATS
-# repeats, pgbench (CLIENTS clients, WDURATION seconds) decides commands
+# Then the write cost of what the metrics add to the indexes (kind as
+# the last key of commands_claim_idx and commands_lease_idx, and
+# commands_held_idx): in one run, the two systems taking turns within each
+# of WREPEATS repeats, pgbench (CLIENTS clients, WDURATION seconds) decides commands
 # one per transaction with outbox.commit_decision, then claims and acks
-# them in batches of 10 (outbox.claim, outbox.ack_many), with the index and
-# with it dropped; the median of the repeats' ratios with / without, and
+# them in batches of 10 (outbox.claim, outbox.ack_many), with those and
+# without them; the median of the repeats' ratios with / without, and
 # the WAL written per command.  WSYNC=off runs the cells with
 # synchronous_commit off (CPU rather than fsync bound: a steadier ratio on
 # a busy machine).
@@ -102,14 +103,28 @@ cat > "$WORK/churn.sql" <<'EOF'
 UPDATE outbox.commands SET payload = payload
  WHERE status = 'published' AND hashtext(command_id) % 5 = 0;
 EOF
-# The index the metrics read, as 45_metrics.sql makes it (the write cost
-# drops and makes it again).
+# The indexes the metrics read, as 00_schema.sql makes them (kind the last
+# key of both claim indexes, and commands_held_idx), and without them (the claim
+# indexes without kind, no commands_held_idx): the write cost drops and
+# makes them again.
 cat > "$WORK/index-create.sql" <<'EOF'
-CREATE INDEX IF NOT EXISTS commands_unfinished_idx ON outbox.commands
-	(kind, status COLLATE pg_catalog."C", due_at, lease_until)
-	WHERE status OPERATOR(pg_catalog.<>) 'published';
+DROP INDEX outbox.commands_claim_idx, outbox.commands_lease_idx;
+CREATE INDEX commands_claim_idx ON outbox.commands
+	(priority DESC, due_at, created_at, kind) WHERE due_at IS NOT NULL;
+CREATE INDEX commands_lease_idx ON outbox.commands (lease_until, kind)
+	WHERE status OPERATOR(pg_catalog.=) 'sending';
+CREATE INDEX IF NOT EXISTS commands_held_idx ON outbox.commands (kind, status COLLATE pg_catalog."C")
+	WHERE status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[])
+	   OR (status OPERATOR(pg_catalog.=) 'pending' AND due_at IS NULL);
 EOF
-echo 'DROP INDEX IF EXISTS outbox.commands_unfinished_idx;' > "$WORK/index-drop.sql"
+cat > "$WORK/index-drop.sql" <<'EOF'
+DROP INDEX outbox.commands_claim_idx, outbox.commands_lease_idx;
+DROP INDEX IF EXISTS outbox.commands_held_idx;
+CREATE INDEX commands_claim_idx ON outbox.commands
+	(priority DESC, due_at, created_at) WHERE due_at IS NOT NULL;
+CREATE INDEX commands_lease_idx ON outbox.commands (lease_until)
+	WHERE status OPERATOR(pg_catalog.=) 'sending';
+EOF
 cat > "$WORK/produce.sql" <<'EOF'
 SELECT outbox.commit_decision('bench-' || (s / 100), s, 'decided', 'b-' || s, 'kind-' || (s % 7), '{"to": "someone@example.org"}') FROM nextval('bench_seq') s;
 EOF
@@ -214,8 +229,8 @@ measure() {
 	kill "$EXPORTER_PID"; wait "$EXPORTER_PID" 2>/dev/null || true; EXPORTER_PID=
 }
 
-# The write cost of commands_unfinished_idx: the producer's and the
-# relay's path, with and without the index, in the same run.  Each repeat
+# The write cost of the metrics' indexes: the producer's and the
+# relay's path, with and without them, in the same run.  Each repeat
 # runs both (in alternating order); the ratio of a repeat compares two
 # neighbouring cells, and the median of those ratios is reported with the
 # WAL written per command (which does not depend on the machine's load).
@@ -224,7 +239,7 @@ write_cost() {
 	local pgb="PGOPTIONS='-c synchronous_commit=$WSYNC' '$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $CLIENTS -j $CLIENTS"
 	local r v p c n tx l0 l1 l2 order
 	echo
-	echo "######## write cost of commands_unfinished_idx: $CLIENTS clients, $WDURATION s cells, $WREPEATS repeats, synchronous_commit $WSYNC"
+	echo "######## write cost of the metrics' indexes (kind in the claim indexes, commands_held_idx): $CLIENTS clients, $WDURATION s cells, $WREPEATS repeats, synchronous_commit $WSYNC"
 	as_pg "$PSQL -c 'CREATE DATABASE wcost'"
 	as_pg "$wpsql -c 'CREATE EXTENSION outbox' -c 'CREATE SEQUENCE bench_seq'"
 	: > "$WORK/wcost.txt"

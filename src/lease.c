@@ -480,9 +480,11 @@ le_cmp_claimed(const void *a, const void *b)
 
 /*
  * Whether idx is the index the extension made as commands_lease_idx: a
- * B-tree on lease_until alone, without expressions, over the rows that
- * satisfy status = 'sending'.  A different index under that name (made by
- * hand) could hold fewer rows, and the probe would then miss leases.
+ * B-tree whose first key is lease_until (the probe reads that key only;
+ * the kind after it is for the metrics), without expressions, over the rows
+ * that satisfy status = 'sending'.  A different index under
+ * that name (made by hand) could hold fewer rows, and the probe would then
+ * miss leases.
  */
 static bool
 le_is_lease_index(Relation rel, Relation idx)
@@ -496,7 +498,7 @@ le_is_lease_index(Relation rel, Relation idx)
 
 	if (idx->rd_rel->relkind != RELKIND_INDEX || idx->rd_rel->relam != BTREE_AM_OID ||
 		ix->indrelid != RelationGetRelid(rel) || !ix->indisvalid || ix->indcheckxmin ||
-		ix->indnatts != 1 ||
+		ix->indnkeyatts < 1 ||
 		ix->indkey.values[0] != get_attnum(RelationGetRelid(rel), "lease_until") ||
 		RelationGetIndexExpressions(idx) != NIL)
 		return false;

@@ -50,7 +50,7 @@ CREATE DOMAIN @extschema@.command_deliveries AS pg_catalog.int4
 -- commands_lease_idx holds sending rows by lease end (for takeovers and the
 -- worker's sweep).  A claim adds one entry to each of commands_pkey and
 -- commands_lease_idx, an ack one to commands_pkey only: the other indexes
--- (commands_unfinished_idx, and commands_key_idx for the commands with an
+-- (commands_held_idx, and commands_key_idx for the commands with an
 -- ordering key) get none from the claim or ack of an unordered command, and
 -- no field an ack changes appears in any key.  The fillfactor
 -- leaves room on each page for the new row versions.  A lease's token is
@@ -83,25 +83,33 @@ CREATE TABLE @extschema@.commands (
 	CONSTRAINT commands_pkey PRIMARY KEY (command_id)
 ) WITH (fillfactor = 80);
 
+-- Both claim indexes end with kind, so that outbox.metrics_backlog() of
+-- part 45 counts the pending and the sending commands by kind with
+-- index-only scans of them.  The claim's order is the keys before it.  A
+-- last key column rather than an INCLUDE column: B-tree deduplication
+-- keeps working (it is off for an index with INCLUDE columns), and the
+-- commands of one batch of decisions, or of one claim, share their times,
+-- so their entries fold into one posting list per kind.
 CREATE INDEX commands_claim_idx ON @extschema@.commands
-	(priority DESC, due_at, created_at) WHERE due_at IS NOT NULL;
-CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until)
+	(priority DESC, due_at, created_at, kind) WHERE due_at IS NOT NULL;
+CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until, kind)
 	WHERE status OPERATOR(pg_catalog.=) 'sending';
 
--- Every command that is not published, by kind, status, availability and
--- lease end: the one index outbox.metrics_backlog() of part 45 reads, with an index-only scan
--- (every column it needs is in the key, and status is in the predicate).
--- A published command has no entry, so the index grows with the backlog,
--- never with the retained history.  Writes: one entry when a command is
--- decided, requeued or claimed (those updates change due_at, lease_until
--- or status, which other indexes already hold, so they were not HOT
--- before), none for an ack or a purge.  status sorts in the "C" collation
--- like every text key of the extension.
-CREATE INDEX commands_unfinished_idx ON @extschema@.commands
-	(kind, status COLLATE pg_catalog."C", due_at, lease_until)
-	WHERE status OPERATOR(pg_catalog.<>) 'published';
-COMMENT ON INDEX @extschema@.commands_unfinished_idx
-	IS 'commands not published by kind, status, due_at and lease_until (read by outbox.metrics_backlog with an index-only scan)';
+-- The commands that are neither claimable nor leased and not published:
+-- dead, uncertain, and waiting (pending behind an earlier command of their
+-- ordering key, due_at NULL), by kind and status, for metrics_backlog with
+-- an index-only scan (status is in the key, in the "C" collation like
+-- every text key of the extension).  A command enters it when it is
+-- decided waiting or goes dead or uncertain, and leaves it when it becomes
+-- due or is requeued or resolved: a claim or an ack never writes to it,
+-- and neither does the decision of a command that is due.  Its columns
+-- and predicate are all in other indexes too (keys or predicates), so it
+-- makes no update that was HOT non-HOT.
+CREATE INDEX commands_held_idx ON @extschema@.commands (kind, status COLLATE pg_catalog."C")
+	WHERE status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[])
+	   OR (status OPERATOR(pg_catalog.=) 'pending' AND due_at IS NULL);
+COMMENT ON INDEX @extschema@.commands_held_idx
+	IS 'dead, uncertain and waiting commands by kind and status (read by outbox.metrics_backlog with an index-only scan)';
 
 -- The commands of each ordering key in their order (src/keys.c): the
 -- producer reads a key's last command, the release of a published head its

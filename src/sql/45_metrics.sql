@@ -3,11 +3,18 @@
 -- The DBA views of part 40 (backlog, leases, dead_letters) aggregate the
 -- whole of outbox.commands; on a table of ten million mostly finished
 -- commands a scrape every 15 seconds cannot afford that.
--- outbox.metrics_backlog() gives the same figures from one partial index
--- of the unfinished commands (commands_unfinished_idx, below), so that its
--- cost grows with the commands that are not finished (the backlog) and
--- never with the published history.  outbox.metrics_checks() gives the
--- conservation checks as the background worker last counted them.
+-- outbox.metrics_backlog() gives the same figures from the partial indexes
+-- of the unfinished commands, with index-only scans, so that its cost
+-- grows with the commands that are not finished (the backlog) and never
+-- with the published history:
+--
+--   pending, due      commands_claim_idx  (due_at IS NOT NULL; kind its last key)
+--   sending           commands_lease_idx  (status = 'sending'; kind its last key)
+--   waiting, dead     commands_held_idx   (the rest: no claim or ack writes
+--   and uncertain                          to it)
+--
+-- outbox.metrics_checks() gives the conservation checks as the background
+-- worker last counted them.
 --
 -- Published commands are not counted by kind: that count would read every
 -- row that is kept for retention.  monitoring/queries.yaml (the queries of
@@ -16,14 +23,14 @@
 -- the tables; they return counts, times and check names only, never a
 -- command's id, payload or error, and are granted to pg_monitor.
 
--- commands_unfinished_idx, the index metrics_backlog reads, and the table
--- check_results that metrics_checks reads are in part 00 with the other
--- tables and indexes (an update script runs the parts after 00 again, and
--- keeps the tables and their indexes).
+-- The indexes metrics_backlog reads and the table check_results that
+-- metrics_checks reads are in part 00 with the other tables and indexes
+-- (an update script runs the parts after 00 again, and keeps the tables
+-- and their indexes).
 
 -- Per kind, status and state, the commands that are not published, and the
--- age of the oldest one where an age means something, from one index-only
--- scan of commands_unfinished_idx (in index order, so no sort):
+-- age of the oldest one where an age means something; each index is read
+-- once, and the rows come by kind, status and state:
 --
 --   status     state    commands                         oldest_age_seconds
 --   pending    ready    claimable now                    since the oldest became claimable
@@ -37,7 +44,11 @@
 --
 -- A (kind, status, state) with no command has no row.  The heap is read
 -- only for pages that are not all-visible in the visibility map
--- (autovacuum sets them; "Heap Fetches" in the plan).
+-- (autovacuum sets them; "Heap Fetches" in the plan).  Each aggregate is
+-- evaluated for every index entry read, so the pending and the sending
+-- commands are counted with one filter each: the delayed ones and the
+-- live leases are the rest, and the oldest due_at (lease_until) is the
+-- oldest ready command (expired lease) whenever there is one.
 CREATE FUNCTION @extschema@.metrics_backlog(
 	OUT kind pg_catalog.text,
 	OUT status pg_catalog.text,
@@ -49,36 +60,50 @@ LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 ROWS 30
 AS $$
-WITH g AS (
-	SELECT c.kind, c.status COLLATE pg_catalog."C" AS status,
+WITH p AS (
+	SELECT c.kind, pg_catalog.count(*) AS n,
 		   pg_catalog.count(*) FILTER (WHERE c.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS ready,
-		   pg_catalog.count(*) FILTER (WHERE c.due_at OPERATOR(pg_catalog.>) pg_catalog.now()) AS delayed,
-		   pg_catalog.count(*) FILTER (WHERE c.status OPERATOR(pg_catalog.=) 'pending'
-									   AND c.due_at IS NULL) AS waiting,
-		   pg_catalog.min(c.due_at) FILTER (WHERE c.due_at OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest_ready,
-		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.>) pg_catalog.now()) AS live,
-		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS expired,
-		   pg_catalog.min(c.lease_until) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS oldest_expired,
-		   pg_catalog.count(*) AS n
+		   pg_catalog.min(c.due_at) AS oldest
 	  FROM @extschema@.commands c
-	 WHERE c.status OPERATOR(pg_catalog.<>) 'published'
+	 WHERE c.due_at IS NOT NULL
+	 GROUP BY c.kind),
+s AS (
+	SELECT c.kind, pg_catalog.count(*) AS n,
+		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS expired,
+		   pg_catalog.min(c.lease_until) AS oldest
+	  FROM @extschema@.commands c
+	 WHERE c.status OPERATOR(pg_catalog.=) 'sending'
+	 GROUP BY c.kind),
+h AS (
+	SELECT c.kind, c.status COLLATE pg_catalog."C" AS status, pg_catalog.count(*) AS n
+	  FROM @extschema@.commands c
+	 WHERE c.status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[])
+		OR (c.status OPERATOR(pg_catalog.=) 'pending' AND c.due_at IS NULL)
 	 GROUP BY c.kind, c.status COLLATE pg_catalog."C")
-SELECT g.kind, g.status::pg_catalog.text, x.state, x.n,
-	   COALESCE(pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) x.since), 0)
-  FROM g
- CROSS JOIN LATERAL (VALUES
-	('pending'::pg_catalog.text, 'ready'::pg_catalog.text, g.ready, g.oldest_ready),
-	('pending', 'delayed', g.delayed, NULL),
-	('pending', 'waiting', g.waiting, NULL),
-	('sending', 'live', g.live, NULL),
-	('sending', 'expired', g.expired, g.oldest_expired),
-	('dead', 'held', g.n, NULL),
-	('uncertain', 'held', g.n, NULL)) AS x(status, state, n, since)
- WHERE x.status OPERATOR(pg_catalog.=) g.status::pg_catalog.text
-   AND x.n OPERATOR(pg_catalog.>) 0
+SELECT x.kind, x.status, x.state, x.n, COALESCE(x.age, 0)
+  FROM (SELECT p.kind, 'pending'::pg_catalog.text AS status, 1 AS o, 'ready'::pg_catalog.text AS state,
+			   p.ready AS n,
+			   pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) p.oldest) AS age
+		  FROM p
+		UNION ALL
+		SELECT p.kind, 'pending', 2, 'delayed', p.n OPERATOR(pg_catalog.-) p.ready, NULL FROM p
+		UNION ALL
+		SELECT s.kind, 'sending', 4, 'live', s.n OPERATOR(pg_catalog.-) s.expired, NULL FROM s
+		UNION ALL
+		SELECT s.kind, 'sending', 5, 'expired', s.expired,
+			   pg_catalog.date_part('epoch', pg_catalog.now() OPERATOR(pg_catalog.-) s.oldest)
+		  FROM s
+		UNION ALL
+		SELECT h.kind, h.status::pg_catalog.text,
+			   CASE WHEN h.status OPERATOR(pg_catalog.=) 'pending' THEN 3 ELSE 6 END,
+			   CASE WHEN h.status OPERATOR(pg_catalog.=) 'pending' THEN 'waiting' ELSE 'held' END,
+			   h.n, NULL
+		  FROM h) x
+ WHERE x.n OPERATOR(pg_catalog.>) 0
+ ORDER BY x.kind, x.status COLLATE pg_catalog."C", x.o
 $$;
 COMMENT ON FUNCTION @extschema@.metrics_backlog()
-	IS 'per kind, status and state (ready, delayed, waiting, live, expired, held): the commands that are not published and the age in seconds of the oldest ready command or expired lease; one index-only scan of commands_unfinished_idx';
+	IS 'per kind, status and state (ready, delayed, waiting, live, expired, held): the commands that are not published and the age in seconds of the oldest ready command or expired lease; index-only scans of commands_claim_idx, commands_lease_idx and commands_held_idx';
 
 REVOKE ALL ON FUNCTION @extschema@.metrics_backlog() FROM PUBLIC;
 DO $$

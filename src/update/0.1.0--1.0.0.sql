@@ -249,14 +249,21 @@ CREATE TABLE @extschema@.consumers (
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumers', '');
 COMMENT ON TABLE @extschema@.consumers IS 'consumer names, each registered to the role whose members may accept commands under it';
 
--- The metrics' index: one index of the unfinished commands replaces
--- 0.1.0's index of the dead and uncertain ones.
+-- The metrics' indexes: kind the last key of both claim indexes (the
+-- pending and the sending commands by kind), and 0.1.0's index of the dead and
+-- uncertain commands made again to hold the waiting ones too (part 00).
+DROP INDEX @extschema@.commands_claim_idx;
+CREATE INDEX commands_claim_idx ON @extschema@.commands
+	(priority DESC, due_at, created_at, kind) WHERE due_at IS NOT NULL;
+DROP INDEX @extschema@.commands_lease_idx;
+CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until, kind)
+	WHERE status OPERATOR(pg_catalog.=) 'sending';
 DROP INDEX @extschema@.commands_held_idx;
-CREATE INDEX commands_unfinished_idx ON @extschema@.commands
-	(kind, status COLLATE pg_catalog."C", due_at, lease_until)
-	WHERE status OPERATOR(pg_catalog.<>) 'published';
-COMMENT ON INDEX @extschema@.commands_unfinished_idx
-	IS 'commands not published by kind, status, due_at and lease_until (read by outbox.metrics_backlog with an index-only scan)';
+CREATE INDEX commands_held_idx ON @extschema@.commands (kind, status COLLATE pg_catalog."C")
+	WHERE status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[])
+	   OR (status OPERATOR(pg_catalog.=) 'pending' AND due_at IS NULL);
+COMMENT ON INDEX @extschema@.commands_held_idx
+	IS 'dead, uncertain and waiting commands by kind and status (read by outbox.metrics_backlog with an index-only scan)';
 
 -- The conservation checks as the background worker counts them (NULL
 -- until its first count after the update).

@@ -1,6 +1,6 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(63);
+SELECT plan(64);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results', 'lease_key',
@@ -40,15 +40,21 @@ SELECT col_not_null('outbox', 'commands', 'payload', 'col_not_null outbox, comma
 SELECT col_has_default('outbox', 'commands', 'status', 'col_has_default outbox, commands, status');
 SELECT col_default_is('outbox', 'commands', 'status', 'pending'::text, 'new commands are pending');
 SELECT col_type_is('outbox', 'commands', 'status', 'outbox', 'command_status', 'status is of the domain command_status');
-SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx', 'commands_unfinished_idx', 'commands_key_idx']);
-SELECT is_indexed('outbox', 'commands', ARRAY['priority', 'due_at', 'created_at'], 'claim index by priority and availability');
-SELECT is_indexed('outbox', 'commands', 'lease_until', 'lease index for takeovers');
+SELECT indexes_are('outbox', 'commands', ARRAY['commands_pkey', 'commands_claim_idx', 'commands_lease_idx', 'commands_held_idx', 'commands_key_idx']);
+SELECT is_indexed('outbox', 'commands', ARRAY['priority', 'due_at', 'created_at', 'kind'], 'claim index by priority and availability (and kind, for the metrics)');
+SELECT is_indexed('outbox', 'commands', ARRAY['lease_until', 'kind'], 'lease index for takeovers (and kind, for the metrics)');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_claim_idx'::regclass),
 	'(due_at IS NOT NULL)', 'claim index holds claimable rows only');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_lease_idx'::regclass),
 	'((status)::text = ''sending''::text)', 'lease index holds sending rows only');
-SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_unfinished_idx'::regclass),
-	'((status)::text <> ''published''::text)', 'unfinished index holds the commands that are not published only');
+SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_held_idx'::regclass),
+	'(((status)::text = ANY (ARRAY[''dead''::text, ''uncertain''::text])) OR (((status)::text = ''pending''::text) AND (due_at IS NULL)))',
+	'held index holds the dead, uncertain and waiting commands only');
+SELECT is((SELECT array_agg(pg_get_indexdef(indexrelid) ORDER BY indexrelid::regclass::text) FROM pg_index
+			WHERE indexrelid IN ('outbox.commands_claim_idx'::regclass, 'outbox.commands_lease_idx'::regclass)),
+	ARRAY['CREATE INDEX commands_claim_idx ON outbox.commands USING btree (priority DESC, due_at, created_at, kind) WHERE (due_at IS NOT NULL)',
+		  'CREATE INDEX commands_lease_idx ON outbox.commands USING btree (lease_until, kind) WHERE ((status)::text = ''sending''::text)'],
+	'both claim indexes end with kind, a key column (deduplicated), for the metrics');
 SELECT is((SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indexrelid = 'outbox.commands_key_idx'::regclass),
 	'((ordering_key IS NOT NULL) AND (ordering_tail OR (((status)::text = ''pending''::text) AND (due_at IS NULL)) OR (((status)::text <> ''pending''::text) AND ((status)::text <> ''sending''::text))))',
 	'key index holds the commands with an ordering key that wait, are published, dead or uncertain, or are marked as their key''s last head');
