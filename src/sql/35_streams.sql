@@ -212,9 +212,13 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 
 -- Cut a tick of every stream that has commands its last tick does not see
 -- (committed since, or by a transaction that was running then); returns
--- how many ticks were cut, -1 when there is no stream at all.  The
--- background worker calls it when a commit that appended to a stream wakes
--- it (and every outbox.naptime), before it notifies the publishers.  Per
+-- how many ticks were cut, -1 when there is no stream at all, and -2 - n
+-- when n were cut and a stream was skipped because another transaction
+-- was ticking it (its tick may not see a commit that this one would: the
+-- worker tries again).  The background worker calls it when a commit that
+-- appended to a stream wakes it (and every outbox.naptime), and notifies
+-- the publishers from the same transaction; claim_batch calls it when it
+-- found nothing while commits wait for a tick (src/stream.c).  Per
 -- stream: its row locked, its last tick read, then one statement, in one
 -- snapshot, that finds the partitions with commands the last tick does not
 -- see (the rows of each partition's index from the last tick's xmax, and
@@ -239,6 +243,7 @@ DECLARE
 	last_tick pg_catalog.int8;
 	last_xmax pg_catalog.xid8;
 	last_xip pg_catalog.xid8[];
+	skipped pg_catalog.bool := false;
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM @extschema@.streams) THEN
 		RETURN -1;
@@ -251,7 +256,10 @@ BEGIN
 		-- other way round); skip a stream someone else is ticking
 		PERFORM 1 FROM @extschema@.streams t
 		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id FOR UPDATE SKIP LOCKED;
-		CONTINUE WHEN NOT FOUND;
+		IF NOT FOUND THEN
+			skipped := true;
+			CONTINUE;
+		END IF;
 		-- the last tick, which no one else cuts while the row is held (a
 		-- new snapshot, taken after the lock, sees it)
 		SELECT k.tick, pg_catalog.pg_snapshot_xmax(k.snap), ARRAY(SELECT pg_catalog.pg_snapshot_xip(k.snap))
@@ -295,6 +303,9 @@ BEGIN
 		GET DIAGNOSTICS c = ROW_COUNT;
 		n := n OPERATOR(pg_catalog.+) c;
 	END LOOP;
+	IF skipped THEN
+		RETURN -2 OPERATOR(pg_catalog.-) n;
+	END IF;
 	RETURN n;
 END;
 $$;
@@ -306,7 +317,8 @@ CREATE FUNCTION @extschema@.tick_streams()
 RETURNS pg_catalog.int4
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT GREATEST(@extschema@._stream_tick(0), 0) $$;
+AS $$ SELECT CASE WHEN r OPERATOR(pg_catalog.<) -1 THEN -2 OPERATOR(pg_catalog.-) r ELSE GREATEST(r, 0) END
+	  FROM @extschema@._stream_tick(0) r $$;
 COMMENT ON FUNCTION @extschema@.tick_streams()
 	IS 'cut a tick of every stream with new commands now (the background worker does it when commits wake it); returns the number of ticks cut';
 
