@@ -289,7 +289,17 @@ BEGIN
 		 i AS (
 			INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
 			SELECT s.stream_id, last_tick OPERATOR(pg_catalog.+) 1,
-				   @extschema@._stream_snapshot(pg_catalog.pg_current_snapshot()),
+				   -- (_stream_snapshot of the statement's snapshot, written out:
+				   -- a SQL function with a SET clause is parsed and planned
+				   -- at every call, which cost most of the tick)
+				   (SELECT pg_catalog.format('%s:%s:%s',
+							   pg_catalog.pg_snapshot_xmin(c.snap)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+							   pg_catalog.pg_snapshot_xmax(c.snap)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+							   COALESCE((SELECT pg_catalog.string_agg((x::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base)::pg_catalog.text,
+																		 ',' ORDER BY x)
+										   FROM pg_catalog.pg_snapshot_xip(c.snap) x), ''))::pg_catalog.pg_snapshot
+					  FROM (SELECT pg_catalog.pg_current_snapshot() AS snap) c
+					 CROSS JOIN @extschema@.stream_rotation r),
 				   (SELECT q.last_value FROM @extschema@.stream_log_id_seq q)
 			 WHERE EXISTS (SELECT 1 FROM f)
 			RETURNING stream_ticks.tick)
