@@ -139,7 +139,8 @@
 
 #define DU_CHECK_MS			500		/* longest time between two due checks */
 #define DU_TICK_RETRY_MS	1		/* a tick that skipped a stream retries
-									 * after this, doubling up to a naptime */
+									 * after this, doubling up to: */
+#define DU_TICK_RETRY_MAX_MS 100
 #define WK_PURGE_IDLE_ROUNDS 10		/* naps between purges that find nothing */
 #define DU_CITUS_LOOKBACK_MS 2000	/* on a distributed outbox, see du_due_txn */
 #define DU_CHECKS_MAX		64		/* steps of a checks turn (more than the
@@ -789,7 +790,7 @@ du_streams(OutboxTurn *turn)
 		n = -2 - n;
 		pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 1);
 		du_tick_retry_ms = du_tick_retry_ms == 0 ? DU_TICK_RETRY_MS :
-			Min(2 * du_tick_retry_ms, outbox_naptime_ms);
+			Min(2 * du_tick_retry_ms, Min(DU_TICK_RETRY_MAX_MS, outbox_naptime_ms));
 		turn->next = TimestampTzPlusMilliseconds(turn->now, du_tick_retry_ms);
 	}
 	else

@@ -342,12 +342,15 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	 * this empty claim tells it that a publisher waits, and then to notify:
 	 * a busy publisher's next claim takes what committed while it
 	 * delivered, as on the row path.  Not in a transaction that has
-	 * written (its own decisions would be in the tick before they commit).
+	 * written (its own decisions would be in the tick before they commit),
+	 * nor in one that reads a single snapshot (REPEATABLE READ or
+	 * SERIALIZABLE: the tick's snapshot would be older than the last one).
 	 * The other publishers are told at commit (OUTBOX_DUE_NOW), as after a
 	 * decision; a tick that is rolled back goes back to the worker
 	 * (OutboxTakeStreamTick).
 	 */
-	if (nrows == 0 && fresh && OutboxTakeStreamTick() && st_tick() > 0)
+	if (nrows == 0 && fresh && !IsolationUsesXactSnapshot() &&
+		OutboxTakeStreamTick() && st_tick() > 0)
 	{
 		OutboxDueAtCommit(OUTBOX_DUE_NOW);
 		st_claim_rows(&plan, args, nulls);

@@ -327,7 +327,7 @@ CREATE FUNCTION @extschema@.tick_streams()
 RETURNS pg_catalog.int4
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT CASE WHEN r OPERATOR(pg_catalog.<) -1 THEN -2 OPERATOR(pg_catalog.-) r ELSE GREATEST(r, 0) END
+AS $$ SELECT CASE WHEN r OPERATOR(pg_catalog.<) (-1) THEN -2 OPERATOR(pg_catalog.-) r ELSE GREATEST(r, 0) END
 	  FROM @extschema@._stream_tick(0) r $$;
 COMMENT ON FUNCTION @extschema@.tick_streams()
 	IS 'cut a tick of every stream with new commands now (the background worker does it when commits wake it); returns the number of ticks cut';
@@ -1454,7 +1454,8 @@ BEGIN
 	@extschema@.tick_streams(),
 	@extschema@.rotate_streams()
 	TO ' OPERATOR(pg_catalog.||) admin;
-	EXECUTE 'GRANT SELECT ON @extschema@.stream_lag, @extschema@.stream_batches, @extschema@.stream_failed
+	EXECUTE 'GRANT SELECT ON @extschema@.stream_lag, @extschema@.stream_batches, @extschema@.stream_failed,
+	@extschema@.stream_purged_commands
 	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
 END;
 $$;

@@ -302,7 +302,7 @@ INSERT INTO expected VALUES
 	 $$SELECT count(*) FROM outbox.stream_kept$$),
 	('outbox.stream_purged', 'relation', '{}', NULL,
 	 $$SELECT count(*) FROM outbox.stream_purged$$),
-	('outbox.stream_purged_commands', 'relation', '{}', NULL,
+	('outbox.stream_purged_commands', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.stream_purged_commands$$),
 	('outbox.stream_rotation', 'relation', '{}', NULL,
 	 $$SELECT count(*) FROM outbox.stream_rotation$$),
