@@ -246,6 +246,33 @@ rotate() {
 	echo "$left"
 }
 
+# With WALDUMP=1, the WAL between two LSNs grouped by resource manager,
+# record type and relation (pg_waldump; an FPW is counted in the record that
+# carries it, flagged "+fpw"): waldump FROM TO N (bytes per command, the
+# groups of 1 byte or more).
+waldump() {
+	[ -n "${WALDUMP:-}" ] || return 0
+	as_pg "'$PGBIN/pg_waldump' -p '$DATA/pg_wal' -s '$1' -e '$2' 2>/dev/null" | awk -v n="$3" '
+		{
+			rm = $2; t = $0; sub(/.*rec\/tot\): *[0-9]+\/ */, "", t); tot = t + 0
+			d = $0; sub(/.*desc: /, "", d); split(d, w, " "); ty = w[1]
+			rel = "-"; if (match($0, /rel [0-9]+\/[0-9]+\/[0-9]+/)) { rel = substr($0, RSTART + 4, RLENGTH - 4); sub(/.*\//, "", rel) }
+			if ($0 ~ /FPW/) ty = ty "+fpw"
+			k = rm " " ty " " rel; b[k] += tot; c[k]++; all += tot
+		}
+		END {
+			for (k in b) if (b[k] / n >= 1) printf "     %7.1f  %6d  %s\n", b[k] / n, c[k], k
+			printf "     %7.1f  total\n", all / n
+		}' | sort -rn | while read -r per cnt rest; do
+		rel=${rest##* }
+		case $rel in
+			''|-|total) name=$rel ;;
+			*) name=$(psql_q "SELECT coalesce((SELECT c.oid::regclass::text FROM pg_class c WHERE pg_relation_filenode(c.oid) = $rel), '$rel')") ;;
+		esac
+		printf '     %7s B/cmd %6s recs  %s %s\n' "$per" "$cnt" "${rest% *}" "$name"
+	done
+}
+
 if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
 	echo "== WAL bytes per command, $N commands: the producer alone | producer + publisher (1 relay, batches of 100) + purge or rotation; ratio"
 	echo "   (rows: the purge needs receipts, so outbox.complete of each is in; the stream's kind needs none)"
@@ -270,15 +297,23 @@ if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
 	psql_q "CHECKPOINT;" >/dev/null
 	a=$(lsn)
 	load_stream walstream "$N" 100
+	a1=$(lsn)
 	relays 1 --stream walstream --subscription walstream
 	d=$(cat "$WORK/delivered")
+	a2=$(lsn)
 	rot="rotated: $(rotate walstream) of its commands left in the log"
-	t=$(bytes "$a" "$(lsn)" "$N")
+	a3=$(lsn)
+	t=$(bytes "$a" "$a3" "$N")
+	[ -n "${WALDUMP:-}" ] && echo "   stream: producer + ticks" && waldump "$a" "$a1" "$N" &&
+		echo "   stream: relay" && waldump "$a1" "$a2" "$N" &&
+		echo "   stream: rotation" && waldump "$a2" "$a3" "$N"
 	stream_new walalone 100
 	psql_q "CHECKPOINT;" >/dev/null
 	a=$(lsn)
 	bench_commit_chunks "$N" walalone-k walalone 100 ""
-	p=$(bytes "$a" "$(lsn)" "$N")
+	a1=$(lsn)
+	p=$(bytes "$a" "$a1" "$N")
+	[ -n "${WALDUMP:-}" ] && echo "   stream: producer alone" && waldump "$a" "$a1" "$N"
 	printf '  %-8s %8s | %8s  %s  (%s delivered; %s)\n' stream "$p" "$t" "$(ratio "$t" "$p")" "$d" "$rot"
 	# PgQ: insert (alone), then insert, tick, consume, rotate
 	psql_q "SELECT pgq.create_queue('walq'); SELECT pgq.register_consumer('walq', 'c');

@@ -251,7 +251,8 @@ DELETE FROM outbox.stream_log_0 WHERE command_id IN ('c8', 'c9');
 SELECT outbox.rotate_streams() AS left_the_log;
 SELECT (SELECT count(*) FROM outbox.stream_log_1) AS table_1,
 	   (SELECT string_agg(command_id, ',') FROM outbox.stream_kept) AS kept,
-	   (SELECT string_agg(command_id || ':' || outcome, ',') FROM outbox.purged) AS tombstones;
+	   (SELECT string_agg(command_id || ':' || outcome, ',') FROM outbox.stream_purged_commands) AS tombstones,
+	   (SELECT count(*) FROM outbox.purged) AS row_tombstones;
 SELECT current FROM outbox.stream_rotation;
 SELECT outbox.verify();
 SELECT outbox.complete('r7', 'c9', 'done');
@@ -259,7 +260,21 @@ SELECT outbox.rotate_streams() AS left_the_log;
 SELECT outbox.drop_subscription('kafka');
 SELECT outbox.rotate_streams() AS left_the_log;
 SELECT (SELECT count(*) FROM outbox.stream_kept) AS kept,
-	   (SELECT string_agg(command_id || ':' || outcome, ',' ORDER BY command_id) FROM outbox.purged) AS tombstones;
+	   (SELECT string_agg(command_id || ':' || outcome, ',' ORDER BY command_id) FROM outbox.stream_purged_commands) AS tombstones;
+SELECT outbox.verify();
+-- A purged stream command is known by its tombstone: complete repeats its
+-- outcome (another is refused), inbox_accept takes it, requeue says it was
+-- purged; its tombstone excuses its event and no other.
+SELECT outbox.complete('r7', 'c9', 'done') AS again;
+SELECT pg_temp.err($$SELECT outbox.complete('r7', 'c9', 'other')$$);
+SELECT pg_temp.err($$SELECT outbox.complete('r7', 'nosuch', 'done')$$);
+SELECT pg_temp.err($$SELECT outbox.complete('r-other', 'c9', 'done')$$);
+SELECT outbox.inbox_accept('billing', 'r7', 'c9') AS accepted;
+SELECT pg_temp.err($$SELECT outbox.requeue('r7', 'c9')$$);
+SELECT first_command, commands, cardinality(command_ids) AS ids FROM outbox.stream_purged ORDER BY 1;
+UPDATE outbox.stream_purged SET seqs[1] = seqs[1] + 100 WHERE first_command = 'c9';
+SELECT run_id, seq, command_id FROM outbox.check_decisions_without_command;
+UPDATE outbox.stream_purged SET seqs[1] = seqs[1] - 100 WHERE first_command = 'c9';
 SELECT outbox.verify();
 
 -- drop_subscription took its progress and failures with it.

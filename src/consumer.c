@@ -161,7 +161,14 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 									"                   AND NOT outbox._may(q.completers, $5)), 2"
 									"   FROM outbox.purged p"
 									"  WHERE p.command_id OPERATOR(pg_catalog.=) $1"
-									"    AND p.run_id OPERATOR(pg_catalog.=) $4) x"
+									"    AND p.run_id OPERATOR(pg_catalog.=) $4"
+									" UNION ALL "
+									" SELECT p.outcome,"
+									"        EXISTS (SELECT 1 FROM outbox.policies q"
+									"                 WHERE q.kind OPERATOR(pg_catalog.=) p.kind"
+									"                   AND q.completers IS NOT NULL"
+									"                   AND NOT outbox._may(q.completers, $5)), 2"
+									"   FROM outbox._stream_purged($4, $1) p) x"
 									" ORDER BY x.o LIMIT 1",
 									5, argtypes),
 					  args, nulls, false, 1) != SPI_OK_SELECT)
@@ -233,7 +240,8 @@ co_inbox_accept(FunctionCallInfo fcinfo, Oid caller)
 									"                     AND l.run_id OPERATOR(pg_catalog.=) $2)"
 									"       OR EXISTS (SELECT 1 FROM outbox.purged p"
 									"                   WHERE p.command_id OPERATOR(pg_catalog.=) $3"
-									"                     AND p.run_id OPERATOR(pg_catalog.=) $2)",
+									"                     AND p.run_id OPERATOR(pg_catalog.=) $2)"
+									"       OR EXISTS (SELECT 1 FROM outbox._stream_purged($2, $3))",
 									3, argtypes),
 					  args, NULL, true, 0) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "outbox: inbox_accept failed");

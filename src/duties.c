@@ -41,8 +41,9 @@
  *				committed (the slot's stream_pending, raised at its commit,
  *				shared.c), cut a tick of each stream with commands its last
  *				tick does not see (SQL outbox._stream_tick,
- *				docs/streams.md), before the notify duty tells the
- *				publishers; and every outbox.naptime, as a backstop (a
+ *				docs/streams.md) and send the pending wake-up from the same
+ *				transaction (under the notify duty's rules: held back, it is
+ *				left to that duty); and every outbox.naptime, as a backstop (a
  *				prepared transaction from before a restart, rows restored
  *				by hand).  Any other wake-up runs no transaction for it: the
  *				row path's wake-ups do not wait for a tick.
@@ -137,6 +138,9 @@
 #include "outbox.h"
 
 #define DU_CHECK_MS			500		/* longest time between two due checks */
+#define DU_TICK_RETRY_MS	1		/* a tick that skipped a stream retries
+									 * after this, doubling up to: */
+#define DU_TICK_RETRY_MAX_MS 100
 #define WK_PURGE_IDLE_ROUNDS 10		/* naps between purges that find nothing */
 #define DU_CITUS_LOOKBACK_MS 2000	/* on a distributed outbox, see du_due_txn */
 #define DU_CHECKS_MAX		64		/* steps of a checks turn (more than the
@@ -153,6 +157,7 @@ static SPIPlanPtr du_plan_citus_keys = NULL;
 
 static TimestampTz du_last_notify = 0;
 static TimestampTz du_last_tick = 0;	/* when the last tick began */
+static int	du_tick_retry_ms = 0;	/* after a skipped stream (0: none) */
 static TimestampTz du_last_due_check = 0;
 static int64 du_purged = 0;		/* purged in the current turn */
 static BackgroundWorkerHandle *du_upkeep = NULL;	/* our upkeep worker */
@@ -163,7 +168,17 @@ static bool du_citus_keys_done = false; /* this node's keys are those of
 static List *du_unknown_prepared = NIL; /* their xids, as an OID list (no
 										 * xid lists in 15) */
 
+/*
+ * The wake-up that goes out with a tick (du_streams): whether one was
+ * pending when the tick began, its time, and whether the tick's
+ * transaction sent it.
+ */
+static bool du_tick_wake = false;
+static TimestampTz du_tick_at = 0;
+static bool du_tick_notified = false;
+
 static void du_set_mark(TimestampTz t);
+static TimestampTz du_hold_until(TimestampTz now);
 
 /* ----------------------------------------------------------------
  * Helpers of the steps
@@ -278,6 +293,18 @@ du_statement_txn(void *arg)
 		if (!du_lock_stream_tables())
 			return false;
 		st->result = du_exec_int(st->plan, st->sql, st->arg, true);
+		/*
+		 * The wake-up goes out with the tick, from this transaction: the
+		 * publishers are told at its commit, when they can see it, with no
+		 * second transaction in between (unless outbox.notify_interval
+		 * holds it: then the notify duty sends it when the interval ends).
+		 */
+		if ((st->result > 0 || st->result < -1 || du_tick_wake) &&
+			du_hold_until(GetCurrentTimestamp()) == 0)
+		{
+			Async_Notify(outbox_notify_channel, "");
+			du_tick_notified = true;
+		}
 		return true;
 	}
 	if (!du_lock_tables(st->write))
@@ -592,29 +619,42 @@ du_notify(void)
 void
 OutboxServeWakeups(TimestampTz *hold_until)
 {
-	TimestampTz now;
 	TimestampTz until;
 
 	*hold_until = 0;
 	if (pg_atomic_read_u32(&MyOutboxSlot->wake_pending) == 0)
 		return;
-	now = GetCurrentTimestamp();
-	until = TimestampTzPlusMilliseconds(du_last_notify, outbox_notify_interval_ms);
-	if (du_last_notify != 0 && now < until)
+	until = du_hold_until(GetCurrentTimestamp());
+	if (until != 0)
 	{
-		pg_memory_barrier();
-		if ((TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->idle_at) >= du_last_notify)
-			until = TimestampTzPlusMilliseconds(du_last_notify,
-												Min(outbox_notify_interval_ms,
-													outbox_notify_idle_interval_ms));
-		if (now < until)
-		{
-			*hold_until = until;
-			return;
-		}
+		*hold_until = until;
+		return;
 	}
 	pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 0);
 	du_notify();
+}
+
+/*
+ * When a wake-up may go out if it may not at now (0 if it may): the
+ * previous one is less than outbox.notify_interval old, or, while a
+ * publisher waits, less than outbox.notify_idle_interval.
+ */
+static TimestampTz
+du_hold_until(TimestampTz now)
+{
+	TimestampTz until;
+
+	if (du_last_notify == 0)
+		return 0;
+	until = TimestampTzPlusMilliseconds(du_last_notify, outbox_notify_interval_ms);
+	if (now >= until)
+		return 0;
+	pg_memory_barrier();
+	if ((TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->idle_at) >= du_last_notify)
+		until = TimestampTzPlusMilliseconds(du_last_notify,
+											Min(outbox_notify_interval_ms,
+												outbox_notify_idle_interval_ms));
+	return now < until ? until : 0;
 }
 
 /*
@@ -723,16 +763,48 @@ du_streams(OutboxTurn *turn)
 		}
 	}
 	pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 0);
-	pg_memory_barrier();
+	/*
+	 * The pending wake-up, if any, goes out with the tick (du_statement_txn)
+	 * at a time taken before the tick's transaction, as du_notify's.
+	 */
+	du_tick_wake = pg_atomic_exchange_u32(&MyOutboxSlot->wake_pending, 0) != 0;
+	du_tick_at = GetCurrentTimestamp();
+	du_tick_notified = false;
+	du_set_mark(du_tick_at);
 	du_last_tick = turn->now;
 	if (!du_run("outbox: cutting the stream ticks", &du_plan_tick,
 				"SELECT outbox._stream_tick($1)", false, 0, &n))
+	{
 		pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 1);
-	else if (n > 0)
+		if (du_tick_wake)
+			pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 1);
+		return false;
+	}
+	if (n < -1)
 	{
 		/*
-		 * what it cut is announced, even if a notification went out while
-		 * the tick waited
+		 * a stream was skipped: a claim (or tick_streams()) was ticking it,
+		 * and its snapshot may have missed the commit that raised the
+		 * flag; look again shortly
+		 */
+		n = -2 - n;
+		pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 1);
+		du_tick_retry_ms = du_tick_retry_ms == 0 ? DU_TICK_RETRY_MS :
+			Min(2 * du_tick_retry_ms, Min(DU_TICK_RETRY_MAX_MS, outbox_naptime_ms));
+		turn->next = TimestampTzPlusMilliseconds(turn->now, du_tick_retry_ms);
+	}
+	else
+		du_tick_retry_ms = 0;
+	if (du_tick_notified)
+	{
+		OutboxCountNow(OBC_WAKEUPS, 1);
+		du_last_notify = du_tick_at;
+	}
+	else if (n > 0 || du_tick_wake)
+	{
+		/*
+		 * what it cut is announced (by the notify duty, when the interval
+		 * ends), even if a notification went out while the tick waited
 		 */
 		pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 1);
 	}

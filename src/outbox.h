@@ -347,6 +347,8 @@ extern void OutboxCountNow(OutboxCounter c, int64 n);
 extern void OutboxRequestWorkerAtCommit(void);
 extern void OutboxRequestWorker(Oid dboid);
 extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
+extern bool OutboxTakeStreamTick(void);
+extern void OutboxStreamTickAgain(void);
 extern void OutboxNoteIdleClaim(void);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);

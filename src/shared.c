@@ -131,6 +131,9 @@ PG_FUNCTION_INFO_V1(outbox_request_worker);
 static void ob_shmem_request(void);
 static void ob_shmem_startup(void);
 static void ob_xact_callback(XactEvent event, void *arg);
+
+/* This transaction took a stream tick (OutboxTakeStreamTick). */
+static bool ob_tick_taken = false;
 static void ob_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 								SubTransactionId parentSubid, void *arg);
 static void ob_process_utility(PlannedStmt *pstmt, const char *queryString,
@@ -211,6 +214,18 @@ ob_shmem_startup(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
+/* Register the transaction callbacks, once per backend. */
+static void
+ob_register(void)
+{
+	if (!ob_callbacks_registered)
+	{
+		RegisterXactCallback(ob_xact_callback, NULL);
+		RegisterSubXactCallback(ob_subxact_callback, NULL);
+		ob_callbacks_registered = true;
+	}
+}
+
 /*
  * The pending counts of the current subtransaction level, created (and the
  * callbacks registered) on first use.
@@ -221,12 +236,7 @@ ob_frame(void)
 	SubTransactionId subid = GetCurrentSubTransactionId();
 	ObFrame    *f;
 
-	if (!ob_callbacks_registered)
-	{
-		RegisterXactCallback(ob_xact_callback, NULL);
-		RegisterSubXactCallback(ob_subxact_callback, NULL);
-		ob_callbacks_registered = true;
-	}
+	ob_register();
 	if (ob_nframes > 0 && ob_frames[ob_nframes - 1].subid == subid)
 		return &ob_frames[ob_nframes - 1];
 	if (ob_nframes == ob_maxframes)
@@ -407,6 +417,43 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 }
 
 /*
+ * Take the tick a commit that appended to a stream of this database waits
+ * for (lower the worker's slot's stream_pending, as the worker does before
+ * its tick): true if one was waiting, and the caller cuts it now
+ * (claim_batch, src/stream.c).  If the caller's transaction or
+ * subtransaction then rolls back, or its tick skips a stream, the flag is
+ * raised again (OutboxStreamTickAgain), so that the worker cuts it.
+ */
+bool
+OutboxTakeStreamTick(void)
+{
+	OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
+
+	if (slot == NULL || pg_atomic_read_u32(&slot->stream_pending) == 0)
+		return false;
+	ob_register();
+	if (pg_atomic_exchange_u32(&slot->stream_pending, 0) == 0)
+		return false;
+	ob_tick_taken = true;
+	return true;
+}
+
+/* Raise stream_pending again, and wake the worker if it was down. */
+void
+OutboxStreamTickAgain(void)
+{
+	OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
+
+	if (slot != NULL && pg_atomic_exchange_u32(&slot->stream_pending, 1) == 0)
+	{
+		Latch	   *latch = slot->latch;
+
+		if (latch != NULL)
+			SetLatch(latch);
+	}
+}
+
+/*
  * A claim found nothing: tell this database's worker that a publisher is
  * waiting (see "Waiting publishers" above).
  */
@@ -543,6 +590,9 @@ ob_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	ObFrame    *top;
 	int			i;
 
+	/* (a rolled-back subtransaction may have held the taken tick) */
+	if (ob_tick_taken && event == SUBXACT_EVENT_ABORT_SUB)
+		OutboxStreamTickAgain();
 	if (ob_nframes == 0 || ob_frames[ob_nframes - 1].subid != mySubid)
 		return;
 	top = &ob_frames[ob_nframes - 1];
@@ -583,6 +633,16 @@ ob_xact_callback(XactEvent event, void *arg)
 	int			i;
 	int			f;
 
+	/* a taken tick that is not committed goes back to the worker */
+	if (ob_tick_taken &&
+		(event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT ||
+		 event == XACT_EVENT_PREPARE || event == XACT_EVENT_ABORT ||
+		 event == XACT_EVENT_PARALLEL_ABORT))
+	{
+		ob_tick_taken = false;
+		if (event != XACT_EVENT_COMMIT && event != XACT_EVENT_PARALLEL_COMMIT)
+			OutboxStreamTickAgain();
+	}
 	if (ob_nframes == 0)
 		return;
 	switch (event)

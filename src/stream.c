@@ -44,6 +44,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
@@ -253,6 +254,52 @@ st_args_token(FunctionCallInfo fcinfo, Oid caller, StToken *tok)
 	return worker;
 }
 
+/* Run claim_batch's statement (SQL outbox._claim_batch) into SPI_tuptable. */
+static void
+st_claim_rows(SPIPlanPtr *plan, Datum *args, const char *nulls)
+{
+	static const Oid argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, INTERVALOID, OIDOID};
+
+	if (OutboxExecuteGeneric(OutboxPrepare(plan,
+										   "SELECT b.command_id, b.run_id, b.seq, b.kind, b.payload,"
+										   "       b.version, b.deliveries, b.lease_until, b.headers,"
+										   "       b.ordering_key, b.batch_id, b.part"
+										   "  FROM outbox._claim_batch($1, $2, $3, $4, $5) b",
+										   5, argtypes),
+							 args, nulls, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "outbox: claim_batch failed");
+}
+
+/*
+ * Cut the ticks of the streams with new commands (SQL outbox._stream_tick,
+ * as the worker does, skipping a stream someone else is ticking); the
+ * number cut.
+ */
+static int32
+st_tick(void)
+{
+	static SPIPlanPtr plan = NULL;
+	static const Oid argtypes[1] = {INT4OID};
+	Datum		args[1];
+	bool		isnull;
+	int32		n;
+
+	args[0] = Int32GetDatum(0);
+	if (OutboxExecuteGeneric(OutboxPrepare(&plan, "SELECT outbox._stream_tick($1)", 1, argtypes),
+							 args, NULL, false, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: claim_batch's tick failed");
+	n = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (isnull)
+		return 0;
+	if (n < -1)
+	{
+		/* a stream skipped (the worker is ticking it): its turn again */
+		OutboxStreamTickAgain();
+		return -2 - n;
+	}
+	return n;
+}
+
 /*
  * outbox.claim_batch(stream, subscription, worker, lease): the commands of
  * one batch, each with the batch's token.
@@ -261,7 +308,6 @@ static Datum
 st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 {
 	static SPIPlanPtr plan = NULL;
-	static const Oid argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, INTERVALOID, OIDOID};
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *stream = OutboxArgId(fcinfo, 0, "stream");
 	text	   *sub = OutboxArgId(fcinfo, 1, "subscription");
@@ -273,6 +319,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	SPITupleTable *rows;
 	uint64		nrows;
 	uint64		i;
+	bool		fresh;
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	args[0] = PointerGetDatum(stream);
@@ -282,18 +329,34 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	if (PG_ARGISNULL(3))
 		nulls[3] = 'n';
 	args[4] = ObjectIdGetDatum(caller);
+	/* (whether the caller's transaction has written: before the claim, which locks rows) */
+	fresh = !TransactionIdIsValid(GetTopTransactionIdIfAny());
 	SPI_connect();
-	if (OutboxExecuteGeneric(OutboxPrepare(&plan,
-									"SELECT b.command_id, b.run_id, b.seq, b.kind, b.payload,"
-									"       b.version, b.deliveries, b.lease_until, b.headers,"
-									"       b.ordering_key, b.batch_id, b.part"
-									"  FROM outbox._claim_batch($1, $2, $3, $4, $5) b",
-									5, argtypes),
-					  args, nulls, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: claim_batch failed");
+	st_claim_rows(&plan, args, nulls);
 	/* (the token's lease key may be read by SPI: keep the result) */
 	rows = SPI_tuptable;
 	nrows = SPI_processed;
+	/*
+	 * Nothing, while commits wait for a tick: take it from the worker, cut
+	 * it here and claim again, rather than leave the worker to cut it when
+	 * this empty claim tells it that a publisher waits, and then to notify:
+	 * a busy publisher's next claim takes what committed while it
+	 * delivered, as on the row path.  Not in a transaction that has
+	 * written (its own decisions would be in the tick before they commit),
+	 * nor in one that reads a single snapshot (REPEATABLE READ or
+	 * SERIALIZABLE: the tick's snapshot would be older than the last one).
+	 * The other publishers are told at commit (OUTBOX_DUE_NOW), as after a
+	 * decision; a tick that is rolled back goes back to the worker
+	 * (OutboxTakeStreamTick).
+	 */
+	if (nrows == 0 && fresh && !IsolationUsesXactSnapshot() &&
+		OutboxTakeStreamTick() && st_tick() > 0)
+	{
+		OutboxDueAtCommit(OUTBOX_DUE_NOW);
+		st_claim_rows(&plan, args, nulls);
+		rows = SPI_tuptable;
+		nrows = SPI_processed;
+	}
 	/* (a subscription dropped since the claim: its token is refused) */
 	if (nrows > 0)
 		(void) st_sub_since(VARDATA_ANY(sub), VARSIZE_ANY_EXHDR(sub), &since);

@@ -52,7 +52,8 @@ BEGIN
 	END IF;
 	IF EXISTS (SELECT 1 FROM @extschema@.purged p
 				WHERE p.command_id OPERATOR(pg_catalog.=) _require_command.command_id
-				  AND p.run_id OPERATOR(pg_catalog.=) _require_command.run_id) THEN
+				  AND p.run_id OPERATOR(pg_catalog.=) _require_command.run_id)
+	   OR EXISTS (SELECT 1 FROM @extschema@._stream_purged(_require_command.run_id, _require_command.command_id)) THEN
 		RAISE EXCEPTION 'command "%" was purged', command_id
 			USING ERRCODE = 'object_not_in_prerequisite_state',
 				  DETAIL = 'It was published and completed, and the retention purge removed it.';

@@ -212,9 +212,13 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 
 -- Cut a tick of every stream that has commands its last tick does not see
 -- (committed since, or by a transaction that was running then); returns
--- how many ticks were cut, -1 when there is no stream at all.  The
--- background worker calls it when a commit that appended to a stream wakes
--- it (and every outbox.naptime), before it notifies the publishers.  Per
+-- how many ticks were cut, -1 when there is no stream at all, and -2 - n
+-- when n were cut and a stream was skipped because another transaction
+-- was ticking it (its tick may not see a commit that this one would: the
+-- worker tries again).  The background worker calls it when a commit that
+-- appended to a stream wakes it (and every outbox.naptime), and notifies
+-- the publishers from the same transaction; claim_batch calls it when it
+-- found nothing while commits wait for a tick (src/stream.c).  Per
 -- stream: its row locked, its last tick read, then one statement, in one
 -- snapshot, that finds the partitions with commands the last tick does not
 -- see (the rows of each partition's index from the last tick's xmax, and
@@ -239,6 +243,7 @@ DECLARE
 	last_tick pg_catalog.int8;
 	last_xmax pg_catalog.xid8;
 	last_xip pg_catalog.xid8[];
+	skipped pg_catalog.bool := false;
 BEGIN
 	IF NOT EXISTS (SELECT 1 FROM @extschema@.streams) THEN
 		RETURN -1;
@@ -251,7 +256,10 @@ BEGIN
 		-- other way round); skip a stream someone else is ticking
 		PERFORM 1 FROM @extschema@.streams t
 		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id FOR UPDATE SKIP LOCKED;
-		CONTINUE WHEN NOT FOUND;
+		IF NOT FOUND THEN
+			skipped := true;
+			CONTINUE;
+		END IF;
 		-- the last tick, which no one else cuts while the row is held (a
 		-- new snapshot, taken after the lock, sees it)
 		SELECT k.tick, pg_catalog.pg_snapshot_xmax(k.snap), ARRAY(SELECT pg_catalog.pg_snapshot_xip(k.snap))
@@ -281,7 +289,17 @@ BEGIN
 		 i AS (
 			INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
 			SELECT s.stream_id, last_tick OPERATOR(pg_catalog.+) 1,
-				   @extschema@._stream_snapshot(pg_catalog.pg_current_snapshot()),
+				   -- (_stream_snapshot of the statement's snapshot, written out:
+				   -- a SQL function with a SET clause is parsed and planned
+				   -- at every call, which cost most of the tick)
+				   (SELECT pg_catalog.format('%s:%s:%s',
+							   pg_catalog.pg_snapshot_xmin(c.snap)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+							   pg_catalog.pg_snapshot_xmax(c.snap)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
+							   COALESCE((SELECT pg_catalog.string_agg((x::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base)::pg_catalog.text,
+																		 ',' ORDER BY x)
+										   FROM pg_catalog.pg_snapshot_xip(c.snap) x), ''))::pg_catalog.pg_snapshot
+					  FROM (SELECT pg_catalog.pg_current_snapshot() AS snap) c
+					 CROSS JOIN @extschema@.stream_rotation r),
 				   (SELECT q.last_value FROM @extschema@.stream_log_id_seq q)
 			 WHERE EXISTS (SELECT 1 FROM f)
 			RETURNING stream_ticks.tick)
@@ -295,6 +313,9 @@ BEGIN
 		GET DIAGNOSTICS c = ROW_COUNT;
 		n := n OPERATOR(pg_catalog.+) c;
 	END LOOP;
+	IF skipped THEN
+		RETURN -2 OPERATOR(pg_catalog.-) n;
+	END IF;
 	RETURN n;
 END;
 $$;
@@ -306,7 +327,8 @@ CREATE FUNCTION @extschema@.tick_streams()
 RETURNS pg_catalog.int4
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT GREATEST(@extschema@._stream_tick(0), 0) $$;
+AS $$ SELECT CASE WHEN r OPERATOR(pg_catalog.<) (-1) THEN -2 OPERATOR(pg_catalog.-) r ELSE GREATEST(r, 0) END
+	  FROM @extschema@._stream_tick(0) r $$;
 COMMENT ON FUNCTION @extschema@.tick_streams()
 	IS 'cut a tick of every stream with new commands now (the background worker does it when commits wake it); returns the number of ticks cut';
 
@@ -1078,6 +1100,48 @@ COMMENT ON FUNCTION @extschema@.renew_batch(pg_catalog.text, pg_catalog.text, pg
 
 -- Rotation ------------------------------------------------------------------
 
+-- The tombstones of the stream commands the rotation removed, one row per
+-- command, with the columns of outbox.purged.
+CREATE VIEW @extschema@.stream_purged_commands AS
+SELECT u.command_id, u.run_id, u.seq, u.kind, u.published_at, u.outcome, c.purged_at
+  FROM @extschema@.stream_purged c
+ CROSS JOIN LATERAL ROWS FROM (pg_catalog.unnest(c.command_ids), pg_catalog.unnest(c.run_ids),
+		pg_catalog.unnest(c.seqs), pg_catalog.unnest(c.kinds), pg_catalog.unnest(c.created_ats),
+		pg_catalog.unnest(c.outcomes)) AS u(command_id, run_id, seq, kind, published_at, outcome);
+COMMENT ON VIEW @extschema@.stream_purged_commands
+	IS 'tombstones of the stream commands removed by the rotation, one row per command (the columns of outbox.purged)';
+
+-- The tombstone of stream command p_command of run p_run, if the rotation
+-- removed it: its seq, kind and outcome (no row otherwise).  Found from its
+-- event, whose created_at is its log row's, through the chunks whose range
+-- of created_at holds it: one probe of events_command_id_key and a range
+-- scan of stream_purged_pkey, whatever the number of tombstones.  Without
+-- any stream tombstone it reads nothing else (so neither the events: on a
+-- distributed outbox, which has no streams, it stays a local query).
+CREATE FUNCTION @extschema@._stream_purged(p_run pg_catalog.text, p_command pg_catalog.text)
+RETURNS TABLE (seq pg_catalog.int8, kind pg_catalog.text, outcome pg_catalog.text)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM @extschema@.stream_purged) THEN
+		RETURN;
+	END IF;
+	RETURN QUERY
+SELECT c.seqs[x.i], c.kinds[x.i]::pg_catalog.text, c.outcomes[x.i]
+  FROM @extschema@.events e
+  JOIN @extschema@.stream_purged c
+	ON c.last_created OPERATOR(pg_catalog.>=) e.created_at
+   AND c.first_created OPERATOR(pg_catalog.<=) e.created_at
+ CROSS JOIN LATERAL (SELECT pg_catalog.array_position(c.command_ids, e.command_id) AS i) x
+ WHERE e.command_id OPERATOR(pg_catalog.=) _stream_purged.p_command
+   AND e.run_id OPERATOR(pg_catalog.=) _stream_purged.p_run
+   AND x.i IS NOT NULL
+   AND c.run_ids[x.i] OPERATOR(pg_catalog.=) _stream_purged.p_run
+ LIMIT 1;
+END;
+$$;
+
 -- Whether a log row (of the stream stream_id, partition part, written by
 -- transaction xid, of kind kind) is done: every subscription of its stream
 -- has acked past it and none holds it as failed (retry, dead or waiting:
@@ -1116,8 +1180,9 @@ $$;
 -- log.  Three log tables take the appends in turn (stream_rotation.current).
 -- The next one (which takes over at the next switch) is emptied once every
 -- command in it is past its kind's retention: the commands that are done
--- (_stream_done) leave a tombstone in outbox.purged (their receipts go
--- with them, as the purge does); the others, stragglers, are copied to
+-- (_stream_done) leave tombstones in outbox.stream_purged, one row per
+-- chunk of up to 1,000 of them (their receipts go with them, as the purge
+-- does); the others, stragglers, are copied to
 -- stream_kept, so that one slow subscription or a missing receipt never
 -- pins a table; then, under an ACCESS EXCLUSIVE lock waited for at most
 -- 100 ms (a producer or claim holding the table makes the step try again
@@ -1158,7 +1223,7 @@ BEGIN
 
 	-- The kept rows that are done and past retention.
 	WITH v AS (
-		SELECT l.command_id, l.run_id, l.seq, l.kind, l.created_at
+		SELECT l.stream_id, l.command_id, l.run_id, l.seq, l.kind, l.created_at
 		  FROM @extschema@.stream_kept l
 		 WHERE l.created_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-)
 				COALESCE((SELECT p.retention FROM @extschema@.policies p
@@ -1167,16 +1232,29 @@ BEGIN
 		 LIMIT lim
 		   FOR UPDATE SKIP LOCKED),
 	 t AS (
-		INSERT INTO @extschema@.purged (command_id, run_id, seq, kind, published_at, outcome)
-		SELECT v.command_id, v.run_id, v.seq, v.kind, v.created_at, COALESCE(r.outcome, 'published')
-		  FROM v LEFT JOIN @extschema@.receipts r
-			ON r.command_id OPERATOR(pg_catalog.=) v.command_id AND r.run_id OPERATOR(pg_catalog.=) v.run_id
-		RETURNING purged.command_id, purged.run_id),
+		INSERT INTO @extschema@.stream_purged
+			(first_created, last_created, first_command, stream_id, commands, command_ids, run_ids,
+			 seqs, kinds, created_ats, outcomes)
+		SELECT pg_catalog.min(g.created_at), pg_catalog.max(g.created_at),
+			   (pg_catalog.array_agg(g.command_id ORDER BY g.created_at, g.command_id))[1],
+			   g.stream_id, pg_catalog.count(*),
+			   pg_catalog.array_agg(g.command_id ORDER BY g.created_at, g.command_id),
+			   pg_catalog.array_agg(g.run_id ORDER BY g.created_at, g.command_id),
+			   pg_catalog.array_agg(g.seq ORDER BY g.created_at, g.command_id),
+			   pg_catalog.array_agg(g.kind ORDER BY g.created_at, g.command_id),
+			   pg_catalog.array_agg(g.created_at ORDER BY g.created_at, g.command_id),
+			   pg_catalog.array_agg(g.outcome ORDER BY g.created_at, g.command_id)
+		  FROM (SELECT v.*, COALESCE(r.outcome, 'published') AS outcome,
+					   (pg_catalog.row_number() OVER (PARTITION BY v.stream_id ORDER BY v.created_at, v.command_id)
+						OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) 1000 AS chunk
+				  FROM v LEFT JOIN @extschema@.receipts r
+					ON r.command_id OPERATOR(pg_catalog.=) v.command_id AND r.run_id OPERATOR(pg_catalog.=) v.run_id) g
+		 GROUP BY g.stream_id, g.chunk),
 	 d AS (
-		DELETE FROM @extschema@.receipts r USING t
-		 WHERE r.command_id OPERATOR(pg_catalog.=) t.command_id AND r.run_id OPERATOR(pg_catalog.=) t.run_id)
-	DELETE FROM @extschema@.stream_kept l USING t
-	 WHERE l.command_id OPERATOR(pg_catalog.=) t.command_id;
+		DELETE FROM @extschema@.receipts r USING v
+		 WHERE r.command_id OPERATOR(pg_catalog.=) v.command_id AND r.run_id OPERATOR(pg_catalog.=) v.run_id)
+	DELETE FROM @extschema@.stream_kept l USING v
+	 WHERE l.command_id OPERATOR(pg_catalog.=) v.command_id;
 	GET DIAGNOSTICS gone = ROW_COUNT;
 	n := n OPERATOR(pg_catalog.+) gone::pg_catalog.int4;
 
@@ -1206,15 +1284,30 @@ BEGIN
 				'         x.payload, x.headers, x.ordering_key, x.decided_by, x.created_at'
 				'    FROM x WHERE NOT x.done RETURNING 1),'
 				' t AS ('
-				'  INSERT INTO @extschema@.purged (command_id, run_id, seq, kind, published_at, outcome)'
-				'  SELECT x.command_id, x.run_id, x.seq, x.kind, x.created_at, COALESCE(r.outcome, ''published'')'
-				'    FROM x LEFT JOIN @extschema@.receipts r'
-				'      ON r.command_id OPERATOR(pg_catalog.=) x.command_id AND r.run_id OPERATOR(pg_catalog.=) x.run_id'
-				'   WHERE x.done RETURNING purged.command_id, purged.run_id),'
+				'  INSERT INTO @extschema@.stream_purged'
+				'         (first_created, last_created, first_command, stream_id, commands, command_ids, run_ids,'
+				'          seqs, kinds, created_ats, outcomes)'
+				'  SELECT pg_catalog.min(g.created_at), pg_catalog.max(g.created_at),'
+				'         (pg_catalog.array_agg(g.command_id ORDER BY g.created_at, g.command_id))[1],'
+				'         g.stream_id, pg_catalog.count(*),'
+				'         pg_catalog.array_agg(g.command_id ORDER BY g.created_at, g.command_id),'
+				'         pg_catalog.array_agg(g.run_id ORDER BY g.created_at, g.command_id),'
+				'         pg_catalog.array_agg(g.seq ORDER BY g.created_at, g.command_id),'
+				'         pg_catalog.array_agg(g.kind ORDER BY g.created_at, g.command_id),'
+				'         pg_catalog.array_agg(g.created_at ORDER BY g.created_at, g.command_id),'
+				'         pg_catalog.array_agg(g.outcome ORDER BY g.created_at, g.command_id)'
+				'    FROM (SELECT x.stream_id, x.command_id, x.run_id, x.seq, x.kind, x.created_at,'
+				'                 COALESCE(r.outcome, ''published'') AS outcome,'
+				'                 (pg_catalog.row_number() OVER (PARTITION BY x.stream_id ORDER BY x.created_at, x.command_id)'
+				'                  OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) 1000 AS chunk'
+				'            FROM x LEFT JOIN @extschema@.receipts r'
+				'              ON r.command_id OPERATOR(pg_catalog.=) x.command_id AND r.run_id OPERATOR(pg_catalog.=) x.run_id'
+				'           WHERE x.done) g'
+				'   GROUP BY g.stream_id, g.chunk),'
 				' d AS ('
-				'  DELETE FROM @extschema@.receipts r USING t'
-				'   WHERE r.command_id OPERATOR(pg_catalog.=) t.command_id AND r.run_id OPERATOR(pg_catalog.=) t.run_id)'
-				'SELECT (SELECT pg_catalog.count(*) FROM k), (SELECT pg_catalog.count(*) FROM t)', nm)
+				'  DELETE FROM @extschema@.receipts r USING x'
+				'   WHERE x.done AND r.command_id OPERATOR(pg_catalog.=) x.command_id AND r.run_id OPERATOR(pg_catalog.=) x.run_id)'
+				'SELECT (SELECT pg_catalog.count(*) FROM k), (SELECT pg_catalog.count(*) FROM x WHERE x.done)', nm)
 				INTO kept, gone;
 			PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
 			EXECUTE pg_catalog.format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', nm);
@@ -1317,7 +1410,7 @@ COMMENT ON VIEW @extschema@.stream_failed
 
 -- Privileges (part 90 holds the model).
 REVOKE ALL ON @extschema@._stream_log, @extschema@.stream_lag, @extschema@.stream_batches,
-	@extschema@.stream_failed FROM PUBLIC;
+	@extschema@.stream_failed, @extschema@.stream_purged_commands FROM PUBLIC;
 REVOKE ALL ON SEQUENCE @extschema@.stream_log_id_seq FROM PUBLIC;
 REVOKE ALL ON TYPE @extschema@.stream_lease FROM PUBLIC;
 REVOKE ALL ON FUNCTION
@@ -1328,6 +1421,7 @@ REVOKE ALL ON FUNCTION
 	@extschema@._stream_tick(pg_catalog.int4),
 	@extschema@.rotate_streams(),
 	@extschema@._stream_rotate(pg_catalog.int4),
+	@extschema@._stream_purged(pg_catalog.text, pg_catalog.text),
 	@extschema@._stream_done(pg_catalog.int4, pg_catalog.int4, pg_catalog.xid8, pg_catalog.text, pg_catalog.text, pg_catalog.text),
 	@extschema@._stream_lease_end(pg_catalog.interval, pg_catalog.timestamptz),
 	@extschema@._stream_batch_rows(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, pg_catalog.int4),
@@ -1360,7 +1454,8 @@ BEGIN
 	@extschema@.tick_streams(),
 	@extschema@.rotate_streams()
 	TO ' OPERATOR(pg_catalog.||) admin;
-	EXECUTE 'GRANT SELECT ON @extschema@.stream_lag, @extschema@.stream_batches, @extschema@.stream_failed
+	EXECUTE 'GRANT SELECT ON @extschema@.stream_lag, @extschema@.stream_batches, @extschema@.stream_failed,
+	@extschema@.stream_purged_commands
 	TO pg_monitor, ' OPERATOR(pg_catalog.||) admin;
 END;
 $$;

@@ -32,18 +32,24 @@
 
 -- Invariant 1: every event that decided a command has that command (in
 -- outbox.commands, or in the stream log for a kind with a stream), or the
--- tombstone the purge left for exactly that event's command.
+-- tombstone the purge (or the streams' rotation, stream_purged) left for
+-- exactly that event's command.
 CREATE VIEW @extschema@.check_decisions_without_command WITH (security_barrier) AS
 SELECT e.run_id, e.seq, e.kind, e.command_id, e.created_at
   FROM @extschema@.events e
   LEFT JOIN (SELECT x.command_id, x.run_id FROM @extschema@._stream_log x) l
 	ON l.command_id OPERATOR(pg_catalog.=) e.command_id
    AND l.run_id OPERATOR(pg_catalog.=) e.run_id
+  LEFT JOIN (SELECT x.command_id, x.run_id, x.seq FROM @extschema@.stream_purged_commands x) t
+	ON t.command_id OPERATOR(pg_catalog.=) e.command_id
+   AND t.run_id OPERATOR(pg_catalog.=) e.run_id
+   AND t.seq OPERATOR(pg_catalog.=) e.seq
  WHERE e.command_id IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM @extschema@.commands c
 					WHERE c.command_id OPERATOR(pg_catalog.=) e.command_id
 					  AND c.run_id OPERATOR(pg_catalog.=) e.run_id)
    AND l.command_id IS NULL
+   AND t.command_id IS NULL
    AND NOT EXISTS (SELECT 1 FROM @extschema@.purged p
 					WHERE p.command_id OPERATOR(pg_catalog.=) e.command_id
 					  AND p.run_id OPERATOR(pg_catalog.=) e.run_id
@@ -98,11 +104,15 @@ CREATE VIEW @extschema@.check_orphan_receipts WITH (security_barrier) AS
 SELECT r.command_id, r.outcome, r.completed_at,
 	   EXISTS (SELECT 1 FROM @extschema@.purged p
 				WHERE p.command_id OPERATOR(pg_catalog.=) r.command_id
-				  AND p.run_id OPERATOR(pg_catalog.=) r.run_id) AS purged
+				  AND p.run_id OPERATOR(pg_catalog.=) r.run_id)
+	   OR t.command_id IS NOT NULL AS purged
   FROM @extschema@.receipts r
   LEFT JOIN (SELECT x.command_id, x.run_id FROM @extschema@._stream_log x) l
 	ON l.command_id OPERATOR(pg_catalog.=) r.command_id
    AND l.run_id OPERATOR(pg_catalog.=) r.run_id
+  LEFT JOIN (SELECT x.command_id, x.run_id FROM @extschema@.stream_purged_commands x) t
+	ON t.command_id OPERATOR(pg_catalog.=) r.command_id
+   AND t.run_id OPERATOR(pg_catalog.=) r.run_id
  WHERE NOT EXISTS (SELECT 1 FROM @extschema@.commands c
 					WHERE c.command_id OPERATOR(pg_catalog.=) r.command_id
 					  AND c.run_id OPERATOR(pg_catalog.=) r.run_id)

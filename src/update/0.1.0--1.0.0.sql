@@ -468,6 +468,32 @@ CREATE TABLE @extschema@.stream_kept (
 );
 CREATE INDEX stream_kept_batch_idx ON @extschema@.stream_kept (stream_id, part, xid);
 CREATE INDEX stream_kept_command_idx ON @extschema@.stream_kept (command_id);
+-- Tombstones of the stream commands the rotation removed (outbox.purged
+-- holds those of outbox.commands): one row per chunk of up to 1,000
+-- commands of one rotation step, in the order of their created_at, with
+-- each command's id, run, seq, kind, created_at (published_at in the view
+-- outbox.stream_purged_commands) and outcome as parallel arrays, which are
+-- stored compressed.  A chunk costs a few bytes of WAL per command where a
+-- row of outbox.purged with its index entry costs about 230; a command is
+-- found from its event (events_command_id_key: its created_at, the same
+-- transaction's now() as its log row's) through the chunks whose range of
+-- created_at holds it (_stream_purged).  The key is unique because command
+-- ids are.
+CREATE TABLE @extschema@.stream_purged (
+	first_created pg_catalog.timestamptz NOT NULL,
+	last_created pg_catalog.timestamptz NOT NULL,
+	first_command pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	stream_id	pg_catalog.int4 NOT NULL,
+	commands	pg_catalog.int4 NOT NULL,
+	command_ids pg_catalog.text[] COLLATE pg_catalog."C" NOT NULL,
+	run_ids		pg_catalog.text[] COLLATE pg_catalog."C" NOT NULL,
+	seqs		pg_catalog.int8[] NOT NULL,
+	kinds		pg_catalog.text[] COLLATE pg_catalog."C" NOT NULL,
+	created_ats pg_catalog.timestamptz[] NOT NULL,
+	outcomes	pg_catalog.text[] NOT NULL,
+	purged_at	pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	CONSTRAINT stream_purged_pkey PRIMARY KEY (last_created, first_command)
+);
 
 -- Which log table the producers append to, and when it became the one;
 -- and the base added to every transaction id the streams store (xid_base:
@@ -558,6 +584,7 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_0', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_1', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_2', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_kept', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_purged', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_progress', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_failures', '');
 COMMENT ON TABLE @extschema@.streams IS 'the streams: kinds written once to an insert-only log, read in batches by subscriptions';
@@ -567,6 +594,7 @@ COMMENT ON TABLE @extschema@.stream_log_0 IS 'stream log, table 0 of 3 (insert-o
 COMMENT ON TABLE @extschema@.stream_log_1 IS 'stream log, table 1 of 3 (insert-only; truncated by the rotation)';
 COMMENT ON TABLE @extschema@.stream_log_2 IS 'stream log, table 2 of 3 (insert-only; truncated by the rotation)';
 COMMENT ON TABLE @extschema@.stream_kept IS 'stream commands a rotation moved out of a log table before truncating it';
+COMMENT ON TABLE @extschema@.stream_purged IS 'tombstones of stream commands removed by the rotation, in chunks of parallel arrays';
 COMMENT ON TABLE @extschema@.stream_rotation IS 'the log table the producers append to (one row)';
 COMMENT ON TABLE @extschema@.stream_progress IS 'per subscription and partition: the last acked tick and the open batch''s lease';
 COMMENT ON TABLE @extschema@.stream_failures IS 'stream commands that failed in a subscription: retry, dead, or waiting behind their ordering key';

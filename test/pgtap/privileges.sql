@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(256);
+SELECT plan(262);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -181,6 +181,9 @@ INSERT INTO expected VALUES
 	('outbox._stream_rotate(integer)',
 	 'function', '{}', false,
 	 $$SELECT outbox._stream_rotate(0)$$),
+	('outbox._stream_purged(text,text)',
+	 'function', '{}', false,
+	 $$SELECT count(*) FROM outbox._stream_purged('r', 'c')$$),
 	('outbox._stream_done(integer,integer,xid8,text,text,text)',
 	 'function', '{}', false,
 	 $$SELECT outbox._stream_done(1, 0, '1', 'k', 'c', 'r')$$),
@@ -297,6 +300,10 @@ INSERT INTO expected VALUES
 	 $$SELECT count(*) FROM outbox.stream_log_2$$),
 	('outbox.stream_kept', 'relation', '{}', NULL,
 	 $$SELECT count(*) FROM outbox.stream_kept$$),
+	('outbox.stream_purged', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_purged$$),
+	('outbox.stream_purged_commands', 'relation', '{outbox_admin,pg_monitor}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_purged_commands$$),
 	('outbox.stream_rotation', 'relation', '{}', NULL,
 	 $$SELECT count(*) FROM outbox.stream_rotation$$),
 	('outbox.stream_progress', 'relation', '{}', NULL,

@@ -5,7 +5,7 @@ SELECT plan(64);
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results', 'lease_key',
 	'streams', 'subscriptions', 'stream_ticks', 'stream_log_0', 'stream_log_1', 'stream_log_2', 'stream_kept',
-	'stream_rotation', 'stream_progress', 'stream_failures']);
+	'stream_purged', 'stream_rotation', 'stream_progress', 'stream_failures']);
 
 -- events
 SELECT columns_are('outbox', 'events', ARRAY['run_id', 'seq', 'kind', 'payload', 'command_id', 'created_at']);
@@ -101,7 +101,7 @@ SELECT set_eq($$SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE
 	ARRAY['outbox.events', 'outbox.commands', 'outbox.receipts', 'outbox.inbox', 'outbox.policies', 'outbox.purged',
 		  'outbox.consumers', 'outbox.streams', 'outbox.subscriptions', 'outbox.stream_ticks',
 		  'outbox.stream_log_id_seq', 'outbox.stream_log_0', 'outbox.stream_log_1', 'outbox.stream_log_2',
-		  'outbox.stream_kept', 'outbox.stream_progress', 'outbox.stream_failures'],
+		  'outbox.stream_kept', 'outbox.stream_purged', 'outbox.stream_progress', 'outbox.stream_failures'],
 	'every data table is registered with pg_extension_config_dump');
 
 -- streams: the log is written once, with two indexes per table and no
@@ -124,7 +124,7 @@ SELECT has_function('outbox', 'claim', ARRAY['text', 'integer', 'interval', 'tex
 SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 	WHERE n.nspname = 'outbox' AND p.proisstrict), 0, 'no API function is STRICT');
 SELECT is((SELECT count(*)::int FROM pg_description d JOIN pg_class c ON c.oid = d.objoid AND d.classoid = 'pg_class'::regclass
-	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 19,
+	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 20,
 	'every table has a comment');
 
 -- identifiers compare byte by byte: every run, command, kind and consumer
@@ -144,6 +144,7 @@ SELECT set_eq($$SELECT c.relname || '.' || a.attname FROM pg_attribute a
 		  'stream_log_1.command_id', 'stream_log_1.run_id', 'stream_log_1.kind', 'stream_log_1.ordering_key',
 		  'stream_log_2.command_id', 'stream_log_2.run_id', 'stream_log_2.kind', 'stream_log_2.ordering_key',
 		  'stream_kept.command_id', 'stream_kept.run_id', 'stream_kept.kind', 'stream_kept.ordering_key',
+		  'stream_purged.first_command', 'stream_purged.command_ids', 'stream_purged.run_ids', 'stream_purged.kinds',
 		  'stream_progress.subscription', 'stream_failures.subscription', 'stream_failures.command_id',
 		  'stream_failures.run_id', 'stream_failures.kind', 'stream_failures.ordering_key'],
 	'identifier columns use the "C" collation');

@@ -3,7 +3,9 @@
 # commit of a stream command makes it cut one and notify a LISTENing
 # publisher, whose claim_batch then gets the command (nobody calls
 # tick_streams here).  A long transaction that decided before a later one
-# and commits after it is delivered in a later batch, none twice.  The
+# and commits after it is delivered in a later batch, none twice.  A
+# commit whose tick the worker skipped (another transaction was ticking
+# the stream) is ticked once the stream is free.  The
 # worker's rotation truncates a log table whose commands are done and past
 # retention, keeps a straggler of a subscription that is behind in
 # stream_kept, and the checks stay clean throughout.
@@ -81,6 +83,28 @@ like($got, qr/\bc-long\b/, 'the long transaction\'s command comes in a later bat
 is(join(',', grep { $delivered{$_} != 1 } sort keys %delivered), '', 'no command was delivered twice');
 is(join(',', sort keys %delivered), 'c-long,c-short,c1', 'every command was delivered to fast');
 
+# --- a tick that skipped the stream is cut again ----------------------------------
+# While another transaction ticks the stream (here tick_streams() in an
+# open transaction, as a claim_batch that finds nothing does), the
+# worker's tick skips it; the commit that woke the worker is then ticked
+# once the stream is free, by the worker trying again (with a one-minute
+# nap and no other commit, nothing else would tick it in time).
+my $holder = $node->background_psql('postgres');
+$holder->query_safe(q{BEGIN});
+$holder->query_safe(q{SELECT outbox.tick_streams()});
+sql(q{SELECT outbox.commit_decision('r-skip', 1, 'e', 'c-skip', 'k', '{}')});
+$holder->query_safe(q{SELECT pg_sleep(0.3)});    # (the stream held a while)
+$holder->query_safe(q{COMMIT});
+$holder->quit;
+$got = '';
+my $until = time() + 10;
+while (time() < $until && $got !~ /\bc-skip\b/)
+{
+	$got .= deliver() . ' ';
+	select(undef, undef, undef, 0.05) if $got !~ /\bc-skip\b/;
+}
+like($got, qr/\bc-skip\b/, 'a commit whose tick the worker skipped is ticked once the stream is free');
+
 # --- rotation by the worker ---------------------------------------------------------
 # Retention 0 and a one-second rotation; the slow subscription has published
 # nothing.  Table 0 takes the appends until the switch; once table 1 has
@@ -117,10 +141,10 @@ BEGIN
 	END LOOP;
 END $$;
 SELECT count(*) = count(DISTINCT command_id) AS once,
-	   bool_and(command_id IN ('c1', 'c-long', 'c-short') OR command_id LIKE 'rot-%') AS known,
-	   count(*) FILTER (WHERE command_id IN ('c1', 'c-long', 'c-short')) AS early
+	   bool_and(command_id IN ('c1', 'c-long', 'c-short', 'c-skip') OR command_id LIKE 'rot-%') AS known,
+	   count(*) FILTER (WHERE command_id IN ('c1', 'c-long', 'c-short', 'c-skip')) AS early
   FROM all_slow;});
-is($slow, 't|t|3', 'the slow subscription gets every command once, the kept ones too');
+is($slow, 't|t|4', 'the slow subscription gets every command once, the kept ones too');
 is(sql(q{SELECT count(*) FROM outbox.conservation WHERE violations > 0 AND severity = 'error'}), '0',
 	'the conservation checks are clean at the end');
 
