@@ -218,6 +218,7 @@ nats_connect(NatsSink *s, char *msg, size_t size, bool *no_stream)
 		natsOptions_SetTimeout(opts, (int64_t) (relay_opts.connect_timeout * 1000)) != NATS_OK ||
 		natsOptions_SetAllowReconnect(opts, false) != NATS_OK ||
 		natsOptions_SetName(opts, RELAY_NAME) != NATS_OK ||
+		natsOptions_SetSendAsap(opts, true) != NATS_OK ||
 		(s->user != NULL &&
 		 natsOptions_SetUserInfo(opts, s->user, s->password ? s->password : "") != NATS_OK) ||
 		(s->token != NULL && natsOptions_SetToken(opts, s->token) != NATS_OK))
@@ -593,16 +594,17 @@ nats_break(NatsSink *s, SinkResult r, bool hold, const char *msg)
  * Publish what the window allows, the rounds in the order they were
  * submitted; called with the lock held (released around each publish).
  * A round a PubAck found unavailable publishes nothing more, nor does the
- * one after it.  Then send what libnats buffered now: its flusher thread
- * would wait up to a millisecond for more.  The PING's PONG is not needed
- * (its time-out is harmless: the PubAcks are what counts).
+ * one after it.  The connection sends each publish at once (SendAsap):
+ * libnats' flusher thread would wait up to a millisecond for more, and a
+ * flush of our own (natsConnection_FlushTimeout) waits for a PONG, a
+ * round trip during which the relay's thread could not take the other
+ * round's PubAcks in or hand over the next batch.
  */
 static void
 nats_fill(NatsSink *s, PQExpBuffer body)
 {
 	NatsRound  *order[NATS_ROUNDS];
 	char		msg[1024];
-	bool		published = false;
 	int			k;
 
 	if (s->nc == NULL || s->broken)
@@ -651,18 +653,10 @@ nats_fill(NatsSink *s, PQExpBuffer body)
 				nats_break(s, SINK_UNAVAILABLE, true, msg);
 				return;
 			}
-			else
-				published = true;
 			rd->next++;
 		}
 		if (rd->next < batch->n)
 			break;				/* the window is full, or the stream gone */
-	}
-	if (published)
-	{
-		pthread_mutex_unlock(&s->lock);
-		(void) natsConnection_FlushTimeout(s->nc, 100);
-		pthread_mutex_lock(&s->lock);
 	}
 }
 
