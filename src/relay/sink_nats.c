@@ -219,6 +219,7 @@ nats_connect(NatsSink *s, char *msg, size_t size, bool *no_stream)
 		natsOptions_SetAllowReconnect(opts, false) != NATS_OK ||
 		natsOptions_SetName(opts, RELAY_NAME) != NATS_OK ||
 		natsOptions_SetSendAsap(opts, true) != NATS_OK ||
+		natsOptions_SetWriteDeadline(opts, (int64_t) (relay_opts.timeout * 1000)) != NATS_OK ||
 		(s->user != NULL &&
 		 natsOptions_SetUserInfo(opts, s->user, s->password ? s->password : "") != NATS_OK) ||
 		(s->token != NULL && natsOptions_SetToken(opts, s->token) != NATS_OK))
@@ -598,7 +599,9 @@ nats_break(NatsSink *s, SinkResult r, bool hold, const char *msg)
  * libnats' flusher thread would wait up to a millisecond for more, and a
  * flush of our own (natsConnection_FlushTimeout) waits for a PONG, a
  * round trip during which the relay's thread could not take the other
- * round's PubAcks in or hand over the next batch.
+ * round's PubAcks in or hand over the next batch.  The writes have
+ * --timeout as their deadline, so a server that stopped reading fails the
+ * publish (the broker is unavailable) instead of holding the relay.
  */
 static void
 nats_fill(NatsSink *s, PQExpBuffer body)
