@@ -35,7 +35,9 @@
 # Settings: N, B, REPEATS, RELAYS ("1 4"), BROKERS ("stdout kafka redis
 # rabbitmq nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency,
 # KAFKA_RTT=MS (the Kafka mock answers every request MS late, as a broker
-# across a network would; the baseline too),
+# across a network would; the baseline too), BROKER_RTT=MS (the other
+# brokers are reached, by relays and baseline alike, through
+# bench/delay_proxy.pl, which delays each direction by MS/2),
 # BEFORE=PATH: another outbox-relay binary (e.g. an earlier build) whose
 # cells take turns with this build's in each round, printed as "before"
 # columns (and its latency run precedes this build's): a before/after
@@ -145,6 +147,22 @@ start_broker() {
 	[ "$ready" = ready ] || return 1
 	BHOST=${ADDR%%:*}
 	BPORT=${ADDR##*:}
+	# BROKER_RTT=MS: relays and baseline reach the broker through a proxy
+	# that delays each direction by MS/2 (bench/delay_proxy.pl)
+	if [[ ${BROKER_RTT:-} =~ ^[1-9][0-9]*$ ]] && [ "$kind" != kafka ]; then
+		local i
+		: >"$WORK/proxy-$kind.out"
+		perl "$ROOT/bench/delay_proxy.pl" "$BROKER_RTT" "$BHOST" "$BPORT" </dev/null \
+			>"$WORK/proxy-$kind.out" 2>>"$WORK/broker-$kind.log" &
+		echo $! >"$WORK/proxy.pid"
+		for i in $(seq 100); do
+			grep -q '^ready ' "$WORK/proxy-$kind.out" && break
+			sleep 0.1
+		done
+		BPORT=$(awk '/^ready / { print $2 }' "$WORK/proxy-$kind.out")
+		[ -n "$BPORT" ] || { echo "the delay proxy did not start" >&2; return 1; }
+		ADDR=$BHOST:$BPORT
+	fi
 }
 stop_broker() {
 	[ -n "$BPID" ] || return 0
@@ -157,6 +175,10 @@ stop_broker() {
 	kill -TERM "$BPID" 2>/dev/null
 	wait "$BPID" 2>/dev/null
 	BPID=
+	if [ -f "$WORK/proxy.pid" ]; then
+		kill -TERM "$(cat "$WORK/proxy.pid")" 2>/dev/null
+		rm -f "$WORK/proxy.pid"
+	fi
 }
 ctl() {
 	local reply

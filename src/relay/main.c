@@ -33,7 +33,7 @@
  * stop request, a stop during an outage, a broken sink).  A batch with
  * failed commands (a fail call each) is reported at once, not pipelined.
  * With a sink that delivers now and confirms later (sink.h: submit and
- * settle, the Kafka sink), the batch claimed ahead is submitted while the
+ * settle: the broker sinks), the batch claimed ahead is submitted while the
  * current one is being settled, as soon as its claim is in (submit_ahead,
  * from the sink's tick), so the broker works on both; a submitted batch is
  * always settled, also when it is given back.

@@ -26,12 +26,22 @@
  *						SINK_UNAVAILABLE: the relay holds the batch, backs
  *						off and calls again; the sink reconnects
  *
+ * Deliver now, confirm later (sink.h: submit, settle): submit publishes
+ * what the window allows of a batch and returns; settle waits for its
+ * confirms.  At most two batches (rounds) are on the channel at once, the
+ * one the relay waits for and the one it claimed ahead; the window counts
+ * both.  Rounds are published in the order they were submitted, each to
+ * its end before the next begins, so each round owns one run of the
+ * channel's delivery tags and a confirm (also a multiple one, which may
+ * span both) settles exactly the messages it names; a return is matched by
+ * its message_id.  A broken connection settles what is unconfirmed in
+ * both rounds as below.
+ *
  * A message that was published but not confirmed when the connection broke
  * may have reached the queue: it is published again later, with the same
- * message_id (at least once).  Deliveries of one batch never cross into
- * the next: when deliver returns, nothing is unconfirmed (after a timeout
- * or an interruption the connection is dropped, so late confirms cannot be
- * mistaken for those of the next batch).
+ * message_id (at least once).  After a timeout or an interruption the
+ * connection is dropped, so late confirms cannot be mistaken for those of
+ * a later round.
  *
  * The password is never in the URL (ps would show it): it is read from the
  * file named by password_file=PATH, or from OUTBOX_RELAY_AMQP_PASSWORD.
@@ -61,6 +71,38 @@
 #define AMQP_CHANNEL		1
 #define AMQP_NHEADERS		5	/* the relay's own; the producer's follow */
 
+/* Where each command of a round stands. */
+typedef enum AmqpPending
+{
+	AP_NONE,					/* not published in this round */
+	AP_WAIT,					/* published, not confirmed */
+	AP_RETURNED,				/* returned as unroutable; its ack follows */
+	AP_SETTLED
+} AmqpPending;
+
+/*
+ * One batch handed to the channel (submit) and not settled yet: at most
+ * two at once, the one the relay waits for and the one claimed ahead.
+ * Rounds are published in the order they were submitted, an earlier one
+ * to its end before a later one begins, so each round's delivery tags are
+ * one run first_tag .. first_tag + ntags - 1.
+ */
+#define AMQP_ROUNDS 2
+typedef struct AmqpRound
+{
+	RelayBatch *batch;			/* NULL: the slot is free */
+	unsigned	order_no;		/* rounds are published in this order */
+	AmqpPending *pending;		/* by command index */
+	uint64_t	first_tag;		/* the channel's delivery tag of by_tag[0] */
+	int		   *by_tag;			/* command index of delivery tag first_tag + i */
+	int			ntags;
+	int			inflight;		/* published, not settled */
+	int			low;			/* lowest tag offset maybe unsettled */
+	int			next;			/* the next command to publish */
+	bool		ended;			/* nothing more is published of it */
+	bool		unavailable;	/* the broker was found unavailable */
+} AmqpRound;
+
 typedef struct AmqpSink
 {
 	Sink		base;
@@ -74,30 +116,12 @@ typedef struct AmqpSink
 	long		window;
 	amqp_connection_state_t conn;	/* NULL: not connected */
 	uint64_t	next_tag;		/* delivery tag of the channel's next publish */
+	unsigned	order_no;		/* the last round's number */
+	AmqpRound	rounds[AMQP_ROUNDS];
+	int			inflight;		/* unconfirmed messages of all rounds */
+	double		last_progress;	/* when a frame came or the window opened */
 	char	   *shown;
 } AmqpSink;
-
-/* Where each command of the batch being delivered stands. */
-typedef enum AmqpPending
-{
-	AP_NONE,					/* not published in this call */
-	AP_WAIT,					/* published, not confirmed */
-	AP_RETURNED,				/* returned as unroutable; its ack follows */
-	AP_SETTLED
-} AmqpPending;
-
-/* Per-call state of deliver. */
-typedef struct AmqpRound
-{
-	AmqpSink   *sink;
-	RelayBatch *batch;
-	AmqpPending *pending;		/* by command index */
-	uint64_t	first_tag;		/* the channel's delivery tag of by_tag[0] */
-	int		   *by_tag;			/* command index of delivery tag first_tag + i */
-	int			ntags;
-	int			inflight;
-	int			low;			/* lowest tag offset maybe unsettled */
-} AmqpRound;
 
 static const char *const amqp_schemes[] = {"amqp", NULL};
 static const char *const amqp_options[] = {"exchange", "routing_key", "window",
@@ -388,9 +412,8 @@ amqp_header_props(const RelayCommand *cmd, amqp_basic_properties_t *props)
 
 /* Publish command i of the round.  False when the connection broke. */
 static bool
-amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
+amqp_publish(AmqpSink *s, AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 {
-	AmqpSink   *s = rd->sink;
 	RelayCommand *cmd = &rd->batch->cmds[i];
 	amqp_basic_properties_t props;
 	static const char *const own[] = {"command_id", "run_id", "seq", "kind",
@@ -441,16 +464,19 @@ amqp_publish(AmqpRound *rd, int i, PQExpBuffer body, char *msg, size_t size)
 				 amqp_error_string2(rc));
 		return false;
 	}
+	if (rd->ntags == 0)
+		rd->first_tag = s->next_tag;
 	rd->by_tag[rd->ntags++] = i;
 	s->next_tag++;
 	rd->pending[i] = AP_WAIT;
 	rd->inflight++;
+	s->inflight++;
 	return true;
 }
 
-/* Settle the message of tag offset t with result r. */
+/* Settle the message of the round's tag offset t with result r. */
 static void
-amqp_settle(AmqpRound *rd, int t, SinkResult r, const char *error)
+amqp_settle_one(AmqpSink *s, AmqpRound *rd, int t, SinkResult r, const char *error)
 {
 	int			i = rd->by_tag[t];
 	RelayCommand *cmd = &rd->batch->cmds[i];
@@ -469,48 +495,48 @@ amqp_settle(AmqpRound *rd, int t, SinkResult r, const char *error)
 	free(saved);
 	rd->pending[i] = AP_SETTLED;
 	rd->inflight--;
+	s->inflight--;
 }
 
-/* Settle every unsettled message of the round with r. */
+/*
+ * A basic.ack or basic.nack for the channel's delivery tag `tag`, maybe
+ * multiple (every unconfirmed tag up to it, in whichever round).
+ */
 static void
-amqp_settle_all(AmqpRound *rd, SinkResult r, const char *error)
+amqp_confirmed(AmqpSink *s, uint64_t tag, bool multiple, SinkResult r)
 {
-	int			t;
+	const char *error = r == SINK_OK ? NULL : "the broker refused the message (basic.nack)";
+	int			k;
 
-	for (t = rd->low; t < rd->ntags; t++)
-		amqp_settle(rd, t, r, error);
-	rd->low = rd->ntags;
-}
-
-/* A basic.ack or basic.nack for the channel's delivery tag `tag`, maybe multiple. */
-static void
-amqp_confirmed(AmqpRound *rd, uint64_t tag, bool multiple, SinkResult r)
-{
-	int			t;
-	int			j;
-
-	if (tag < rd->first_tag || tag - rd->first_tag >= (uint64_t) rd->ntags)
-		return;					/* not of this round: cannot happen */
-	t = (int) (tag - rd->first_tag);
-	if (multiple)
+	for (k = 0; k < AMQP_ROUNDS; k++)
 	{
-		for (j = rd->low; j <= t; j++)
-			amqp_settle(rd, j, r, r == SINK_OK ? NULL : "the broker refused the message (basic.nack)");
+		AmqpRound  *rd = &s->rounds[k];
+		int			t;
+		int			j;
+
+		if (rd->batch == NULL || rd->ntags == 0 || tag < rd->first_tag)
+			continue;
+		t = tag - rd->first_tag >= (uint64_t) rd->ntags ? rd->ntags - 1 : (int) (tag - rd->first_tag);
+		if (multiple)
+		{
+			for (j = rd->low; j <= t; j++)
+				amqp_settle_one(s, rd, j, r, error);
+		}
+		else if (tag - rd->first_tag < (uint64_t) rd->ntags)
+			amqp_settle_one(s, rd, t, r, error);
+		while (rd->low < rd->ntags && rd->pending[rd->by_tag[rd->low]] == AP_SETTLED)
+			rd->low++;
 	}
-	else
-		amqp_settle(rd, t, r, r == SINK_OK ? NULL : "the broker refused the message (basic.nack)");
-	while (rd->low < rd->ntags && rd->pending[rd->by_tag[rd->low]] == AP_SETTLED)
-		rd->low++;
 }
 
 /* A basic.return: find the command by message_id and mark it returned. */
 static bool
-amqp_returned(AmqpRound *rd, amqp_basic_return_t *ret, char *msg, size_t size)
+amqp_returned(AmqpSink *s, amqp_basic_return_t *ret, char *msg, size_t size)
 {
-	AmqpSink   *s = rd->sink;
 	amqp_message_t m;
 	amqp_rpc_reply_t r;
 	char		err[600];
+	int			k;
 	int			t;
 
 	snprintf(err, sizeof(err), "unroutable: exchange \"%s\" returned the message (%d %.*s) for routing key \"%s\"",
@@ -522,20 +548,28 @@ amqp_returned(AmqpRound *rd, amqp_basic_return_t *ret, char *msg, size_t size)
 		amqp_reply_text(r, msg, size);
 		return false;
 	}
-	for (t = rd->low; t < rd->ntags; t++)
+	for (k = 0; k < AMQP_ROUNDS; k++)
 	{
-		int			i = rd->by_tag[t];
-		RelayCommand *cmd = &rd->batch->cmds[i];
+		AmqpRound  *rd = &s->rounds[k];
 
-		if (rd->pending[i] == AP_WAIT &&
-			(m.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) &&
-			m.properties.message_id.len == strlen(cmd->command_id) &&
-			memcmp(m.properties.message_id.bytes, cmd->command_id, m.properties.message_id.len) == 0)
+		if (rd->batch == NULL)
+			continue;
+		for (t = rd->low; t < rd->ntags; t++)
 		{
-			rd->pending[i] = AP_RETURNED;
-			free(cmd->error);
-			cmd->error = relay_clean_error(err, 900);
-			break;
+			int			i = rd->by_tag[t];
+			RelayCommand *cmd = &rd->batch->cmds[i];
+
+			if (rd->pending[i] == AP_WAIT &&
+				(m.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) &&
+				m.properties.message_id.len == strlen(cmd->command_id) &&
+				memcmp(m.properties.message_id.bytes, cmd->command_id, m.properties.message_id.len) == 0)
+			{
+				rd->pending[i] = AP_RETURNED;
+				free(cmd->error);
+				cmd->error = relay_clean_error(err, 900);
+				amqp_destroy_message(&m);
+				return true;
+			}
 		}
 	}
 	amqp_destroy_message(&m);
@@ -548,9 +582,8 @@ amqp_returned(AmqpRound *rd, amqp_basic_return_t *ret, char *msg, size_t size)
  * (msg set, *unavailable set when the broker refuses the relay).
  */
 static int
-amqp_poll(AmqpRound *rd, double wait, char *msg, size_t size, bool *unavailable)
+amqp_poll(AmqpSink *s, double wait, char *msg, size_t size, bool *unavailable)
 {
-	AmqpSink   *s = rd->sink;
 	amqp_frame_t frame;
 	struct timeval tv;
 	int			rc;
@@ -575,18 +608,18 @@ amqp_poll(AmqpRound *rd, double wait, char *msg, size_t size, bool *unavailable)
 			{
 				amqp_basic_ack_t *a = frame.payload.method.decoded;
 
-				amqp_confirmed(rd, a->delivery_tag, a->multiple, SINK_OK);
+				amqp_confirmed(s, a->delivery_tag, a->multiple, SINK_OK);
 				break;
 			}
 		case AMQP_BASIC_NACK_METHOD:
 			{
 				amqp_basic_nack_t *a = frame.payload.method.decoded;
 
-				amqp_confirmed(rd, a->delivery_tag, a->multiple, SINK_RETRY);
+				amqp_confirmed(s, a->delivery_tag, a->multiple, SINK_RETRY);
 				break;
 			}
 		case AMQP_BASIC_RETURN_METHOD:
-			if (!amqp_returned(rd, frame.payload.method.decoded, msg, size))
+			if (!amqp_returned(s, frame.payload.method.decoded, msg, size))
 			{
 				*unavailable = true;
 				return -1;
@@ -686,124 +719,255 @@ amqp_probe(Sink *sink, char **err)
 	return SINK_OK;
 }
 
-/* Deliver the batch's CMD_TODO commands (sink.h: deliver). */
-static SinkResult
-amqp_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+/* The round of a batch, or NULL. */
+static AmqpRound *
+amqp_round(AmqpSink *s, RelayBatch *batch)
 {
-	AmqpSink   *s = (AmqpSink *) sink;
-	AmqpRound	rd;
-	PQExpBufferData body;
-	char		msg[1024];
-	bool		unavailable = false;
-	bool		broken = false;
-	bool		stopped = false;
-	double		last_progress;
-	double		last_tick;
-	int			next = 0;
+	int			k;
+
+	for (k = 0; k < AMQP_ROUNDS; k++)
+		if (s->rounds[k].batch == batch)
+			return &s->rounds[k];
+	return NULL;
+}
+
+/* The rounds in the order they were submitted (unused slots last). */
+static void
+amqp_rounds_in_order(AmqpSink *s, AmqpRound **out)
+{
+	AmqpRound  *a = &s->rounds[0];
+	AmqpRound  *b = &s->rounds[1];
+
+	if (a->batch == NULL || (b->batch != NULL && b->order_no < a->order_no))
+	{
+		out[0] = b;
+		out[1] = a;
+	}
+	else
+	{
+		out[0] = a;
+		out[1] = b;
+	}
+}
+
+/*
+ * The connection is of no use any more (lost, refused, no confirm in time,
+ * or the relay stops): what is unconfirmed in every round gets r with msg,
+ * as its fate is unknown (it is published again later); with hold, what
+ * was not published yet is held too (SINK_UNAVAILABLE), else it stays to
+ * do.  Nothing more of these rounds is published, and the connection is
+ * dropped, so that late confirms cannot be mistaken for those of a later
+ * round.
+ */
+static void
+amqp_break(AmqpSink *s, SinkResult r, bool hold, const char *msg)
+{
+	int			k;
+	int			t;
 	int			i;
 
-	if (s->conn == NULL && !amqp_connect(s, msg, sizeof(msg)))
+	for (k = 0; k < AMQP_ROUNDS; k++)
 	{
-		for (i = 0; i < batch->n; i++)
-			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
-		return SINK_UNAVAILABLE;
+		AmqpRound  *rd = &s->rounds[k];
+
+		if (rd->batch == NULL)
+			continue;
+		for (t = rd->low; t < rd->ntags; t++)
+			amqp_settle_one(s, rd, t, r, msg);
+		rd->low = rd->ntags;
+		if (hold)
+			for (i = rd->next; i < rd->batch->n; i++)
+				sink_outcome(&rd->batch->cmds[i], SINK_UNAVAILABLE, msg);
+		if (r == SINK_UNAVAILABLE || hold)
+			rd->unavailable = true;
+		rd->ended = true;
 	}
+	s->inflight = 0;
+	relay_debug("amqp: %s", msg);
+	amqp_drop(s);
+}
 
-	memset(&rd, 0, sizeof(rd));
-	rd.sink = s;
-	rd.batch = batch;
-	rd.first_tag = s->next_tag;
-	rd.pending = relay_malloc(sizeof(AmqpPending) * (batch->n + 1));
-	rd.by_tag = relay_malloc(sizeof(int) * (batch->n + 1));
-	memset(rd.pending, 0, sizeof(AmqpPending) * (batch->n + 1));
-	initPQExpBuffer(&body);
-	last_progress = last_tick = relay_now();
+/*
+ * Publish what the window allows, the rounds in the order they were
+ * submitted (a later one only once the earlier one is published to its
+ * end).  False when the connection broke (amqp_break has settled it).
+ */
+static bool
+amqp_fill(AmqpSink *s, PQExpBuffer body)
+{
+	AmqpRound  *order[AMQP_ROUNDS];
+	char		msg[1024];
+	bool		corked = false;
+	int			k;
 
-	for (;;)
+	if (s->conn == NULL)
+		return true;
+	amqp_rounds_in_order(s, order);
+	for (k = 0; k < AMQP_ROUNDS && s->inflight < s->window; k++)
 	{
-		int			got;
-		bool		corked;
+		AmqpRound  *rd = order[k];
+		RelayBatch *batch = rd->batch;
 
-		/* fill the window */
-		corked = !broken && !stopped && rd.inflight < s->window && next < batch->n;
-		if (corked)
-			amqp_cork(s, true);
-		while (!broken && !stopped && rd.inflight < s->window && next < batch->n)
+		if (batch == NULL)
+			break;
+		if (rd->ended)
+			continue;
+		while (s->inflight < s->window && rd->next < batch->n)
 		{
-			RelayCommand *cmd = &batch->cmds[next];
+			RelayCommand *cmd = &batch->cmds[rd->next];
 
 			if (cmd->state != CMD_TODO)
 			{
-				next++;
+				rd->next++;
 				continue;
 			}
 			if (strlen(cmd->command_id) > 255)
 			{
 				sink_outcome(cmd, SINK_FATAL, "command_id is longer than an AMQP message_id (255 bytes)");
-				next++;
+				rd->next++;
 				continue;
 			}
-			if (!amqp_publish(&rd, next, &body, msg, sizeof(msg)))
+			if (!corked)
 			{
-				broken = true;
-				unavailable = true;
-				break;
+				amqp_cork(s, true);
+				corked = true;
 			}
-			next++;
+			if (s->inflight == 0)
+				s->last_progress = relay_now();
+			if (!amqp_publish(s, rd, rd->next, body, msg, sizeof(msg)))
+			{
+				amqp_break(s, SINK_UNAVAILABLE, true, msg);
+				return false;
+			}
+			rd->next++;
 		}
-		if (corked && !broken)
-			amqp_cork(s, false);
-		if (broken || rd.inflight == 0)
-			break;
+		if (rd->next < batch->n)
+			break;				/* the window is full */
+	}
+	if (corked)
+		amqp_cork(s, false);
+	return true;
+}
 
-		got = amqp_poll(&rd, 0.1, msg, sizeof(msg), &unavailable);
+/*
+ * Start delivering the batch (sink.h: submit): connect when needed and
+ * publish what the window allows, without waiting for a confirm; settle
+ * waits for them.
+ */
+static SinkResult
+amqp_submit(Sink *sink, RelayBatch *batch)
+{
+	AmqpSink   *s = (AmqpSink *) sink;
+	AmqpRound  *rd = amqp_round(s, NULL);
+	PQExpBufferData body;
+	char		msg[1024];
+	int			i;
+
+	if (rd == NULL)
+	{
+		relay_log("amqp sink: more than %d batches submitted at once", AMQP_ROUNDS);
+		exit(RELAY_EXIT_RUNTIME);
+	}
+	memset(rd, 0, sizeof(*rd));
+	rd->batch = batch;
+	rd->order_no = ++s->order_no;
+	rd->pending = relay_malloc(sizeof(AmqpPending) * (batch->n + 1));
+	rd->by_tag = relay_malloc(sizeof(int) * (batch->n + 1));
+	memset(rd->pending, 0, sizeof(AmqpPending) * (batch->n + 1));
+	if (s->conn == NULL && !amqp_connect(s, msg, sizeof(msg)))
+	{
+		for (i = 0; i < batch->n; i++)
+			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
+		rd->ended = true;
+		rd->unavailable = true;
+		return SINK_UNAVAILABLE;
+	}
+	initPQExpBuffer(&body);
+	(void) amqp_fill(s, &body);
+	termPQExpBuffer(&body);
+	return rd->unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/*
+ * Wait until every message of a submitted batch is confirmed, nacked or
+ * returned (sink.h: settle), publishing the rest of it as the window frees
+ * up; the confirms of the other round are taken in meanwhile.
+ */
+static SinkResult
+amqp_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	AmqpSink   *s = (AmqpSink *) sink;
+	AmqpRound  *rd = amqp_round(s, batch);
+	PQExpBufferData body;
+	char		msg[1024];
+	bool		unavailable;
+
+	if (rd == NULL)
+		return SINK_OK;			/* not submitted: nothing to wait for */
+	initPQExpBuffer(&body);
+	for (;;)
+	{
+		int			got;
+
+		if (!amqp_fill(s, &body))
+			continue;			/* broken: every round has ended */
+		if (rd->inflight == 0 && (rd->ended || rd->next >= batch->n))
+			break;
+		if (s->conn == NULL)
+			break;				/* not reached: a broken round has ended */
+
+		unavailable = false;
+		got = amqp_poll(s, 0.01, msg, sizeof(msg), &unavailable);
+		/* take in what came with it before ticking */
+		while (got > 0 && (amqp_frames_enqueued(s->conn) || amqp_data_in_buffer(s->conn)))
+		{
+			int			more = amqp_poll(s, 0, msg, sizeof(msg), &unavailable);
+
+			if (more < 0)
+				got = -1;
+			if (more <= 0)
+				break;
+		}
 		if (got < 0)
 		{
-			broken = true;
-			break;
+			/* a channel closed for another reason: unconfirmed, retry */
+			amqp_break(s, unavailable ? SINK_UNAVAILABLE : SINK_RETRY, unavailable, msg);
+			continue;
 		}
 		if (got > 0)
-			last_progress = relay_now();
-		else if (relay_now() - last_progress > relay_opts.timeout)
+			s->last_progress = relay_now();
+		else if (s->inflight > 0 && relay_now() - s->last_progress > relay_opts.timeout)
 		{
 			snprintf(msg, sizeof(msg), "no publisher confirm from %s:%d within %g s",
 					 s->host, s->port, relay_opts.timeout);
-			broken = true;
-			unavailable = true;
-			break;
+			amqp_break(s, SINK_UNAVAILABLE, true, msg);
+			continue;
 		}
-		if (tick != NULL && relay_now() - last_tick >= 0.1)
+		if (tick != NULL && !tick(arg))
 		{
-			last_tick = relay_now();
-			if (!tick(arg))
-			{
-				snprintf(msg, sizeof(msg), "delivery interrupted: the relay was stopped");
-				stopped = true;
-				broken = true;
-				break;
-			}
+			/* what is unconfirmed is retried; what is unpublished stays */
+			amqp_break(s, SINK_RETRY, false, "delivery interrupted: the relay was stopped");
+			continue;
 		}
 	}
-
-	if (broken)
-	{
-		/* what is unconfirmed has an unknown fate: publish it again later */
-		amqp_settle_all(&rd, unavailable && !stopped ? SINK_UNAVAILABLE : SINK_RETRY, msg);
-		if (unavailable && !stopped)
-		{
-			for (i = next; i < batch->n; i++)
-				sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
-		}
-		amqp_drop(s);
-		relay_debug("amqp: %s", msg);
-	}
-	else
-		amqp_maybe_release_buffers(s->conn);
-
 	termPQExpBuffer(&body);
-	free(rd.pending);
-	free(rd.by_tag);
-	return unavailable && !stopped ? SINK_UNAVAILABLE : SINK_OK;
+	unavailable = rd->unavailable;
+	free(rd->pending);
+	free(rd->by_tag);
+	memset(rd, 0, sizeof(*rd));
+	if (s->conn != NULL && s->inflight == 0)
+		amqp_maybe_release_buffers(s->conn);
+	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/* Deliver the batch: submit it, then settle it. */
+static SinkResult
+amqp_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	SinkResult	r = amqp_submit(sink, batch);
+	SinkResult	r2 = amqp_settle(sink, batch, tick, arg);
+
+	return r == SINK_UNAVAILABLE ? r : r2;
 }
 
 /* Close the connection and free the sink. */
@@ -844,6 +1008,8 @@ const SinkOps sink_amqp_ops = {
 	"                      OUTBOX_RELAY_AMQP_PASSWORD, never in the URL\n",
 	.open = amqp_open,
 	.deliver = amqp_deliver,
+	.submit = amqp_submit,
+	.settle = amqp_settle,
 	.probe = amqp_probe,
 	.confirm = NULL,
 	.reopen = NULL,

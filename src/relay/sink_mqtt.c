@@ -31,14 +31,25 @@
  *						SINK_UNAVAILABLE: the relay holds the batch, backs
  *						off and calls again; the sink reconnects
  *
+ * Deliver now, confirm later (sink.h: submit, settle): submit publishes
+ * what the window allows of a batch and returns; settle waits for its
+ * acknowledgements.  At most two batches (rounds) are in flight at once,
+ * the one the relay waits for and the one it claimed ahead; the window
+ * counts both, the rounds are published in the order they were submitted,
+ * and each PUBACK or PUBCOMP settles the one message its packet id names
+ * (libmosquitto numbers them on the connection, so the two rounds' ids
+ * never meet).  A broken connection holds what is unacknowledged in both.
+ *
  * The session is clean: what was unacknowledged when the connection broke
  * is published again by the relay on the next connection (at least once,
  * same command_id), from a new libmosquitto client, so that the old one
  * does not resend it as well.  The client id is outbox-relay-WORKER (the
- * --worker name), unique per relay unless client_id says otherwise.  The network loop runs in the relay's thread
- * (mosquitto_loop), so the callbacks need no locking; keepalive pings are
- * sent while a batch is delivered, and a connection the broker dropped
- * while the relay was idle is reopened before the next batch.
+ * --worker name), unique per relay unless client_id says otherwise.  The
+ * network loop runs in the relay's thread (mosquitto_loop, 10 ms at a
+ * time, so that tick can hand over the next batch), so the callbacks need
+ * no locking; keepalive pings are sent while a batch is delivered, and a
+ * connection the broker dropped while the relay was idle is reopened
+ * before the next batch.
  *
  * The password is never in the URL: OUTBOX_RELAY_MQTT_PASSWORD, or the
  * file named by password_file=PATH.
@@ -66,6 +77,27 @@
 #define MP_WAIT		1			/* published, awaiting PUBACK/PUBCOMP */
 #define MP_SETTLED	2
 
+/*
+ * One batch handed to the client (submit) and not settled yet: at most two
+ * at once, the one the relay waits for and the one claimed ahead.  Rounds
+ * are published in the order they were submitted.
+ */
+#define MQTT_ROUNDS 2
+typedef struct MqttRound
+{
+	RelayBatch *batch;			/* NULL: the slot is free */
+	unsigned	order_no;		/* rounds are published in this order */
+	char	   *state;			/* MP_* by command index */
+	int		   *mid;			/* message id by command index */
+	int			inflight;
+	int			cursor;			/* where the next PUBACK is looked for */
+	int			next;			/* the next command to publish */
+	bool		ended;			/* nothing more is published of it */
+	bool		unavailable;	/* the broker was found unavailable */
+	bool		refused;		/* a PUBACK said the broker refuses the relay */
+	char		refused_msg[512];
+} MqttRound;
+
 typedef struct MqttSink
 {
 	Sink		base;
@@ -82,15 +114,12 @@ typedef struct MqttSink
 	int			disconnect_reason;	/* of the broker's DISCONNECT, or 0 */
 	int			connack;		/* -1: no CONNACK yet */
 	char	   *shown;
-	/* the round being delivered */
-	RelayBatch *batch;
-	char	   *state;			/* MP_* by command index */
-	int		   *mid;			/* message id by command index */
-	int			inflight;
-	int			cursor;
-	bool		lost;			/* the connection broke during the round */
-	bool		refused;		/* a PUBACK said the broker refuses the relay */
-	char		refused_msg[512];
+	MqttRound	rounds[MQTT_ROUNDS];
+	unsigned	order_no;		/* the last round's number */
+	int			inflight;		/* unacknowledged messages of all rounds */
+	unsigned	acks;			/* PUBACKs and PUBCOMPs taken in */
+	double		last_progress;	/* when one came or the window opened */
+	bool		lost;			/* the connection broke during a round */
 } MqttSink;
 
 static const char *const mqtt_schemes[] = {"mqtt", NULL};
@@ -106,6 +135,18 @@ mqtt_topic_ok(const char *s)
 		if (*s == '+' || *s == '#')
 			return false;
 	return true;
+}
+
+/* Whether a round is being delivered. */
+static bool
+mqtt_active(MqttSink *s)
+{
+	int			k;
+
+	for (k = 0; k < MQTT_ROUNDS; k++)
+		if (s->rounds[k].batch != NULL)
+			return true;
+	return false;
 }
 
 /* libmosquitto: CONNACK. */
@@ -135,7 +176,7 @@ mqtt_on_disconnect(struct mosquitto *mosq, void *obj, int rc,
 	if (rc >= 0x80)
 		s->disconnect_reason = rc;
 	s->connected = false;
-	if (s->batch != NULL)
+	if (mqtt_active(s))
 		s->lost = true;
 }
 
@@ -145,55 +186,63 @@ mqtt_on_publish(struct mosquitto *mosq, void *obj, int mid, int reason,
 				const mosquitto_property *props)
 {
 	MqttSink   *s = obj;
-	int			n;
+	int			r_k;
 	int			k;
 
 	(void) mosq;
 	(void) props;
-	if (s->batch == NULL)
-		return;
-	n = s->batch->n;
-	for (k = 0; k < n; k++)
+	for (r_k = 0; r_k < MQTT_ROUNDS; r_k++)
 	{
-		int			i = (s->cursor + k) % n;
-		RelayCommand *cmd;
-		char		err[600];
-		SinkResult	r;
+		MqttRound  *rd = &s->rounds[r_k];
+		int			n;
 
-		if (s->state[i] != MP_WAIT || s->mid[i] != mid)
+		if (rd->batch == NULL || rd->inflight == 0)
 			continue;
-		s->cursor = (i + 1) % n;
-		cmd = &s->batch->cmds[i];
-		s->state[i] = MP_SETTLED;
-		s->inflight--;
-		if (reason < 0x80)
+		n = rd->batch->n;
+		for (k = 0; k < n; k++)
 		{
-			sink_outcome(cmd, SINK_OK, NULL);
+			int			i = (rd->cursor + k) % n;
+			RelayCommand *cmd;
+			char		err[600];
+			SinkResult	r;
+
+			if (rd->state[i] != MP_WAIT || rd->mid[i] != mid)
+				continue;
+			rd->cursor = (i + 1) % n;
+			cmd = &rd->batch->cmds[i];
+			rd->state[i] = MP_SETTLED;
+			rd->inflight--;
+			s->inflight--;
+			s->acks++;
+			if (reason < 0x80)
+			{
+				sink_outcome(cmd, SINK_OK, NULL);
+				return;
+			}
+			snprintf(err, sizeof(err), "the broker refused the message: %s (reason 0x%02x)",
+					 mosquitto_reason_string(reason), reason);
+			switch (reason)
+			{
+				case MQTT_RC_NOT_AUTHORIZED:
+				case MQTT_RC_TOPIC_NAME_INVALID:
+					r = SINK_UNAVAILABLE;
+					if (!rd->refused)
+					{
+						rd->refused = true;
+						snprintf(rd->refused_msg, sizeof(rd->refused_msg), "%s", err);
+					}
+					break;
+				case MQTT_RC_PACKET_TOO_LARGE:
+				case MQTT_RC_PAYLOAD_FORMAT_INVALID:
+					r = SINK_FATAL;
+					break;
+				default:
+					r = SINK_RETRY;
+					break;
+			}
+			sink_outcome(cmd, r, err);
 			return;
 		}
-		snprintf(err, sizeof(err), "the broker refused the message: %s (reason 0x%02x)",
-				 mosquitto_reason_string(reason), reason);
-		switch (reason)
-		{
-			case MQTT_RC_NOT_AUTHORIZED:
-			case MQTT_RC_TOPIC_NAME_INVALID:
-				r = SINK_UNAVAILABLE;
-				if (!s->refused)
-				{
-					s->refused = true;
-					snprintf(s->refused_msg, sizeof(s->refused_msg), "%s", err);
-				}
-				break;
-			case MQTT_RC_PACKET_TOO_LARGE:
-			case MQTT_RC_PAYLOAD_FORMAT_INVALID:
-				r = SINK_FATAL;
-				break;
-			default:
-				r = SINK_RETRY;
-				break;
-		}
-		sink_outcome(cmd, r, err);
-		return;
 	}
 }
 
@@ -355,6 +404,7 @@ mqtt_connect(MqttSink *s, SinkTick tick, void *arg, char *msg, size_t size)
 	mosquitto_disconnect(s->mosq);
 	s->connected = false;
 	s->connack = -1;
+	s->disconnect_reason = 0;
 	rc = mosquitto_connect_bind_v5(s->mosq, s->host, s->port, MQTT_KEEPALIVE, NULL, NULL);
 	if (rc != MOSQ_ERR_SUCCESS)
 	{
@@ -437,11 +487,11 @@ mqtt_quickack(MqttSink *s)
 #endif
 }
 
-/* Publish command i.  A mosquitto error code. */
+/* Publish command i of the round.  A mosquitto error code. */
 static int
-mqtt_publish(MqttSink *s, int i, PQExpBuffer body)
+mqtt_publish(MqttSink *s, MqttRound *rd, int i, PQExpBuffer body)
 {
-	RelayCommand *cmd = &s->batch->cmds[i];
+	RelayCommand *cmd = &rd->batch->cmds[i];
 	static const char *const own[] = {"command_id", "run_id", "seq", "kind",
 	"deliveries", "ordering_key", NULL};
 	mosquitto_property *props = NULL;
@@ -482,64 +532,120 @@ mqtt_publish(MqttSink *s, int i, PQExpBuffer body)
 	mosquitto_property_free_all(&props);
 	if (rc == MOSQ_ERR_SUCCESS)
 	{
-		s->mid[i] = mid;
-		s->state[i] = MP_WAIT;
+		rd->mid[i] = mid;
+		rd->state[i] = MP_WAIT;
+		rd->inflight++;
 		s->inflight++;
 	}
 	return rc;
 }
 
-/* Deliver the batch's CMD_TODO commands (sink.h: deliver). */
-static SinkResult
-mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+/* The round of a batch, or NULL. */
+static MqttRound *
+mqtt_round(MqttSink *s, RelayBatch *batch)
 {
-	MqttSink   *s = (MqttSink *) sink;
-	PQExpBufferData body;
-	char		msg[1024];
-	bool		unavailable = false;
-	bool		stopped = false;
-	double		last_progress;
-	int			last_inflight;
-	int			next = 0;
-	int			i;
-	int			rc;
+	int			k;
+
+	for (k = 0; k < MQTT_ROUNDS; k++)
+		if (s->rounds[k].batch == batch)
+			return &s->rounds[k];
+	return NULL;
+}
+
+/*
+ * The connection is of no use any more (lost, refused, no PUBACK in time,
+ * or the relay stops): what is unacknowledged in every round gets r with
+ * msg (its fate is unknown: it is published again later); with hold, what
+ * was not published yet is held too (SINK_UNAVAILABLE), else it stays to
+ * do.  Nothing more of these rounds is published.  A clean session
+ * forgets what was in flight, and a new client starts afresh, so that the
+ * old one does not resend it under message ids of its own.
+ */
+static void
+mqtt_break(MqttSink *s, SinkResult r, bool hold, const char *msg)
+{
 	SinkOpenResult why;
+	int			k;
+	int			i;
 
-	/* notice a connection the broker closed while the relay was idle */
-	if (s->connected && mosquitto_loop(s->mosq, 0, 1) != MOSQ_ERR_SUCCESS)
-		s->connected = false;
-	if (!s->connected && !mqtt_connect(s, tick, arg, msg, sizeof(msg)))
+	for (k = 0; k < MQTT_ROUNDS; k++)
 	{
-		for (i = 0; i < batch->n; i++)
-			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
-		return SINK_UNAVAILABLE;
+		MqttRound  *rd = &s->rounds[k];
+
+		if (rd->batch == NULL)
+			continue;
+		for (i = 0; i < rd->batch->n; i++)
+			if (rd->state[i] == MP_WAIT)
+			{
+				sink_outcome(&rd->batch->cmds[i], r, msg);
+				rd->state[i] = MP_SETTLED;
+			}
+		if (hold)
+			for (i = rd->next; i < rd->batch->n; i++)
+				sink_outcome(&rd->batch->cmds[i], SINK_UNAVAILABLE, msg);
+		if (hold || r == SINK_UNAVAILABLE)
+			rd->unavailable = true;
+		rd->inflight = 0;
+		rd->ended = true;
 	}
-
-	s->batch = batch;
-	s->state = relay_malloc(batch->n + 1);
-	memset(s->state, MP_NONE, batch->n + 1);
-	s->mid = relay_malloc(sizeof(int) * (batch->n + 1));
 	s->inflight = 0;
-	s->cursor = 0;
-	s->disconnect_reason = 0;
-	s->lost = false;
-	s->refused = false;
-	initPQExpBuffer(&body);
-	last_progress = relay_now();
-	last_inflight = 0;
-
-	for (;;)
+	mosquitto_disconnect(s->mosq);
+	s->connected = false;
+	if (!mqtt_client_new(s, &why))
 	{
-		while (!s->lost && !s->refused && s->inflight < s->window && next < batch->n)
+		relay_log("could not create an MQTT client: %s", strerror(errno));
+		exit(RELAY_EXIT_RUNTIME);
+	}
+	s->lost = false;
+	s->disconnect_reason = 0;
+	relay_debug("mqtt: %s", msg);
+}
+
+/*
+ * Publish what the window allows, the rounds in the order they were
+ * submitted (a round the broker refused publishes nothing more, nor does
+ * the one after it).  False when the connection broke (mqtt_break has
+ * settled it).
+ */
+static bool
+mqtt_fill(MqttSink *s, PQExpBuffer body)
+{
+	MqttRound  *order[MQTT_ROUNDS];
+	char		msg[1024];
+	int			k;
+	int			rc;
+
+	if (!s->connected || s->lost)
+		return true;
+	order[0] = &s->rounds[0];
+	order[1] = &s->rounds[1];
+	if (order[0]->batch == NULL ||
+		(order[1]->batch != NULL && order[1]->order_no < order[0]->order_no))
+	{
+		order[0] = &s->rounds[1];
+		order[1] = &s->rounds[0];
+	}
+	for (k = 0; k < MQTT_ROUNDS && s->inflight < s->window; k++)
+	{
+		MqttRound  *rd = order[k];
+		RelayBatch *batch = rd->batch;
+
+		if (batch == NULL || rd->refused)
+			break;
+		if (rd->ended)
+			continue;
+		while (!rd->refused && s->inflight < s->window && rd->next < batch->n)
 		{
-			RelayCommand *cmd = &batch->cmds[next];
+			RelayCommand *cmd = &batch->cmds[rd->next];
 
 			if (cmd->state != CMD_TODO)
 			{
-				next++;
+				rd->next++;
 				continue;
 			}
-			rc = mqtt_publish(s, next, &body);
+			if (s->inflight == 0)
+				s->last_progress = relay_now();
+			rc = mqtt_publish(s, rd, rd->next, body);
 			if (rc == MOSQ_ERR_PAYLOAD_SIZE || rc == MOSQ_ERR_OVERSIZE_PACKET ||
 				rc == MOSQ_ERR_MALFORMED_UTF8)
 			{
@@ -550,86 +656,151 @@ mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 			else if (rc != MOSQ_ERR_SUCCESS)
 			{
 				mqtt_lost(s, "could not publish to", rc, msg, sizeof(msg));
-				s->lost = true;
-				break;
+				mqtt_break(s, SINK_UNAVAILABLE, true, msg);
+				return false;
 			}
-			next++;
+			rd->next++;
 		}
-		if (s->lost || s->refused || s->inflight == 0)
+		if (rd->next < batch->n)
+			break;				/* the window is full, or the broker refused */
+	}
+	return true;
+}
+
+/*
+ * Start delivering the batch (sink.h: submit): publish what the window
+ * allows, without waiting for a PUBACK; settle waits for them.  Without a
+ * connection nothing is published here: settle connects (it can tick
+ * while it waits for the CONNACK).
+ */
+static SinkResult
+mqtt_submit(Sink *sink, RelayBatch *batch)
+{
+	MqttSink   *s = (MqttSink *) sink;
+	MqttRound  *rd = mqtt_round(s, NULL);
+	PQExpBufferData body;
+
+	if (rd == NULL)
+	{
+		relay_log("mqtt sink: more than %d batches submitted at once", MQTT_ROUNDS);
+		exit(RELAY_EXIT_RUNTIME);
+	}
+	/* notice a connection the broker closed while the relay was idle */
+	if (!mqtt_active(s))
+	{
+		if (s->connected && mosquitto_loop(s->mosq, 0, 1) != MOSQ_ERR_SUCCESS)
+			s->connected = false;
+		s->disconnect_reason = 0;
+		s->lost = false;
+	}
+	memset(rd, 0, sizeof(*rd));
+	rd->batch = batch;
+	rd->order_no = ++s->order_no;
+	rd->state = relay_malloc(batch->n + 1);
+	memset(rd->state, MP_NONE, batch->n + 1);
+	rd->mid = relay_malloc(sizeof(int) * (batch->n + 1));
+	initPQExpBuffer(&body);
+	(void) mqtt_fill(s, &body);
+	termPQExpBuffer(&body);
+	return rd->unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/*
+ * Wait until every message of a submitted batch has its PUBACK or PUBCOMP
+ * (sink.h: settle), connecting first when needed and publishing the rest
+ * of it as the window frees up; the other round's acknowledgements are
+ * taken in meanwhile.
+ */
+static SinkResult
+mqtt_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	MqttSink   *s = (MqttSink *) sink;
+	MqttRound  *rd = mqtt_round(s, batch);
+	PQExpBufferData body;
+	char		msg[1024];
+	unsigned	last_acks;
+	bool		unavailable;
+	int			i;
+	int			rc;
+
+	if (rd == NULL)
+		return SINK_OK;			/* not submitted: nothing to wait for */
+	if (!s->connected && !rd->ended && !mqtt_connect(s, tick, arg, msg, sizeof(msg)))
+	{
+		bool		stopped = strncmp(msg, "delivery interrupted", 20) == 0;
+
+		/* nothing is in flight without a connection */
+		mqtt_break(s, SINK_RETRY, !stopped, msg);
+	}
+	initPQExpBuffer(&body);
+	last_acks = s->acks;
+	for (;;)
+	{
+		(void) mqtt_fill(s, &body);
+		if (rd->inflight == 0 && (rd->ended || rd->refused || rd->next >= batch->n))
 			break;
+		if (!s->connected)
+		{
+			/* not reached: a round without a connection has ended */
+			mqtt_break(s, SINK_UNAVAILABLE, true, "not connected");
+			continue;
+		}
 
 		mqtt_quickack(s);
-		rc = mosquitto_loop(s->mosq, 100, 1);
+		rc = mosquitto_loop(s->mosq, 10, 1);
 		if (rc != MOSQ_ERR_SUCCESS || s->lost)
 		{
 			mqtt_lost(s, "lost the connection to", rc != MOSQ_ERR_SUCCESS ? rc : MOSQ_ERR_CONN_LOST,
 					  msg, sizeof(msg));
-			s->lost = true;
-			break;
+			mqtt_break(s, SINK_UNAVAILABLE, true, msg);
+			continue;
 		}
-		if (s->inflight != last_inflight)
+		if (s->acks != last_acks)
 		{
-			last_inflight = s->inflight;
-			last_progress = relay_now();
+			last_acks = s->acks;
+			s->last_progress = relay_now();
 		}
-		else if (relay_now() - last_progress > relay_opts.timeout)
+		else if (s->inflight > 0 && relay_now() - s->last_progress > relay_opts.timeout)
 		{
-			snprintf(msg, sizeof(msg), "no PUBACK from %s:%d within %g s", s->host, s->port,
-					 relay_opts.timeout);
-			s->lost = true;
-			break;
+			if (rd->refused)
+				snprintf(msg, sizeof(msg), "%s", rd->refused_msg);
+			else
+				snprintf(msg, sizeof(msg), "no PUBACK from %s:%d within %g s", s->host, s->port,
+						 relay_opts.timeout);
+			mqtt_break(s, SINK_UNAVAILABLE, true, msg);
+			continue;
 		}
 		if (tick != NULL && !tick(arg))
 		{
-			snprintf(msg, sizeof(msg), "delivery interrupted: the relay was stopped");
-			stopped = true;
-			s->lost = true;
-			break;
+			/* what is unacknowledged is retried; what is unpublished stays */
+			mqtt_break(s, SINK_RETRY, false, "delivery interrupted: the relay was stopped");
+			continue;
 		}
 	}
 
-	if (s->refused && !s->lost)
+	/* the broker refused the relay: hold what was not published */
+	if (rd->refused)
 	{
-		/* settle what is in flight, briefly, then hold the rest */
-		double		deadline = relay_now() + relay_opts.timeout;
-
-		while (s->inflight > 0 && relay_now() < deadline &&
-			   mosquitto_loop(s->mosq, 100, 1) == MOSQ_ERR_SUCCESS && !s->lost)
-			;
-		snprintf(msg, sizeof(msg), "%s", s->refused_msg);
-		unavailable = true;
-		if (s->inflight > 0)
-			s->lost = true;
+		rd->unavailable = true;
+		for (i = rd->next; i < batch->n; i++)
+			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, rd->refused_msg);
 	}
-	if (s->lost)
-	{
-		unavailable = !stopped;
-		/* unacknowledged: its fate is unknown, publish it again later */
-		for (i = 0; i < batch->n; i++)
-			if (s->state[i] == MP_WAIT)
-				sink_outcome(&batch->cmds[i], stopped ? SINK_RETRY : SINK_UNAVAILABLE, msg);
-		/* a clean session forgets them; a new client starts afresh */
-		mosquitto_disconnect(s->mosq);
-		s->connected = false;
-		s->batch = NULL;
-		if (!mqtt_client_new(s, &why))
-		{
-			relay_log("could not create an MQTT client: %s", strerror(errno));
-			exit(RELAY_EXIT_RUNTIME);
-		}
-		relay_debug("mqtt: %s", msg);
-	}
-	if (unavailable)
-		for (i = next; i < batch->n; i++)
-			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
-
-	s->batch = NULL;
-	free(s->state);
-	free(s->mid);
-	s->state = NULL;
-	s->mid = NULL;
+	unavailable = rd->unavailable;
+	free(rd->state);
+	free(rd->mid);
+	memset(rd, 0, sizeof(*rd));
 	termPQExpBuffer(&body);
 	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/* Deliver the batch: submit it, then settle it. */
+static SinkResult
+mqtt_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	SinkResult	r = mqtt_submit(sink, batch);
+	SinkResult	r2 = mqtt_settle(sink, batch, tick, arg);
+
+	return r == SINK_UNAVAILABLE ? r : r2;
 }
 
 /*
@@ -685,6 +856,8 @@ const SinkOps sink_mqtt_ops = {
 	"                      OUTBOX_RELAY_MQTT_PASSWORD\n",
 	.open = mqtt_open,
 	.deliver = mqtt_deliver,
+	.submit = mqtt_submit,
+	.settle = mqtt_settle,
 	.probe = mqtt_probe,
 	.confirm = NULL,
 	.reopen = NULL,

@@ -29,13 +29,22 @@
  * reached then is an outage, not an error: the check is repeated at each
  * connection and its failure held as an outage.
  *
+ * Deliver now, confirm later (sink.h: submit, settle): submit publishes
+ * what the window allows of a batch and returns; settle waits for its
+ * PubAcks.  At most two batches (rounds) are in flight at once, the one
+ * the relay waits for and the one it claimed ahead; the window counts
+ * both, the rounds are published in the order they were submitted, and a
+ * PubAck settles the one command its Nats-Msg-Id names (a command is in
+ * one batch at a time, so the two rounds' ids never meet).  A broken
+ * connection holds what awaits a PubAck in both rounds.
+ *
  * Locking: libnats calls the PubAck handler from its own thread.  The
- * round being delivered (the outcome of each command and the number in
- * flight) is shared with that thread under `lock`; the relay's thread waits
- * on `cond` for acks, at most 100 ms at a time so that it can tick.  A
- * round that is abandoned (timeout, interruption, lost connection) is
- * detached under the lock before the connection is destroyed, so that a
- * late PubAck can never settle a command of a later batch.
+ * rounds (the outcome of each command and the numbers in flight) are
+ * shared with that thread under `lock`; the relay's thread waits on `cond`
+ * for acks, at most 10 ms at a time so that it can tick.  Rounds that are
+ * abandoned (timeout, interruption, lost connection) are detached under
+ * the lock before the connection is destroyed, so that a late PubAck can
+ * never settle a command of a later batch.
  *
  * Passwords and tokens are never in the URL: OUTBOX_RELAY_NATS_PASSWORD
  * (with a user in the URL) or OUTBOX_RELAY_NATS_TOKEN; the sink's copies
@@ -61,14 +70,23 @@
 #define NP_WAIT		1			/* published, awaiting its PubAck */
 #define NP_SETTLED	2
 
-/* One call of deliver, shared with libnats' thread under NatsSink.lock. */
+/*
+ * One batch handed to JetStream (submit) and not settled yet, shared with
+ * libnats' thread under NatsSink.lock: at most two at once, the one the
+ * relay waits for and the one claimed ahead.
+ */
+#define NATS_ROUNDS 2
 typedef struct NatsRound
 {
-	RelayBatch *batch;
+	RelayBatch *batch;			/* NULL: the slot is free */
+	unsigned	order_no;		/* rounds are published in this order */
 	char	   *state;			/* NP_* by command index */
 	int			inflight;
 	int			cursor;			/* where the next PubAck is looked for */
-	bool		unavailable;	/* a PubAck error said the stream is gone */
+	int			next;			/* the next command to publish */
+	bool		ended;			/* nothing more is published of it */
+	bool		unavailable;	/* a PubAck error said the stream is gone,
+								 * or the connection broke */
 	char		unavailable_msg[512];
 } NatsRound;
 
@@ -85,7 +103,12 @@ typedef struct NatsSink
 	jsCtx	   *js;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	NatsRound  *round;			/* under lock; NULL between rounds */
+	NatsRound	rounds[NATS_ROUNDS];	/* under lock */
+	int			inflight;		/* awaiting a PubAck, all rounds; under lock */
+	unsigned	order_no;		/* the last round's number */
+	unsigned	acks;			/* PubAcks taken in; under lock */
+	bool		broken;			/* the connection is to be dropped */
+	double		last_progress;	/* when a PubAck came or the window opened */
 	char	   *shown;
 } NatsSink;
 
@@ -195,6 +218,8 @@ nats_connect(NatsSink *s, char *msg, size_t size, bool *no_stream)
 		natsOptions_SetTimeout(opts, (int64_t) (relay_opts.connect_timeout * 1000)) != NATS_OK ||
 		natsOptions_SetAllowReconnect(opts, false) != NATS_OK ||
 		natsOptions_SetName(opts, RELAY_NAME) != NATS_OK ||
+		natsOptions_SetSendAsap(opts, true) != NATS_OK ||
+		natsOptions_SetWriteDeadline(opts, (int64_t) (relay_opts.timeout * 1000)) != NATS_OK ||
 		(s->user != NULL &&
 		 natsOptions_SetUserInfo(opts, s->user, s->password ? s->password : "") != NATS_OK) ||
 		(s->token != NULL && natsOptions_SetToken(opts, s->token) != NATS_OK))
@@ -251,11 +276,19 @@ nats_ack_handler(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *cl
 	NatsSink   *s = closure;
 	NatsRound  *rd;
 	int			i;
+	int			k;
 
 	(void) js;
 	pthread_mutex_lock(&s->lock);
-	rd = s->round;
-	if (rd != NULL && (i = nats_find(rd, m)) >= 0)
+	rd = NULL;
+	i = -1;
+	for (k = 0; k < NATS_ROUNDS && i < 0; k++)
+	{
+		rd = &s->rounds[k];
+		if (rd->batch != NULL && rd->inflight > 0)
+			i = nats_find(rd, m);
+	}
+	if (i >= 0)
 	{
 		RelayCommand *cmd = &rd->batch->cmds[i];
 
@@ -296,6 +329,8 @@ nats_ack_handler(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae, void *cl
 		}
 		rd->state[i] = NP_SETTLED;
 		rd->inflight--;
+		s->inflight--;
+		s->acks++;
 		pthread_cond_signal(&s->cond);
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -480,6 +515,8 @@ nats_publish(NatsSink *s, NatsRound *rd, int i, PQExpBuffer body, char *msg, siz
 	pthread_mutex_lock(&s->lock);
 	rd->state[i] = NP_WAIT;
 	rd->inflight++;
+	if (s->inflight++ == 0)
+		s->last_progress = relay_now();
 	pthread_mutex_unlock(&s->lock);
 	st = js_PublishMsgAsync(s->js, &m, &po);
 	natsMsg_Destroy(m);			/* no-op when the library took it */
@@ -490,6 +527,7 @@ nats_publish(NatsSink *s, NatsRound *rd, int i, PQExpBuffer body, char *msg, siz
 		{
 			rd->state[i] = NP_NONE;
 			rd->inflight--;
+			s->inflight--;
 		}
 		pthread_mutex_unlock(&s->lock);
 		snprintf(msg, size, "could not publish to %s: %s", s->server, natsStatus_GetText(st));
@@ -497,24 +535,176 @@ nats_publish(NatsSink *s, NatsRound *rd, int i, PQExpBuffer body, char *msg, siz
 	return st;
 }
 
-/* Deliver the batch's CMD_TODO commands (sink.h: deliver). */
-static SinkResult
-nats_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+/* The round of a batch, or NULL; under lock. */
+static NatsRound *
+nats_round(NatsSink *s, RelayBatch *batch)
 {
-	NatsSink   *s = (NatsSink *) sink;
-	NatsRound	rd;
-	PQExpBufferData body;
-	char		msg[1024];
-	bool		unavailable = false;
-	bool		broken = false;
-	bool		stopped = false;
-	double		last_progress;
-	int			last_inflight = -1;
-	int			next = 0;
+	int			k;
+
+	for (k = 0; k < NATS_ROUNDS; k++)
+		if (s->rounds[k].batch == batch)
+			return &s->rounds[k];
+	return NULL;
+}
+
+/*
+ * The connection is of no use any more (lost, no PubAck in time, or the
+ * relay stops); called with the lock held.  What awaits a PubAck in every
+ * round gets r with msg (its fate is unknown: it is published again later);
+ * with hold, what was not published yet is held too (SINK_UNAVAILABLE),
+ * else it stays to do.  The rounds are detached from the connection under
+ * the lock, so no late PubAck settles anything of them; the caller drops
+ * the connection after unlocking.
+ */
+static void
+nats_break(NatsSink *s, SinkResult r, bool hold, const char *msg)
+{
+	int			k;
 	int			i;
 
+	for (k = 0; k < NATS_ROUNDS; k++)
+	{
+		NatsRound  *rd = &s->rounds[k];
+
+		if (rd->batch == NULL)
+			continue;
+		for (i = 0; i < rd->batch->n; i++)
+			if (rd->state[i] == NP_WAIT)
+			{
+				sink_outcome(&rd->batch->cmds[i], r, msg);
+				rd->state[i] = NP_SETTLED;
+			}
+		if (hold)
+			for (i = rd->next; i < rd->batch->n; i++)
+				sink_outcome(&rd->batch->cmds[i], SINK_UNAVAILABLE, msg);
+		if (hold || r == SINK_UNAVAILABLE)
+		{
+			rd->unavailable = true;
+			if (rd->unavailable_msg[0] == '\0')
+				snprintf(rd->unavailable_msg, sizeof(rd->unavailable_msg), "%s", msg);
+		}
+		rd->inflight = 0;
+		rd->ended = true;
+	}
+	s->inflight = 0;
+	s->broken = true;
+	relay_debug("nats: %s", msg);
+}
+
+/*
+ * Publish what the window allows, the rounds in the order they were
+ * submitted; called with the lock held (released around each publish).
+ * A round a PubAck found unavailable publishes nothing more, nor does the
+ * one after it.  The connection sends each publish at once (SendAsap):
+ * libnats' flusher thread would wait up to a millisecond for more, and a
+ * flush of our own (natsConnection_FlushTimeout) waits for a PONG, a
+ * round trip during which the relay's thread could not take the other
+ * round's PubAcks in or hand over the next batch.  The writes have
+ * --timeout as their deadline, so a server that stopped reading fails the
+ * publish (the broker is unavailable) instead of holding the relay.
+ */
+static void
+nats_fill(NatsSink *s, PQExpBuffer body)
+{
+	NatsRound  *order[NATS_ROUNDS];
+	char		msg[1024];
+	int			k;
+
+	if (s->nc == NULL || s->broken)
+		return;
+	order[0] = &s->rounds[0];
+	order[1] = &s->rounds[1];
+	if (order[0]->batch == NULL ||
+		(order[1]->batch != NULL && order[1]->order_no < order[0]->order_no))
+	{
+		order[0] = &s->rounds[1];
+		order[1] = &s->rounds[0];
+	}
+	for (k = 0; k < NATS_ROUNDS && !s->broken && s->inflight < s->window; k++)
+	{
+		NatsRound  *rd = order[k];
+		RelayBatch *batch = rd->batch;
+
+		if (batch == NULL || rd->unavailable)
+			break;
+		if (rd->ended)
+			continue;
+		while (!s->broken && !rd->unavailable && s->inflight < s->window && rd->next < batch->n)
+		{
+			RelayCommand *cmd = &batch->cmds[rd->next];
+			natsStatus	st;
+
+			if (cmd->state != CMD_TODO)
+			{
+				rd->next++;
+				continue;
+			}
+			if (!nats_header_ok(cmd->command_id) || !nats_header_ok(cmd->run_id) ||
+				!nats_header_ok(cmd->kind))
+			{
+				sink_outcome(cmd, SINK_FATAL, "command_id, run_id or kind contains characters that cannot be sent in a NATS header");
+				rd->next++;
+				continue;
+			}
+			pthread_mutex_unlock(&s->lock);
+			st = nats_publish(s, rd, rd->next, body, msg, sizeof(msg));
+			pthread_mutex_lock(&s->lock);
+			if (st == NATS_MAX_PAYLOAD)
+				sink_outcome(cmd, SINK_FATAL, msg);
+			else if (st != NATS_OK)
+			{
+				nats_break(s, SINK_UNAVAILABLE, true, msg);
+				return;
+			}
+			rd->next++;
+		}
+		if (rd->next < batch->n)
+			break;				/* the window is full, or the stream gone */
+	}
+}
+
+/* Drop a connection found broken (no round is attached to it any more). */
+static void
+nats_drop_broken(NatsSink *s)
+{
+	if (!s->broken)
+		return;
+	nats_drop(s);
+	s->broken = false;
+}
+
+/*
+ * Start delivering the batch (sink.h: submit): connect when needed, and
+ * publish what the window allows without waiting for a PubAck; settle
+ * waits for them.
+ */
+static SinkResult
+nats_submit(Sink *sink, RelayBatch *batch)
+{
+	NatsSink   *s = (NatsSink *) sink;
+	NatsRound  *rd;
+	PQExpBufferData body;
+	char		msg[1024];
+	bool		unavailable;
+	int			i;
+
+	pthread_mutex_lock(&s->lock);
+	rd = nats_round(s, NULL);
+	if (rd == NULL)
+	{
+		relay_log("nats sink: more than %d batches submitted at once", NATS_ROUNDS);
+		exit(RELAY_EXIT_RUNTIME);
+	}
+	memset(rd, 0, sizeof(*rd));
+	rd->order_no = ++s->order_no;
+	rd->state = relay_malloc(batch->n + 1);
+	memset(rd->state, NP_NONE, batch->n + 1);
+	rd->batch = batch;
+	pthread_mutex_unlock(&s->lock);
+
 	/* a connection the server closed while the relay was idle */
-	if (s->nc != NULL && natsConnection_IsClosed(s->nc))
+	if (s->nc != NULL && natsConnection_IsClosed(s->nc) &&
+		s->rounds[0].inflight == 0 && s->rounds[1].inflight == 0)
 		nats_drop(s);
 	if (s->nc == NULL)
 	{
@@ -524,111 +714,86 @@ nats_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 			!nats_jetstream(s, msg, sizeof(msg)))
 		{
 			nats_drop(s);
+			pthread_mutex_lock(&s->lock);
 			for (i = 0; i < batch->n; i++)
 				sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
+			rd->ended = true;
+			rd->unavailable = true;
+			pthread_mutex_unlock(&s->lock);
 			return SINK_UNAVAILABLE;
 		}
 	}
 
-	memset(&rd, 0, sizeof(rd));
-	rd.batch = batch;
-	rd.state = relay_malloc(batch->n + 1);
-	memset(rd.state, NP_NONE, batch->n + 1);
 	initPQExpBuffer(&body);
 	pthread_mutex_lock(&s->lock);
-	s->round = &rd;
+	nats_fill(s, &body);
+	unavailable = rd->unavailable;
 	pthread_mutex_unlock(&s->lock);
-	last_progress = relay_now();
+	nats_drop_broken(s);
+	termPQExpBuffer(&body);
+	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/*
+ * Wait until every message of a submitted batch has its PubAck (sink.h:
+ * settle), publishing the rest of it as the window frees up; libnats'
+ * thread settles the other round's PubAcks meanwhile.
+ */
+static SinkResult
+nats_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	NatsSink   *s = (NatsSink *) sink;
+	NatsRound  *rd;
+	PQExpBufferData body;
+	char		msg[1024];
+	bool		unavailable;
+	unsigned	last_acks;
+	int			i;
 
 	pthread_mutex_lock(&s->lock);
+	rd = nats_round(s, batch);
+	if (rd == NULL)
+	{
+		pthread_mutex_unlock(&s->lock);
+		return SINK_OK;			/* not submitted: nothing to wait for */
+	}
+	initPQExpBuffer(&body);
+	last_acks = s->acks;
 	for (;;)
 	{
 		struct timespec ts;
-		bool		published = false;
 
-		/* fill the window (publishing without the lock) */
-		while (!broken && !rd.unavailable && rd.inflight < s->window && next < batch->n)
-		{
-			RelayCommand *cmd = &batch->cmds[next];
-			natsStatus	st;
-
-			if (cmd->state != CMD_TODO)
-			{
-				next++;
-				continue;
-			}
-			if (!nats_header_ok(cmd->command_id) || !nats_header_ok(cmd->run_id) ||
-				!nats_header_ok(cmd->kind))
-			{
-				sink_outcome(cmd, SINK_FATAL, "command_id, run_id or kind contains characters that cannot be sent in a NATS header");
-				next++;
-				continue;
-			}
-			pthread_mutex_unlock(&s->lock);
-			st = nats_publish(s, &rd, next, &body, msg, sizeof(msg));
-			pthread_mutex_lock(&s->lock);
-			if (st == NATS_MAX_PAYLOAD)
-				sink_outcome(cmd, SINK_FATAL, msg);
-			else if (st != NATS_OK)
-			{
-				broken = true;
-				unavailable = true;
-				break;
-			}
-			else
-				published = true;
-			next++;
-		}
-
-		/*
-		 * Send what libnats buffered now: its flusher thread would wait up
-		 * to a millisecond for more, and no more comes before the PubAcks.
-		 * The PING's PONG is not needed (its time-out is harmless: the
-		 * PubAcks are what counts).
-		 */
-		if (published && !broken)
-		{
-			pthread_mutex_unlock(&s->lock);
-			(void) natsConnection_FlushTimeout(s->nc, 100);
-			pthread_mutex_lock(&s->lock);
-		}
-		if (rd.unavailable && !broken)
-		{
-			snprintf(msg, sizeof(msg), "%s", rd.unavailable_msg);
-			unavailable = true;
-			/* wait for what is in flight, then stop */
-			if (rd.inflight == 0)
-				break;
-		}
-		if (broken || rd.inflight == 0)
+		nats_fill(s, &body);
+		if (rd->inflight == 0 && (rd->ended || rd->unavailable || rd->next >= batch->n))
 			break;
+		if (s->broken)
+			break;				/* not reached: a broken round has ended */
 
 		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += 100 * 1000 * 1000;
+		ts.tv_nsec += 10 * 1000 * 1000;
 		if (ts.tv_nsec >= 1000000000)
 		{
 			ts.tv_sec++;
 			ts.tv_nsec -= 1000000000;
 		}
-		pthread_cond_timedwait(&s->cond, &s->lock, &ts);
-		if (rd.inflight != last_inflight)
+		if (s->acks == last_acks)
+			pthread_cond_timedwait(&s->cond, &s->lock, &ts);
+		if (s->acks != last_acks)
 		{
-			last_inflight = rd.inflight;
-			last_progress = relay_now();
+			last_acks = s->acks;
+			s->last_progress = relay_now();
 		}
-		else if (relay_now() - last_progress > relay_opts.timeout + 1)
+		else if (s->inflight > 0 && relay_now() - s->last_progress > relay_opts.timeout + 1)
 		{
 			snprintf(msg, sizeof(msg), "no PubAck from %s within %g s", s->server, relay_opts.timeout);
-			broken = true;
-			unavailable = true;
-			break;
+			nats_break(s, SINK_UNAVAILABLE, true, msg);
+			continue;
 		}
 		if (natsConnection_Status(s->nc) == NATS_CONN_STATUS_CLOSED)
 		{
 			snprintf(msg, sizeof(msg), "lost the connection to %s", s->server);
-			broken = true;
-			unavailable = true;
-			break;
+			nats_break(s, SINK_UNAVAILABLE, true, msg);
+			continue;
 		}
 		if (tick != NULL)
 		{
@@ -639,35 +804,35 @@ nats_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 			pthread_mutex_lock(&s->lock);
 			if (!go)
 			{
-				snprintf(msg, sizeof(msg), "delivery interrupted: the relay was stopped");
-				stopped = true;
-				broken = true;
-				break;
+				/* what awaits a PubAck is retried; what is unpublished stays */
+				nats_break(s, SINK_RETRY, false, "delivery interrupted: the relay was stopped");
+				continue;
 			}
 		}
 	}
 
-	/* detach the round: no PubAck settles anything of it from now on */
-	for (i = 0; i < batch->n; i++)
-	{
-		if (rd.state[i] != NP_WAIT)
-			continue;
-		sink_outcome(&batch->cmds[i], stopped ? SINK_RETRY : SINK_UNAVAILABLE, msg);
-	}
-	if (unavailable && !stopped)
-		for (i = next; i < batch->n; i++)
-			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, msg);
-	s->round = NULL;
+	/* a PubAck said the stream is gone: hold what was not published */
+	if (rd->unavailable)
+		for (i = rd->next; i < batch->n; i++)
+			if (batch->cmds[i].state == CMD_TODO)
+				sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, rd->unavailable_msg);
+	unavailable = rd->unavailable;
+	free(rd->state);
+	memset(rd, 0, sizeof(*rd));
 	pthread_mutex_unlock(&s->lock);
-	if (broken)
-	{
-		relay_debug("nats: %s", msg);
-		nats_drop(s);
-	}
-
+	nats_drop_broken(s);
 	termPQExpBuffer(&body);
-	free(rd.state);
-	return unavailable && !stopped ? SINK_UNAVAILABLE : SINK_OK;
+	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/* Deliver the batch: submit it, then settle it. */
+static SinkResult
+nats_deliver(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	SinkResult	r = nats_submit(sink, batch);
+	SinkResult	r2 = nats_settle(sink, batch, tick, arg);
+
+	return r == SINK_UNAVAILABLE ? r : r2;
 }
 
 /*
@@ -746,6 +911,8 @@ const SinkOps sink_nats_ops = {
 	"                      OUTBOX_RELAY_NATS_PASSWORD, OUTBOX_RELAY_NATS_TOKEN\n",
 	.open = nats_open,
 	.deliver = nats_deliver,
+	.submit = nats_submit,
+	.settle = nats_settle,
 	.probe = nats_probe,
 	.confirm = NULL,
 	.reopen = NULL,

@@ -7,13 +7,23 @@
  * Each command is one stream entry, XADD KEY [MAXLEN ~ N] * with the
  * fields command_id, run_id, seq, kind, deliveries and payload (the
  * payload's JSON text), then one field "header:NAME" per producer header
- * (the prefix keeps them apart from the relay's fields).  A batch is one pipeline: every XADD is written at once and
- * a command is delivered when its reply (the entry's id) has come back.
- * The connection is opened on the first batch (AUTH and SELECT ride at the
- * head of the pipeline) and kept; it is non-blocking, polled at most
- * 100 ms at a time so that tick renews the leases and a second SIGTERM
+ * (the prefix keeps them apart from the relay's fields).  A batch is one
+ * pipeline: every XADD is written at once and a command is delivered when
+ * its reply (the entry's id) has come back.  The connection is opened on
+ * the first batch (AUTH and SELECT ride at the head of the pipeline) and
+ * kept; it is non-blocking, polled at most 10 ms at a time so that tick
+ * renews the leases, hands over the next batch and a second SIGTERM
  * interrupts.  --connect-timeout bounds the connection, --timeout the
  * wait for the next reply.
+ *
+ * Deliver now, confirm later (sink.h: submit, settle): submit appends a
+ * batch's XADDs to the pipeline and writes them without waiting; settle
+ * takes the replies in.  At most two batches (rounds) are on the
+ * connection at once, the one the relay waits for and the one it claimed
+ * ahead; Redis answers one connection's commands in the order they were
+ * sent, so the replies are the oldest round's first, then the next one's,
+ * and each reply settles exactly its own XADD.  A connection that breaks
+ * holds what is unanswered in both rounds.
  *
  * Outcomes:
  *	 no connection, a lost connection, no reply within --timeout (e.g. a
@@ -44,6 +54,23 @@
 
 #include "sink.h"
 
+/*
+ * One batch whose XADDs were appended to the connection (submit) and not
+ * settled yet: at most two at once, the one the relay waits for and the
+ * one claimed ahead.  The replies come in the order the XADDs were sent:
+ * the oldest round's first.
+ */
+#define REDIS_ROUNDS 2
+typedef struct RedisRound
+{
+	RelayBatch *batch;			/* NULL: the slot is free */
+	unsigned	order_no;		/* rounds are answered in this order */
+	int		   *order;			/* command index of each XADD sent */
+	int			nsent;
+	int			got;			/* replies taken in */
+	bool		unavailable;	/* a reply or the connection said so */
+} RedisRound;
+
 typedef struct RedisSink
 {
 	Sink		base;
@@ -55,6 +82,14 @@ typedef struct RedisSink
 	char	   *user;
 	char	   *password;
 	redisContext *c;			/* NULL: not connected */
+	bool		fresh;			/* connected, pipeline not written yet */
+	bool		wpending;		/* appended commands not written yet */
+	int			nsetup;			/* AUTH and SELECT replies still to come */
+	int			nsetup_sent;	/* AUTH and SELECT sent on this connection */
+	char		setup_err[512];	/* AUTH's or SELECT's error, or "" */
+	double		deadline;		/* the next reply is due by then */
+	unsigned	order_no;		/* the last round's number */
+	RedisRound	rounds[REDIS_ROUNDS];
 	char		shown[600];
 } RedisSink;
 
@@ -157,6 +192,10 @@ redis_disconnect(RedisSink *s)
 	if (s->c != NULL)
 		redisFree(s->c);
 	s->c = NULL;
+	s->fresh = false;
+	s->wpending = false;
+	s->nsetup = 0;
+	s->setup_err[0] = '\0';
 }
 
 /* Start connecting (non-blocking); false with msg. */
@@ -256,163 +295,287 @@ redis_append_xadd(RedisSink *s, RelayCommand *cmd)
 		free(hnames[j]);
 }
 
-/*
- * Deliver the batch as one pipeline of XADDs and wait for the replies
- * (see the file header).
- */
-static SinkResult
-redis_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
+/* The round of a batch, or NULL. */
+static RedisRound *
+redis_round(RedisSink *s, RelayBatch *batch)
 {
-	RedisSink  *s = (RedisSink *) base;
-	int		   *order = relay_malloc(sizeof(int) * (batch->n + 1));
-	int			nsent = 0;
-	int			nsetup = 0;		/* AUTH and SELECT replies to come first */
-	int			got = 0;		/* replies received, setup ones included */
-	bool		wdone = false;
-	bool		unavailable = false;
-	bool		fresh = false;
-	char		lost[512] = "";
-	double		deadline;
 	int			i;
 
+	for (i = 0; i < REDIS_ROUNDS; i++)
+		if (s->rounds[i].batch == batch)
+			return &s->rounds[i];
+	return NULL;
+}
+
+/* The oldest round with replies to come, or NULL. */
+static RedisRound *
+redis_oldest(RedisSink *s)
+{
+	RedisRound *best = NULL;
+	int			i;
+
+	for (i = 0; i < REDIS_ROUNDS; i++)
+	{
+		RedisRound *rd = &s->rounds[i];
+
+		if (rd->batch != NULL && rd->got < rd->nsent &&
+			(best == NULL || rd->order_no < best->order_no))
+			best = rd;
+	}
+	return best;
+}
+
+/* Whether any round has replies to come. */
+static bool
+redis_awaiting(RedisSink *s)
+{
+	return redis_oldest(s) != NULL;
+}
+
+/*
+ * The connection is of no use any more (lost, no reply in time, or the
+ * relay stops): what is unanswered in every round gets r with msg, and the
+ * connection is dropped.
+ */
+static void
+redis_break(RedisSink *s, SinkResult r, const char *msg)
+{
+	int			i;
+	int			k;
+
+	for (i = 0; i < REDIS_ROUNDS; i++)
+	{
+		RedisRound *rd = &s->rounds[i];
+
+		if (rd->batch == NULL)
+			continue;
+		for (k = rd->got; k < rd->nsent; k++)
+			sink_outcome(&rd->batch->cmds[rd->order[k]], r, msg);
+		rd->got = rd->nsent;
+		if (r == SINK_UNAVAILABLE)
+			rd->unavailable = true;
+	}
+	relay_debug("%s", msg);
+	redis_disconnect(s);
+}
+
+/* One reply: the outcome of the next XADD of the oldest round (or setup). */
+static void
+redis_reply(RedisSink *s, redisReply *reply)
+{
+	RedisRound *rd;
+	RelayCommand *cmd;
+
+	if (s->nsetup > 0)
+	{
+		/* AUTH or SELECT: an error makes every XADD behind it wait */
+		if (reply->type == REDIS_REPLY_ERROR && s->setup_err[0] == '\0')
+			snprintf(s->setup_err, sizeof(s->setup_err), "redis %s:%d: %s: %s", s->host, s->port,
+					 s->nsetup == s->nsetup_sent && s->password ? "AUTH" : "SELECT", reply->str);
+		s->nsetup--;
+		return;
+	}
+	rd = redis_oldest(s);
+	if (rd == NULL)
+		return;					/* not reached: one reply per command sent */
+	cmd = &rd->batch->cmds[rd->order[rd->got++]];
+	if (s->setup_err[0] != '\0')
+	{
+		rd->unavailable = true;
+		sink_outcome(cmd, SINK_UNAVAILABLE, s->setup_err);
+	}
+	else if (reply->type == REDIS_REPLY_ERROR)
+	{
+		char		msg[700];
+		SinkResult	res = redis_classify(reply->str);
+
+		snprintf(msg, sizeof(msg), "redis stream %s: %s", s->stream, reply->str);
+		if (res == SINK_UNAVAILABLE)
+			rd->unavailable = true;
+		sink_outcome(cmd, res, msg);
+	}
+	else
+		sink_outcome(cmd, SINK_OK, NULL);
+}
+
+/*
+ * Write what is buffered and read the replies that came, waiting at most
+ * wait_ms for the socket.  False when the connection is of no use any more
+ * (redis_break has settled what was unanswered).
+ */
+static bool
+redis_pump(RedisSink *s, int wait_ms)
+{
+	struct pollfd pfd;
+	char		lost[512];
+	void	   *r = NULL;
+	int			rc;
+
+	pfd.fd = s->c->fd;
+	pfd.events = POLLIN | (s->wpending ? POLLOUT : 0);
+	pfd.revents = 0;
+	rc = poll(&pfd, 1, wait_ms);
+	if (rc < 0 && errno != EINTR)
+	{
+		snprintf(lost, sizeof(lost), "redis %s:%d: poll failed: %s", s->host, s->port, strerror(errno));
+		redis_break(s, SINK_UNAVAILABLE, lost);
+		return false;
+	}
+	if (rc > 0 && (pfd.revents & POLLOUT) && s->wpending)
+	{
+		int			done = 0;
+
+		if (redisBufferWrite(s->c, &done) == REDIS_OK && done)
+		{
+			s->wpending = false;
+			if (s->fresh)
+			{
+				/* written: from now on --timeout for the next reply */
+				s->fresh = false;
+				s->deadline = relay_now() + relay_opts.timeout;
+			}
+		}
+	}
+	if (s->c->err == 0 && rc > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR)))
+		(void) redisBufferRead(s->c);
+	while (s->c->err == 0 && (s->nsetup > 0 || redis_awaiting(s)) &&
+		   redisGetReplyFromReader(s->c, &r) == REDIS_OK && r != NULL)
+	{
+		redis_reply(s, r);
+		freeReplyObject(r);
+		r = NULL;
+		s->deadline = relay_now() + relay_opts.timeout;
+	}
+	if (s->c->err)
+	{
+		snprintf(lost, sizeof(lost), "redis %s:%d: %s", s->host, s->port,
+				 s->c->errstr[0] ? s->c->errstr : "connection lost");
+		redis_break(s, SINK_UNAVAILABLE, lost);
+		return false;
+	}
+	if ((s->nsetup > 0 || redis_awaiting(s)) && relay_now() > s->deadline)
+	{
+		snprintf(lost, sizeof(lost), "redis %s:%d: no reply within %.1fs", s->host, s->port,
+				 relay_opts.timeout);
+		redis_break(s, SINK_UNAVAILABLE, lost);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Start delivering the batch (sink.h: submit): append one XADD per CMD_TODO
+ * command to the connection's pipeline (connecting first when needed, AUTH
+ * and SELECT at its head) and write what the socket takes now, without
+ * waiting for a reply; settle takes the replies in.
+ */
+static SinkResult
+redis_submit(Sink *base, RelayBatch *batch)
+{
+	RedisSink  *s = (RedisSink *) base;
+	RedisRound *rd = redis_round(s, NULL);
+	char		lost[512] = "";
+	int			i;
+
+	if (rd == NULL)
+	{
+		relay_log("redis sink: more than %d batches submitted at once", REDIS_ROUNDS);
+		exit(RELAY_EXIT_RUNTIME);
+	}
+	memset(rd, 0, sizeof(*rd));
+	rd->batch = batch;
+	rd->order_no = ++s->order_no;
+	rd->order = relay_malloc(sizeof(int) * (batch->n + 1));
 	if (s->c == NULL)
 	{
 		if (!redis_connect(s, lost, sizeof(lost)))
 		{
 			for (i = 0; i < batch->n; i++)
 				sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, lost);
-			free(order);
+			rd->unavailable = true;
 			return SINK_UNAVAILABLE;
 		}
-		fresh = true;
+		s->fresh = true;
+		s->nsetup = s->nsetup_sent = 0;
+		s->setup_err[0] = '\0';
 		if (s->password != NULL)
 		{
 			if (s->user != NULL)
 				redisAppendCommand(s->c, "AUTH %s %s", s->user, s->password);
 			else
 				redisAppendCommand(s->c, "AUTH %s", s->password);
-			nsetup++;
+			s->nsetup++;
 		}
 		if (s->db != 0)
 		{
 			redisAppendCommand(s->c, "SELECT %ld", s->db);
-			nsetup++;
+			s->nsetup++;
 		}
+		s->nsetup_sent = s->nsetup;
+		/* a new connection has --connect-timeout until the pipeline is written */
+		s->deadline = relay_now() + relay_opts.connect_timeout;
 	}
+	else if (!redis_awaiting(s) && s->nsetup == 0)
+		s->deadline = relay_now() + (s->fresh ? relay_opts.connect_timeout : relay_opts.timeout);
 	for (i = 0; i < batch->n; i++)
 	{
 		if (batch->cmds[i].state != CMD_TODO)
 			continue;
 		redis_append_xadd(s, &batch->cmds[i]);
-		order[nsent++] = i;
+		rd->order[rd->nsent++] = i;
 	}
+	if (rd->nsent > 0)
+		s->wpending = true;
+	/* write now what the socket takes; the replies are settle's */
+	if (s->wpending && !redis_pump(s, 0))
+		return SINK_UNAVAILABLE;
+	return rd->unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
 
-	/* a new connection has --connect-timeout until the pipeline is written */
-	deadline = relay_now() + (fresh ? relay_opts.connect_timeout : relay_opts.timeout);
-	while (got < nsetup + nsent)
+/*
+ * Wait until every XADD of a submitted batch has its reply (sink.h:
+ * settle), taking in the replies of the round before it on the connection
+ * first (one connection answers in order); the other round's replies that
+ * come meanwhile are kept for its own settle.
+ */
+static SinkResult
+redis_settle(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	RedisSink  *s = (RedisSink *) base;
+	RedisRound *rd = redis_round(s, batch);
+	bool		unavailable;
+
+	if (rd == NULL)
+		return SINK_OK;			/* not submitted: nothing to wait for */
+	while (rd->got < rd->nsent && s->c != NULL)
 	{
-		struct pollfd pfd;
-		void	   *r = NULL;
-		int			rc;
-
-		pfd.fd = s->c->fd;
-		pfd.events = POLLIN | (wdone ? 0 : POLLOUT);
-		pfd.revents = 0;
-		rc = poll(&pfd, 1, 100);
-		if (rc < 0 && errno != EINTR)
-		{
-			snprintf(lost, sizeof(lost), "redis %s:%d: poll failed: %s", s->host, s->port, strerror(errno));
+		if (!redis_pump(s, 10))
 			break;
-		}
-		if (rc > 0 && (pfd.revents & POLLOUT) && !wdone)
-		{
-			int			done = 0;
-
-			if (redisBufferWrite(s->c, &done) == REDIS_OK && done)
-			{
-				wdone = true;
-				if (fresh)
-					deadline = relay_now() + relay_opts.timeout;
-			}
-		}
-		if (s->c->err == 0 && rc > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR)))
-			(void) redisBufferRead(s->c);
-		if (s->c->err)
-		{
-			snprintf(lost, sizeof(lost), "redis %s:%d: %s", s->host, s->port,
-					 s->c->errstr[0] ? s->c->errstr : "connection lost");
+		if (rd->got >= rd->nsent)
 			break;
-		}
-		while (got < nsetup + nsent && redisGetReplyFromReader(s->c, &r) == REDIS_OK && r != NULL)
-		{
-			redisReply *reply = r;
-
-			if (got < nsetup)
-			{
-				/* AUTH or SELECT: an error makes the whole batch wait */
-				if (reply->type == REDIS_REPLY_ERROR)
-					snprintf(lost, sizeof(lost), "redis %s:%d: %s: %s", s->host, s->port,
-							 s->password && got == 0 ? "AUTH" : "SELECT", reply->str);
-			}
-			else
-			{
-				RelayCommand *cmd = &batch->cmds[order[got - nsetup]];
-
-				if (lost[0] != '\0')
-					sink_outcome(cmd, SINK_UNAVAILABLE, lost);
-				else if (reply->type == REDIS_REPLY_ERROR)
-				{
-					char		msg[700];
-					SinkResult	res = redis_classify(reply->str);
-
-					snprintf(msg, sizeof(msg), "redis stream %s: %s", s->stream, reply->str);
-					if (res == SINK_UNAVAILABLE)
-						unavailable = true;
-					sink_outcome(cmd, res, msg);
-				}
-				else
-					sink_outcome(cmd, SINK_OK, NULL);
-			}
-			freeReplyObject(reply);
-			got++;
-			deadline = relay_now() + relay_opts.timeout;
-		}
-		if (s->c->err)
-		{
-			snprintf(lost, sizeof(lost), "redis %s:%d: %s", s->host, s->port, s->c->errstr);
-			break;
-		}
-		if (got >= nsetup + nsent)
-			break;
-		if (relay_now() > deadline)
-		{
-			snprintf(lost, sizeof(lost), "redis %s:%d: no reply within %.1fs", s->host, s->port,
-					 relay_opts.timeout);
-			break;
-		}
 		if (tick != NULL && !tick(arg))
 		{
-			for (i = got - nsetup; i < nsent; i++)
-				if (i >= 0)
-					sink_outcome(&batch->cmds[order[i]], SINK_RETRY,
-								 "delivery interrupted: the relay was stopped");
-			redis_disconnect(s);
-			free(order);
-			return SINK_OK;
+			redis_break(s, SINK_RETRY, "delivery interrupted: the relay was stopped");
+			break;
 		}
 	}
-
-	if (lost[0] != '\0')
-	{
-		/* the connection is of no use: hold what is unanswered */
-		for (i = got - nsetup; i < nsent; i++)
-			if (i >= 0)
-				sink_outcome(&batch->cmds[order[i]], SINK_UNAVAILABLE, lost);
+	unavailable = rd->unavailable;
+	free(rd->order);
+	memset(rd, 0, sizeof(*rd));
+	/* AUTH or SELECT failed: once nothing waits on it, a new connection */
+	if (s->c != NULL && s->setup_err[0] != '\0' && !redis_awaiting(s))
 		redis_disconnect(s);
-		unavailable = true;
-	}
-	free(order);
 	return unavailable ? SINK_UNAVAILABLE : SINK_OK;
+}
+
+/* Deliver the batch: submit it, then settle it. */
+static SinkResult
+redis_deliver(Sink *base, RelayBatch *batch, SinkTick tick, void *arg)
+{
+	SinkResult	r = redis_submit(base, batch);
+	SinkResult	r2 = redis_settle(base, batch, tick, arg);
+
+	return r == SINK_UNAVAILABLE ? r : r2;
 }
 
 /*
@@ -521,6 +684,8 @@ const SinkOps sink_redis_ops = {
 	"                      (password also from OUTBOX_RELAY_REDIS_PASSWORD)\n",
 	.open = redis_open,
 	.deliver = redis_deliver,
+	.submit = redis_submit,
+	.settle = redis_settle,
 	.probe = redis_probe,
 	.close = redis_close,
 	.describe = redis_describe,
