@@ -480,9 +480,9 @@ le_cmp_claimed(const void *a, const void *b)
 
 /*
  * Whether idx is the index the extension made as commands_lease_idx: a
- * B-tree whose first key is lease_until (the probe reads that key only;
- * the kind after it is for the metrics), without expressions, over the rows
- * that satisfy status = 'sending'.  A different index under
+ * B-tree keyed on lease_until alone (its non-key INCLUDE column, the kind
+ * the metrics read, does not matter to the probe), without expressions,
+ * over the rows that satisfy status = 'sending'.  A different index under
  * that name (made by hand) could hold fewer rows, and the probe would then
  * miss leases.
  */
@@ -498,7 +498,7 @@ le_is_lease_index(Relation rel, Relation idx)
 
 	if (idx->rd_rel->relkind != RELKIND_INDEX || idx->rd_rel->relam != BTREE_AM_OID ||
 		ix->indrelid != RelationGetRelid(rel) || !ix->indisvalid || ix->indcheckxmin ||
-		ix->indnkeyatts < 1 ||
+		ix->indnkeyatts != 1 ||
 		ix->indkey.values[0] != get_attnum(RelationGetRelid(rel), "lease_until") ||
 		RelationGetIndexExpressions(idx) != NIL)
 		return false;

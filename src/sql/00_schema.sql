@@ -83,16 +83,17 @@ CREATE TABLE @extschema@.commands (
 	CONSTRAINT commands_pkey PRIMARY KEY (command_id)
 ) WITH (fillfactor = 80);
 
--- Both claim indexes end with kind, so that outbox.metrics_backlog() of
--- part 45 counts the pending and the sending commands by kind with
--- index-only scans of them.  The claim's order is the keys before it.  A
--- last key column rather than an INCLUDE column: B-tree deduplication
--- keeps working (it is off for an index with INCLUDE columns), and the
--- commands of one batch of decisions, or of one claim, share their times,
--- so their entries fold into one posting list per kind.
+-- Both claim indexes carry kind as a non-key column (INCLUDE), so that
+-- outbox.metrics_backlog() of part 45 counts the pending and the sending
+-- commands by kind with index-only scans of them.  Not a key column: the
+-- commands of one batch of decisions share their times, and among equal
+-- keys a B-tree keeps the order of insertion (the heap TID), which is the
+-- order in which the claim takes them; kind as a last key would put one
+-- kind of such a batch before the other.  (An index with INCLUDE columns
+-- is not deduplicated, so such a batch takes an entry per command.)
 CREATE INDEX commands_claim_idx ON @extschema@.commands
-	(priority DESC, due_at, created_at, kind) WHERE due_at IS NOT NULL;
-CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until, kind)
+	(priority DESC, due_at, created_at) INCLUDE (kind) WHERE due_at IS NOT NULL;
+CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until) INCLUDE (kind)
 	WHERE status OPERATOR(pg_catalog.=) 'sending';
 
 -- The commands that are neither claimable nor leased and not published:
@@ -103,8 +104,8 @@ CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until, kind)
 -- decided waiting or goes dead or uncertain, and leaves it when it becomes
 -- due or is requeued or resolved: a claim or an ack never writes to it,
 -- and neither does the decision of a command that is due.  Its columns
--- and predicate are all in other indexes too (keys or predicates), so it
--- makes no update that was HOT non-HOT.
+-- and predicate are all in other indexes too (keys, INCLUDE columns or
+-- predicates), so it makes no update that was HOT non-HOT.
 CREATE INDEX commands_held_idx ON @extschema@.commands (kind, status COLLATE pg_catalog."C")
 	WHERE status OPERATOR(pg_catalog.=) ANY (ARRAY['dead', 'uncertain']::pg_catalog.text[])
 	   OR (status OPERATOR(pg_catalog.=) 'pending' AND due_at IS NULL);

@@ -8,8 +8,8 @@
 -- grows with the commands that are not finished (the backlog) and never
 -- with the published history:
 --
---   pending, due      commands_claim_idx  (due_at IS NOT NULL; kind its last key)
---   sending           commands_lease_idx  (status = 'sending'; kind its last key)
+--   pending, due      commands_claim_idx  (due_at IS NOT NULL; kind INCLUDEd)
+--   sending           commands_lease_idx  (status = 'sending'; kind INCLUDEd)
 --   waiting, dead     commands_held_idx   (the rest: no claim or ack writes
 --   and uncertain                          to it)
 --
@@ -47,8 +47,9 @@
 -- (autovacuum sets them; "Heap Fetches" in the plan).  Each aggregate is
 -- evaluated for every index entry read, so the pending and the sending
 -- commands are counted with one filter each: the delayed ones and the
--- live leases are the rest, and the oldest due_at (lease_until) is the
--- oldest ready command (expired lease) whenever there is one.
+-- live leases are the rest (of the leases with an end), and the oldest
+-- due_at (lease_until) is the oldest ready command (expired lease)
+-- whenever there is one.
 CREATE FUNCTION @extschema@.metrics_backlog(
 	OUT kind pg_catalog.text,
 	OUT status pg_catalog.text,
@@ -68,7 +69,7 @@ WITH p AS (
 	 WHERE c.due_at IS NOT NULL
 	 GROUP BY c.kind),
 s AS (
-	SELECT c.kind, pg_catalog.count(*) AS n,
+	SELECT c.kind, pg_catalog.count(c.lease_until) AS n,
 		   pg_catalog.count(*) FILTER (WHERE c.lease_until OPERATOR(pg_catalog.<=) pg_catalog.now()) AS expired,
 		   pg_catalog.min(c.lease_until) AS oldest
 	  FROM @extschema@.commands c

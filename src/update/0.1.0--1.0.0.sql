@@ -249,14 +249,14 @@ CREATE TABLE @extschema@.consumers (
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.consumers', '');
 COMMENT ON TABLE @extschema@.consumers IS 'consumer names, each registered to the role whose members may accept commands under it';
 
--- The metrics' indexes: kind the last key of both claim indexes (the
--- pending and the sending commands by kind), and 0.1.0's index of the dead and
+-- The metrics' indexes: kind INCLUDEd in both claim indexes (the pending
+-- and the sending commands by kind), and 0.1.0's index of the dead and
 -- uncertain commands made again to hold the waiting ones too (part 00).
 DROP INDEX @extschema@.commands_claim_idx;
 CREATE INDEX commands_claim_idx ON @extschema@.commands
-	(priority DESC, due_at, created_at, kind) WHERE due_at IS NOT NULL;
+	(priority DESC, due_at, created_at) INCLUDE (kind) WHERE due_at IS NOT NULL;
 DROP INDEX @extschema@.commands_lease_idx;
-CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until, kind)
+CREATE INDEX commands_lease_idx ON @extschema@.commands (lease_until) INCLUDE (kind)
 	WHERE status OPERATOR(pg_catalog.=) 'sending';
 DROP INDEX @extschema@.commands_held_idx;
 CREATE INDEX commands_held_idx ON @extschema@.commands (kind, status COLLATE pg_catalog."C")

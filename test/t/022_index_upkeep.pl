@@ -79,7 +79,7 @@ sub wait_upkeep_gone
 
 # --- A held snapshot: the purged entries stay, nothing is rebuilt. --------
 my $pkey_node = filenode('commands_pkey');
-my $claim_node = filenode('commands_claim_idx');
+my $claim_node = filenode('commands_held_idx');
 my $holder = $node->background_psql('postgres');
 $holder->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ');
 $holder->query_safe('SELECT 1');
@@ -112,8 +112,8 @@ is(sql(q{SELECT count(*) FROM pg_constraint c JOIN pg_index i ON i.indexrelid = 
 like(sql(q{SELECT string_agg(relname, ',') FROM pg_class
             WHERE relnamespace = 'outbox'::regnamespace AND relname LIKE '%\_cc%'}),
 	qr/^$/, 'no rebuild leftover remains');
-cmp_ok(size_kb('commands_claim_idx'), '<', 1024, 'the claim index is under 1 MB');
-is(filenode('commands_claim_idx'), $claim_node, 'an index under 1 MB is left alone');
+cmp_ok(size_kb('commands_held_idx'), '<', 1024, 'the index of held commands is under 1 MB');
+is(filenode('commands_held_idx'), $claim_node, 'an index under 1 MB is left alone');
 my $log = slurp_file($node->logfile);
 like($log, qr/outbox upkeep rebuilt index "commands_pkey": \d+ kB before, \d+ kB after/,
 	'the rebuild is logged');

@@ -172,12 +172,14 @@ sq(q{SELECT outbox.commit_decision('ko-' || s % 3, s, 'decided', 'ko-' || s, 'ko
 produce_runs($node, 'k2', 600, 6, q{'kd'});
 {
 	my $err = "$tmp/relay-down.err";
+	# slow answers keep each batch in flight long enough to fail it midway;
+	# set before the relay starts, or a quick relay drains all 600 before
+	# the first slow answer
+	ok(mock('rtt 300'), 'down: the broker answers 300 ms late');
 	my $pid = relay('relay-down', '--kinds', 'kd', '--batch', '50', '--timeout', '2', '--lease', '2', '-v');
 	ok($node->poll_query_until('postgres',
 		"SELECT count(*) >= 100 FROM outbox.commands WHERE kind = 'kd' AND status = 'published'"),
 		'down: the relay is publishing');
-	# slow answers keep each batch in flight long enough to fail it midway
-	ok(mock('rtt 300'), 'down: the broker answers 300 ms late');
 	ok($node->poll_query_until('postgres',
 		"SELECT count(*) > 0 FROM outbox.commands WHERE kind = 'kd' AND status = 'sending'"),
 		'down: a batch is in flight');
