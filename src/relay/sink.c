@@ -881,3 +881,42 @@ sink_ndjson_flush(FILE *fp, const char *what, bool sync, char **err)
 	}
 	return true;
 }
+
+/*
+ * The round of a broker sink that delivers batch, or, with batch NULL, a
+ * free one; NULL when there is none.  rounds is the sink's array of n
+ * rounds of size bytes each, every one beginning with its RelayBatch
+ * pointer (NULL: free).  The sinks that keep two batches at the broker
+ * (submit and settle) hold one round per batch.
+ */
+void *
+sink_round(void *rounds, size_t size, int n, const RelayBatch *batch)
+{
+	int			k;
+
+	for (k = 0; k < n; k++)
+	{
+		char	   *rd = (char *) rounds + (size_t) k * size;
+
+		if (*(RelayBatch **) rd == batch)
+			return rd;
+	}
+	return NULL;
+}
+
+/*
+ * A free round for submit (sink_round); the relay submits at most n
+ * batches at once, so a sink without one ends it (a defect of the relay).
+ */
+void *
+sink_free_round(void *rounds, size_t size, int n, const char *sink)
+{
+	void	   *rd = sink_round(rounds, size, n, NULL);
+
+	if (rd == NULL)
+	{
+		relay_log("%s sink: more than %d batches submitted at once", sink, n);
+		exit(RELAY_EXIT_RUNTIME);
+	}
+	return rd;
+}

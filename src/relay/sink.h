@@ -238,4 +238,7 @@ extern bool sink_header_reserved(const char *name);
 /* Whether name is in the NULL-terminated list (case-insensitively). */
 extern bool sink_header_listed(const char *name, const char *const *list);
 
+extern void *sink_round(void *rounds, size_t size, int n, const RelayBatch *batch);
+extern void *sink_free_round(void *rounds, size_t size, int n, const char *sink);
+
 #endif							/* OUTBOX_RELAY_SINK_H */

@@ -723,12 +723,7 @@ amqp_probe(Sink *sink, char **err)
 static AmqpRound *
 amqp_round(AmqpSink *s, RelayBatch *batch)
 {
-	int			k;
-
-	for (k = 0; k < AMQP_ROUNDS; k++)
-		if (s->rounds[k].batch == batch)
-			return &s->rounds[k];
-	return NULL;
+	return sink_round(s->rounds, sizeof(s->rounds[0]), AMQP_ROUNDS, batch);
 }
 
 /* The rounds in the order they were submitted (unused slots last). */
@@ -858,16 +853,11 @@ static SinkResult
 amqp_submit(Sink *sink, RelayBatch *batch)
 {
 	AmqpSink   *s = (AmqpSink *) sink;
-	AmqpRound  *rd = amqp_round(s, NULL);
+	AmqpRound  *rd = sink_free_round(s->rounds, sizeof(s->rounds[0]), AMQP_ROUNDS, "amqp");
 	PQExpBufferData body;
 	char		msg[1024];
 	int			i;
 
-	if (rd == NULL)
-	{
-		relay_log("amqp sink: more than %d batches submitted at once", AMQP_ROUNDS);
-		exit(RELAY_EXIT_RUNTIME);
-	}
 	memset(rd, 0, sizeof(*rd));
 	rd->batch = batch;
 	rd->order_no = ++s->order_no;

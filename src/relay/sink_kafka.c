@@ -459,12 +459,7 @@ kafka_produce(KafkaSink *s, KafkaRound *rd, RelayCommand *cmd, int index, PQExpB
 static KafkaRound *
 kafka_round(KafkaSink *s, RelayBatch *batch)
 {
-	int			i;
-
-	for (i = 0; i < KAFKA_ROUNDS; i++)
-		if (s->rounds[i].batch == batch)
-			return &s->rounds[i];
-	return NULL;
+	return sink_round(s->rounds, sizeof(s->rounds[0]), KAFKA_ROUNDS, batch);
 }
 
 /*
@@ -518,14 +513,9 @@ static SinkResult
 kafka_submit(Sink *base, RelayBatch *batch)
 {
 	KafkaSink  *s = (KafkaSink *) base;
-	KafkaRound *rd = kafka_round(s, NULL);
+	KafkaRound *rd = sink_free_round(s->rounds, sizeof(s->rounds[0]), KAFKA_ROUNDS, "kafka");
 	PQExpBufferData body;
 
-	if (rd == NULL)
-	{
-		relay_log("kafka sink: more than %d batches submitted at once", KAFKA_ROUNDS);
-		exit(RELAY_EXIT_RUNTIME);
-	}
 	if (s->fatal && s->rounds[0].batch == NULL && s->rounds[1].batch == NULL)
 	{
 		char	   *err = NULL;

@@ -544,12 +544,7 @@ mqtt_publish(MqttSink *s, MqttRound *rd, int i, PQExpBuffer body)
 static MqttRound *
 mqtt_round(MqttSink *s, RelayBatch *batch)
 {
-	int			k;
-
-	for (k = 0; k < MQTT_ROUNDS; k++)
-		if (s->rounds[k].batch == batch)
-			return &s->rounds[k];
-	return NULL;
+	return sink_round(s->rounds, sizeof(s->rounds[0]), MQTT_ROUNDS, batch);
 }
 
 /*
@@ -677,14 +672,9 @@ static SinkResult
 mqtt_submit(Sink *sink, RelayBatch *batch)
 {
 	MqttSink   *s = (MqttSink *) sink;
-	MqttRound  *rd = mqtt_round(s, NULL);
+	MqttRound  *rd = sink_free_round(s->rounds, sizeof(s->rounds[0]), MQTT_ROUNDS, "mqtt");
 	PQExpBufferData body;
 
-	if (rd == NULL)
-	{
-		relay_log("mqtt sink: more than %d batches submitted at once", MQTT_ROUNDS);
-		exit(RELAY_EXIT_RUNTIME);
-	}
 	/* notice a connection the broker closed while the relay was idle */
 	if (!mqtt_active(s))
 	{

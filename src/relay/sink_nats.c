@@ -539,12 +539,7 @@ nats_publish(NatsSink *s, NatsRound *rd, int i, PQExpBuffer body, char *msg, siz
 static NatsRound *
 nats_round(NatsSink *s, RelayBatch *batch)
 {
-	int			k;
-
-	for (k = 0; k < NATS_ROUNDS; k++)
-		if (s->rounds[k].batch == batch)
-			return &s->rounds[k];
-	return NULL;
+	return sink_round(s->rounds, sizeof(s->rounds[0]), NATS_ROUNDS, batch);
 }
 
 /*
@@ -689,12 +684,7 @@ nats_submit(Sink *sink, RelayBatch *batch)
 	int			i;
 
 	pthread_mutex_lock(&s->lock);
-	rd = nats_round(s, NULL);
-	if (rd == NULL)
-	{
-		relay_log("nats sink: more than %d batches submitted at once", NATS_ROUNDS);
-		exit(RELAY_EXIT_RUNTIME);
-	}
+	rd = sink_free_round(s->rounds, sizeof(s->rounds[0]), NATS_ROUNDS, "nats");
 	memset(rd, 0, sizeof(*rd));
 	rd->order_no = ++s->order_no;
 	rd->state = relay_malloc(batch->n + 1);

@@ -299,12 +299,7 @@ redis_append_xadd(RedisSink *s, RelayCommand *cmd)
 static RedisRound *
 redis_round(RedisSink *s, RelayBatch *batch)
 {
-	int			i;
-
-	for (i = 0; i < REDIS_ROUNDS; i++)
-		if (s->rounds[i].batch == batch)
-			return &s->rounds[i];
-	return NULL;
+	return sink_round(s->rounds, sizeof(s->rounds[0]), REDIS_ROUNDS, batch);
 }
 
 /* The oldest round with replies to come, or NULL. */
@@ -473,15 +468,10 @@ static SinkResult
 redis_submit(Sink *base, RelayBatch *batch)
 {
 	RedisSink  *s = (RedisSink *) base;
-	RedisRound *rd = redis_round(s, NULL);
+	RedisRound *rd = sink_free_round(s->rounds, sizeof(s->rounds[0]), REDIS_ROUNDS, "redis");
 	char		lost[512] = "";
 	int			i;
 
-	if (rd == NULL)
-	{
-		relay_log("redis sink: more than %d batches submitted at once", REDIS_ROUNDS);
-		exit(RELAY_EXIT_RUNTIME);
-	}
 	memset(rd, 0, sizeof(*rd));
 	rd->batch = batch;
 	rd->order_no = ++s->order_no;
