@@ -32,7 +32,7 @@
 #
 # Settings: KEYS, PER_KEY, B, PUBLISHERS, REPEATS, HEADS, WAITING,
 # LAT_SECS, HOT, HOT_SECS, LAYOUT (interleaved|key-major), LAT_LAYOUTS,
-# ONLY (throughput|latency|hot|statements), EXTRA_CONF (lines appended to
+# ONLY (throughput|latency|hot|hot-relays|statements), EXTRA_CONF (lines appended to
 # postgresql.conf).
 set -u
 set -o pipefail
@@ -51,6 +51,7 @@ WAITING=${WAITING:-100}
 LAT_SECS=${LAT_SECS:-10}
 HOT=${HOT:-60000}
 HOT_SECS=${HOT_SECS:-10}
+HOT_RELAY=${HOT_RELAY:-10000}
 EXTRA_CONF=${EXTRA_CONF:-}
 ONLY=${ONLY:-}
 LAYOUT=${LAYOUT:-interleaved}
@@ -62,6 +63,7 @@ if [ -n "${QUICK:-}" ]; then
 	LAT_SECS=5
 	HOT=20000
 	HOT_SECS=5
+	HOT_RELAY=3000
 fi
 
 outbox_bench_start bench-ordering "$EXTRA_CONF" || exit 1
@@ -240,6 +242,63 @@ if [ -z "$ONLY" ] || [ "$ONLY" = hot ]; then
 	printf '  one key, 1 client claim-%d        %8s   (runs: %s)\n' "$B" "$hot1" "${HOT1[*]}"
 	echo "  hot key, $PUBLISHERS clients / claim-1 round trips: $(ratio "$hot" "$base")"
 	echo "  hot key, 1 client / claim-1 round trips: $(ratio "$hot1" "$base")"
+fi
+
+# 3b. The hot key with real publishers: PUBLISHERS outbox-relay processes
+# (stdout sink, batch B, woken by LISTEN as in production) on HOT_RELAY
+# commands of one key, against ONE outbox-relay with --batch 1 on the same
+# number of unordered commands.  Commands per second from the start of
+# the relays to the last ack; the relays are stopped (SIGTERM, by pid)
+# once every command is published.
+hot_relays() {
+	local n=$1 relays=$2 batch=$3 start end i pids=() waited=0
+	start=$(now)
+	for i in $(seq "$relays"); do
+		rm -f "$WORK/hot-$i.pid"
+		as_pg "echo \$\$ >'$WORK/hot-$i.pid'; exec '$RELAY' --dsn '$DSN' --sink stdout --batch $batch --worker hot-$i" >/dev/null 2>>"$WORK/relay.log" &
+	done
+	for i in $(seq "$relays"); do
+		while [ ! -s "$WORK/hot-$i.pid" ]; do sleep 0.05; done
+		pids+=("$(cat "$WORK/hot-$i.pid")")
+	done
+	while [ "$(psql_q "SELECT count(*) FROM outbox.commands WHERE status = 'published'")" -lt "$n" ]; do
+		sleep 0.2
+		waited=$((waited + 1))
+		if [ "$waited" -gt 3000 ]; then
+			echo "the relays did not publish $n commands in 10 minutes" >&2
+			kill "${pids[@]}" 2>/dev/null
+			wait
+			exit 1
+		fi
+	done
+	kill -TERM "${pids[@]}" 2>/dev/null
+	wait
+	end=$(psql_q "SELECT extract(epoch FROM max(published_at)) FROM outbox.commands")
+	# the relays' summaries: batches that found commands, and wake-ups
+	grep -h 'summary: worker=hot-' "$WORK/relay.log" |
+		awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "batches") b += kv[2]; if (kv[1] == "wakeups") w += kv[2] } }
+			 END { printf "    %d relay(s): %d batches, %d wake-ups\n", '"$relays"', b, w }' >&2
+	: >"$WORK/relay.log"
+	awk -v n="$n" -v s="$start" -v e="$end" 'BEGIN { printf "%.0f\n", n / (e - s) }'
+}
+
+if [ -z "$ONLY" ] || [ "$ONLY" = hot-relays ]; then
+	echo
+	echo "one hot key, real publishers: $PUBLISHERS relays claiming $B against 1 relay --batch 1 unordered, $HOT_RELAY commands (commands/s)"
+	declare -a RBASE RHOT
+	for _ in $(seq "$REPEATS"); do
+		load 1 "$HOT_RELAY" 0 || exit 1
+		r=$(hot_relays "$HOT_RELAY" 1 1) || exit 1
+		RBASE+=("$r")
+		load 1 "$HOT_RELAY" 1 || exit 1
+		r=$(hot_relays "$HOT_RELAY" "$PUBLISHERS" "$B") || exit 1
+		RHOT+=("$r")
+	done
+	rbase=$(printf '%s\n' "${RBASE[@]}" | median)
+	rhot=$(printf '%s\n' "${RHOT[@]}" | median)
+	printf '  unordered, 1 relay --batch 1   %8s   (runs: %s)\n' "$rbase" "${RBASE[*]}"
+	printf '  one key, %d relays --batch %d  %8s   (runs: %s)\n' "$PUBLISHERS" "$B" "$rhot" "${RHOT[*]}"
+	echo "  hot key, $PUBLISHERS relays / 1 relay --batch 1: $(ratio "$rhot" "$rbase")"
 fi
 
 # 4. The claim's and the ack's share (pgbench -r, ms per statement).

@@ -66,6 +66,16 @@
  *				outbox.notify_idle_interval; shared.c, "Waiting
  *				publishers").
  *
+ * The release's wake-up.  A commit that released an ordering key's next
+ * command (keys.c) raises the slot's release_pending instead of a wake-up:
+ * the notify duty then sets the due check's next look at
+ * outbox.notify_interval from now, and that look wakes the publishers only
+ * if the released command is still claimable (the one that acked its
+ * predecessor claims again at once and usually takes it first).  With
+ * one hot key and several publishers, every ack would otherwise wake the
+ * idle ones for an empty claim each.  The look finds the command however
+ * late its transaction commits, by the due floor below.
+ *
  * The due check.  Commands also become claimable with no commit to announce
  * them.  The check looks for them cheaply in the two claim indexes (per
  * priority, walking the distinct priorities of commands_claim_idx by index
@@ -822,12 +832,22 @@ du_rotate(OutboxTurn *turn)
 	return false;
 }
 
-/* notify: send the pending wake-up, or come back when the interval ends. */
+/*
+ * notify: send the pending wake-up, or come back when the interval ends;
+ * after a release, have the due check look outbox.notify_interval later.
+ */
 static bool
 du_wakeups(OutboxTurn *turn)
 {
 	TimestampTz hold;
 
+	if (pg_atomic_exchange_u32(&MyOutboxSlot->release_pending, 0) != 0)
+	{
+		TimestampTz at = TimestampTzPlusMilliseconds(turn->now, outbox_notify_interval_ms);
+
+		if (turn->due == 0 || at < turn->due)
+			turn->due = at;
+	}
 	OutboxServeWakeups(&hold);
 	if (hold != 0)
 		turn->next = hold;

@@ -18,9 +18,13 @@
  * published (ack, ack_many, resolve as published) or skipped
  * (outbox.skip_head, for a dead head), the one that did it makes the next
  * command of the key claimable in the same transaction (due_at and
- * available_at become the later of its available_at and now), and its
- * commit wakes the worker as an enqueue does (OutboxDueAtCommit), so that
- * publishers waiting on LISTEN hear of it at once.  A skipped
+ * available_at become the later of its available_at and now).  Its commit
+ * does not wake the publishers at once: the publisher that acked the head
+ * claims again right after its ack and usually takes the released command
+ * itself, and a notification would only wake every idle publisher for an
+ * empty claim.  The worker looks for it outbox.notify_interval later and
+ * wakes the publishers if it is still claimable (duties.c, "The release's
+ * wake-up").  A skipped
  * head leaves the key: its ordering_key and ordering_seq become NULL and
  * its last_error says which key it was the head of.
  *
@@ -271,7 +275,7 @@ OutboxKeyTails(Oid role, text **keys, int n, int64 *last_seq, bool *busy)
  * each, in one statement (one for a single place, one for several: an
  * ack_many of heads of many keys reads each key's next command by an index
  * probe and updates them all by their ctids, as claim does).  If any was
- * released, the worker is woken at commit.  Runs in the caller's SPI
+ * released, the worker looks for it after its commit (see the file header).  Runs in the caller's SPI
  * connection; SPI_tuptable is not kept.
  */
 void
@@ -345,7 +349,7 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "outbox: release of the next command of an ordering key failed");
 	if (SPI_processed > 0)
-		OutboxDueAtCommit(OUTBOX_DUE_NOW);
+		OutboxDueAtCommit(OUTBOX_DUE_RELEASE);
 }
 
 /*

@@ -145,7 +145,8 @@ typedef enum OutboxWorkerExit
  * One slot per database served by a worker.  The launcher owns dboid,
  * generation and state transitions out of OBW_FREE; the worker fills in the
  * rest.  All fields are protected by OutboxShared->lock, except the
- * atomics wake_pending, due_floor and look_mark, which committing backends
+ * atomics wake_pending, stream_pending, release_pending, due_floor and
+ * look_mark, which committing backends
  * and the worker read and set without taking the lock.
  */
 typedef struct OutboxWorkerSlot
@@ -160,6 +161,10 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint32 stream_pending;	/* a transaction that appended to a
 										 * stream committed since the last
 										 * tick began */
+	pg_atomic_uint32 release_pending;	/* a transaction that released an
+										 * ordering key's next command
+										 * committed: look for it after
+										 * outbox.notify_interval */
 	pg_atomic_uint64 due_floor; /* earliest start of a transaction that
 								 * committed work since the due check's last
 								 * look and began before look_mark
@@ -342,6 +347,7 @@ extern void OutboxCountAtCommit(OutboxCounter c, int64 n);
 #define OUTBOX_DUE_MOVED		0x01	/* wrote a due_at or lease_until */
 #define OUTBOX_DUE_NOW			0x02	/* made a command claimable now */
 #define OUTBOX_DUE_STREAM		0x04	/* appended to a stream's log */
+#define OUTBOX_DUE_RELEASE		0x08	/* released an ordering key's next command */
 extern void OutboxDueAtCommit(int what);
 extern void OutboxCountNow(OutboxCounter c, int64 n);
 extern void OutboxRequestWorkerAtCommit(void);

@@ -205,6 +205,7 @@ ob_shmem_startup(void)
 		{
 			pg_atomic_init_u32(&OutboxShared->slots[i].wake_pending, 0);
 			pg_atomic_init_u32(&OutboxShared->slots[i].stream_pending, 0);
+			pg_atomic_init_u32(&OutboxShared->slots[i].release_pending, 0);
 			pg_atomic_init_u64(&OutboxShared->slots[i].due_floor,
 							   (uint64) OUTBOX_NO_FLOOR);
 			pg_atomic_init_u64(&OutboxShared->slots[i].look_mark, 0);
@@ -391,6 +392,21 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		 */
 		if ((due & OUTBOX_DUE_STREAM) != 0 &&
 			pg_atomic_exchange_u32(&slot->stream_pending, 1) == 0)
+		{
+			Latch	   *latch = slot->latch;
+
+			if (latch != NULL)
+				SetLatch(latch);
+		}
+
+		/*
+		 * A release of an ordering key's next command (keys.c): the
+		 * worker looks for it after outbox.notify_interval and wakes the
+		 * publishers only if it is still claimable then (duties.c, "The
+		 * release's wake-up").
+		 */
+		if ((due & OUTBOX_DUE_RELEASE) != 0 &&
+			pg_atomic_exchange_u32(&slot->release_pending, 1) == 0)
 		{
 			Latch	   *latch = slot->latch;
 
