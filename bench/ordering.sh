@@ -25,13 +25,15 @@
 #    a time), and then one such client, against ONE client looping "claim
 #    1; ack 1" on unordered commands; commands per second over HOT_SECS
 #    seconds, the ratios.
+# 3b. The same hot key with PUBLISHERS real relays (ONLY=hot-relays; see
+#    hot_relays below).
 # 4. Where the time goes: the backlog of 1 decided with and without keys,
 #    PUBLISHERS pgbench clients looping "claim B; ack the batch" over 80%
 #    of it (pgbench -r): the average time of the claim and of the ack
 #    statement, ordered against unordered.
 #
 # Settings: KEYS, PER_KEY, B, PUBLISHERS, REPEATS, HEADS, WAITING,
-# LAT_SECS, HOT, HOT_SECS, LAYOUT (interleaved|key-major), LAT_LAYOUTS,
+# LAT_SECS, HOT, HOT_SECS, HOT_RELAY, LAYOUT (interleaved|key-major), LAT_LAYOUTS,
 # ONLY (throughput|latency|hot|hot-relays|statements), EXTRA_CONF (lines appended to
 # postgresql.conf).
 set -u
@@ -246,8 +248,10 @@ fi
 
 # 3b. The hot key with real publishers: PUBLISHERS outbox-relay processes
 # (stdout sink, batch B, woken by LISTEN as in production) on HOT_RELAY
-# commands of one key, against ONE outbox-relay with --batch 1 on the same
-# number of unordered commands.  Commands per second from the start of
+# commands of one key, against one client's claim-1/ack-1 round trips on
+# unordered commands (as in 3, over HOT_SECS) and against ONE outbox-relay
+# with --batch 1 on HOT_RELAY unordered commands (which claims its next
+# command while the previous one's ack commits: more than round trips).  Commands per second from the start of
 # the relays to the last ack; the relays are stopped (SIGTERM, by pid)
 # once every command is published.
 hot_relays() {
@@ -285,8 +289,11 @@ hot_relays() {
 if [ -z "$ONLY" ] || [ "$ONLY" = hot-relays ]; then
 	echo
 	echo "one hot key, real publishers: $PUBLISHERS relays claiming $B against 1 relay --batch 1 unordered, $HOT_RELAY commands (commands/s)"
-	declare -a RBASE RHOT
+	declare -a RBASE RHOT RTRIP
 	for _ in $(seq "$REPEATS"); do
+		load 1 "$HOT" 0 || exit 1
+		r=$(hot_run 1 1) || exit 1
+		RTRIP+=("$r")
 		load 1 "$HOT_RELAY" 0 || exit 1
 		r=$(hot_relays "$HOT_RELAY" 1 1) || exit 1
 		RBASE+=("$r")
@@ -294,10 +301,13 @@ if [ -z "$ONLY" ] || [ "$ONLY" = hot-relays ]; then
 		r=$(hot_relays "$HOT_RELAY" "$PUBLISHERS" "$B") || exit 1
 		RHOT+=("$r")
 	done
+	rtrip=$(printf '%s\n' "${RTRIP[@]}" | median)
 	rbase=$(printf '%s\n' "${RBASE[@]}" | median)
 	rhot=$(printf '%s\n' "${RHOT[@]}" | median)
-	printf '  unordered, 1 relay --batch 1   %8s   (runs: %s)\n' "$rbase" "${RBASE[*]}"
-	printf '  one key, %d relays --batch %d  %8s   (runs: %s)\n' "$PUBLISHERS" "$B" "$rhot" "${RHOT[*]}"
+	printf '  unordered, 1 client claim-1/ack-1 round trips %8s   (runs: %s)\n' "$rtrip" "${RTRIP[*]}"
+	printf '  unordered, 1 relay --batch 1 (claims ahead)   %8s   (runs: %s)\n' "$rbase" "${RBASE[*]}"
+	printf '  one key, %d relays --batch %d                  %8s   (runs: %s)\n' "$PUBLISHERS" "$B" "$rhot" "${RHOT[*]}"
+	echo "  hot key, $PUBLISHERS relays / claim-1/ack-1 round trips: $(ratio "$rhot" "$rtrip")"
 	echo "  hot key, $PUBLISHERS relays / 1 relay --batch 1: $(ratio "$rhot" "$rbase")"
 fi
 

@@ -333,7 +333,7 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 												"         pg_catalog.cardinality(x.tids) OPERATOR(pg_catalog.=) 1 AS last"
 												"    FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
 												"                    pg_catalog.unnest($4)) AS p(key, seq, role)"
-												"   CROSS JOIN LATERAL (SELECT " KY_NEXT_TWO("p.key", "p.role", "p.seq") " AS tids) x)"
+												"   CROSS JOIN LATERAL (SELECT " KY_NEXT_TWO("p.key", "p.role", "p.seq") " AS tids OFFSET 0) x)"
 												"UPDATE outbox.commands t"
 												"   SET available_at = GREATEST(t.available_at, $3),"
 												"       due_at = GREATEST(t.available_at, $3),"
