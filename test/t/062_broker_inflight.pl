@@ -32,6 +32,16 @@
 #     at the cut published again (total >= 3*B + 2*B; JetStream drops the
 #     second copies by Nats-Msg-Id, so there total = distinct),
 #     conservation clean.
+#  4. NATS and MQTT: the broker refuses the relay with two batches at it
+#     (the stream removed: no responders; the ACL denies the topic:
+#     PUBACK "not authorized", after which Mosquitto disconnects the
+#     client), the answers held until both batches are submitted: an
+#     outage, nothing acked or dead-lettered; once the broker takes them
+#     again (the stream created again, the ACL reloaded) the relay retries
+#     the current batch, then the one submitted ahead, and publishes all
+#     3*B on their first delivery.  (RabbitMQ's deleted exchange and
+#     Redis's WRONGTYPE close the channel or fail at once, as 055 and 053
+#     show; they are not repeated here.)
 #
 # Why a fresh relay whose connection was made by two single-command
 # batches: a claim ahead that finds nothing makes the relay skip the next
@@ -293,6 +303,9 @@ $broker{nats} = sub {
 			}
 			return ($total, \%ids);
 		},
+		# the stream removed: a publish has no responders; then back
+		refuse => sub { $ns->js_stream_delete('INFLIGHT'); },
+		allow => sub { $ns->js_stream_create('INFLIGHT', ['inflight.>'], 600); },
 		stop => sub { $ns->stop; ok(!$ns->running, 'nats: nats-server stopped'); },
 	};
 };
@@ -301,8 +314,25 @@ $broker{nats} = sub {
 # subscribed before anything is published) writes what the broker passes
 # on, one payload a line.
 $broker{mqtt} = sub {
-	my $mq = OutboxBrokerServer->new('mosquitto', "$tmp/mosquitto");
+	my $dir = "$tmp/mosquitto";
+	my $mq = OutboxBrokerServer->new('mosquitto', $dir, acl => "topic readwrite inflight/commands\n");
+	# "Reloading config." is logged at the information level
+	open(my $conf, '>>', "$dir/mosquitto.conf") or die "open $dir/mosquitto.conf: $!";
+	print $conf "log_type information\n";
+	close($conf);
 	$mq->start;
+	# a new ACL file, and SIGHUP: Mosquitto reloads it (and says so in its log)
+	my $acl = sub {
+		my ($topic) = @_;
+		my $reloads = () = OutboxBrokerServer::slurp("$dir/mosquitto.log") =~ /Reloading config/g;
+		open(my $fh, '>', "$dir/acl") or die "open $dir/acl: $!";
+		print $fh "topic readwrite $topic\n";
+		close($fh);
+		kill 'HUP', $mq->{pids}[-1];
+		ok(wait_until(sub {
+			my $n = () = OutboxBrokerServer::slurp("$dir/mosquitto.log") =~ /Reloading config/g;
+			return $n > $reloads; }), "mqtt: the ACL now lets anonymous clients use $topic");
+	};
 	my @session = ('-c', '-i', 'inflight-reader', '-q', '1', '-t', 'inflight/commands');
 	my ($rc) = $mq->mqtt_sub(@session, '-E');
 	is($rc, 0, 'mqtt: the subscriber session is subscribed');
@@ -326,6 +356,9 @@ $broker{mqtt} = sub {
 			}
 			return ($total, \%ids);
 		},
+		# the ACL denies the topic: PUBACK "not authorized"; then allows it
+		refuse => sub { $acl->('inflight/other'); },
+		allow => sub { $acl->('inflight/commands'); },
 		stop => sub {
 			kill 'TERM', $sub;
 			waitpid($sub, 0);
@@ -463,6 +496,40 @@ for my $kind (@kinds)
 	note("$kind chaos: $total messages at the broker for " . scalar(keys %$ids) . ' commands');
 	is(sq("SELECT count(*) FROM outbox.commands WHERE kind = '$k' AND status <> 'published'"), '0',
 		"$kind: every command of the kind published");
+
+	# -----------------------------------------------------------------------
+	# 4. The broker refuses the relay with two batches at it (NATS: the
+	#    stream removed, no responders; MQTT: the ACL denies the topic,
+	#    PUBACK "not authorized"): an outage; the current batch is retried
+	#    first, the one submitted ahead after it, all published once the
+	#    broker takes them again
+	# -----------------------------------------------------------------------
+	if ($b->{refuse})
+	{
+		($pid, $err) = relay_fresh("$kind-r", $k, $sink, "$kind-y");
+		ok(wait_at($b, "$kind-y", 2), "$kind refused: the warm-up commands are at the broker");
+		is(proxy_cmd($proxy, 'hold'), 'ok hold', "$kind refused: the proxy holds the broker's answers");
+		$b->{refuse}->();
+		decide("$kind-r", 3 * $B, $k);
+		# the relay logs the claim ahead just before it submits that batch
+		ok(wait_match($err, qr/claimed $B ahead/), "$kind refused: the batch claimed ahead is submitted");
+		ok(OutboxBrokerServer::wait_sql($node,
+			"SELECT count(*) = " . (2 * $B) . " FROM outbox.commands WHERE command_id LIKE '$kind-r-%' AND status = 'sending'"),
+			"$kind refused: two batches claimed");
+		is(proxy_cmd($proxy, 'release'), 'ok release', "$kind refused: the refusals reach the relay");
+		ok(wait_match($err, qr/sink unavailable: /), "$kind refused: the refusal is an outage")
+		  or diag(OutboxBrokerServer::slurp($err));
+		is(sq("SELECT count(*) FROM outbox.commands WHERE command_id LIKE '$kind-r-%' AND status IN ('published', 'dead')"),
+			'0', "$kind refused: nothing acked or dead-lettered");
+		$b->{allow}->();
+		ok(wait_published("$kind-r", 3 * $B), "$kind refused: all 3*B published once the broker takes them");
+		is(relay_stop($pid), 0, "$kind refused: the relay exits 0 on SIGTERM");
+		ok(wait_at($b, "$kind-r", 3 * $B), "$kind refused: the broker has them");
+		($total, $ids) = read_back($b, "$kind-r");
+		is(scalar(keys %$ids), 3 * $B, "$kind refused: 3*B distinct commands at the broker");
+		is(sq("SELECT max(deliveries) FROM outbox.commands WHERE command_id LIKE '$kind-r-%'"), '1',
+			"$kind refused: the outage spent no delivery");
+	}
 
 	is(proxy_stop($proxy), 0, "$kind: the proxy stopped");
 	$b->{stop}->();
