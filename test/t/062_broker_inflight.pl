@@ -6,7 +6,7 @@
 # also when the test dies); the relay reaches it through test/hold_proxy.pl,
 # which can HOLD the broker->relay direction (what the broker sends is
 # kept, in order, not dropped), release it, and cut every connection.
-# Counts at the broker are read from the broker itself (XLEN/XRANGE, the
+# Counts at the broker are read from the broker itself (XRANGE, the
 # queue's length, the stream's state, a subscriber of its own), never from
 # the relay's log.  For each broker, with --batch B (5):
 #
@@ -39,9 +39,9 @@
 #     outage, nothing acked or dead-lettered; once the broker takes them
 #     again (the stream created again, the ACL reloaded) the relay retries
 #     the current batch, then the one submitted ahead, and publishes all
-#     3*B on their first delivery.  (RabbitMQ's deleted exchange and
-#     Redis's WRONGTYPE close the channel or fail at once, as 055 and 053
-#     show; they are not repeated here.)
+#     3*B on their first delivery.  (Not here for RabbitMQ and Redis:
+#     055 and 053 test their refusals, a deleted exchange and WRONGTYPE,
+#     with one batch at the broker.)
 #
 # Why a fresh relay whose connection was made by two single-command
 # batches: a claim ahead that finds nothing makes the relay skip the next
@@ -62,9 +62,10 @@
 # broker, not through the proxy) counts what the broker took: Mosquitto
 # passes a QoS 1 PUBLISH on to its subscribers when it takes it, before the
 # PUBACK it sends back (which the proxy holds).  B = 5 keeps the 2*B
-# unacknowledged PUBLISHes within Mosquitto's Receive Maximum (20).  AMQP:
-# a published message is in the queue (rabbitmqctl list_queues counts it)
-# before its publisher confirm, which the proxy holds.
+# unacknowledged PUBLISHes within Mosquitto's Receive Maximum (its
+# max_inflight_messages, 20 by default).  AMQP: a published message is in
+# the queue (rabbitmqctl list_queues counts it) before its publisher
+# confirm, which the proxy holds.
 
 use strict;
 use warnings;
