@@ -602,8 +602,8 @@ mqtt_break(MqttSink *s, SinkResult r, bool hold, const char *msg)
  * the one after it; a round that has ended, its connection broken or the
  * other round's settle having found the broker unavailable, holds up none,
  * so that the relay's retry of a batch is published while the batch
- * submitted ahead of it still waits to be settled).  False when the connection broke (mqtt_break has
- * settled it).
+ * submitted ahead of it still waits to be settled).  False when the
+ * connection broke (mqtt_break has settled it).
  */
 static bool
 mqtt_fill(MqttSink *s, PQExpBuffer body)

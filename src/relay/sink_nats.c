@@ -597,9 +597,9 @@ nats_break(NatsSink *s, SinkResult r, bool hold, const char *msg)
  * once (SendAsap): libnats' flusher thread would wait up to a millisecond
  * for more, and a flush of our own (natsConnection_FlushTimeout) waits for
  * a PONG, a round trip during which the relay's thread could not take
- * the other round's PubAcks in or hand over the next batch.  The writes have
- * --timeout as their deadline, so a server that stopped reading fails the
- * publish (the broker is unavailable) instead of holding the relay.
+ * the other round's PubAcks in or hand over the next batch.  The writes
+ * have --timeout as their deadline, so a server that stopped reading fails
+ * the publish (the broker is unavailable) instead of holding the relay.
  */
 static void
 nats_fill(NatsSink *s, PQExpBuffer body)
