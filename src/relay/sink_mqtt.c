@@ -599,8 +599,11 @@ mqtt_break(MqttSink *s, SinkResult r, bool hold, const char *msg)
 /*
  * Publish what the window allows, the rounds in the order they were
  * submitted (a round the broker refused publishes nothing more, nor does
- * the one after it).  False when the connection broke (mqtt_break has
- * settled it).
+ * the one after it; a round that has ended, its connection broken or the
+ * other round's settle having found the broker unavailable, holds up none,
+ * so that the relay's retry of a batch is published while the batch
+ * submitted ahead of it still waits to be settled).  False when the
+ * connection broke (mqtt_break has settled it).
  */
 static bool
 mqtt_fill(MqttSink *s, PQExpBuffer body)
@@ -625,10 +628,13 @@ mqtt_fill(MqttSink *s, PQExpBuffer body)
 		MqttRound  *rd = order[k];
 		RelayBatch *batch = rd->batch;
 
-		if (batch == NULL || rd->refused)
+		if (batch == NULL)
 			break;
+		/* an ended round publishes nothing more, and holds up none */
 		if (rd->ended)
 			continue;
+		if (rd->refused)
+			break;
 		while (!rd->refused && s->inflight < s->window && rd->next < batch->n)
 		{
 			RelayCommand *cmd = &batch->cmds[rd->next];
@@ -711,6 +717,7 @@ mqtt_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	unsigned	last_acks;
 	bool		unavailable;
 	int			i;
+	int			k;
 	int			rc;
 
 	if (rd == NULL)
@@ -775,6 +782,25 @@ mqtt_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 		for (i = rd->next; i < batch->n; i++)
 			sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, rd->refused_msg);
 	}
+
+	/*
+	 * The relay retries this batch before the other round's: that one
+	 * publishes nothing more on this attempt (what it did not publish is
+	 * held when it is settled), so it cannot hold up the retry nor go
+	 * before it.  (Mosquitto disconnects at the first publish its ACL
+	 * denies, which ends both rounds anyway; a broker that answers every
+	 * such publish with a PUBACK "not authorized" leaves both refused.)
+	 */
+	if (rd->unavailable)
+		for (k = 0; k < MQTT_ROUNDS; k++)
+		{
+			MqttRound  *other = &s->rounds[k];
+
+			if (other == rd || other->batch == NULL || other->ended)
+				continue;
+			other->ended = true;
+			other->unavailable = true;
+		}
 	unavailable = rd->unavailable;
 	free(rd->state);
 	free(rd->mid);

@@ -590,13 +590,16 @@ nats_break(NatsSink *s, SinkResult r, bool hold, const char *msg)
  * Publish what the window allows, the rounds in the order they were
  * submitted; called with the lock held (released around each publish).
  * A round a PubAck found unavailable publishes nothing more, nor does the
- * one after it.  The connection sends each publish at once (SendAsap):
- * libnats' flusher thread would wait up to a millisecond for more, and a
- * flush of our own (natsConnection_FlushTimeout) waits for a PONG, a
- * round trip during which the relay's thread could not take the other
- * round's PubAcks in or hand over the next batch.  The writes have
- * --timeout as their deadline, so a server that stopped reading fails the
- * publish (the broker is unavailable) instead of holding the relay.
+ * one after it; a round that has ended (its connection broke, or the other
+ * round's settle found the broker unavailable) holds up none, so that the
+ * relay's retry of a batch is published while the batch submitted ahead
+ * of it still waits to be settled.  The connection sends each publish at
+ * once (SendAsap): libnats' flusher thread would wait up to a millisecond
+ * for more, and a flush of our own (natsConnection_FlushTimeout) waits for
+ * a PONG, a round trip during which the relay's thread could not take
+ * the other round's PubAcks in or hand over the next batch.  The writes
+ * have --timeout as their deadline, so a server that stopped reading fails
+ * the publish (the broker is unavailable) instead of holding the relay.
  */
 static void
 nats_fill(NatsSink *s, PQExpBuffer body)
@@ -620,10 +623,13 @@ nats_fill(NatsSink *s, PQExpBuffer body)
 		NatsRound  *rd = order[k];
 		RelayBatch *batch = rd->batch;
 
-		if (batch == NULL || rd->unavailable)
+		if (batch == NULL)
 			break;
+		/* an ended round publishes nothing more, and holds up none */
 		if (rd->ended)
 			continue;
+		if (rd->unavailable)
+			break;
 		while (!s->broken && !rd->unavailable && s->inflight < s->window && rd->next < batch->n)
 		{
 			RelayCommand *cmd = &batch->cmds[rd->next];
@@ -739,6 +745,7 @@ nats_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 	bool		unavailable;
 	unsigned	last_acks;
 	int			i;
+	int			k;
 
 	pthread_mutex_lock(&s->lock);
 	rd = nats_round(s, batch);
@@ -803,9 +810,32 @@ nats_settle(Sink *sink, RelayBatch *batch, SinkTick tick, void *arg)
 
 	/* a PubAck said the stream is gone: hold what was not published */
 	if (rd->unavailable)
+	{
+		NatsRound  *other;
+
 		for (i = rd->next; i < batch->n; i++)
 			if (batch->cmds[i].state == CMD_TODO)
 				sink_outcome(&batch->cmds[i], SINK_UNAVAILABLE, rd->unavailable_msg);
+
+		/*
+		 * The relay retries this batch before the other round's: that one
+		 * publishes nothing more on this attempt (its rest is held when it
+		 * is settled), so it cannot hold up the retry nor go before it.
+		 */
+		for (k = 0; k < NATS_ROUNDS; k++)
+		{
+			other = &s->rounds[k];
+			if (other == rd || other->batch == NULL || other->ended)
+				continue;
+			other->ended = true;
+			if (!other->unavailable)
+			{
+				other->unavailable = true;
+				snprintf(other->unavailable_msg, sizeof(other->unavailable_msg), "%s",
+						 rd->unavailable_msg);
+			}
+		}
+	}
 	unavailable = rd->unavailable;
 	free(rd->state);
 	memset(rd, 0, sizeof(*rd));
