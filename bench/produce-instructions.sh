@@ -23,7 +23,10 @@
 # rows-batch is outbox-batch with each decision a JSON array of its values
 # instead of an object), N1 and N2
 # (5 and 105 for the single decisions; a fifth of them for the batches of
-# 100), OLD_PG_CONFIG, CACHEGRIND_DIR (keep each run's cachegrind output
+# 100), OLD_PG_CONFIG, OLD_BATCH (params: 0.1.0's six arrays all parsed
+# at every call, as a driver's parameters are, the default; constants: the
+# four that do not hold the business row's id parsed once, at PREPARE),
+# CACHEGRIND_DIR (keep each run's cachegrind output
 # there as VERSION-SCRIPT-N.out, VERSION old or new, for cg_diff and
 # cg_annotate), OUTBOX_SKIP_BUILD (measure what is installed without
 # building).
@@ -94,21 +97,29 @@ PREPARE hbt(bigint) AS WITH e AS (INSERT INTO hand_events (run_id, seq, kind, pa
 EOF
 	if [ "$V" = old ]; then
 		# 0.1.0's parallel arrays, each the array literal a client sends,
-		# the business row's id put into the ids by format()
+		# the business row's id put into the ids by format(); the four
+		# arrays without the id go through format() too (an array a
+		# driver sends is parsed at every call), or with OLD_BATCH =
+		# constants are constants of the statement (parsed at PREPARE)
+		local f1="pg_catalog.format('" f2="', \$1::text)"
+		if [ "${OLD_BATCH:-params}" = constants ]; then
+			f1="'"
+			f2="'"
+		fi
 		printf "PREPARE obt(bigint) AS SELECT outbox.commit_decisions(pg_catalog.format('{"
 		for g in $(seq 100); do
 			[ "$g" -gt 1 ] && printf ','
 			printf 'run-%%1$s'
 		done
-		printf "}', \$1::text)::text[], '{%s}'::int8[], '{%s}'::text[], pg_catalog.format('{" \
-			"$(seq -s, 100)" "$(yes trip_requested | head -100 | paste -sd,)"
+		printf "}', \$1::text)::text[], %s{%s}%s::int8[], %s{%s}%s::text[], pg_catalog.format('{" \
+			"$f1" "$(seq -s, 100)" "$f2" "$f1" "$(yes trip_requested | head -100 | paste -sd,)" "$f2"
 		for g in $(seq 100); do
 			[ "$g" -gt 1 ] && printf ','
 			printf 'cmd-%%1$s-%d' "$g"
 		done
-		printf "}', \$1::text)::text[], '{%s}'::text[], '{%s}'::jsonb[]);\n" \
-			"$(yes lock_budget | head -100 | paste -sd,)" \
-			"$(yes '"{\"amount\": 900, \"to\": \"budget\"}"' | head -100 | paste -sd,)"
+		printf "}', \$1::text)::text[], %s{%s}%s::text[], %s{%s}%s::jsonb[]);\n" \
+			"$f1" "$(yes lock_budget | head -100 | paste -sd,)" "$f2" \
+			"$f1" "$(yes '"{\"amount\": 900, \"to\": \"budget\"}"' | head -100 | paste -sd,)" "$f2"
 	else
 		printf "PREPARE obt(bigint) AS SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('["
 		for g in $(seq 100); do
