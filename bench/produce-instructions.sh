@@ -16,8 +16,9 @@
 # 38cd9ad, is installed for; see bench/versus.sh), the same scripts run on
 # a data directory of that PostgreSQL too, each version with its own call
 # and the same values (0.1.0's commit_decisions takes parallel arrays, sent
-# as array literals; rows-batch has no 0.1.0 form), and a column compares
-# them (this build / 0.1.0: below 1 is fewer instructions).
+# as array literals; rows-batch has no 0.1.0 form and is set against
+# 0.1.0's batch), and a column compares them (this build / 0.1.0: below 1
+# is fewer instructions).
 #
 # Settings: SCRIPTS ("outbox hand outbox-batch hand-batch rows-batch";
 # rows-batch is outbox-batch with each decision a JSON array of its values
@@ -166,7 +167,8 @@ instructions() {
 	fi
 }
 
-# Per version and script; rows-batch has no 0.1.0 form.
+# Per version and script; rows-batch has no 0.1.0 form, and is set against
+# 0.1.0's outbox-batch (the same decisions in its arrays) when that ran.
 declare -A per
 if [ -n "${BIN[old]:-}" ]; then
 	printf '| script | 0.1.0 | this build | this / 0.1.0 |\n|---|---|---|---|\n'
@@ -178,7 +180,11 @@ for s in $SCRIPTS; do
 	b=$N2
 	case $s in *-batch) a=$(((N1 + 4) / 5)); b=$(((N2 + 4) / 5)) ;; esac
 	for V in $VERSIONS; do
-		[ "$V" = old ] && [ "$s" = rows-batch ] && continue
+		if [ "$V" = old ] && [ "$s" = rows-batch ]; then
+			# 0.1.0's one batch form, against this one too
+			[ -n "${per[oldoutbox-batch]:-}" ] && per[oldrows-batch]=${per[oldoutbox-batch]}
+			continue
+		fi
 		i1=$(instructions "$s" "$a")
 		i2=$(instructions "$s" "$b")
 		per[$V$s]=$(((i2 - i1) / (b - a)))
@@ -202,7 +208,7 @@ for V in $VERSIONS; do
 				'BEGIN {printf "ratio hand / outbox (%s%s): %.2f\n", v, k, h / o}'
 		fi
 	done
-	if [ -n "${per[${V}rows-batch]:-}" ] && [ -n "${per[${V}hand-batch]:-}" ]; then
+	if [ "$V" = new ] && [ -n "${per[${V}rows-batch]:-}" ] && [ -n "${per[${V}hand-batch]:-}" ]; then
 		awk -v h="${per[${V}hand-batch]}" -v o="${per[${V}rows-batch]}" -v v="$name" \
 			'BEGIN {printf "ratio hand / outbox (%s-batch, decisions as arrays): %.2f\n", v, h / o}'
 	fi

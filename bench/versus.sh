@@ -35,9 +35,11 @@
 # each version's cluster, the tables emptied and a checkpoint taken before
 # each run, the versions taking turns within each repeat as above; the
 # medians, their ratio, and the median and range of the ratios of the two
-# runs of one repeat ("paired") are printed.  The machine's load moves these
-# more than a version does; bench/produce-instructions.sh with OLD_PG_CONFIG
-# counts instructions per transaction, which repeat.
+# runs of one repeat ("paired") are printed, and the WAL bytes per
+# transaction (pg_current_wal_insert_lsn() around each run).  The
+# machine's load moves the rates more than a version does;
+# bench/produce-instructions.sh with OLD_PG_CONFIG counts instructions per
+# transaction, which repeat.
 #
 # Settings: OLD_PG_CONFIG (required), OLD_RELAY (default the old copy's
 # usr/local/bin/outbox-relay), PG_CONFIG and NEW_RELAY (this build; default
@@ -188,15 +190,19 @@ COMMIT;
 EOF
 outbox_give_to_pg_user "$WORK"
 
-# One pgbench run of version $1 with $2 clients: prints transactions per second.
+# One pgbench run of version $1 with $2 clients: prints transactions per
+# second, and appends the WAL bytes per transaction to $WORK/$1.wal.
 produce() {
-	local v=$1 c=$2
+	local v=$1 c=$2 l
 	use "$v"
 	psql_q "TRUNCATE biz, outbox.events, outbox.commands;
 VACUUM ANALYZE biz, outbox.events, outbox.commands;
 CHECKPOINT;" >/dev/null || return 1
+	l=$(psql_q "SELECT pg_current_wal_insert_lsn()") || return 1
 	as_pg "cd '$WORK' && '$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $c -j $c \
 		-T $PRODUCE_SECS -f '$WORK/produce.sql' bench" 2>&1 | awk '/^tps = / {printf "%.0f\n", $3; exit}'
+	psql_q "SELECT round(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '$l') / greatest(count(*), 1)) FROM biz" \
+		>>"$WORK/$v.wal"
 }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = producer ]; then
@@ -206,6 +212,8 @@ if [ -z "$ONLY" ] || [ "$ONLY" = producer ]; then
 		: >"$WORK/old.txt"
 		: >"$WORK/new.txt"
 		: >"$WORK/pair.txt"
+		: >"$WORK/old.wal"
+		: >"$WORK/new.wal"
 		for r in $(seq "$REPEATS"); do
 			if ((r % 2)); then order="old new"; else order="new old"; fi
 			for v in $order; do
@@ -223,6 +231,8 @@ if [ -z "$ONLY" ] || [ "$ONLY" = producer ]; then
 			"$(awk -v a="$w" -v c="$o" 'BEGIN { printf "%.2f", a / c }')" \
 			"$(median <"$WORK/pair.txt")" "$(sort -g "$WORK/pair.txt" | sed -n '1p;$p' | paste -sd-)" \
 			"$(paste -sd' ' "$WORK/old.txt")" "${NAME[new]}" "$(paste -sd' ' "$WORK/new.txt")"
+		printf '%8s %10s %10s   WAL bytes per transaction, median\n' "" "$(median <"$WORK/old.wal")" \
+			"$(median <"$WORK/new.wal")"
 	done
 fi
 
