@@ -35,8 +35,11 @@
 # each version's cluster, the tables emptied and a checkpoint taken before
 # each run, the versions taking turns within each repeat as above; the
 # medians, their ratio, and the median and range of the ratios of the two
-# runs of one repeat ("paired") are printed, and the WAL bytes per
-# transaction (pg_current_wal_insert_lsn() around each run).  The
+# runs of one repeat ("paired") are printed; then the WAL bytes per
+# transaction (pg_current_wal_insert_lsn() around each run) and the
+# server's CPU time per transaction (user and system time of the
+# postmaster and all its processes, those that ended included, from /proc;
+# pgbench's own is not counted), with their ratio likewise.  The
 # machine's load moves the rates more than a version does;
 # bench/produce-instructions.sh with OLD_PG_CONFIG counts instructions per
 # transaction, which repeat.
@@ -190,19 +193,38 @@ COMMIT;
 EOF
 outbox_give_to_pg_user "$WORK"
 
+# CPU time (clock ticks) the cluster of DATA has used so far: its
+# postmaster's own and that of its children that ended (cutime, cstime:
+# every backend that exited), plus that of the children still running.
+server_ticks() {
+	local pm c
+	pm=$(head -1 "$DATA/postmaster.pid")
+	{
+		awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat"
+		for c in $(ps -o pid= --ppid "$pm"); do
+			awk '{ print $14 + $15 }' "/proc/$c/stat" 2>/dev/null
+		done
+	} | awk '{ s += $1 } END { print s + 0 }'
+}
+TICK_US=$(awk -v t="$(getconf CLK_TCK)" 'BEGIN { print 1000000 / t }')
+
 # One pgbench run of version $1 with $2 clients: prints transactions per
-# second, and appends the WAL bytes per transaction to $WORK/$1.wal.
+# second, and appends the WAL bytes and the server's CPU microseconds per
+# transaction to $WORK/$1.wal and $WORK/$1.cpu.
 produce() {
-	local v=$1 c=$2 l
+	local v=$1 c=$2 l t0 t1
 	use "$v"
 	psql_q "TRUNCATE biz, outbox.events, outbox.commands;
 VACUUM ANALYZE biz, outbox.events, outbox.commands;
 CHECKPOINT;" >/dev/null || return 1
 	l=$(psql_q "SELECT pg_current_wal_insert_lsn()") || return 1
+	t0=$(server_ticks)
 	as_pg "cd '$WORK' && '$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $c -j $c \
 		-T $PRODUCE_SECS -f '$WORK/produce.sql' bench" 2>&1 | awk '/^tps = / {printf "%.0f\n", $3; exit}'
-	psql_q "SELECT round(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '$l') / greatest(count(*), 1)) FROM biz" \
-		>>"$WORK/$v.wal"
+	t1=$(server_ticks)
+	psql_q "SELECT round(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '$l') / greatest(count(*), 1)),
+       round(($t1 - $t0) * $TICK_US / greatest(count(*), 1), 1) FROM biz" |
+		awk -F'|' -v w="$WORK/$v.wal" -v u="$WORK/$v.cpu" '{ print $1 >>w; print $2 >>u }'
 }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = producer ]; then
@@ -212,8 +234,9 @@ if [ -z "$ONLY" ] || [ "$ONLY" = producer ]; then
 		: >"$WORK/old.txt"
 		: >"$WORK/new.txt"
 		: >"$WORK/pair.txt"
-		: >"$WORK/old.wal"
-		: >"$WORK/new.wal"
+		for f in old.wal new.wal old.cpu new.cpu cpair.txt; do
+			: >"$WORK/$f"
+		done
 		for r in $(seq "$REPEATS"); do
 			if ((r % 2)); then order="old new"; else order="new old"; fi
 			for v in $order; do
@@ -224,6 +247,8 @@ if [ -z "$ONLY" ] || [ "$ONLY" = producer ]; then
 			done
 			awk -v a="$(cat "$WORK/new.last")" -v c="$(cat "$WORK/old.last")" \
 				'BEGIN { printf "%.3f\n", a / c }' >>"$WORK/pair.txt"
+			paste "$WORK/old.cpu" "$WORK/new.cpu" | tail -1 |
+				awk '{ printf "%.3f\n", $2 / $1 }' >>"$WORK/cpair.txt"
 		done
 		o=$(median <"$WORK/old.txt")
 		w=$(median <"$WORK/new.txt")
@@ -233,6 +258,11 @@ if [ -z "$ONLY" ] || [ "$ONLY" = producer ]; then
 			"$(paste -sd' ' "$WORK/old.txt")" "${NAME[new]}" "$(paste -sd' ' "$WORK/new.txt")"
 		printf '%8s %10s %10s   WAL bytes per transaction, median\n' "" "$(median <"$WORK/old.wal")" \
 			"$(median <"$WORK/new.wal")"
+		printf '%8s %10s %10s %7s %7s %13s   server CPU us per transaction (0.1.0: %s; %s: %s)\n' "" \
+			"$(median <"$WORK/old.cpu")" "$(median <"$WORK/new.cpu")" \
+			"$(awk -v a="$(median <"$WORK/new.cpu")" -v c="$(median <"$WORK/old.cpu")" 'BEGIN { printf "%.2f", a / c }')" \
+			"$(median <"$WORK/cpair.txt")" "$(sort -g "$WORK/cpair.txt" | sed -n '1p;$p' | paste -sd-)" \
+			"$(paste -sd' ' "$WORK/old.cpu")" "${NAME[new]}" "$(paste -sd' ' "$WORK/new.cpu")"
 	done
 fi
 
