@@ -36,6 +36,7 @@ set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
+. "$ROOT/bench/lib.sh"
 OUTBOX_PACKAGES+=(valgrind)
 
 SCRIPTS=${SCRIPTS:-"outbox hand outbox-batch hand-batch rows-batch"}
@@ -122,19 +123,9 @@ EOF
 			"$f1" "$(yes lock_budget | head -100 | paste -sd,)" "$f2" \
 			"$f1" "$(yes '"{\"amount\": 900, \"to\": \"budget\"}"' | head -100 | paste -sd,)" "$f2"
 	else
-		printf "PREPARE obt(bigint) AS SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('["
-		for g in $(seq 100); do
-			[ "$g" -gt 1 ] && printf ', '
-			printf '{"run_id": "run-%%1$s", "seq": %d, "event_kind": "trip_requested", "command_id": "cmd-%%1$s-%d", "command_kind": "lock_budget", "payload": {"amount": 900, "to": "budget"}}' "$g" "$g"
-		done
-		echo "]', \$1::text)::jsonb);"
+		echo "PREPARE obt(bigint) AS SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('$(bench_batch_json objects)', \$1::text)::jsonb);"
 		# the same decisions as arrays of their values (commit_decision's order)
-		printf "PREPARE obr(bigint) AS SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('["
-		for g in $(seq 100); do
-			[ "$g" -gt 1 ] && printf ', '
-			printf '["run-%%1$s", %d, "trip_requested", "cmd-%%1$s-%d", "lock_budget", {"amount": 900, "to": "budget"}]' "$g" "$g"
-		done
-		echo "]', \$1::text)::jsonb);"
+		echo "PREPARE obr(bigint) AS SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('$(bench_batch_json rows)', \$1::text)::jsonb);"
 	fi
 	for i in $(seq "$n"); do
 		case $script in

@@ -185,27 +185,8 @@ run() {
 }
 
 # The producer's transaction (bench/produce.sh's single decision).
-cat >"$WORK/produce.sql" <<'EOF'
-BEGIN;
-INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \gset
-SELECT outbox.commit_decision('run-' || :id, 1, 'trip_requested', 'cmd-' || :id, 'lock_budget', '{"amount": 900, "to": "budget"}');
-COMMIT;
-EOF
+bench_decision_script "$WORK/produce.sql"
 outbox_give_to_pg_user "$WORK"
-
-# CPU time (clock ticks) the cluster of DATA has used so far: its
-# postmaster's own and that of its children that ended (cutime, cstime:
-# every backend that exited), plus that of the children still running.
-server_ticks() {
-	local pm c
-	pm=$(head -1 "$DATA/postmaster.pid")
-	{
-		awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat"
-		for c in $(ps -o pid= --ppid "$pm"); do
-			awk '{ print $14 + $15 }' "/proc/$c/stat" 2>/dev/null
-		done
-	} | awk '{ s += $1 } END { print s + 0 }'
-}
 TICK_US=$(awk -v t="$(getconf CLK_TCK)" 'BEGIN { print 1000000 / t }')
 
 # One pgbench run of version $1 with $2 clients: prints transactions per
@@ -220,11 +201,11 @@ CHECKPOINT;" >/dev/null || return 1
 	l=$(psql_q "SELECT pg_current_wal_insert_lsn()") || return 1
 	# (a backend that is still exiting is in neither count: let it end)
 	sleep 1
-	t0=$(server_ticks)
+	t0=$(bench_server_ticks "$DATA")
 	as_pg "cd '$WORK' && '$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $c -j $c \
 		-T $PRODUCE_SECS -f '$WORK/produce.sql' bench" 2>&1 | awk '/^tps = / {printf "%.0f\n", $3; exit}'
 	sleep 1
-	t1=$(server_ticks)
+	t1=$(bench_server_ticks "$DATA")
 	psql_q "SELECT round(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '$l') / greatest(count(*), 1)),
        round(($t1 - $t0) * $TICK_US / greatest(count(*), 1), 1) FROM biz" |
 		awk -F'|' -v w="$WORK/$v.wal" -v u="$WORK/$v.cpu" '{ print $1 >>w; print $2 >>u }'
