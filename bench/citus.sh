@@ -36,6 +36,7 @@ set -o pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/test/lib.sh"
+. "$ROOT/bench/lib.sh"
 
 REPEATS=${REPEATS:-3}
 DURATION=${DURATION:-20}
@@ -120,18 +121,9 @@ SELECT public.place_order('r:client_id-:id', 1);
 EOF
 outbox_give_to_pg_user "$WORK"
 
-# CPU time (clock ticks) a server has used so far: its postmaster's own and
-# that of its children that ended (cutime, cstime: every backend that
-# exited), plus that of the children still running.
+# CPU time (clock ticks) server $1 has used so far (bench/lib.sh).
 node_ticks() {
-	local pm c
-	pm=$(head -1 "$WORK/$1/postmaster.pid")
-	{
-		awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat"
-		for c in $(ps -o pid= --ppid "$pm"); do
-			awk '{ print $14 + $15 }' "/proc/$c/stat" 2>/dev/null
-		done
-	} | awk '{ s += $1 } END { print s + 0 }'
+	bench_server_ticks "$WORK/$1"
 }
 TICK_MS=$(awk -v t="$(getconf CLK_TCK)" 'BEGIN { print 1000 / t }')
 # Every server's ticks, in the order single coordinator worker1 worker2.

@@ -1,7 +1,8 @@
 # Helpers shared by the benchmarks (sourced after test/lib.sh and
 # outbox_bench_start, which set PGBIN, DATA and PORT): the psql call, the
-# median, loading committed commands, and the hand-written claim + DELETE
-# baseline of bench/lease.sh.
+# median, loading committed commands, the hand-written claim + DELETE
+# baseline of bench/lease.sh, the producer's scripts of bench/produce.sh,
+# and a server's CPU time.
 
 # Run SQL from the argument on database BENCH_DB (default bench), quietly.
 psql_q() {
@@ -61,4 +62,47 @@ BENCH_BASE_CLAIM="WITH c AS (UPDATE bq SET status = 'sending', owner = 'w' || :c
 # The claim + DELETE loop into file $1.
 bench_delete_script() {
 	printf '%s\n%s\n' "$BENCH_BASE_CLAIM" "DELETE FROM bq WHERE command_id = ANY (:ids::text[]);" >"$1"
+}
+
+# bench/produce.sh's single decision as a pgbench script, into file $1: the
+# business row's id names the decision.
+bench_decision_script() {
+	cat >"$1" <<'SQL'
+BEGIN;
+INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \gset
+SELECT outbox.commit_decision('run-' || :id, 1, 'trip_requested', 'cmd-' || :id, 'lock_budget', '{"amount": 900, "to": "budget"}');
+COMMIT;
+SQL
+}
+
+# The text of bench/produce.sh's batch: 100 decisions of run run-ID as
+# JSON, for format() (%1$s is the id): objects when $1 is "objects", else
+# each decision an array of its values (commit_decision's order).
+bench_batch_json() {
+	local g
+	printf '['
+	for g in $(seq 100); do
+		[ "$g" -gt 1 ] && printf ', '
+		if [ "$1" = objects ]; then
+			printf '{"run_id": "run-%%1$s", "seq": %d, "event_kind": "trip_requested", "command_id": "cmd-%%1$s-%d", "command_kind": "lock_budget", "payload": {"amount": 900, "to": "budget"}}' "$g" "$g"
+		else
+			printf '["run-%%1$s", %d, "trip_requested", "cmd-%%1$s-%d", "lock_budget", {"amount": 900, "to": "budget"}]' "$g" "$g"
+		fi
+	done
+	printf ']'
+}
+
+# CPU time (clock ticks) the cluster of data directory $1 has used so far:
+# its postmaster's own and that of its children that ended (cutime,
+# cstime: every backend that exited), plus that of the children still
+# running.
+bench_server_ticks() {
+	local pm c
+	pm=$(head -1 "$1/postmaster.pid")
+	{
+		awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pm/stat"
+		for c in $(ps -o pid= --ppid "$pm"); do
+			awk '{ print $14 + $15 }' "/proc/$c/stat" 2>/dev/null
+		done
+	} | awk '{ s += $1 } END { print s + 0 }'
 }

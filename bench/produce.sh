@@ -58,12 +58,7 @@ CREATE TABLE hand_events (LIKE outbox.events INCLUDING ALL);
 CREATE TABLE hand_commands (LIKE outbox.commands INCLUDING ALL) WITH (fillfactor = 80);"
 
 # pgbench scripts.  The business row's id names the decision in both.
-cat >"$WORK/outbox.sql" <<'EOF'
-BEGIN;
-INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \gset
-SELECT outbox.commit_decision('run-' || :id, 1, 'trip_requested', 'cmd-' || :id, 'lock_budget', '{"amount": 900, "to": "budget"}');
-COMMIT;
-EOF
+bench_decision_script "$WORK/outbox.sql"
 cat >"$WORK/hand.sql" <<'EOF'
 BEGIN;
 INSERT INTO hand_biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \gset
@@ -83,12 +78,7 @@ elif [ "$BATCH_ARG" = rows ]; then
 	{
 		echo 'BEGIN;'
 		echo "INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \\gset"
-		printf "SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('["
-		for g in $(seq 100); do
-			[ "$g" -gt 1 ] && printf ', '
-			printf '["run-%%1$s", %d, "trip_requested", "cmd-%%1$s-%d", "lock_budget", {"amount": 900, "to": "budget"}]' "$g" "$g"
-		done
-		echo "]', :id::text)::jsonb);"
+		echo "SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('$(bench_batch_json rows)', :id::text)::jsonb);"
 		echo 'COMMIT;'
 	} >"$WORK/outbox-batch.sql"
 else
@@ -97,12 +87,7 @@ else
 	{
 		echo 'BEGIN;'
 		echo "INSERT INTO biz (customer, amount) VALUES ('c' || :client_id, 900) RETURNING id \\gset"
-		printf "SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('["
-		for g in $(seq 100); do
-			[ "$g" -gt 1 ] && printf ', '
-			printf '{"run_id": "run-%%1$s", "seq": %d, "event_kind": "trip_requested", "command_id": "cmd-%%1$s-%d", "command_kind": "lock_budget", "payload": {"amount": 900, "to": "budget"}}' "$g" "$g"
-		done
-		echo "]', :id::text)::jsonb);"
+		echo "SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('$(bench_batch_json objects)', :id::text)::jsonb);"
 		echo 'COMMIT;'
 	} >"$WORK/outbox-batch.sql"
 fi

@@ -23,10 +23,32 @@
 # versions take turns, 0.1.0 first in odd repeats and this build first in
 # even ones; the medians and their ratio (this build / 0.1.0) are printed.
 #
+# The producer (ONLY=producer, or both parts when ONLY is unset): pgbench
+# -M prepared, synchronous commit on, the workers running, PRODUCE_CLIENTS
+# ("1 4") clients for PRODUCE_SECS seconds (8; 4 with QUICK) of bench/
+# produce.sh's single decision,
+#   BEGIN; INSERT INTO biz ... RETURNING id;
+#   SELECT outbox.commit_decision('run-' || :id, 1, 'trip_requested',
+#          'cmd-' || :id, 'lock_budget', '{"amount": 900, "to": "budget"}');
+#   COMMIT;
+# (the same call in both versions: their first six parameters agree) against
+# each version's cluster, the tables emptied and a checkpoint taken before
+# each run, the versions taking turns within each repeat as above; the
+# medians, their ratio, and the median and range of the ratios of the two
+# runs of one repeat ("paired") are printed; then the WAL bytes per
+# transaction (pg_current_wal_insert_lsn() around each run) and the
+# server's CPU time per transaction (user and system time of the
+# postmaster and all its processes, those that ended included, from /proc;
+# pgbench's own is not counted), with their ratio likewise.  The
+# machine's load moves the rates more than a version does;
+# bench/produce-instructions.sh with OLD_PG_CONFIG counts instructions per
+# transaction, which repeat.
+#
 # Settings: OLD_PG_CONFIG (required), OLD_RELAY (default the old copy's
 # usr/local/bin/outbox-relay), PG_CONFIG and NEW_RELAY (this build; default
-# where make install puts it), BATCHES, PUBLISHERS, REPEATS, N_1, N_10,
-# N_100 (N_B for any other B, default 20,000), EXTRA_CONF (lines appended to
+# where make install puts it), ONLY (relay or producer), BATCHES,
+# PUBLISHERS, REPEATS, N_1, N_10, N_100 (N_B for any other B, default
+# 20,000), PRODUCE_CLIENTS, PRODUCE_SECS, EXTRA_CONF (lines appended to
 # both postgresql.conf), OUTBOX_SKIP_BUILD (do not build and install this
 # build first).
 set -u
@@ -43,11 +65,15 @@ N_1=${N_1:-2000}
 N_10=${N_10:-8000}
 N_100=${N_100:-20000}
 EXTRA_CONF=${EXTRA_CONF:-}
+ONLY=${ONLY:-}
+PRODUCE_CLIENTS=${PRODUCE_CLIENTS:-"1 4"}
+PRODUCE_SECS=${PRODUCE_SECS:-8}
 if [ -n "${QUICK:-}" ]; then
 	N_1=1000
 	N_10=4000
 	N_100=10000
 	REPEATS=1
+	PRODUCE_SECS=4
 fi
 
 [ -n "${OLD_PG_CONFIG:-}" ] && [ -x "$OLD_PG_CONFIG" ] ||
@@ -67,7 +93,8 @@ case "${BIN[old]}" in
 esac
 RELAYS[old]=${OLD_RELAY:-$old_root/usr/local/bin/outbox-relay}
 for v in old new; do
-	[ -x "${RELAYS[$v]}" ] || { echo "missing outbox-relay ${RELAYS[$v]}" >&2; exit 1; }
+	[ "$ONLY" = producer ] || [ -x "${RELAYS[$v]}" ] ||
+		{ echo "missing outbox-relay ${RELAYS[$v]}" >&2; exit 1; }
 done
 declare -A NAME=([old]=0.1.0 [new]=this)
 
@@ -108,7 +135,8 @@ checkpoint_timeout = 30min
 max_wal_size = 4GB
 $EXTRA_CONF" || { cat "$DATA/server.log" 2>/dev/null; exit 1; }
 	as_pg "'$PGBIN/createdb' -h '$DATA' -p $PORT bench" || exit 1
-	psql_q "CREATE EXTENSION outbox;" || exit 1
+	psql_q "CREATE EXTENSION outbox;
+CREATE TABLE biz (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL, amount int NOT NULL);" || exit 1
 done
 use old
 ver=$(psql_q "SELECT extversion FROM pg_extension WHERE extname = 'outbox'")
@@ -156,24 +184,92 @@ run() {
 	awk -v n="$n" -v s="$start" -v e="$end" 'BEGIN { printf "%.0f\n", n / (e - s) }'
 }
 
-echo "outbox-relay --sink stdout --drain, ${NAME[new]} against 0.1.0, median of $REPEATS (commands/s, relays' start to exit)"
-printf '%6s %10s %8s %10s %10s %7s\n' B publishers N 0.1.0 "${NAME[new]}" ratio
-for b in $BATCHES; do
-	nv=N_$b
-	n=${!nv:-20000}
-	for k in $PUBLISHERS; do
+# The producer's transaction (bench/produce.sh's single decision).
+bench_decision_script "$WORK/produce.sql"
+outbox_give_to_pg_user "$WORK"
+TICK_US=$(awk -v t="$(getconf CLK_TCK)" 'BEGIN { print 1000000 / t }')
+
+# One pgbench run of version $1 with $2 clients: prints transactions per
+# second, and appends the WAL bytes and the server's CPU microseconds per
+# transaction to $WORK/$1.wal and $WORK/$1.cpu.
+produce() {
+	local v=$1 c=$2 l t0 t1
+	use "$v"
+	psql_q "TRUNCATE biz, outbox.events, outbox.commands;
+VACUUM ANALYZE biz, outbox.events, outbox.commands;
+CHECKPOINT;" >/dev/null || return 1
+	l=$(psql_q "SELECT pg_current_wal_insert_lsn()") || return 1
+	# (a backend that is still exiting is in neither count: let it end)
+	sleep 1
+	t0=$(bench_server_ticks "$DATA")
+	as_pg "cd '$WORK' && '$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c $c -j $c \
+		-T $PRODUCE_SECS -f '$WORK/produce.sql' bench" 2>&1 | awk '/^tps = / {printf "%.0f\n", $3; exit}'
+	sleep 1
+	t1=$(bench_server_ticks "$DATA")
+	psql_q "SELECT round(pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '$l') / greatest(count(*), 1)),
+       round(($t1 - $t0) * $TICK_US / greatest(count(*), 1), 1) FROM biz" |
+		awk -F'|' -v w="$WORK/$v.wal" -v u="$WORK/$v.cpu" '{ print $1 >>w; print $2 >>u }'
+}
+
+if [ -z "$ONLY" ] || [ "$ONLY" = producer ]; then
+	echo "producer: BEGIN; INSERT; SELECT outbox.commit_decision(...); COMMIT, pgbench -M prepared, ${PRODUCE_SECS}s runs, ${NAME[new]} against 0.1.0, median of $REPEATS (tx/s)"
+	printf '%8s %10s %10s %7s %7s %13s\n' clients 0.1.0 "${NAME[new]}" ratio paired "paired range"
+	for c in $PRODUCE_CLIENTS; do
 		: >"$WORK/old.txt"
 		: >"$WORK/new.txt"
+		: >"$WORK/pair.txt"
+		for f in old.wal new.wal old.cpu new.cpu cpair.txt; do
+			: >"$WORK/$f"
+		done
 		for r in $(seq "$REPEATS"); do
 			if ((r % 2)); then order="old new"; else order="new old"; fi
 			for v in $order; do
-				run "$v" "$k" "$b" "$n" >>"$WORK/$v.txt" || exit 1
+				t=$(produce "$v" "$c")
+				[ -n "$t" ] || { echo "pgbench failed against ${NAME[$v]}" >&2; exit 1; }
+				echo "$t" >"$WORK/$v.last"
+				echo "$t" >>"$WORK/$v.txt"
 			done
+			awk -v a="$(cat "$WORK/new.last")" -v c="$(cat "$WORK/old.last")" \
+				'BEGIN { printf "%.3f\n", a / c }' >>"$WORK/pair.txt"
+			paste "$WORK/old.cpu" "$WORK/new.cpu" | tail -1 |
+				awk '{ printf "%.3f\n", $2 / $1 }' >>"$WORK/cpair.txt"
 		done
 		o=$(median <"$WORK/old.txt")
 		w=$(median <"$WORK/new.txt")
-		printf '%6s %10s %8s %10s %10s %7s   (0.1.0: %s; %s: %s)\n' "$b" "$k" "$n" "$o" "$w" \
+		printf '%8s %10s %10s %7s %7s %13s   (0.1.0: %s; %s: %s)\n' "$c" "$o" "$w" \
 			"$(awk -v a="$w" -v c="$o" 'BEGIN { printf "%.2f", a / c }')" \
+			"$(median <"$WORK/pair.txt")" "$(sort -g "$WORK/pair.txt" | sed -n '1p;$p' | paste -sd-)" \
 			"$(paste -sd' ' "$WORK/old.txt")" "${NAME[new]}" "$(paste -sd' ' "$WORK/new.txt")"
+		printf '%8s %10s %10s   WAL bytes per transaction, median\n' "" "$(median <"$WORK/old.wal")" \
+			"$(median <"$WORK/new.wal")"
+		printf '%8s %10s %10s %7s %7s %13s   server CPU us per transaction (0.1.0: %s; %s: %s)\n' "" \
+			"$(median <"$WORK/old.cpu")" "$(median <"$WORK/new.cpu")" \
+			"$(awk -v a="$(median <"$WORK/new.cpu")" -v c="$(median <"$WORK/old.cpu")" 'BEGIN { printf "%.2f", a / c }')" \
+			"$(median <"$WORK/cpair.txt")" "$(sort -g "$WORK/cpair.txt" | sed -n '1p;$p' | paste -sd-)" \
+			"$(paste -sd' ' "$WORK/old.cpu")" "${NAME[new]}" "$(paste -sd' ' "$WORK/new.cpu")"
 	done
-done
+fi
+
+if [ -z "$ONLY" ] || [ "$ONLY" = relay ]; then
+	echo "outbox-relay --sink stdout --drain, ${NAME[new]} against 0.1.0, median of $REPEATS (commands/s, relays' start to exit)"
+	printf '%6s %10s %8s %10s %10s %7s\n' B publishers N 0.1.0 "${NAME[new]}" ratio
+	for b in $BATCHES; do
+		nv=N_$b
+		n=${!nv:-20000}
+		for k in $PUBLISHERS; do
+			: >"$WORK/old.txt"
+			: >"$WORK/new.txt"
+			for r in $(seq "$REPEATS"); do
+				if ((r % 2)); then order="old new"; else order="new old"; fi
+				for v in $order; do
+					run "$v" "$k" "$b" "$n" >>"$WORK/$v.txt" || exit 1
+				done
+			done
+			o=$(median <"$WORK/old.txt")
+			w=$(median <"$WORK/new.txt")
+			printf '%6s %10s %8s %10s %10s %7s   (0.1.0: %s; %s: %s)\n' "$b" "$k" "$n" "$o" "$w" \
+				"$(awk -v a="$w" -v c="$o" 'BEGIN { printf "%.2f", a / c }')" \
+				"$(paste -sd' ' "$WORK/old.txt")" "${NAME[new]}" "$(paste -sd' ' "$WORK/new.txt")"
+		done
+	done
+fi

@@ -682,6 +682,30 @@ pr_direct_plain(Relation rel, const char *check)
 }
 
 /*
+ * Prepare the predicates of the partial indexes ExecOpenIndices opened for
+ * rri, in the executor state's memory, where ExecInsertIndexTuples would
+ * prepare them at its first row (ExecPrepareQual) but without planning
+ * them again: a predicate from the relcache (RelationGetIndexPredicate) has
+ * been through eval_const_expressions and fix_opfuncids already, which is
+ * all that expression_planner would do to it.
+ */
+static void
+pr_direct_predicates(ResultRelInfo *rri, EState *estate)
+{
+	MemoryContext old = MemoryContextSwitchTo(estate->es_query_cxt);
+	int			i;
+
+	for (i = 0; i < rri->ri_NumIndices; i++)
+	{
+		IndexInfo  *ii = rri->ri_IndexRelationInfo[i];
+
+		if (ii->ii_Predicate != NIL && ii->ii_PredicateState == NULL)
+			ii->ii_PredicateState = ExecInitQual(ii->ii_Predicate, NULL);
+	}
+	MemoryContextSwitchTo(old);
+}
+
+/*
  * Open the two tables and their indexes for the direct writer; false
  * (nothing open, the locks kept, as the statements would take them) when
  * the call must take the statements instead.
@@ -714,9 +738,11 @@ pr_direct_open(PrDirect *d)
 	d->crri = makeNode(ResultRelInfo);
 	InitResultRelInfo(d->crri, d->commands, 1, NULL, 0);
 	ExecOpenIndices(d->crri, false);
+	pr_direct_predicates(d->crri, d->estate);
 	d->erri = makeNode(ResultRelInfo);
 	InitResultRelInfo(d->erri, d->events, 2, NULL, 0);
 	ExecOpenIndices(d->erri, false);
+	pr_direct_predicates(d->erri, d->estate);
 	d->cslot = table_slot_create(d->commands, NULL);
 	d->eslot = table_slot_create(d->events, NULL);
 
