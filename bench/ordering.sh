@@ -288,7 +288,7 @@ hot_relays() {
 
 if [ -z "$ONLY" ] || [ "$ONLY" = hot-relays ]; then
 	echo
-	echo "one hot key, real publishers: $PUBLISHERS relays claiming $B against 1 relay --batch 1 unordered, $HOT_RELAY commands (commands/s)"
+	echo "one hot key, real publishers: $PUBLISHERS relays claiming $B on $HOT_RELAY commands, against 1 client claim-1/ack-1 and 1 relay --batch 1 unordered (commands/s)"
 	declare -a RBASE RHOT RTRIP
 	for _ in $(seq "$REPEATS"); do
 		load 1 "$HOT" 0 || exit 1
