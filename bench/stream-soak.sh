@@ -167,7 +167,8 @@ fin=$(cut -d' ' -f2 <<<"$last")
 echo "== total_max (all but the tombstones): minute 5 $m5 kB, minute ${last%% *} $fin kB: $(awk -v a="$fin" -v b="$m5" 'BEGIN {r = a / b; printf "%.2fx (target <= 1.2x: %s)", r, r <= 1.2 ? "met" : "NOT met"}')"
 
 echo "== index rebuilds"
-grep -E 'outbox upkeep' "$DATA/server.log" | sed -E 's/^.*(LOG|WARNING|ERROR|FATAL): +//' || echo "upkeep log: none"
+echo "start: $(date -u -d "@$start" '+%H:%M:%S') UTC"
+grep -E 'outbox upkeep' "$DATA/server.log" || echo "upkeep log: none"
 # An index (not of a log table, which TRUNCATE gives a new relfilenode)
 # whose oid or relfilenode changed since the start.
 changed=$(LC_ALL=C join -t '|' "$WORK/rels.start" "$WORK/rels.end" |
