@@ -344,3 +344,37 @@ SELECT part, acked_tick, ticks_behind, batch_open, published
 SELECT count(*) AS left_to_claim FROM outbox.claim_batch('capped', 'capped-sub', 'w-drain');
 SELECT outbox.drop_subscription('capped-sub');
 SELECT outbox.verify();
+
+-- A rotation step reads the subscriptions' progress once, not once per log
+-- row (a progress row is updated at every claim and ack: while the xmin
+-- horizon is held back, each read of it walks every version since):
+-- 1,000 published commands in the next log table, and the scans of
+-- stream_progress during the step that truncates it are counted.
+SELECT outbox.create_stream('wide', 1, 1000);
+SELECT outbox.create_subscription('wide', 'wide-sub');
+SELECT outbox.set_policy('wide.k', stream => 'wide', retention => '0');
+SELECT count(*) FILTER (WHERE recorded) FROM outbox.commit_decisions(
+	(SELECT jsonb_agg(jsonb_build_object('run_id', 'wr', 'seq', i, 'event_kind', 'e',
+			'command_id', 'wide-' || i, 'command_kind', 'wide.k', 'payload', '{}'::jsonb))
+	   FROM generate_series(1, 1000) i));
+SELECT outbox.tick_streams();
+SELECT * FROM pg_temp.drain('wide', 'wide-sub');
+SELECT format('outbox.stream_log_%s', current) AS cur_table,
+	   format('outbox.stream_log_%s', (current + 1) % 3) AS next_table
+  FROM outbox.stream_rotation \gset
+INSERT INTO :next_table SELECT * FROM :cur_table WHERE command_id LIKE 'wide-%';
+DELETE FROM :cur_table WHERE command_id LIKE 'wide-%';
+SELECT count(*) FILTER (WHERE command_id LIKE 'wide-%') AS wide,
+	   count(*) FILTER (WHERE command_id NOT LIKE 'wide-%') AS others
+  FROM :next_table;
+SELECT pg_stat_force_next_flush();
+SELECT seq_scan + COALESCE(idx_scan, 0) AS scans_before
+  FROM pg_stat_user_tables WHERE relid = 'outbox.stream_progress'::regclass \gset
+SELECT outbox.rotate_streams() AS left_the_log;
+SELECT pg_stat_force_next_flush();
+SELECT seq_scan + COALESCE(idx_scan, 0) - :scans_before < 100 AS progress_read_once
+  FROM pg_stat_user_tables WHERE relid = 'outbox.stream_progress'::regclass;
+SELECT count(*) AS next_table_left FROM :next_table;
+SELECT count(*) AS wide_tombstones FROM outbox.stream_purged_commands WHERE command_id LIKE 'wide-%';
+SELECT outbox.drop_subscription('wide-sub');
+SELECT outbox.verify();

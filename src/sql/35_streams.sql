@@ -1142,45 +1142,44 @@ SELECT c.seqs[x.i], c.kinds[x.i]::pg_catalog.text, c.outcomes[x.i]
 END;
 $$;
 
--- Whether a log row (of the stream stream_id, partition part, written by
--- transaction xid, of kind kind) is done: every subscription of its stream
--- has acked past it and none holds it as failed (retry, dead or waiting:
--- a dead command stays, as a dead row of outbox.commands does), the stream
--- has a subscription at all (the first one publishes what is in it), and a
--- kind with completers has its receipt.
-CREATE FUNCTION @extschema@._stream_done(
-	p_stream pg_catalog.int4, p_part pg_catalog.int4, p_xid pg_catalog.xid8, p_kind pg_catalog.text,
-	p_command pg_catalog.text, p_run pg_catalog.text)
-RETURNS pg_catalog.bool
+-- What the rotation needs to tell whether a log row is done, read once per
+-- step: for each (stream, partition) that has progress rows, the number of
+-- subscriptions of the stream and the snapshots of their acked ticks in
+-- that partition.  A log row (of stream stream_id, partition part, written
+-- by transaction xid, of kind kind) is done when it is visible in as many
+-- of these snapshots as its stream has subscriptions (every subscription
+-- has acked past it; the stream has one at all: the first one publishes
+-- what is in it), no subscription holds it as failed (retry, dead or
+-- waiting: a dead command stays, as a dead row of outbox.commands does),
+-- and a kind with completers has its receipt (_stream_rotate's
+-- expression).  The rotation joins its rows to this instead of looking up
+-- the progress and ticks for each row: those are updated at every claim
+-- and ack, and while a transaction holds the xmin horizon back each
+-- lookup walks all the versions since, so that a step over one table took
+-- minutes, holding the horizon back itself all the while.
+CREATE FUNCTION @extschema@._stream_acked()
+RETURNS TABLE (stream_id pg_catalog.int4, part pg_catalog.int4, subs pg_catalog.int8,
+			   snaps pg_catalog.pg_snapshot[])
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-SELECT EXISTS (SELECT 1 FROM @extschema@.subscriptions u
-				 JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
-				WHERE t.stream_id OPERATOR(pg_catalog.=) _stream_done.p_stream)
-   AND NOT EXISTS (SELECT 1 FROM @extschema@.subscriptions u
-					 JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
-					 LEFT JOIN @extschema@.stream_progress p
-					   ON p.subscription OPERATOR(pg_catalog.=) u.subscription
-					  AND p.part OPERATOR(pg_catalog.=) _stream_done.p_part
-					 LEFT JOIN @extschema@.stream_ticks k
-					   ON k.stream_id OPERATOR(pg_catalog.=) t.stream_id
-					  AND k.tick OPERATOR(pg_catalog.=) p.acked_tick
-					WHERE t.stream_id OPERATOR(pg_catalog.=) _stream_done.p_stream
-					  AND NOT COALESCE(pg_catalog.pg_visible_in_snapshot(_stream_done.p_xid, k.snap), false))
-   AND NOT EXISTS (SELECT 1 FROM @extschema@.stream_failures f
-					WHERE f.command_id OPERATOR(pg_catalog.=) _stream_done.p_command)
-   AND (NOT EXISTS (SELECT 1 FROM @extschema@.policies q
-					 WHERE q.kind OPERATOR(pg_catalog.=) _stream_done.p_kind AND q.completers IS NOT NULL)
-		OR EXISTS (SELECT 1 FROM @extschema@.receipts r
-					WHERE r.command_id OPERATOR(pg_catalog.=) _stream_done.p_command AND r.run_id OPERATOR(pg_catalog.=) _stream_done.p_run))
+SELECT t.stream_id, p.part,
+	   (SELECT pg_catalog.count(*) FROM @extschema@.subscriptions w
+		 WHERE w.stream OPERATOR(pg_catalog.=) t.stream),
+	   pg_catalog.array_agg(k.snap) FILTER (WHERE k.snap IS NOT NULL)
+  FROM @extschema@.streams t
+  JOIN @extschema@.subscriptions u ON u.stream OPERATOR(pg_catalog.=) t.stream
+  JOIN @extschema@.stream_progress p ON p.subscription OPERATOR(pg_catalog.=) u.subscription
+  LEFT JOIN @extschema@.stream_ticks k
+	ON k.stream_id OPERATOR(pg_catalog.=) t.stream_id AND k.tick OPERATOR(pg_catalog.=) p.acked_tick
+ GROUP BY t.stream_id, t.stream, p.part
 $$;
 
 -- One step of the rotation; returns the number of commands that left the
 -- log.  Three log tables take the appends in turn (stream_rotation.current).
 -- The next one (which takes over at the next switch) is emptied once every
 -- command in it is past its kind's retention: the commands that are done
--- (_stream_done) leave tombstones in outbox.stream_purged, one row per
+-- (_stream_acked) leave tombstones in outbox.stream_purged, one row per
 -- chunk of up to 1,000 of them (their receipts go with them, as the purge
 -- does); the others, stragglers, are copied to
 -- stream_kept, so that one slow subscription or a missing receipt never
@@ -1222,15 +1221,24 @@ BEGIN
 	END IF;
 
 	-- The kept rows that are done and past retention.
-	WITH v AS (
+	WITH a AS MATERIALIZED (SELECT * FROM @extschema@._stream_acked()),
+	 v AS (
 		SELECT l.stream_id, l.command_id, l.run_id, l.seq, l.kind, l.created_at
 		  FROM @extschema@.stream_kept l
+		  LEFT JOIN a ON a.stream_id OPERATOR(pg_catalog.=) l.stream_id AND a.part OPERATOR(pg_catalog.=) l.part
+		  LEFT JOIN @extschema@.receipts r
+			ON r.command_id OPERATOR(pg_catalog.=) l.command_id AND r.run_id OPERATOR(pg_catalog.=) l.run_id
 		 WHERE l.created_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-)
 				COALESCE((SELECT p.retention FROM @extschema@.policies p
 						   WHERE p.kind OPERATOR(pg_catalog.=) l.kind), dflt))
-		   AND @extschema@._stream_done(l.stream_id, l.part, l.xid, l.kind, l.command_id, l.run_id)
+		   AND COALESCE(a.subs OPERATOR(pg_catalog.=) (SELECT pg_catalog.count(*) FROM pg_catalog.unnest(a.snaps) s(snap)
+							 WHERE pg_catalog.pg_visible_in_snapshot(l.xid, s.snap)), false)
+		   AND NOT l.command_id OPERATOR(pg_catalog.=) ANY (SELECT f.command_id FROM @extschema@.stream_failures f)
+		   AND (NOT l.kind OPERATOR(pg_catalog.=) ANY (SELECT q.kind FROM @extschema@.policies q
+													 WHERE q.completers IS NOT NULL)
+				OR r.command_id IS NOT NULL)
 		 LIMIT lim
-		   FOR UPDATE SKIP LOCKED),
+		   FOR UPDATE OF l SKIP LOCKED),
 	 t AS (
 		INSERT INTO @extschema@.stream_purged
 			(first_created, last_created, first_command, stream_id, commands, command_ids, run_ids,
@@ -1274,9 +1282,19 @@ BEGIN
 		END IF;
 		BEGIN
 			EXECUTE pg_catalog.format(
-				'WITH x AS MATERIALIZED ('
-				'  SELECT l.*, @extschema@._stream_done(l.stream_id, l.part, l.xid, l.kind, l.command_id, l.run_id) AS done'
-				'    FROM %s l),'
+				'WITH a AS MATERIALIZED (SELECT * FROM @extschema@._stream_acked()),'
+				' x AS MATERIALIZED ('
+				'  SELECT l.*, COALESCE(a.subs OPERATOR(pg_catalog.=) (SELECT pg_catalog.count(*)'
+				'           FROM pg_catalog.unnest(a.snaps) s(snap)'
+				'          WHERE pg_catalog.pg_visible_in_snapshot(l.xid, s.snap)), false)'
+				'         AND NOT l.command_id OPERATOR(pg_catalog.=) ANY (SELECT f.command_id FROM @extschema@.stream_failures f)'
+				'         AND (NOT l.kind OPERATOR(pg_catalog.=) ANY (SELECT q.kind FROM @extschema@.policies q'
+				'                                                  WHERE q.completers IS NOT NULL)'
+				'              OR r.command_id IS NOT NULL) AS done'
+				'    FROM %s l'
+				'    LEFT JOIN a ON a.stream_id OPERATOR(pg_catalog.=) l.stream_id AND a.part OPERATOR(pg_catalog.=) l.part'
+				'    LEFT JOIN @extschema@.receipts r'
+				'      ON r.command_id OPERATOR(pg_catalog.=) l.command_id AND r.run_id OPERATOR(pg_catalog.=) l.run_id),'
 				' k AS ('
 				'  INSERT INTO @extschema@.stream_kept (id, xid, stream_id, part, command_id, run_id, seq, kind,'
 				'         payload, headers, ordering_key, decided_by, created_at)'
@@ -1422,7 +1440,7 @@ REVOKE ALL ON FUNCTION
 	@extschema@.rotate_streams(),
 	@extschema@._stream_rotate(pg_catalog.int4),
 	@extschema@._stream_purged(pg_catalog.text, pg_catalog.text),
-	@extschema@._stream_done(pg_catalog.int4, pg_catalog.int4, pg_catalog.xid8, pg_catalog.text, pg_catalog.text, pg_catalog.text),
+	@extschema@._stream_acked(),
 	@extschema@._stream_lease_end(pg_catalog.interval, pg_catalog.timestamptz),
 	@extschema@._stream_batch_rows(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, pg_catalog.int4),
 	@extschema@._stream_snap(pg_catalog.int4, pg_catalog.int8),
