@@ -7,7 +7,8 @@
 #
 #   hold      stop forwarding the broker->relay direction of every
 #             connection (also of connections accepted later): what the
-#             broker sends is kept, in order, not dropped
+#             broker sends is kept, in order, not dropped, and a broker
+#             that closes its side is seen by the relay at the release
 #             -> "ok hold"
 #   release   forward again, what was kept first
 #             -> "ok release"
@@ -187,15 +188,19 @@ while (!$stop && $stdin_open)
 	}
 	for my $p (@{ [@pairs] })
 	{
+		# the broker closed: what the relay still sends is lost, as it
+		# would be without the proxy
+		$p->{to_broker} = '' if $p->{broker_eof};
 		if (!flush_side($p->{broker}, \$p->{to_broker})
 			|| (!$hold && !flush_side($p->{relay}, \$p->{to_relay})))
 		{
 			drop_pair($p);
 			next;
 		}
-		# a side that closed: close the other once what it sent is out
+		# a side that closed: close the other once what it sent is out;
+		# while holding, the broker's close is held with its answers
 		if (($p->{relay_eof} && !length $p->{to_broker})
-			|| ($p->{broker_eof} && !length $p->{to_relay}))
+			|| ($p->{broker_eof} && !$hold && !length $p->{to_relay}))
 		{
 			drop_pair($p);
 		}

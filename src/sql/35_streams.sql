@@ -1231,7 +1231,7 @@ BEGIN
 		 WHERE l.created_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-)
 				COALESCE((SELECT p.retention FROM @extschema@.policies p
 						   WHERE p.kind OPERATOR(pg_catalog.=) l.kind), dflt))
-		   AND COALESCE(a.subs OPERATOR(pg_catalog.=) (SELECT pg_catalog.count(*) FROM pg_catalog.unnest(a.snaps) s(snap)
+		   AND COALESCE(a.subs OPERATOR(pg_catalog.=) (SELECT pg_catalog.count(*) FROM pg_catalog.unnest(a.snaps) AS s(snap)
 							 WHERE pg_catalog.pg_visible_in_snapshot(l.xid, s.snap)), false)
 		   AND NOT l.command_id OPERATOR(pg_catalog.=) ANY (SELECT f.command_id FROM @extschema@.stream_failures f)
 		   AND (NOT l.kind OPERATOR(pg_catalog.=) ANY (SELECT q.kind FROM @extschema@.policies q
@@ -1285,7 +1285,7 @@ BEGIN
 				'WITH a AS MATERIALIZED (SELECT * FROM @extschema@._stream_acked()),'
 				' x AS MATERIALIZED ('
 				'  SELECT l.*, COALESCE(a.subs OPERATOR(pg_catalog.=) (SELECT pg_catalog.count(*)'
-				'           FROM pg_catalog.unnest(a.snaps) s(snap)'
+				'           FROM pg_catalog.unnest(a.snaps) AS s(snap)'
 				'          WHERE pg_catalog.pg_visible_in_snapshot(l.xid, s.snap)), false)'
 				'         AND NOT l.command_id OPERATOR(pg_catalog.=) ANY (SELECT f.command_id FROM @extschema@.stream_failures f)'
 				'         AND (NOT l.kind OPERATOR(pg_catalog.=) ANY (SELECT q.kind FROM @extschema@.policies q'
