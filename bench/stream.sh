@@ -33,7 +33,8 @@
 #   latency     commit -> delivered p50/p99 at 200 and 2,000 commands/s,
 #               row leases against a stream, through bench/latency.sh's
 #               harness (producer, receiver, the relay's -vv trace)
-# Settings: N, BATCHES ("100 1000"), PUBLISHERS ("1 4"), REPEATS (3),
+# Settings: N (300,000; a stream drains 50,000 in under half a second, so
+# that a smaller N measures the relays' start-up), BATCHES ("100 1000"), PUBLISHERS ("1 4"), REPEATS (3),
 # PARTS (stream partitions, 8), CLIENTS (4), PRODUCE_SECS (8), SIZES
 # ("10000 1000000"), RATES ("200 2000"), LAT_SECS (10), SYSTEMS (the
 # throughput rows), ONLY.
@@ -45,7 +46,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # PgQ 3.5, the write-once reference, from the Debian archive.
 OUTBOX_PACKAGES+=(postgresql-15-pgq3)
 
-N=${N:-50000}
+N=${N:-300000}
 BATCHES=${BATCHES:-"100 1000"}
 PUBLISHERS=${PUBLISHERS:-"1 4"}
 REPEATS=${REPEATS:-3}
