@@ -85,6 +85,7 @@ PG_FUNCTION_INFO_V1(outbox_release_key);
 static SPIPlanPtr plan_tails = NULL;
 static SPIPlanPtr plan_release = NULL;
 static SPIPlanPtr plan_release_many = NULL;
+static SPIPlanPtr plan_handover = NULL;
 static SPIPlanPtr plan_head = NULL;
 static SPIPlanPtr plan_roles = NULL;
 static SPIPlanPtr plan_skip = NULL;
@@ -350,6 +351,129 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 		elog(ERROR, "outbox: release of the next command of an ordering key failed");
 	if (SPI_processed > 0)
 		OutboxDueAtCommit(OUTBOX_DUE_RELEASE);
+}
+
+/*
+ * The hand-over's test of a released command t: whether a claim by the
+ * acking publisher could lease it right now.  The command is available
+ * ($3: now), its kind is among the asked ones ($9, NULL: any) and not among
+ * the kinds that are paused or whose claimers do not admit the caller (ex,
+ * read once per statement, as claim reads them).
+ */
+#define KY_HANDED(t) \
+	"(" t "available_at OPERATOR(pg_catalog.<=) $3" \
+	" AND ($9 IS NULL OR " t "kind OPERATOR(pg_catalog.=) ANY ($9))" \
+	" AND " t "kind OPERATOR(pg_catalog.<>) ALL ((SELECT ex.kinds FROM ex)::pg_catalog.text[]))"
+
+/*
+ * OutboxReleaseNext, handing the released commands over where it can: under
+ * the keys' locks, one statement reads each key's next command (as the
+ * release of several does) and updates it once, either to a lease of ho's
+ * publisher (status sending, ho's lease, version and deliveries + 1: what
+ * claim writes, without the pending version that claim would lease) when a
+ * claim by that publisher could take it now (KY_HANDED), or to claimable
+ * as the release does.  Only the first ho->limit places are handed over;
+ * the keys of the others are released by OutboxReleaseNext (all the keys
+ * are locked first, in one order).  Leaves SPI_tuptable with a row per
+ * command of the first places released or handed over (handed over: the
+ * first column; then the lease's columns, for src/lease.c) and returns
+ * their number.  The test that the command waits is written in a CASE, so
+ * that it does not match the predicate of commands_held_idx: a plan made
+ * while the table is small would read that whole index instead of the
+ * rows by their ctids.  Runs in the caller's SPI connection.
+ */
+uint64
+OutboxHandOverNext(OutboxKeyPlace *places, int n, const OutboxHandOver *ho)
+{
+	static const Oid argtypes[10] = {TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, OIDARRAYOID,
+		TEXTOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID, TEXTARRAYOID, OIDOID};
+	Datum	   *kd;
+	Datum	   *sd;
+	Datum	   *rd;
+	Datum		args[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	int			m = Min(n, ho->limit);
+	uint64		i;
+	uint64		released = 0;
+
+	if (n == 0)
+		return 0;
+	ky_lock_places(places, n);
+	if (m < n)
+		OutboxReleaseNext(places + m, n - m);
+	if (m == 0)
+		return 0;
+	kd = palloc(sizeof(Datum) * m);
+	sd = palloc(sizeof(Datum) * m);
+	rd = palloc(sizeof(Datum) * m);
+	for (i = 0; i < (uint64) m; i++)
+	{
+		kd[i] = PointerGetDatum(places[i].key);
+		sd[i] = Int64GetDatum(places[i].seq);
+		rd[i] = ObjectIdGetDatum(places[i].role);
+	}
+	args[0] = PointerGetDatum(construct_array(kd, m, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = PointerGetDatum(construct_array(sd, m, INT8OID, sizeof(int64),
+											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	args[2] = TimestampTzGetDatum(ho->now);
+	args[3] = PointerGetDatum(construct_array(rd, m, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
+	args[4] = PointerGetDatum(ho->worker);
+	args[5] = ho->lease;
+	if (ho->lease == (Datum) 0)
+		nulls[5] = 'n';
+	args[6] = ho->default_lease;
+	args[7] = ho->max_until;
+	args[8] = PointerGetDatum(ho->kinds);
+	if (ho->kinds == NULL)
+		nulls[8] = 'n';
+	args[9] = ObjectIdGetDatum(ho->caller);
+	if (OutboxExecuteLatest(OutboxPrepare(&plan_handover,
+										  "WITH n AS MATERIALIZED ("
+										  "  SELECT x.tids[1] AS tid,"
+										  "         pg_catalog.cardinality(x.tids) OPERATOR(pg_catalog.=) 1 AS last"
+										  "    FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2),"
+										  "                    pg_catalog.unnest($4)) AS p(key, seq, role)"
+										  "   CROSS JOIN LATERAL (SELECT " KY_NEXT_TWO("p.key", "p.role", "p.seq") " AS tids OFFSET 0) x),"
+										  " ex AS MATERIALIZED (SELECT COALESCE(pg_catalog.array_agg(y.kind), '{}') AS kinds"
+										  "   FROM (SELECT p.kind FROM outbox.policies p WHERE p.paused"
+										  "         UNION ALL SELECT p.kind FROM outbox.policies p"
+										  "          WHERE p.claimers IS NOT NULL AND NOT outbox._may(p.claimers, $10)) y)"
+										  "UPDATE outbox.commands t"
+										  "   SET status = CASE WHEN " KY_HANDED("t.") " THEN 'sending' ELSE t.status END,"
+										  "       owner = CASE WHEN " KY_HANDED("t.") " THEN $5 ELSE t.owner END,"
+										  "       available_at = GREATEST(t.available_at, $3),"
+										  "       due_at = CASE WHEN " KY_HANDED("t.") " THEN NULL"
+										  "                     ELSE GREATEST(t.available_at, $3) END,"
+										  "       lease_until = CASE WHEN " KY_HANDED("t.") " THEN"
+										  "           LEAST($3 OPERATOR(pg_catalog.+) COALESCE($6,"
+										  "               (SELECT p.lease FROM outbox.policies p"
+										  "                 WHERE p.kind OPERATOR(pg_catalog.=) t.kind), $7), $8) END,"
+										  "       version = CASE WHEN " KY_HANDED("t.") " THEN t.version OPERATOR(pg_catalog.+) 1"
+										  "                      ELSE t.version END,"
+										  "       deliveries = CASE WHEN " KY_HANDED("t.") " THEN t.deliveries OPERATOR(pg_catalog.+) 1"
+										  "                         ELSE t.deliveries END,"
+										  "       ordering_tail = CASE WHEN t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+										  "            SELECT n.tid FROM n WHERE n.last)) THEN true END"
+										  " WHERE t.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT n.tid FROM n"
+										  "                                                WHERE n.tid IS NOT NULL))"
+										  "   AND CASE WHEN t.status OPERATOR(pg_catalog.=) 'pending' AND t.due_at IS NULL"
+										  "            THEN true ELSE false END"
+										  " RETURNING t.status OPERATOR(pg_catalog.=) 'sending',"
+										  "           t.command_id, t.run_id, t.seq, t.kind, t.payload, NULL::pg_catalog.text,"
+										  "           t.version, t.deliveries, t.lease_until, t.headers, t.ordering_key",
+										  10, argtypes),
+							args, nulls, false, 0) != SPI_OK_UPDATE_RETURNING)
+		elog(ERROR, "outbox: hand-over of the next command of an ordering key failed");
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+
+		if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull)))
+			released++;
+	}
+	if (released > 0)
+		OutboxDueAtCommit(OUTBOX_DUE_RELEASE);
+	return SPI_processed;
 }
 
 /*

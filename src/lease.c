@@ -82,6 +82,7 @@
 PG_FUNCTION_INFO_V1(outbox_claim_1_0);
 PG_FUNCTION_INFO_V1(outbox_ack_1_0);
 PG_FUNCTION_INFO_V1(outbox_ack_many);
+PG_FUNCTION_INFO_V1(outbox_ack_handover);
 PG_FUNCTION_INFO_V1(outbox_rotate_lease_key);
 PG_FUNCTION_INFO_V1(outbox_fail_1_0);
 PG_FUNCTION_INFO_V1(outbox_renew_1_0);
@@ -988,8 +989,21 @@ le_cmp_held(const void *a, const void *b)
 #define LE_ACK_MANY_SMALL	128
 #define LE_ACK_MANY_VERSIONS 4
 
+/* The columns of outbox.handover_result: ack_result's, then lease's but its first two. */
+#define LE_HANDOVER_COLS 13
+
+/*
+ * The body of ack_many and, with handover, of ack_handover(worker, tokens,
+ * batch_size, lease, kinds): the heads acked hand their keys' next commands
+ * over to the caller where a claim of (batch_size, lease, kinds) by the
+ * caller could lease them now (OutboxHandOverNext, src/keys.c), and the
+ * result has a row per token (the ack_result's columns, the lease's NULL)
+ * followed by a row per lease handed over (its acked and reason NULL, its
+ * token made as claim makes one).  On a distributed outbox nothing is
+ * handed over.
+ */
 static Datum
-le_ack_many(FunctionCallInfo fcinfo, Oid caller)
+le_ack_body(FunctionCallInfo fcinfo, Oid caller, bool handover)
 {
 	static const Oid small_types[5] = {TEXTOID, TEXTARRAYOID, INT8OID, TEXTARRAYOID,
 	TIMESTAMPTZOID};
@@ -1022,9 +1036,39 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 	int64		nok = 0;
 	const unsigned char *key;
 	TimestampTz now = GetCurrentTimestamp();
+	OutboxHandOver ho;
+	Interval   *lease = NULL;
+	Interval	default_lease;
+	SPITupleTable *handed = NULL;
+	uint64		nhanded = 0;
+	int64		nleased = 0;
 
 	OutboxArgNotNull(fcinfo, 1, "tokens");
 	tokens = PG_GETARG_ARRAYTYPE_P(1);
+	memset(&ho, 0, sizeof(ho));
+	if (handover)
+	{
+		ho.limit = le_arg_batch(fcinfo, 2);
+		lease = le_arg_lease(fcinfo, 3, now);
+		if (!PG_ARGISNULL(4))
+		{
+			ho.kinds = PG_GETARG_ARRAYTYPE_P(4);
+			if (ARR_NDIM(ho.kinds) > 1)
+				ereport(ERROR,
+						(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+						 errmsg("kinds must be a one-dimensional array")));
+			if (array_contains_nulls(ho.kinds))
+				ereport(ERROR,
+						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+						 errmsg("kinds must not contain nulls")));
+		}
+		ho.worker = worker;
+		ho.caller = caller;
+		ho.lease = lease ? IntervalPGetDatum(lease) : (Datum) 0;
+		ho.default_lease = le_default_lease(&default_lease);
+		ho.max_until = le_max_until(now);
+		ho.now = now;
+	}
 	if (ARR_NDIM(tokens) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
@@ -1057,6 +1101,9 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 
 	SPI_connect();
 	key = OutboxLeaseKey();
+	/* Naming a kind the caller may not claim is refused (42501), as claim does. */
+	if (ho.kinds != NULL)
+		OutboxCheckClaimable(ho.kinds, caller);
 	for (i = 0; i < n; i++)
 	{
 		if (!valid[i])
@@ -1164,15 +1211,31 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 	}
 	qsort(taken, nacked, sizeof(LeTaken), le_cmp_taken);
 
-	/* The heads of ordering keys release their next commands (src/keys.c). */
-	OutboxReleaseNext(places, nplaces);
+	/*
+	 * The heads of ordering keys release their next commands, or hand them
+	 * over (src/keys.c).
+	 */
+	if (handover && !OutboxCitusDistributed())
+	{
+		nhanded = OutboxHandOverNext(places, nplaces, &ho);
+		handed = SPI_tuptable;
+	}
+	else
+		OutboxReleaseNext(places, nplaces);
 
 	/* One row per token, in the tokens' order. */
 	for (i = 0; i < n; i++)
 	{
-		Datum		values[4];
-		bool		isnull[4] = {false, false, false, false};
+		Datum		values[LE_HANDOVER_COLS];
+		bool		isnull[LE_HANDOVER_COLS];
 		LeTaken    *hit = NULL;
+
+		memset(isnull, false, sizeof(isnull));
+		for (g = 4; g < LE_HANDOVER_COLS; g++)
+		{
+			values[g] = (Datum) 0;
+			isnull[g] = true;
+		}
 
 		if (!valid[i])
 		{
@@ -1210,11 +1273,53 @@ le_ack_many(FunctionCallInfo fcinfo, Oid caller)
 		}
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
+
+	/* Then one row per lease handed over, with its token. */
+	for (i = 0; i < (int) nhanded; i++)
+	{
+		Datum		row[12];
+		bool		rnull[12];
+		Datum		values[LE_HANDOVER_COLS];
+		bool		isnull[LE_HANDOVER_COLS];
+
+		heap_deform_tuple(handed->vals[i], handed->tupdesc, row, rnull);
+		if (!DatumGetBool(row[0]))
+			continue;			/* released, not handed over */
+		/* command_id, run_id; acked and reason NULL; the lease from seq on */
+		values[0] = row[1];
+		isnull[0] = false;
+		values[1] = row[2];
+		isnull[1] = false;
+		values[2] = values[3] = (Datum) 0;
+		isnull[2] = isnull[3] = true;
+		for (g = 3; g < 12; g++)
+		{
+			values[g + 1] = row[g];
+			isnull[g + 1] = rnull[g];
+		}
+		/* the token's place: row[6] */
+		values[7] = PointerGetDatum(le_make_token(key, DatumGetTextPP(row[2]),
+												  DatumGetTextPP(row[1]),
+												  DatumGetInt64(row[7]),
+												  caller, worker));
+		isnull[7] = false;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
+		nleased++;
+	}
 	SPI_finish();
 
 	OutboxCountAtCommit(OBC_ACKED, nok);
 	OutboxCountNow(OBC_STALE_REFUSED, n - nok);
+	if (nleased > 0)
+		OutboxCountAtCommit(OBC_CLAIMED, nleased);
 	return (Datum) 0;
+}
+
+/* outbox.ack_many's body. */
+static Datum
+le_ack_many(FunctionCallInfo fcinfo, Oid caller)
+{
+	return le_ack_body(fcinfo, caller, false);
 }
 
 /* outbox.ack_many: the body, as the owner, told who called. */
@@ -1222,6 +1327,23 @@ Datum
 outbox_ack_many(PG_FUNCTION_ARGS)
 {
 	return OutboxCallAsOwner(fcinfo, le_ack_many);
+}
+
+/* outbox.ack_handover's body. */
+static Datum
+le_ack_handover(FunctionCallInfo fcinfo, Oid caller)
+{
+	return le_ack_body(fcinfo, caller, true);
+}
+
+/*
+ * outbox.ack_handover(worker, tokens, batch_size, lease, kinds): ack_many
+ * that hands the acked heads' next commands over to the caller.
+ */
+Datum
+outbox_ack_handover(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, le_ack_handover);
 }
 
 /*

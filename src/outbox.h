@@ -296,6 +296,19 @@ typedef struct OutboxKeyPlace
 extern void OutboxLockKeys(Oid role, text **keys, int n);
 extern void OutboxKeyTails(Oid role, text **keys, int n, int64 *last_seq, bool *busy);
 extern void OutboxReleaseNext(OutboxKeyPlace *places, int n);
+/* The publisher a released command is handed over to (OutboxHandOverNext). */
+typedef struct OutboxHandOver
+{
+	text	   *worker;
+	Oid			caller;			/* the calling role: claimers, paused kinds */
+	ArrayType  *kinds;			/* the publisher's kinds, or NULL: any */
+	int32		limit;			/* at most this many handed over */
+	Datum		lease;			/* interval, or 0: the kind's lease */
+	Datum		default_lease;	/* interval: outbox.default_lease */
+	Datum		max_until;		/* timestamptz: now + outbox.max_lease */
+	TimestampTz now;
+} OutboxHandOver;
+extern uint64 OutboxHandOverNext(OutboxKeyPlace *places, int n, const OutboxHandOver *ho);
 
 /* leasekey.c: the database's lease key (16 bytes), cached per backend */
 #define OUTBOX_LEASE_KEY_LEN	16

@@ -168,6 +168,41 @@ AS 'MODULE_PATHNAME', 'outbox_ack_many';
 COMMENT ON FUNCTION @extschema@.ack_many(pg_catalog.text, pg_catalog.text[])
 	IS 'mark a batch of leased commands published; reports each refused token instead of raising';
 
+CREATE TYPE @extschema@.handover_result AS (
+	command_id	pg_catalog.text,
+	run_id		pg_catalog.text,
+	acked		pg_catalog.bool,
+	reason		pg_catalog.text,
+	seq			pg_catalog.int8,
+	kind		pg_catalog.text,
+	payload		pg_catalog.jsonb,
+	token		pg_catalog.text,
+	version		pg_catalog.int8,
+	deliveries	pg_catalog.int4,
+	lease_until pg_catalog.timestamptz,
+	headers		pg_catalog.jsonb,
+	ordering_key pg_catalog.text
+);
+COMMENT ON TYPE @extschema@.handover_result IS 'a row of ack_handover: the outcome of one token (as ack_result; token NULL), or a lease handed over (acked NULL; the lease''s columns)';
+
+-- ack_many that hands the acked heads' next commands over to the caller
+-- (src/keys.c, OutboxHandOverNext): each is leased to worker, in the same
+-- statement, when a claim(worker, batch_size, lease, kinds) by the caller
+-- could lease it now; otherwise it is released as ack_many releases it.
+CREATE FUNCTION @extschema@.ack_handover(
+	worker pg_catalog.text,
+	tokens pg_catalog.text[],
+	batch_size pg_catalog.int4 DEFAULT 100,
+	lease pg_catalog.interval DEFAULT NULL,
+	kinds pg_catalog.text[] DEFAULT NULL)
+RETURNS SETOF @extschema@.handover_result
+LANGUAGE c VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+ROWS 200
+AS 'MODULE_PATHNAME', 'outbox_ack_handover';
+COMMENT ON FUNCTION @extschema@.ack_handover(pg_catalog.text, pg_catalog.text[], pg_catalog.int4, pg_catalog.interval, pg_catalog.text[])
+	IS 'ack_many that leases the next command of each acked ordering key''s head to worker when a claim by the caller could take it now; a row per token, then a row per lease handed over';
+
 CREATE FUNCTION @extschema@.fail(
 	worker pg_catalog.text,
 	token pg_catalog.text,

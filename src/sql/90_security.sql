@@ -166,7 +166,7 @@ $$;
 REVOKE ALL ON SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA @extschema@ FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA @extschema@ FROM PUBLIC;
-REVOKE ALL ON TYPE @extschema@.lease, @extschema@.ack_result, @extschema@.decision_result, @extschema@.command_status,
+REVOKE ALL ON TYPE @extschema@.lease, @extschema@.ack_result, @extschema@.handover_result, @extschema@.decision_result, @extschema@.command_status,
 	@extschema@.command_version, @extschema@.command_deliveries FROM PUBLIC;
 
 -- The grants name this database's roles (part 05).
@@ -191,12 +191,13 @@ BEGIN
 	@extschema@.claim(pg_catalog.text, pg_catalog.int4, pg_catalog.interval, pg_catalog.text[]),
 	@extschema@.ack(pg_catalog.text, pg_catalog.text),
 	@extschema@.ack_many(pg_catalog.text, pg_catalog.text[]),
+	@extschema@.ack_handover(pg_catalog.text, pg_catalog.text[], pg_catalog.int4, pg_catalog.interval, pg_catalog.text[]),
 	@extschema@.fail(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.bool),
 	@extschema@.renew(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
 	TO ' OPERATOR(pg_catalog.||) publisher;
-	-- The result types of claim and ack_many, for publishers that wrap
-	-- these calls in functions of their own.
-	EXECUTE 'GRANT USAGE ON TYPE @extschema@.lease, @extschema@.ack_result TO ' OPERATOR(pg_catalog.||) publisher;
+	-- The result types of claim, ack_many and ack_handover, for publishers
+	-- that wrap these calls in functions of their own.
+	EXECUTE 'GRANT USAGE ON TYPE @extschema@.lease, @extschema@.ack_result, @extschema@.handover_result TO ' OPERATOR(pg_catalog.||) publisher;
 
 	EXECUTE 'GRANT EXECUTE ON FUNCTION
 	@extschema@.complete(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.jsonb),
