@@ -5,7 +5,9 @@
 # (postgres --single, the library preloaded, no worker) that drains
 # KEYS x PER_KEY committed commands by "claim B; ack_many of the batch",
 # once decided without an ordering key and once with one key per run (the
-# keys taking turns, as in bench/ordering.sh's interleaved layout).  The
+# keys taking turns, as in bench/ordering.sh's interleaved layout), and
+# once more ordered but drained by ack_handover, which leases each key's
+# next command to the acking publisher (claim only when it holds none).  The
 # drain's instructions are its run's minus those of a run that loads the
 # same commands and drains none (start-up, the load and its checkpoint
 # cancel out).  Measures the installed build.  Not a test: it prints
@@ -48,11 +50,14 @@ if grep -q ERROR "$WORK/setup.log"; then
 	exit 1
 fi
 
-# The input of one run: load the commands (ordered: 1 or 0), then drain
-# rounds of claim B / ack_many (the tokens pass through the table toks).
+# The input of one run: load the commands (ordered: 1 or 2, or 0), then
+# drain rounds of claim B / ack_many (the tokens pass through the table
+# toks); with 2, rounds of ack_handover B of the tokens in hand, which
+# come back with the leases handed over, and a claim B only when none are
+# in hand.
 input() {
 	local ordered=$1 rounds=$2 okey="" i
-	[ "$ordered" = 1 ] && okey=", 'ordering_key', 'key-' || ((g - 1) % $KEYS)"
+	[ "$ordered" != 0 ] && okey=", 'ordering_key', 'key-' || ((g - 1) % $KEYS)"
 	printf 'TRUNCATE outbox.commands, outbox.events, outbox.receipts, toks;\n\n'
 	# 5,000 decisions per call (outbox.max_batch is 10,000 by default)
 	for i in $(seq 0 5000 $((KEYS * PER_KEY - 1))); do
@@ -61,9 +66,14 @@ input() {
 	done
 	printf 'VACUUM ANALYZE outbox.commands;\n\nCHECKPOINT;\n\n'
 	for i in $(seq "$rounds"); do
-		printf "INSERT INTO toks SELECT token FROM outbox.claim('w', %d);\n\n" "$B"
-		printf "SELECT count(*) FROM outbox.ack_many('w', ARRAY(SELECT t FROM toks));\n\n"
-		printf 'DELETE FROM toks;\n\n'
+		if [ "$ordered" = 2 ]; then
+			printf "INSERT INTO toks SELECT token FROM outbox.claim('w', %d) WHERE NOT EXISTS (SELECT 1 FROM toks);\n\n" "$B"
+			printf "WITH a AS (SELECT * FROM outbox.ack_handover('w', ARRAY(SELECT t FROM toks), %d)), d AS (DELETE FROM toks) INSERT INTO toks SELECT token FROM a WHERE token IS NOT NULL;\n\n" "$B"
+		else
+			printf "INSERT INTO toks SELECT token FROM outbox.claim('w', %d);\n\n" "$B"
+			printf "SELECT count(*) FROM outbox.ack_many('w', ARRAY(SELECT t FROM toks));\n\n"
+			printf 'DELETE FROM toks;\n\n'
+		fi
 	done
 	printf "SELECT count(*) FILTER (WHERE status = 'published') AS published, count(*) AS commands FROM outbox.commands;\n\n"
 }
@@ -88,7 +98,7 @@ n=$((KEYS * PER_KEY))
 rounds=$(((n + B - 1) / B))
 echo "drain of $KEYS keys x $PER_KEY commands by claim $B / ack_many ($rounds rounds): instructions per command"
 declare -A per
-for ordered in 0 1; do
+for ordered in 0 1 2; do
 	i0=$(instructions "$ordered" 0) || exit 1
 	i1=$(instructions "$ordered" "$rounds") || exit 1
 	got=$(cat "$WORK/published")
@@ -96,5 +106,6 @@ for ordered in 0 1; do
 	per[$ordered]=$(((i1 - i0) / n))
 done
 printf '| drain | instructions per command |\n|---|---|\n'
-printf '| unordered | %s |\n| ordered | %s |\n' "${per[0]}" "${per[1]}"
+printf '| unordered | %s |\n| ordered | %s |\n| ordered, ack_handover | %s |\n' "${per[0]}" "${per[1]}" "${per[2]}"
 awk -v a="${per[1]}" -v b="${per[0]}" 'BEGIN { printf "ordered / unordered: %.2f\n", a / b }'
+awk -v a="${per[2]}" -v b="${per[0]}" 'BEGIN { printf "ordered with ack_handover / unordered: %.2f\n", a / b }'

@@ -30,6 +30,16 @@
  * are reported again on the next connection, with the same tokens; a
  * claim's batch stays empty (its leases, if it committed, expire).
  *
+ * Hand-over.  A pipelined ack of a batch with ordered commands may be an
+ * ack_handover instead (db_async_report with a batch to fill): the server
+ * leases each acked head's next command to this worker in the ack's own
+ * transaction, and the leases come back in the ack's result, after its
+ * rows of the tokens, in the columns of a claim.  They fill the batch
+ * given, as a claim would: the main loop delivers it next.  A call lost
+ * with its connection leaves that batch empty (the leases expire and are
+ * taken over).  A server without outbox.ack_handover (SQLSTATE 42883 when
+ * it is prepared) turns it off, as --handover off does.
+ *
  * Streams.  claim_batch returns the commands of one batch with the same
  * first columns as claim (every row carries the batch's token), so a
  * batch is read as today.  The batch is leased and acked as a whole: its
@@ -79,6 +89,8 @@ typedef struct AsyncCall
 {
 	AsyncKind	kind;
 	RelayBatch *batch;
+	RelayBatch *handed;			/* ASYNC_ACK by ack_handover: filled with
+								 * the leases handed over */
 	int		   *idx;			/* ASYNC_ACK: the commands acked, in order */
 	int			n;
 	int			delivered;		/* ASYNC_ACK_STREAM: what it reports */
@@ -113,15 +125,15 @@ static void async_abandon(void);
  * headers (run for every row, it was about 1% of the backend's time at
  * B = 100).
  */
-#define CLAIM_SELECT \
+#define CLAIM_COLS \
 "SELECT c.command_id, c.run_id, c.kind, c.payload, c.token, c.deliveries," \
 "       pg_catalog.date_part('epoch', c.lease_until - pg_catalog.clock_timestamp())," \
 "       c.seq, c.headers::pg_catalog.text," \
 "       CASE WHEN c.headers IS NOT NULL THEN" \
 "        (SELECT pg_catalog.string_agg(h.key OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) h.value, E'\\n')" \
 "           FROM pg_catalog.jsonb_each_text(c.headers) h) END," \
-"       c.ordering_key" \
-"  FROM "
+"       c.ordering_key"
+#define CLAIM_SELECT CLAIM_COLS "  FROM "
 #define CLAIM_CALL "outbox.claim($1, $2, pg_catalog.make_interval(secs => $3), $4) AS c"
 
 static const char *const claim_sql = CLAIM_SELECT CLAIM_CALL;
@@ -133,6 +145,21 @@ static const Oid claim_types[4] = {OID_TEXT, OID_INT4, OID_FLOAT8, OID_TEXTARRAY
 static const char *const ack_sql = ACK_SELECT ACK_CALL;
 static const char *const ack_async_sql = ACK_SELECT ASYNC_COMMIT_FROM ACK_CALL;
 static const Oid ack_types[2] = {OID_TEXT, OID_TEXTARRAY};
+
+/*
+ * The ack that hands over: a claim's columns (the rows of the tokens have
+ * NULL in them), then acked and reason (NULL in the rows of the leases).
+ */
+#define HANDOVER_ACKED	11
+#define HANDOVER_REASON 12
+#define HANDOVER_SELECT CLAIM_COLS ", c.acked, c.reason FROM "
+#define HANDOVER_CALL \
+	"outbox.ack_handover($1, $2, $3, pg_catalog.make_interval(secs => $4), $5) AS c"
+static const char *const handover_sql = HANDOVER_SELECT HANDOVER_CALL;
+static const char *const handover_async_sql = HANDOVER_SELECT ASYNC_COMMIT_FROM HANDOVER_CALL;
+static const Oid handover_types[5] = {OID_TEXT, OID_TEXTARRAY, OID_INT4, OID_FLOAT8, OID_TEXTARRAY};
+/* ack_handover is prepared on this connection */
+static bool handover_ready = false;
 
 static const char *const fail_sql =
 "SELECT outbox.fail($1, $2, $3, $4)";
@@ -397,6 +424,29 @@ db_connect(void)
 		db_disconnect();
 		return r;
 	}
+	handover_ready = false;
+	if (relay_opts.stream == NULL && relay_opts.handover)
+	{
+		res = PQprepare(conn, "outbox_handover",
+						relay_opts.ack_async ? handover_async_sql : handover_sql,
+						5, handover_types);
+		if (PQresultStatus(res) == PGRES_COMMAND_OK)
+			handover_ready = true;
+		else if (strcmp(PQresultErrorField(res, PG_DIAG_SQLSTATE) ?
+						PQresultErrorField(res, PG_DIAG_SQLSTATE) : "", "42883") == 0)
+		{
+			relay_log("the server has no outbox.ack_handover: acks hand nothing over");
+			relay_opts.handover = false;
+		}
+		else
+		{
+			r = db_failure(res, "prepare");
+			PQclear(res);
+			db_disconnect();
+			return r;
+		}
+		PQclear(res);
+	}
 
 	res = PQexec(conn,
 				 "SELECT COALESCE(NULLIF(pg_catalog.current_setting('outbox.notify_channel', true), ''), 'outbox')");
@@ -528,33 +578,38 @@ claim_params(const char **vals, char *batchbuf, size_t batchlen, char *leasebuf,
 	}
 }
 
-/* Fill the batch from a claim's result (which the batch then owns). */
+/*
+ * Fill the batch from a claim's result (which the batch then owns), from
+ * its row `first` on (an ack_handover's leases follow its rows of the
+ * tokens).
+ */
 static void
-claim_fill(RelayBatch *batch, PGresult *res)
+claim_fill_from(RelayBatch *batch, PGresult *res, int first)
 {
 	double		now = relay_now();
 	double		left = 1e9;
 	int			i;
 
 	batch->res = res;
-	batch->n = PQntuples(res);
+	batch->n = PQntuples(res) - first;
 	batch->cmds = relay_malloc(sizeof(RelayCommand) * (batch->n ? batch->n : 1));
 	memset(batch->cmds, 0, sizeof(RelayCommand) * (batch->n ? batch->n : 1));
 	for (i = 0; i < batch->n; i++)
 	{
 		RelayCommand *cmd = &batch->cmds[i];
-		double		l = strtod(PQgetvalue(res, i, 6), NULL);
+		int			row = first + i;
+		double		l = strtod(PQgetvalue(res, row, 6), NULL);
 
-		cmd->command_id = PQgetvalue(res, i, 0);
-		cmd->run_id = PQgetvalue(res, i, 1);
-		cmd->kind = PQgetvalue(res, i, 2);
-		cmd->payload = PQgetvalue(res, i, 3);
-		cmd->token = PQgetvalue(res, i, 4);
-		cmd->seq = strtoll(PQgetvalue(res, i, 7), NULL, 10);
-		cmd->deliveries = atoi(PQgetvalue(res, i, 5));
-		cmd->ordering_key = PQgetisnull(res, i, 10) ? NULL : PQgetvalue(res, i, 10);
-		if (!PQgetisnull(res, i, 8))
-			cmd_set_headers(cmd, PQgetvalue(res, i, 8), PQgetvalue(res, i, 9));
+		cmd->command_id = PQgetvalue(res, row, 0);
+		cmd->run_id = PQgetvalue(res, row, 1);
+		cmd->kind = PQgetvalue(res, row, 2);
+		cmd->payload = PQgetvalue(res, row, 3);
+		cmd->token = PQgetvalue(res, row, 4);
+		cmd->seq = strtoll(PQgetvalue(res, row, 7), NULL, 10);
+		cmd->deliveries = atoi(PQgetvalue(res, row, 5));
+		cmd->ordering_key = PQgetisnull(res, row, 10) ? NULL : PQgetvalue(res, row, 10);
+		if (!PQgetisnull(res, row, 8))
+			cmd_set_headers(cmd, PQgetvalue(res, row, 8), PQgetvalue(res, row, 9));
 		cmd->state = CMD_TODO;
 		if (l < left)
 			left = l;
@@ -565,6 +620,13 @@ claim_fill(RelayBatch *batch, PGresult *res)
 		relay_stats.batches++;
 		relay_stats.claimed += batch->n;
 	}
+}
+
+/* Fill the batch from a claim's result (which the batch then owns). */
+static void
+claim_fill(RelayBatch *batch, PGresult *res)
+{
+	claim_fill_from(batch, res, 0);
 }
 
 /* Claim a batch.  On DB_OK, batch->n may be 0. */
@@ -618,9 +680,13 @@ ack_build(RelayBatch *batch, StrBuf *toks, int *idx)
 	return n;
 }
 
-/* Take an ack's rows in: one per token, in the tokens' order. */
+/*
+ * Take an ack's rows in: one per token, in the tokens' order, with acked
+ * and reason in the columns given.
+ */
 static void
-ack_process(RelayBatch *batch, PGresult *res, const int *idx, int n)
+ack_process(RelayBatch *batch, PGresult *res, const int *idx, int n,
+			int acked_col, int reason_col)
 {
 	int			r;
 	int			stale = 0;
@@ -628,7 +694,7 @@ ack_process(RelayBatch *batch, PGresult *res, const int *idx, int n)
 
 	for (r = 0; r < PQntuples(res) && r < n; r++)
 	{
-		bool		acked = PQgetvalue(res, r, 1)[0] == 't';
+		bool		acked = PQgetvalue(res, r, acked_col)[0] == 't';
 		RelayCommand *cmd = &batch->cmds[idx[r]];
 
 		cmd->state = CMD_DONE;
@@ -638,9 +704,9 @@ ack_process(RelayBatch *batch, PGresult *res, const int *idx, int n)
 		{
 			relay_stats.stale++;
 			if (stale++ == 0)
-				first_reason = PQgetvalue(res, r, 2);
+				first_reason = PQgetvalue(res, r, reason_col);
 			relay_debug("ack of \"%s\" refused: %s",
-						log_text(cmd->command_id), log_text(PQgetvalue(res, r, 2)));
+						log_text(cmd->command_id), log_text(PQgetvalue(res, r, reason_col)));
 		}
 	}
 	if (stale > 0)
@@ -680,7 +746,7 @@ db_ack(RelayBatch *batch)
 		free(idx);
 		return dr;
 	}
-	ack_process(batch, res, idx, n);
+	ack_process(batch, res, idx, n, 1, 2);
 	PQclear(res);
 	free(idx);
 	return DB_OK;
@@ -1202,7 +1268,7 @@ db_async_pending(const RelayBatch *batch)
 	int			i;
 
 	for (i = 0; i < async_count; i++)
-		if (async_calls[i].batch == batch)
+		if (async_calls[i].batch == batch || async_calls[i].handed == batch)
 			return true;
 	return false;
 }
@@ -1263,10 +1329,13 @@ db_async_claim(RelayBatch *batch)
  * an ack of its delivered commands (a batch with failed commands takes
  * db_report's way: a fail call each), or with --stream the batch's
  * ack_batch.  True when sent, or when there is nothing to report; false
- * when the batch must be reported by db_report.
+ * when the batch must be reported by db_report.  With handed (an empty
+ * batch) and the hand-over on, the ack is an ack_handover whose leases
+ * fill handed when its result is taken in; db_async_pending(handed) says
+ * whether that call went out.
  */
 bool
-db_async_report(RelayBatch *batch)
+db_async_report(RelayBatch *batch, RelayBatch *handed)
 {
 	AsyncCall	c;
 	int			i;
@@ -1318,7 +1387,25 @@ db_async_report(RelayBatch *batch)
 		}
 		vals[0] = relay_opts.worker;
 		vals[1] = toks.data;
-		sent = PQsendQueryPrepared(conn, "outbox_ack", 2, vals, NULL, NULL, 0);
+		if (handed != NULL && handover_ready && relay_opts.handover)
+		{
+			char		batchbuf[16];
+			char		leasebuf[32];
+			const char *hvals[5];
+
+			snprintf(batchbuf, sizeof(batchbuf), "%d", relay_opts.batch);
+			snprintf(leasebuf, sizeof(leasebuf), "%.3f", relay_opts.lease);
+			hvals[0] = vals[0];
+			hvals[1] = vals[1];
+			hvals[2] = batchbuf;
+			hvals[3] = relay_opts.lease > 0 ? leasebuf : NULL;
+			hvals[4] = relay_opts.kinds;
+			memset(handed, 0, sizeof(*handed));
+			c.handed = handed;
+			sent = PQsendQueryPrepared(conn, "outbox_handover", 5, hvals, NULL, NULL, 0);
+		}
+		else
+			sent = PQsendQueryPrepared(conn, "outbox_ack", 2, vals, NULL, NULL, 0);
 		sb_free(&toks);
 		return async_push(sent, &c) == DB_OK;
 	}
@@ -1345,8 +1432,19 @@ async_finish(AsyncCall *c)
 			}
 			break;
 		case ASYNC_ACK:
-			if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK)
-				ack_process(c->batch, res, c->idx, c->n);
+			if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK && c->handed != NULL)
+			{
+				ack_process(c->batch, res, c->idx, c->n, HANDOVER_ACKED, HANDOVER_REASON);
+				if (PQntuples(res) > c->n)
+				{
+					/* the leases handed over: the handed batch's now */
+					claim_fill_from(c->handed, res, c->n);
+					relay_stats.handed += c->handed->n;
+					res = NULL;
+				}
+			}
+			else if (res != NULL && PQresultStatus(res) == PGRES_TUPLES_OK)
+				ack_process(c->batch, res, c->idx, c->n, 1, 2);
 			else
 				(void) db_failure(res, "ack");
 			break;

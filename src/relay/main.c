@@ -38,6 +38,18 @@
  * from the sink's tick), so the broker works on both; a submitted batch is
  * always settled, also when it is given back.
  *
+ * Hand-over.  The pipelined ack of a batch with ordered commands is an
+ * ack_handover (db.c) when no handed batch is in hand: the server leases
+ * the next command of each key acked to this worker in the ack's own
+ * transaction, and those leases are the handed batch, delivered next like
+ * a claimed one (renewed, given back when the relay stops, taken over by
+ * others if the relay dies).  While the ack of such a batch will bring
+ * the next batch, no claim goes ahead (unless the batch is under half
+ * full: the keys are running out), so the relay holds at most four
+ * batches: one being acked, one delivered, one claimed ahead, one handed
+ * over.  Order per key holds as with claims: the server hands over a key's
+ * command only in the transaction that acks the one before it.
+ *
  * Idle probe.  After --probe-interval seconds without a delivery, while
  * waiting for work, the relay asks the sink to probe its broker (sink.h)
  * and sets outbox_relay_sink_up from the answer, logging a change.
@@ -108,10 +120,12 @@ static double trace_woke = 0;	/* a notification ended the wait before the
  * one the sink delivers, the next one claimed meanwhile, and the one whose
  * ack is on its way.  Each points into slots, or is NULL.
  */
-static RelayBatch slots[3];
+static RelayBatch slots[4];
 static RelayBatch *cur = NULL;
 static RelayBatch *ahead = NULL;
 static RelayBatch *acking = NULL;
+static RelayBatch *handed = NULL;	/* filled by the ack on its way, or
+									 * filled already (see Hand-over) */
 
 /*
  * Claims ahead that came back empty in a row, and batches to deliver
@@ -159,6 +173,8 @@ usage(void)
 		   "      --ack-commit=MODE     sync (default): an ack waits for its WAL flush;\n"
 		   "                            async: it does not (a crash can lose it: its\n"
 		   "                            commands are delivered again, never lost)\n"
+		   "      --handover=on|off     on (default): the ack of a key's command leases the\n"
+		   "                            key's next one to this relay (outbox.ack_handover)\n"
 		   "      --metrics=HOST:PORT   serve Prometheus metrics at http://HOST:PORT/metrics\n"
 		   "      --probe-interval=SECONDS  probe an idle sink's broker after this long\n"
 		   "                            without a delivery (default 10; 0: never)\n"
@@ -331,6 +347,7 @@ parse_options(int argc, char **argv)
 		{"claim-commit", required_argument, NULL, 5},
 		{"ack-commit", required_argument, NULL, 6},
 		{"probe-interval", required_argument, NULL, 7},
+		{"handover", required_argument, NULL, 8},
 		{"stream", required_argument, NULL, 20},
 		{"subscription", required_argument, NULL, 21},
 		{"verbose", no_argument, NULL, 'v'},
@@ -349,6 +366,7 @@ parse_options(int argc, char **argv)
 	relay_opts.concurrency = 1;
 	relay_opts.citus_refresh = 10.0;
 	relay_opts.probe_interval = 10.0;
+	relay_opts.handover = true;
 	relay_opts.headers = relay_malloc(sizeof(char *) * (argc + 1));
 
 	while ((c = getopt_long(argc, argv, "d:s:b:l:k:w:p:c:H:vVh", longopts, NULL)) != -1)
@@ -436,6 +454,11 @@ parse_options(int argc, char **argv)
 					else
 						relay_opts.ack_async = !sync;
 				}
+				break;
+			case 8:
+				if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0)
+					usage_error("invalid value \"%s\" for --handover: on or off is expected", optarg);
+				relay_opts.handover = strcmp(optarg, "on") == 0;
 				break;
 			case 7:
 				/* 0 turns the probe off */
@@ -642,6 +665,8 @@ renew_held(RelayBatch *batch)
 	maybe_renew(batch);
 	if (ahead != NULL && ahead != batch && !db_async_pending(ahead) && ahead->n > 0)
 		maybe_renew(ahead);
+	if (handed != NULL && handed != batch && !db_async_pending(handed) && handed->n > 0)
+		maybe_renew(handed);
 }
 
 /* Called by the sink while deliveries are in flight; false interrupts. */
@@ -880,10 +905,37 @@ free_slot(void)
 {
 	int			i;
 
-	for (i = 0; i < 3; i++)
-		if (&slots[i] != cur && &slots[i] != ahead && &slots[i] != acking)
+	for (i = 0; i < 4; i++)
+		if (&slots[i] != cur && &slots[i] != ahead && &slots[i] != acking &&
+			&slots[i] != handed)
 			return &slots[i];
-	return NULL;				/* not reached: three slots, three roles */
+	return NULL;				/* not reached: four slots, four roles */
+}
+
+/* Whether the batch holds a command of an ordering key. */
+static bool
+batch_ordered(const RelayBatch *batch)
+{
+	int			i;
+
+	for (i = 0; i < batch->n; i++)
+		if (batch->cmds[i].ordering_key != NULL)
+			return true;
+	return false;
+}
+
+/*
+ * Whether the ack of the batch (cur) will hand the next batch over, so
+ * that no claim goes ahead: the hand-over is on, the batch holds ordered
+ * commands, no handed batch is in hand, and the batch is at least half
+ * full (a thinner one: its keys are running out, and a claim ahead fills
+ * the gap).
+ */
+static bool
+handover_next(const RelayBatch *batch)
+{
+	return relay_opts.handover && relay_opts.stream == NULL && handed == NULL &&
+		batch->n * 2 >= relay_opts.batch && batch_ordered(batch);
 }
 
 /*
@@ -896,11 +948,22 @@ free_slot(void)
 static void
 report_delivered(RelayBatch *batch)
 {
+	RelayBatch *into = NULL;
+
 	if (acking != NULL)
 		take_in_ack(true);
-	if (db_connected() && db_async_report(batch))
+	if (relay_opts.handover && relay_opts.stream == NULL && handed == NULL &&
+		!relay_stop && !sink_broken && batch_ordered(batch))
+	{
+		acking = batch;			/* so that free_slot does not pick it */
+		into = free_slot();
+		acking = NULL;
+	}
+	if (db_connected() && db_async_report(batch, into))
 	{
 		acking = batch;
+		if (into != NULL && db_async_pending(into))
+			handed = into;		/* filled when the ack is in */
 		return;
 	}
 	(void) report_batch(batch);
@@ -937,6 +1000,33 @@ take_in_ahead(void)
 	b->claimed_wall = trace_clock();
 	metrics_claimed(b->n);
 	relay_debug("claimed %d ahead", b->n);
+	return b;
+}
+
+/*
+ * The handed batch, once the ack that hands it over is in: the next to
+ * deliver, or NULL when it is empty (nothing was handed over, or the ack's
+ * connection was lost).
+ */
+static RelayBatch *
+take_in_handed(void)
+{
+	RelayBatch *b = handed;
+
+	if (db_async_pending(b))
+		take_in_ack(true);
+	if (db_async_pending(b))
+		db_async_collect(b, true);
+	handed = NULL;
+	if (b->n == 0)
+	{
+		batch_free(b);
+		return NULL;
+	}
+	b->claimed_at = relay_now();
+	b->claimed_wall = trace_clock();
+	metrics_claimed(b->n);
+	relay_debug("%d handed over", b->n);
 	return b;
 }
 
@@ -1044,10 +1134,10 @@ static void
 summary(double started)
 {
 	relay_log("summary: worker=%s batches=%lld claimed=%lld delivered=%lld acked=%lld "
-			  "stale=%lld retried=%lld dead=%lld renewed=%lld reconnects=%lld "
+			  "handed=%lld stale=%lld retried=%lld dead=%lld renewed=%lld reconnects=%lld "
 			  "wakeups=%lld elapsed=%.1fs exit=%d",
 			  relay_opts.worker, relay_stats.batches, relay_stats.claimed,
-			  relay_stats.delivered, relay_stats.acked, relay_stats.stale,
+			  relay_stats.delivered, relay_stats.acked, relay_stats.handed, relay_stats.stale,
 			  relay_stats.retried, relay_stats.dead, relay_stats.renewed,
 			  relay_stats.reconnects, relay_stats.wakeups,
 			  relay_now() - started, exit_code);
@@ -1103,6 +1193,8 @@ main(int argc, char **argv)
 		take_in_ack(false);
 		if (cur == NULL && ahead != NULL)
 			cur = take_in_ahead();
+		if (cur == NULL && handed != NULL)
+			cur = take_in_handed();
 		if (cur == NULL)
 		{
 			if (relay_stop)
@@ -1184,7 +1276,9 @@ main(int argc, char **argv)
 		 * 8th, at most 16th batch, so that an idle or single-key relay does
 		 * not double its claims.
 		 */
-		if (ahead_skip > 0)
+		if (handover_next(cur))
+			;					/* its ack brings the next batch */
+		else if (ahead_skip > 0)
 			ahead_skip--;
 		else if (!relay_stop && outage_since <= 0 && !sink_broken && db_connected())
 		{
@@ -1212,6 +1306,9 @@ main(int argc, char **argv)
 	if (acking != NULL)
 		take_in_ack(true);
 	if (ahead != NULL && (batch = take_in_ahead()) != NULL)
+		release_batch(batch, sink_broken ? "delivery not attempted: the sink could not be written" :
+					  "delivery not attempted: the relay stopped");
+	if (handed != NULL && (batch = take_in_handed()) != NULL)
 		release_batch(batch, sink_broken ? "delivery not attempted: the sink could not be written" :
 					  "delivery not attempted: the relay stopped");
 

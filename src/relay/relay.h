@@ -67,6 +67,8 @@ typedef struct RelayOptions
 	bool		drain;			/* exit when a claim finds nothing */
 	bool		claim_sync;		/* claims wait for their WAL flush */
 	bool		ack_async;		/* acks do not wait for their WAL flush */
+	bool		handover;		/* acks take the keys' next commands
+								 * (ack_handover) */
 	const char *metrics;		/* HOST:PORT of the /metrics endpoint, or NULL */
 	double		probe_interval; /* idle seconds before the sink is probed, 0:
 								 * never */
@@ -140,6 +142,7 @@ typedef struct RelayStats
 {
 	long long	batches;
 	long long	claimed;
+	long long	handed;			/* of claimed: handed over by acks */
 	long long	delivered;
 	long long	acked;
 	long long	stale;
@@ -194,7 +197,7 @@ extern DbResult db_report(RelayBatch *batch);
 extern DbResult db_renew(RelayBatch *batch);
 extern bool db_wait(double timeout);
 extern DbResult db_async_claim(RelayBatch *batch);
-extern bool db_async_report(RelayBatch *batch);
+extern bool db_async_report(RelayBatch *batch, RelayBatch *handed);
 extern bool db_async_pending(const RelayBatch *batch);
 extern void db_async_collect(const RelayBatch *until, bool wait);
 extern void batch_free(RelayBatch *batch);

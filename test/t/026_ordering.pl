@@ -9,7 +9,10 @@
 #     lease end, the time of its ack or fail.  At the end, for every key:
 #     the first deliveries and the acks came in the decision order, no two
 #     leases of the key overlapped in time; every command is published once,
-#     none is dead, conservation is clean.
+#     none is dead, conservation is clean.  Two of the publishers ack with
+#     outbox.ack_handover, which leases them the acked keys' next commands
+#     (they log those deliveries too: handed over), the other two with
+#     ack_many.
 #  2. A dead head blocks only its key: the other keys drain, blocked_keys
 #     shows the key with its head and how many wait, skip_head releases the
 #     next; a head in retry backoff shows in blocked_keys and skip_head
@@ -78,7 +81,8 @@ sq(q{
 	-- one row per delivery (claim): done is acked, ack_refused, failed,
 	-- fail_refused or abandoned
 	CREATE TABLE deliveries (id bigserial, command_id text, lease_key text, worker text, version bigint, token text,
-							 claimed_at timestamptz, lease_until timestamptz, done text, done_at timestamptz);
+							 claimed_at timestamptz, lease_until timestamptz, done text, done_at timestamptz,
+							 handed bool NOT NULL DEFAULT false);
 });
 is(sq('SELECT count(*) FROM plan'), '11000', 'the plan has 10,000 ordered and 1,000 unordered commands');
 
@@ -130,7 +134,11 @@ END
 # claim time is read after the claim returned, the ack and fail times
 # before their commit, so that each lease a publisher held lies within
 # [claimed_at, the time of its ack or fail], or [claimed_at, lease_until]
-# when it was not acked or failed in time.
+# when it was not acked or failed in time.  A publisher with handover
+# acks by ack_handover and logs each lease handed over as a delivery,
+# claimed at the time it read it (after the ack of the command before it);
+# it acks them with its next batch (an abandon abandons them too: their
+# lease of 5 s runs out and they are taken over).
 my $publisher = q{
 DO $$
 DECLARE
@@ -142,6 +150,7 @@ DECLARE
 	toks text[];
 	ids bigint[];
 	n int;
+	handover bool := __H__;
 	deadline timestamptz := clock_timestamp() + interval '150 seconds';
 BEGIN
 	LOOP
@@ -158,7 +167,7 @@ BEGIN
 					r.lease_until, CASE WHEN fate = 'abandon' THEN 'abandoned' END);
 		END LOOP;
 		COMMIT;
-		IF n = 0 THEN
+		IF n = 0 AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.worker = w AND d.done IS NULL) THEN
 			EXIT WHEN (SELECT count(*) FROM producers_done) = 4
 				  AND NOT EXISTS (SELECT 1 FROM outbox.commands
 								   WHERE kind IN ('oa', 'ob', 'un') AND status IN ('pending', 'sending'));
@@ -167,6 +176,7 @@ BEGIN
 			CONTINUE;
 		END IF;
 		IF fate = 'abandon' THEN
+			UPDATE deliveries SET done = 'abandoned' WHERE worker = w AND done IS NULL;
 			gen := gen + 1;
 			w := 'p' || pg_backend_pid() || '-' || gen;
 			CONTINUE;
@@ -190,11 +200,27 @@ BEGIN
 				toks := toks || r.token;
 			END IF;
 		END LOOP;
-		UPDATE deliveries d SET done = CASE WHEN a.acked THEN 'acked' ELSE 'ack_refused' END,
-			   done_at = clock_timestamp()
-		  FROM outbox.ack_many(w, toks) WITH ORDINALITY a
-		  JOIN unnest(ids) WITH ORDINALITY i(id, ord) ON i.ord = a.ordinality
-		 WHERE d.id = i.id;
+		IF handover THEN
+			-- a row per token, then a row per lease handed over
+			FOR r IN SELECT * FROM outbox.ack_handover(w, toks, 20, interval '5 s', ARRAY['oa', 'ob', 'un'])
+					 WITH ORDINALITY a
+			LOOP
+				IF r.ordinality <= cardinality(toks) THEN
+					UPDATE deliveries SET done = CASE WHEN r.acked THEN 'acked' ELSE 'ack_refused' END,
+						   done_at = clock_timestamp()
+					 WHERE id = ids[r.ordinality];
+				ELSE
+					INSERT INTO deliveries (command_id, lease_key, worker, version, token, claimed_at, lease_until, handed)
+					VALUES (r.command_id, r.ordering_key, w, r.version, r.token, clock_timestamp(), r.lease_until, true);
+				END IF;
+			END LOOP;
+		ELSE
+			UPDATE deliveries d SET done = CASE WHEN a.acked THEN 'acked' ELSE 'ack_refused' END,
+				   done_at = clock_timestamp()
+			  FROM outbox.ack_many(w, toks) WITH ORDINALITY a
+			  JOIN unnest(ids) WITH ORDINALITY i(id, ord) ON i.ord = a.ordinality
+			 WHERE d.id = i.id;
+		END IF;
 		COMMIT;
 	END LOOP;
 END
@@ -209,7 +235,8 @@ $$;
 	my @err;
 	for my $i (1 .. $producers + $publishers)
 	{
-		my $sql = $i <= $producers ? $producer =~ s/__P__/$i/gr : $publisher;
+		my $sql = $i <= $producers ? $producer =~ s/__P__/$i/gr
+		  : $publisher =~ s/__H__/$i % 2 ? 'true' : 'false'/gre;
 		my ($out, $err) = ('', '');
 		push @err, \$err;
 		push @h, IPC::Run::start(
@@ -290,6 +317,10 @@ cmp_ok($fates{abandoned} // 0, '>', 0, 'some leases were abandoned');
 cmp_ok(sq(q{SELECT count(*) FROM deliveries a JOIN deliveries b
 			  ON a.command_id = b.command_id AND a.done = 'abandoned' AND b.id > a.id}),
 	'>', 0, 'abandoned leases were taken over');
+cmp_ok(sq(q{SELECT count(*) FROM deliveries WHERE handed AND done = 'acked'}),
+	'>', 0, 'leases handed over by ack_handover were delivered and acked');
+note('handed over and abandoned, then taken over: ' . sq(q{SELECT count(*) FROM deliveries a JOIN deliveries b
+			  ON a.command_id = b.command_id AND a.handed AND a.done = 'abandoned' AND b.id > a.id}));
 conservation_clean($node, 'after the drain');
 
 if (!$keyed)
