@@ -365,6 +365,91 @@ SELECT outbox.resume('k');
 DELETE FROM outbox.commands WHERE run_id = 'tn';
 DELETE FROM outbox.events WHERE run_id = 'tn';
 
+-- ack_handover: the acked head's next command is leased to the caller in
+-- the ack's statement when a claim by the caller could take it now
+-- (kind not paused, claimers admit the caller, not_before passed, in the
+-- caller's kinds, within batch_size); otherwise it is released as ack_many
+-- releases it.  Refused and stale tokens hand nothing over.
+CREATE ROLE regress_ho_pub;
+CREATE ROLE regress_ho_other;
+SELECT format('GRANT %I TO regress_ho_pub', outbox.role('publisher')) \gexec
+CREATE TABLE ho_tok (command_id text, token text);
+GRANT ALL ON ho_tok TO regress_ho_pub;
+CREATE VIEW ho AS
+SELECT command_id, kind, status, owner, version, deliveries,
+       CASE WHEN status = 'pending' AND due_at IS NULL THEN 'waiting'
+            WHEN status = 'pending' AND due_at > now() THEN 'later'
+            WHEN status = 'pending' THEN 'claimable' ELSE '' END AS state
+  FROM outbox.commands WHERE run_id LIKE 'ho%' ORDER BY command_id;
+GRANT SELECT ON ho TO regress_ho_pub;
+SELECT outbox.set_policy('ho_r', claimers => '{regress_ho_other}');
+SELECT outbox.commit_decision('ho-a', s, 'e', 'ha' || s, 'ho_a', '{}', ordering_key => 'HA') FROM generate_series(1, 3) s;
+SELECT outbox.commit_decision('ho-p', 1, 'e', 'hp1', 'ho_a', '{}', ordering_key => 'HP');
+SELECT outbox.commit_decision('ho-p', 2, 'e', 'hp2', 'ho_p', '{}', ordering_key => 'HP');
+SELECT outbox.commit_decision('ho-r', 1, 'e', 'hr1', 'ho_a', '{}', ordering_key => 'HR');
+SELECT outbox.commit_decision('ho-r', 2, 'e', 'hr2', 'ho_r', '{}', ordering_key => 'HR');
+SELECT outbox.commit_decision('ho-n', 1, 'e', 'hn1', 'ho_a', '{}', ordering_key => 'HN');
+SELECT outbox.commit_decision('ho-n', 2, 'e', 'hn2', 'ho_a', '{}', ordering_key => 'HN',
+							  not_before => now() + interval '1 hour');
+SELECT outbox.commit_decision('ho-k', 1, 'e', 'hk1', 'ho_a', '{}', ordering_key => 'HK');
+SELECT outbox.commit_decision('ho-k', 2, 'e', 'hk2', 'ho_k', '{}', ordering_key => 'HK');
+SELECT outbox.pause('ho_p');
+SET ROLE regress_ho_pub;
+INSERT INTO ho_tok SELECT command_id, token FROM outbox.claim('w', 10, kinds => '{ho_a}');
+SELECT string_agg(command_id, ',' ORDER BY command_id) AS claimed FROM ho_tok;
+-- the heads are acked; only ha2 is handed over (hp2's kind is paused, hr2's
+-- claimers do not admit the caller, hn2 is not due, hk2 is not in kinds)
+CREATE TEMP TABLE ho_res AS
+SELECT * FROM outbox.ack_handover('w', ARRAY(SELECT token FROM ho_tok ORDER BY command_id), 10, NULL, '{ho_a}')
+  WITH ORDINALITY;
+SELECT ordinality, command_id, acked, reason, kind, version, deliveries, token IS NOT NULL AS leased,
+       lease_until > now() AS lease_ahead, ordering_key
+  FROM ho_res ORDER BY ordinality;
+SELECT * FROM ho;
+-- the same tokens again: refused, nothing handed over
+SELECT command_id, acked, reason, token IS NOT NULL AS leased
+  FROM outbox.ack_handover('w', ARRAY(SELECT token FROM ho_tok ORDER BY command_id), 10, NULL, '{ho_a}');
+SELECT command_id, acked, reason FROM outbox.ack_handover('w', ARRAY['not a token']);
+-- the handed-over token under another worker name: refused
+SELECT command_id, acked, reason FROM outbox.ack_handover('v', ARRAY(SELECT token FROM ho_res WHERE token IS NOT NULL));
+SELECT command_id, status, owner FROM ho WHERE command_id = 'ha3';
+-- the handed-over lease is an ordinary lease: renewed, and its ack hands
+-- ha3 over in turn
+SELECT outbox.renew('w', token) > now() AS renewed FROM ho_res WHERE token IS NOT NULL;
+SELECT command_id, acked, version, token IS NOT NULL AS leased
+  FROM outbox.ack_handover('w', ARRAY(SELECT token FROM ho_res WHERE token IS NOT NULL));
+-- batch_size bounds the hand-over: one of the two keys is handed over,
+-- the other released
+RESET ROLE;
+SELECT outbox.commit_decision('ho-b' || k, s, 'e', 'hb' || k || s, 'ho_a', '{}', ordering_key => 'HB' || k)
+  FROM unnest(ARRAY['x', 'y']) k, generate_series(1, 2) s;
+SET ROLE regress_ho_pub;
+TRUNCATE ho_tok;
+INSERT INTO ho_tok SELECT command_id, token FROM outbox.claim('w', 10, kinds => '{ho_a}');
+SELECT string_agg(command_id, ',' ORDER BY command_id) AS claimed FROM ho_tok;
+SELECT count(*) FILTER (WHERE acked) AS acked, count(token) AS handed
+  FROM outbox.ack_handover('w', ARRAY(SELECT token FROM ho_tok), batch_size => 1);
+SELECT string_agg(command_id || ' ' || status || ' ' || state, ', ' ORDER BY command_id) AS next
+  FROM ho WHERE command_id IN ('hbx2', 'hby2');
+-- a kind the caller may not claim is refused, and bad arguments
+SELECT * FROM outbox.ack_handover('w', '{}', 10, NULL, '{ho_r}');
+SELECT * FROM outbox.ack_handover('w', '{}', 0);
+SELECT * FROM outbox.ack_handover('w', '{}', NULL);
+SELECT * FROM outbox.ack_handover('w', '{}', 10, interval '-1 s');
+SELECT * FROM outbox.ack_handover('w', '{}', 10, NULL, '{{a}}');
+RESET ROLE;
+SELECT count(*) AS violations FROM outbox.check_state;
+DROP TABLE ho_res;
+DROP VIEW ho;
+DROP TABLE ho_tok;
+SELECT outbox.resume('ho_p');
+DELETE FROM outbox.commands WHERE run_id LIKE 'ho%';
+DELETE FROM outbox.events WHERE run_id LIKE 'ho%';
+DELETE FROM outbox.policies WHERE kind LIKE 'ho\__';
+SELECT format('REVOKE %I FROM regress_ho_pub', outbox.role('publisher')) \gexec
+DROP ROLE regress_ho_pub;
+DROP ROLE regress_ho_other;
+
 -- Leave an empty outbox behind.
 DROP VIEW ks;
 DROP EXTENSION outbox;

@@ -1089,7 +1089,16 @@ le_ack_body(FunctionCallInfo fcinfo, Oid caller, bool handover)
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	if (n == 0)
+	{
+		/* naming a kind the caller may not claim is refused all the same */
+		if (ho.kinds != NULL)
+		{
+			SPI_connect();
+			OutboxCheckClaimable(ho.kinds, caller);
+			SPI_finish();
+		}
 		return (Datum) 0;
+	}
 
 	toks = palloc(sizeof(LeToken) * n);
 	valid = palloc(sizeof(bool) * n);
