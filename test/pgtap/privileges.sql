@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(262);
+SELECT plan(266);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -43,6 +43,9 @@ INSERT INTO expected VALUES
 	('outbox.ack_many(text,text[])',
 	 'function', '{outbox_publisher}', false,
 	 $$SELECT count(*) FROM outbox.ack_many('pt-w3', ARRAY(SELECT token FROM outbox.claim('pt-w3', 1, kinds => '{pt-kind-fresh}')))$$),
+	('outbox.ack_handover(text,text[],integer,interval,text[])',
+	 'function', '{outbox_publisher}', false,
+	 $$SELECT count(*) FROM outbox.ack_handover('pt-w3', ARRAY(SELECT token FROM outbox.claim('pt-w3', 1, kinds => '{pt-kind-fresh}')))$$),
 	('outbox.fail(text,text,text,boolean)',
 	 'function', '{outbox_publisher}', false,
 	 $$SELECT outbox.fail('pt-w3', (SELECT token FROM outbox.claim('pt-w3', 1, kinds => '{pt-kind-fresh}')), 'boom')$$),
@@ -354,6 +357,8 @@ INSERT INTO expected VALUES
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.lease) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.ack_result', 'type', '{outbox_publisher}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.ack_result) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
+	('outbox.handover_result', 'type', '{outbox_publisher}', NULL,
+	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.handover_result) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.stream_lease', 'type', '{outbox_publisher}', NULL,
 	 $$CREATE FUNCTION pg_temp.pt_uses_type(outbox.stream_lease) RETURNS int LANGUAGE sql AS 'SELECT 1'$$),
 	('outbox.decision_result', 'type', '{outbox_producer}', NULL,
