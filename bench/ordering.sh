@@ -35,7 +35,8 @@
 # Settings: KEYS, PER_KEY, B, PUBLISHERS, REPEATS, HEADS, WAITING,
 # LAT_SECS, HOT, HOT_SECS, HOT_RELAY, LAYOUT (interleaved|key-major), LAT_LAYOUTS,
 # ONLY (throughput|latency|hot|hot-relays|statements), EXTRA_CONF (lines appended to
-# postgresql.conf).
+# postgresql.conf), RELAY_OPTS (more options of the throughput's relays, such
+# as --handover off).
 set -u
 set -o pipefail
 
@@ -55,6 +56,7 @@ HOT=${HOT:-60000}
 HOT_SECS=${HOT_SECS:-10}
 HOT_RELAY=${HOT_RELAY:-10000}
 EXTRA_CONF=${EXTRA_CONF:-}
+RELAY_OPTS=${RELAY_OPTS:-}
 ONLY=${ONLY:-}
 LAYOUT=${LAYOUT:-interleaved}
 LAT_LAYOUTS=${LAT_LAYOUTS:-"interleaved key-major"}
@@ -131,7 +133,7 @@ relay_run() {
 	load "$KEYS" "$PER_KEY" "$ordered" || { echo "loading the commands failed" >&2; exit 1; }
 	start=$(now)
 	for i in $(seq "$PUBLISHERS"); do
-		as_pg "'$RELAY' --dsn '$DSN' --sink stdout --batch $B --drain --worker bench-$i >/dev/null 2>>'$WORK/relay.log'" &
+		as_pg "'$RELAY' --dsn '$DSN' --sink stdout --batch $B --drain --worker bench-$i $RELAY_OPTS >/dev/null 2>>'$WORK/relay.log'" &
 	done
 	wait
 	end=$(psql_q "SELECT extract(epoch FROM max(published_at)) FROM outbox.commands")

@@ -2,8 +2,8 @@
  *
  * keys.c
  *		Ordered delivery per key: the lock of an ordering key, the look at
- *		a key's last command, the release of the next command when a head is
- *		published, and outbox.skip_head.
+ *		a key's last command, the release (or the hand-over) of the next
+ *		command when a head is published, and outbox.skip_head.
  *
  * A key belongs to the role that decides: the key of a command is
  * (decided_by, ordering_key), so two roles using one key string have two
@@ -24,7 +24,13 @@
  * itself, and a notification would only wake every idle publisher for an
  * empty claim.  The worker looks for it outbox.notify_interval later and
  * wakes the publishers if it is still claimable (duties.c, "The release's
- * wake-up").  A skipped
+ * wake-up").  ack_handover goes one step further: the statement that
+ * would release the next command leases it to the acking publisher
+ * instead (OutboxHandOverNext: one row version where the release and the
+ * claim made two), when a claim by that publisher could take it right
+ * then; otherwise it releases it.  The lease is made under the key's lock
+ * in the transaction that publishes the head, so it is the key's only one,
+ * and it is an ordinary lease from then on.  A skipped
  * head leaves the key: its ordering_key and ordering_seq become NULL and
  * its last_error says which key it was the head of.
  *

@@ -37,8 +37,11 @@
  * keys' heads only and knows nothing of keys beyond returning them.  The
  * ack of a head (ack, ack_many: their UPDATE returns the key, NULL for an
  * unordered command, which takes nothing more) releases the next command of
- * its key under the key's lock (OutboxReleaseNext, src/keys.c).  fail,
- * renew, sweep and takeovers keep a head the head.
+ * its key under the key's lock (OutboxReleaseNext, src/keys.c), or with
+ * ack_handover leases it to the caller when a claim by the caller could
+ * take it now (OutboxHandOverNext): a handed-over lease is an ordinary
+ * lease, its token made as claim makes one.  fail, renew, sweep and
+ * takeovers keep a head the head.
  *
  * Times.  Leases and availability are computed from the clock at the
  * moment of the call (GetCurrentTimestamp), not from the transaction start:
