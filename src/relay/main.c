@@ -39,16 +39,19 @@
  * always settled, also when it is given back.
  *
  * Hand-over.  The pipelined ack of a batch with ordered commands is an
- * ack_handover (db.c) when no handed batch is in hand: the server leases
- * the next command of each key acked to this worker in the ack's own
- * transaction, and those leases are the handed batch, delivered next like
- * a claimed one (renewed, given back when the relay stops, taken over by
- * others if the relay dies).  While the ack of such a batch will bring
- * the next batch, no claim goes ahead (unless the batch is under half
- * full: the keys are running out), so the relay holds at most four
- * batches: one being acked, one delivered, one claimed ahead, one handed
- * over.  Order per key holds as with claims: the server hands over a key's
- * command only in the transaction that acks the one before it.
+ * ack_handover (db.c) while fewer than RELAY_HANDED handed batches are in
+ * hand: the server leases the next command of each key acked to this
+ * worker in the ack's own transaction, and those leases are a handed
+ * batch, delivered like a claimed one (renewed, given back when the relay
+ * stops, taken over by others if the relay dies), in the order the acks
+ * were sent.  A claim goes ahead only while no handed batch is in hand or
+ * on its way (or one is and the current batch is under half full: its
+ * keys are running out), so that a relay runs up to two chains of keys,
+ * the ack of the one on its way while the other is delivered, and holds
+ * at most five batches: one being acked, one delivered, one claimed
+ * ahead, two handed over.  Order per key holds as with claims: the server
+ * hands over a key's command only in the transaction that acks the one
+ * before it.
  *
  * Idle probe.  After --probe-interval seconds without a delivery, while
  * waiting for work, the relay asks the sink to probe its broker (sink.h)
@@ -120,12 +123,14 @@ static double trace_woke = 0;	/* a notification ended the wait before the
  * one the sink delivers, the next one claimed meanwhile, and the one whose
  * ack is on its way.  Each points into slots, or is NULL.
  */
-static RelayBatch slots[4];
+#define RELAY_HANDED 2
+static RelayBatch slots[3 + RELAY_HANDED];
 static RelayBatch *cur = NULL;
 static RelayBatch *ahead = NULL;
 static RelayBatch *acking = NULL;
-static RelayBatch *handed = NULL;	/* filled by the ack on its way, or
-									 * filled already (see Hand-over) */
+/* the handed batches, oldest first: filled, or to be filled by an ack on its way */
+static RelayBatch *handed[RELAY_HANDED];
+static int	nhanded = 0;
 
 /*
  * Claims ahead that came back empty in a row, and batches to deliver
@@ -661,12 +666,15 @@ take_in_ack(bool wait)
 static void
 renew_held(RelayBatch *batch)
 {
+	int			i;
+
 	take_in_ack(false);
 	maybe_renew(batch);
 	if (ahead != NULL && ahead != batch && !db_async_pending(ahead) && ahead->n > 0)
 		maybe_renew(ahead);
-	if (handed != NULL && handed != batch && !db_async_pending(handed) && handed->n > 0)
-		maybe_renew(handed);
+	for (i = 0; i < nhanded; i++)
+		if (handed[i] != batch && !db_async_pending(handed[i]) && handed[i]->n > 0)
+			maybe_renew(handed[i]);
 }
 
 /* Called by the sink while deliveries are in flight; false interrupts. */
@@ -905,11 +913,17 @@ free_slot(void)
 {
 	int			i;
 
-	for (i = 0; i < 4; i++)
-		if (&slots[i] != cur && &slots[i] != ahead && &slots[i] != acking &&
-			&slots[i] != handed)
+	for (i = 0; i < 3 + RELAY_HANDED; i++)
+	{
+		bool		used = &slots[i] == cur || &slots[i] == ahead || &slots[i] == acking;
+		int			j;
+
+		for (j = 0; j < nhanded; j++)
+			used = used || &slots[i] == handed[j];
+		if (!used)
 			return &slots[i];
-	return NULL;				/* not reached: four slots, four roles */
+	}
+	return NULL;				/* not reached: as many slots as roles */
 }
 
 /* Whether the batch holds a command of an ordering key. */
@@ -925,17 +939,17 @@ batch_ordered(const RelayBatch *batch)
 }
 
 /*
- * Whether the ack of the batch (cur) will hand the next batch over, so
- * that no claim goes ahead: the hand-over is on, the batch holds ordered
- * commands, no handed batch is in hand, and the batch is at least half
- * full (a thinner one: its keys are running out, and a claim ahead fills
- * the gap).
+ * Whether a handed batch in hand or on its way will be the next batch, so
+ * that no claim goes ahead: one is, unless the current batch is under
+ * half full (its keys are running out, and a claim ahead fills the gap)
+ * and there is room for one more chain.
  */
 static bool
 handover_next(const RelayBatch *batch)
 {
-	return relay_opts.handover && relay_opts.stream == NULL && handed == NULL &&
-		batch->n * 2 >= relay_opts.batch && batch_ordered(batch);
+	if (nhanded == 0)
+		return false;
+	return nhanded >= RELAY_HANDED || batch->n * 2 >= relay_opts.batch;
 }
 
 /*
@@ -952,7 +966,7 @@ report_delivered(RelayBatch *batch)
 
 	if (acking != NULL)
 		take_in_ack(true);
-	if (relay_opts.handover && relay_opts.stream == NULL && handed == NULL &&
+	if (relay_opts.handover && relay_opts.stream == NULL && nhanded < RELAY_HANDED &&
 		!relay_stop && !sink_broken && batch_ordered(batch))
 	{
 		acking = batch;			/* so that free_slot does not pick it */
@@ -963,7 +977,7 @@ report_delivered(RelayBatch *batch)
 	{
 		acking = batch;
 		if (into != NULL && db_async_pending(into))
-			handed = into;		/* filled when the ack is in */
+			handed[nhanded++] = into;	/* filled when the ack is in */
 		return;
 	}
 	(void) report_batch(batch);
@@ -1004,20 +1018,21 @@ take_in_ahead(void)
 }
 
 /*
- * The handed batch, once the ack that hands it over is in: the next to
- * deliver, or NULL when it is empty (nothing was handed over, or the ack's
- * connection was lost).
+ * The oldest handed batch, once the ack that hands it over is in: the
+ * next to deliver, or NULL when it is empty (nothing was handed over, or
+ * the ack's connection was lost).
  */
 static RelayBatch *
 take_in_handed(void)
 {
-	RelayBatch *b = handed;
+	RelayBatch *b = handed[0];
 
-	if (db_async_pending(b))
+	if (db_async_pending(b) && acking != NULL)
 		take_in_ack(true);
 	if (db_async_pending(b))
 		db_async_collect(b, true);
-	handed = NULL;
+	memmove(&handed[0], &handed[1], sizeof(RelayBatch *) * (RELAY_HANDED - 1));
+	nhanded--;
 	if (b->n == 0)
 	{
 		batch_free(b);
@@ -1193,7 +1208,7 @@ main(int argc, char **argv)
 		take_in_ack(false);
 		if (cur == NULL && ahead != NULL)
 			cur = take_in_ahead();
-		if (cur == NULL && handed != NULL)
+		while (cur == NULL && nhanded > 0)
 			cur = take_in_handed();
 		if (cur == NULL)
 		{
@@ -1308,9 +1323,10 @@ main(int argc, char **argv)
 	if (ahead != NULL && (batch = take_in_ahead()) != NULL)
 		release_batch(batch, sink_broken ? "delivery not attempted: the sink could not be written" :
 					  "delivery not attempted: the relay stopped");
-	if (handed != NULL && (batch = take_in_handed()) != NULL)
-		release_batch(batch, sink_broken ? "delivery not attempted: the sink could not be written" :
-					  "delivery not attempted: the relay stopped");
+	while (nhanded > 0)
+		if ((batch = take_in_handed()) != NULL)
+			release_batch(batch, sink_broken ? "delivery not attempted: the sink could not be written" :
+						  "delivery not attempted: the relay stopped");
 
 	metrics_stop();
 	db_disconnect();

@@ -5,7 +5,7 @@
 # fatal), sink URLs that exit 2, the kinds
 # filter, lease renewal during a slow delivery, SIGTERM (finish the batch
 # in flight, exit 0), reconnection after a server restart, --help and the
-# exit codes.
+# exit codes; ordered commands handed over by the acks (--handover).
 #
 # The HTTP endpoint is outbox-receiver (built next to the relay), which
 # applies each command through outbox.inbox_accept, a business row and
@@ -251,6 +251,34 @@ produce(@tricky);
 	is(sq("SELECT count(*) FROM outbox.commands WHERE run_id = 'run-050' AND status = 'published'"),
 		'5', 'file sink: all published');
 }
+# ---------------------------------------------------------------------------
+# Ordered commands: the ack of a batch hands the keys' next commands over
+# (outbox.ack_handover), and the relay delivers them next, in key order;
+# with --handover off every command is claimed
+# ---------------------------------------------------------------------------
+for my $mode ('on', 'off')
+{
+	sq(qq{SELECT count(outbox.commit_decision('run-ho-$mode-' || k, s, 'decided', 'ho-$mode-' || k || '-' || s,
+											  'mail', '{}', ordering_key => 'hk-$mode-' || k))
+			FROM (SELECT s, k FROM generate_series(1, 5) s, generate_series(1, 3) k ORDER BY s, k) d});
+	my ($rc, $out, $err) =
+	  run_relay('--dsn', $dsn, '--sink', 'stdout', '--drain', '--batch', '10', '--handover', $mode);
+	is($rc, 0, "ordered, --handover $mode: exit 0");
+	my %seqs;
+	for my $l (split /\n/, $out)
+	{
+		my $o = JSON::PP->new->decode($l);
+		push @{ $seqs{ $o->{run_id} } }, $o->{seq};
+	}
+	is_deeply(\%seqs, { map { ("run-ho-$mode-$_" => [ 1 .. 5 ]) } 1 .. 3 },
+		"ordered, --handover $mode: each key's commands once, in order");
+	like($err, qr/summary: .*claimed=15 delivered=15 acked=15 handed=@{[ $mode eq 'on' ? 12 : 0 ]} /,
+		"ordered, --handover $mode: " . ($mode eq 'on' ? '12 of the 15 handed over by the acks' : 'none handed over'));
+	is(sq(qq{SELECT string_agg(DISTINCT status || ' ' || version || ' ' || deliveries, ',')
+			   FROM outbox.commands WHERE run_id LIKE 'run-ho-$mode-%'}),
+		'published 3 1', "ordered, --handover $mode: each command leased once, then acked");
+}
+
 produce([ 'std-1', 'mail', '{"k": 1}' ], [ 'std-2', 'mail', '{"k": 2}' ]);
 {
 	my ($rc, $out, $err) = run_relay('--dsn', $dsn, '--sink', 'stdout', '--drain');
