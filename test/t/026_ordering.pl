@@ -319,8 +319,9 @@ cmp_ok(sq(q{SELECT count(*) FROM deliveries a JOIN deliveries b
 	'>', 0, 'abandoned leases were taken over');
 cmp_ok(sq(q{SELECT count(*) FROM deliveries WHERE handed AND done = 'acked'}),
 	'>', 0, 'leases handed over by ack_handover were delivered and acked');
-note('handed over and abandoned, then taken over: ' . sq(q{SELECT count(*) FROM deliveries a JOIN deliveries b
-			  ON a.command_id = b.command_id AND a.handed AND a.done = 'abandoned' AND b.id > a.id}));
+cmp_ok(sq(q{SELECT count(*) FROM deliveries a JOIN deliveries b
+			  ON a.command_id = b.command_id AND a.handed AND a.done = 'abandoned' AND b.id > a.id}),
+	'>', 0, 'abandoned leases handed over were taken over when they ran out');
 conservation_clean($node, 'after the drain');
 
 if (!$keyed)
