@@ -22,7 +22,9 @@
 #
 # Settings: SCRIPTS ("outbox hand outbox-batch hand-batch rows-batch";
 # rows-batch is outbox-batch with each decision a JSON array of its values
-# instead of an object), N1 and N2
+# instead of an object; also "stream" and "stream-batch": outbox and
+# outbox-batch with a kind written once into a stream of 8 partitions,
+# this build only), N1 and N2
 # (5 and 105 for the single decisions; a fifth of them for the batches of
 # 100), OLD_PG_CONFIG, OLD_BATCH (params: 0.1.0's six arrays all parsed
 # at every call, as a driver's parameters are, the default; constants: the
@@ -75,6 +77,14 @@ CREATE TABLE hand_events (LIKE outbox.events INCLUDING ALL);
 CREATE TABLE hand_commands (LIKE outbox.commands INCLUDING ALL) WITH (fillfactor = 80);
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
 EOF
+	if [ "$V" = new ]; then
+		# the stream scripts' kind, written once into a stream's log
+		single bench >>"$WORK/setup-$V.log" 2>&1 <<'EOF'
+SELECT outbox.create_stream('s', 8, 1000);
+SELECT outbox.create_subscription('s', 's');
+SELECT outbox.set_policy('lock_stream', stream => 's');
+EOF
+	fi
 	if grep -q ERROR "$WORK/setup-$V.log"; then
 		cat "$WORK/setup-$V.log"
 		exit 1
@@ -91,6 +101,7 @@ input() {
 	local script=$1 n=$2 g i
 	cat <<'EOF'
 TRUNCATE biz, hand_biz, hand_events, hand_commands, outbox.events, outbox.commands;
+PREPARE os(bigint) AS SELECT outbox.commit_decision('run-' || $1, 1, 'trip_requested', 'scmd-' || $1, 'lock_stream', '{"amount": 900, "to": "budget"}');
 PREPARE ib(text) AS INSERT INTO biz (customer, amount) VALUES ($1, 900) RETURNING id;
 PREPARE hb(text) AS INSERT INTO hand_biz (customer, amount) VALUES ($1, 900) RETURNING id;
 PREPARE od(bigint) AS SELECT outbox.commit_decision('run-' || $1, 1, 'trip_requested', 'cmd-' || $1, 'lock_budget', '{"amount": 900, "to": "budget"}');
@@ -126,6 +137,7 @@ EOF
 		echo "PREPARE obt(bigint) AS SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('$(bench_batch_json objects)', \$1::text)::jsonb);"
 		# the same decisions as arrays of their values (commit_decision's order)
 		echo "PREPARE obr(bigint) AS SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('$(bench_batch_json rows)', \$1::text)::jsonb);"
+		echo "PREPARE osb(bigint) AS SELECT count(*) FROM outbox.commit_decisions(pg_catalog.format('$(bench_batch_json objects | sed 's/lock_budget/lock_stream/g; s/cmd-/scmd-/g')', \$1::text)::jsonb);"
 	fi
 	for i in $(seq "$n"); do
 		case $script in
@@ -134,6 +146,10 @@ EOF
 			outbox-batch) echo "BEGIN; EXECUTE ib('c1'); EXECUTE obt($i); COMMIT;" ;;
 			rows-batch) echo "BEGIN; EXECUTE ib('c1'); EXECUTE obr($i); COMMIT;" ;;
 			hand-batch) echo "BEGIN; EXECUTE hb('c1'); EXECUTE hbt($i); COMMIT;" ;;
+			# the stream's log is not truncated between runs: ids of
+			# their own per run
+			stream) echo "BEGIN; EXECUTE ib('c1'); EXECUTE os($((n * 1000000 + i))); COMMIT;" ;;
+			stream-batch) echo "BEGIN; EXECUTE ib('c1'); EXECUTE osb($((n * 1000000 + i))); COMMIT;" ;;
 		esac
 	done
 }
@@ -171,6 +187,7 @@ for s in $SCRIPTS; do
 	b=$N2
 	case $s in *-batch) a=$(((N1 + 4) / 5)); b=$(((N2 + 4) / 5)) ;; esac
 	for V in $VERSIONS; do
+		case $V-$s in old-stream*) continue ;; esac
 		if [ "$V" = old ] && [ "$s" = rows-batch ]; then
 			# 0.1.0's one batch form, against this one too
 			[ -n "${per[oldoutbox-batch]:-}" ] && per[oldrows-batch]=${per[oldoutbox-batch]}
@@ -197,6 +214,12 @@ for V in $VERSIONS; do
 		if [ -n "${per[${V}outbox$k]:-}" ] && [ -n "${per[${V}hand$k]:-}" ]; then
 			awk -v h="${per[${V}hand$k]}" -v o="${per[${V}outbox$k]}" -v k="${k:-single}" -v v="$name" \
 				'BEGIN {printf "ratio hand / outbox (%s%s): %.2f\n", v, k, h / o}'
+		fi
+	done
+	for k in "" -batch; do
+		if [ "$V" = new ] && [ -n "${per[${V}outbox$k]:-}" ] && [ -n "${per[${V}stream$k]:-}" ]; then
+			awk -v r="${per[${V}outbox$k]}" -v t="${per[${V}stream$k]}" -v k="${k:-single}" \
+				'BEGIN {printf "ratio row leases / stream (%s): %.2f\n", k, r / t}'
 		fi
 	done
 	if [ "$V" = new ] && [ -n "${per[${V}rows-batch]:-}" ] && [ -n "${per[${V}hand-batch]:-}" ]; then
