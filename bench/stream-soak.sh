@@ -9,7 +9,8 @@
 # the sizes (tables with their indexes and TOAST, kB) of the stream's
 # relations and of the row-lease tables, and every minute it prints them:
 #
-#   log       the three log tables (stream_log_0/1/2), at the minute
+#   log       the three log tables (stream_log_0/1/2) with their receipts
+#             (stream_receipts_0/1/2, truncated with them), at the minute
 #   log_max   the same, the highest of the minute (the log grows while one
 #             table takes the appends and drops when one is truncated, so
 #             its size at a given second depends on where the rotation is)
@@ -17,7 +18,8 @@
 #   prog      stream_progress (one row per partition, HOT-updated per ack)
 #   ticks     stream_ticks
 #   fail      stream_failures
-#   rcpt      receipts (inserted by complete, deleted by the rotation)
+#   rcpt      outbox.receipts (a stream command's receipt is there only
+#             while the rotation keeps the command in stream_kept)
 #   rows      the row-lease tables (commands, purged), which a stream does
 #             not use
 #   total_max the highest total of all the above in the minute
@@ -31,7 +33,7 @@
 # minute (the target: at most 1.2x), and whether any index was rebuilt
 # (the worker's index upkeep logs every rebuild; an index of the
 # extension whose relfilenode changed other than by the rotation's
-# TRUNCATE of a log table counts as one too).  It never rebuilds anything
+# TRUNCATE of a log table and its receipts counts as one too).  It never rebuilds anything
 # itself.  Run by hand (not part of the tests):
 #
 #   bash bench/stream-soak.sh                          # 30 minutes, 2,000/s
@@ -91,7 +93,8 @@ outbox_give_to_pg_user "$WORK"
 # The sizes, kB: one line "log kept prog ticks fail rcpt rows tomb".
 SIZES="SELECT (SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c
                 WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind = 'r'
-                  AND c.relname IN ('stream_log_0', 'stream_log_1', 'stream_log_2'))::bigint / 1024,
+                  AND c.relname IN ('stream_log_0', 'stream_log_1', 'stream_log_2',
+                                    'stream_receipts_0', 'stream_receipts_1', 'stream_receipts_2'))::bigint / 1024,
        pg_total_relation_size('outbox.stream_kept') / 1024,
        pg_total_relation_size('outbox.stream_progress') / 1024,
        pg_total_relation_size('outbox.stream_ticks') / 1024,
@@ -103,7 +106,7 @@ SIZES="SELECT (SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c
 # and oid.
 RELS="SELECT c.relname, pg_relation_size(c.oid) / 1024, c.relfilenode, c.oid FROM pg_class c
        WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'i')
-         AND c.relname ~ '^(commands|receipts|purged|stream_(log|kept|progress|ticks|failures|purged))'
+         AND c.relname ~ '^(commands|receipts|purged|stream_(log|receipts|kept|progress|ticks|failures|purged))'
        ORDER BY 1"
 q "$RELS" >"$WORK/rels.start"
 
@@ -169,10 +172,11 @@ echo "== total_max (all but the tombstones): minute 5 $m5 kB, minute ${last%% *}
 echo "== index rebuilds"
 echo "start: $(date -u -d "@$start" '+%H:%M:%S') UTC"
 grep -E 'outbox upkeep' "$DATA/server.log" || echo "upkeep log: none"
-# An index (not of a log table, which TRUNCATE gives a new relfilenode)
+# An index (not of a log table or its receipts, which TRUNCATE gives a
+# new relfilenode)
 # whose oid or relfilenode changed since the start.
 changed=$(LC_ALL=C join -t '|' "$WORK/rels.start" "$WORK/rels.end" |
-	awk -F '|' '$1 !~ /^stream_log_/ && ($3 != $6 || $4 != $7) {print $1}')
+	awk -F '|' '$1 !~ /^stream_(log|receipts)_/ && ($3 != $6 || $4 != $7) {print $1}')
 echo "relfilenode or oid changed: ${changed:-none}"
 echo "== producers: $(grep -E '^tps' "$WORK/produce.log" | head -1)"
 echo "== relays:    $(grep -E '^tps' "$WORK/relay.log" | head -1)"

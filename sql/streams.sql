@@ -378,3 +378,65 @@ SELECT count(*) AS next_table_left FROM :next_table;
 SELECT count(*) AS wide_tombstones FROM outbox.stream_purged_commands WHERE command_id LIKE 'wide-%';
 SELECT outbox.drop_subscription('wide-sub');
 SELECT outbox.verify();
+
+-- Receipts of stream commands live next to their log table
+-- (stream_receipts_N for stream_log_N) and leave with it: the rotation
+-- truncates both, deletes no receipt row by row, and moves a kept
+-- command's receipt to outbox.receipts.  rx1 is done (published, its
+-- receipt in), rx2 failed in the subscription (kept, with its receipt),
+-- rx3 has no receipt yet (kept, without one).
+SELECT outbox.create_stream('rc', 1);
+SELECT outbox.create_subscription('rc', 'rc-sub');
+SELECT outbox.set_policy('rc.k', stream => 'rc', retention => '0', completers => ARRAY[current_user::regrole]);
+SELECT count(*) FILTER (WHERE recorded) FROM outbox.commit_decisions(
+	(SELECT jsonb_agg(jsonb_build_object('run_id', 'rx-run', 'seq', i, 'event_kind', 'e',
+			'command_id', 'rx' || i, 'command_kind', 'rc.k', 'payload', '{}'::jsonb))
+	   FROM generate_series(1, 3) i));
+SELECT outbox.tick_streams();
+SELECT count(*) FROM pg_temp.claim('rc', 'rc', 'rc-sub', 'w-rc');
+SELECT outbox.ack_batch('w-rc', (SELECT min(token) FROM b WHERE name = 'rc'), ARRAY['rx2'], ARRAY['later']);
+-- (Moved by hand into the next log table, which the rotation empties
+-- next, emptied by the step above.)
+SELECT format('outbox.stream_log_%s', current) AS rc_cur,
+	   format('outbox.stream_log_%s', (current + 1) % 3) AS rc_log,
+	   format('outbox.stream_receipts_%s', (current + 1) % 3) AS rc_receipts
+  FROM outbox.stream_rotation \gset
+INSERT INTO :rc_log SELECT * FROM :rc_cur WHERE command_id LIKE 'rx_';
+DELETE FROM :rc_cur WHERE command_id LIKE 'rx_';
+SELECT count(*) AS next_table FROM :rc_log;
+-- complete() writes a stream command's receipt next to it, once: a repeat
+-- with the same outcome is false, with another one 23505.
+SELECT outbox.complete('rx-run', 'rx1', 'done') AS first, outbox.complete('rx-run', 'rx1', 'done') AS again;
+SELECT pg_temp.err($$SELECT outbox.complete('rx-run', 'rx1', 'other')$$);
+SELECT outbox.complete('rx-run', 'rx2', 'done');
+SELECT (SELECT string_agg(command_id || ':' || outcome, ',' ORDER BY command_id) FROM :rc_receipts) AS next_to_log,
+	   (SELECT count(*) FROM outbox.receipts WHERE command_id LIKE 'rx_') AS in_receipts;
+-- A receipt in a log table's receipts without its command there is an orphan.
+INSERT INTO :rc_receipts (command_id, outcome, run_id) VALUES ('rx-ghost', 'done', 'rx-run');
+SELECT command_id, purged FROM outbox.check_orphan_receipts;
+DELETE FROM :rc_receipts WHERE command_id = 'rx-ghost';
+SELECT outbox.verify();
+SELECT relfilenode AS rc_node FROM pg_class WHERE oid = :'rc_receipts'::regclass \gset
+SELECT pg_stat_force_next_flush();
+BEGIN;
+SELECT outbox.rotate_streams() AS left_the_log;
+SELECT relname, n_tup_ins, n_tup_del FROM pg_stat_xact_user_tables
+ WHERE schemaname = 'outbox' AND relname ~ '^(stream_)?receipts' ORDER BY relname;
+COMMIT;
+SELECT (SELECT count(*) FROM :rc_log) AS log_left,
+	   (SELECT count(*) FROM :rc_receipts) AS receipts_left,
+	   (SELECT relfilenode <> :rc_node FROM pg_class WHERE oid = :'rc_receipts'::regclass) AS truncated,
+	   (SELECT string_agg(command_id, ',' ORDER BY command_id) FROM outbox.stream_kept WHERE command_id LIKE 'rx_') AS kept,
+	   (SELECT string_agg(command_id || ':' || outcome, ',') FROM outbox.receipts WHERE command_id LIKE 'rx_') AS moved,
+	   (SELECT string_agg(command_id || ':' || outcome, ',') FROM outbox.stream_purged_commands WHERE command_id LIKE 'rx_') AS tombstones;
+-- A consumer's duplicate check still says completed: rx1 by its
+-- tombstone, rx2 by its receipt moved with it; rx3 is completed now, and
+-- its receipt goes to outbox.receipts (its command is kept).
+SELECT outbox.complete('rx-run', 'rx1', 'done') AS rx1_again, outbox.complete('rx-run', 'rx2', 'done') AS rx2_again;
+SELECT pg_temp.err($$SELECT outbox.complete('rx-run', 'rx1', 'other')$$);
+SELECT pg_temp.err($$SELECT outbox.complete('rx-run', 'rx2', 'other')$$);
+SELECT outbox.complete('rx-run', 'rx3', 'done') AS rx3_first, outbox.complete('rx-run', 'rx3', 'done') AS rx3_again;
+SELECT string_agg(command_id || ':' || outcome, ',' ORDER BY command_id) AS receipts
+  FROM outbox.receipts WHERE command_id LIKE 'rx_';
+SELECT outbox.verify();
+SELECT outbox.drop_subscription('rc-sub');

@@ -11,7 +11,13 @@
  * complete() takes a FOR KEY SHARE lock on the command while it inserts
  * the receipt, so a concurrent purge cannot remove the command in between
  * (a stream command's log table is truncated only by a rotation, whose
- * ACCESS EXCLUSIVE lock waits for the reader's transaction);
+ * ACCESS EXCLUSIVE lock waits for the reader's transaction).  A stream
+ * command's receipt goes next to it: into stream_receipts_N for a command
+ * in stream_log_N (truncated with it, docs/streams.md), into
+ * outbox.receipts for a command the rotation kept (stream_kept), as for a
+ * command of outbox.commands; the rotation moves a command and its
+ * receipt together under that lock, so the statement that finds the
+ * command writes the receipt where the rotation will look for it;
  * the receipt is inserted with ON CONFLICT DO NOTHING, so two concurrent
  * completions of one command record one receipt and exactly one of them
  * returns true.  It refuses a kind whose completers (outbox.set_policy) do
@@ -102,13 +108,17 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 									"   WHERE command_id OPERATOR(pg_catalog.=) $1"
 									"     AND run_id OPERATOR(pg_catalog.=) $4 FOR KEY SHARE),"
 									" c AS ("
-									"  SELECT r.command_id, r.kind FROM r"
+									"  SELECT r.command_id, r.kind, -1 AS t FROM r"
 									"  UNION ALL"
-									"  (SELECT l.command_id, l.kind FROM outbox._stream_log l"
+									"  (SELECT l.command_id, l.kind, l.t FROM ("
+									"     SELECT command_id, run_id, kind, 0 AS t FROM outbox.stream_log_0"
+									"     UNION ALL SELECT command_id, run_id, kind, 1 FROM outbox.stream_log_1"
+									"     UNION ALL SELECT command_id, run_id, kind, 2 FROM outbox.stream_log_2"
+									"     UNION ALL SELECT command_id, run_id, kind, 3 FROM outbox.stream_kept) l"
 									"    WHERE l.command_id OPERATOR(pg_catalog.=) $1"
 									"      AND l.run_id OPERATOR(pg_catalog.=) $4 LIMIT 1)),"
 									" ok AS ("
-									"  SELECT c.command_id FROM c"
+									"  SELECT c.command_id, c.t FROM c"
 									"   WHERE NOT EXISTS (SELECT 1 FROM outbox.policies p"
 									"                      WHERE p.kind OPERATOR(pg_catalog.=) c.kind"
 									"                        AND p.completers IS NOT NULL"
@@ -116,9 +126,23 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 									" i AS ("
 									"  INSERT INTO outbox.receipts (command_id, outcome, detail, run_id)"
 									"  SELECT command_id, $2, $3, $4 FROM ok"
+									"   WHERE ok.t OPERATOR(pg_catalog.=) -1 OR ok.t OPERATOR(pg_catalog.=) 3"
+									"  ON CONFLICT DO NOTHING RETURNING 1),"
+									" i0 AS ("
+									"  INSERT INTO outbox.stream_receipts_0 (command_id, outcome, detail, run_id)"
+									"  SELECT command_id, $2, $3, $4 FROM ok WHERE ok.t OPERATOR(pg_catalog.=) 0"
+									"  ON CONFLICT DO NOTHING RETURNING 1),"
+									" i1 AS ("
+									"  INSERT INTO outbox.stream_receipts_1 (command_id, outcome, detail, run_id)"
+									"  SELECT command_id, $2, $3, $4 FROM ok WHERE ok.t OPERATOR(pg_catalog.=) 1"
+									"  ON CONFLICT DO NOTHING RETURNING 1),"
+									" i2 AS ("
+									"  INSERT INTO outbox.stream_receipts_2 (command_id, outcome, detail, run_id)"
+									"  SELECT command_id, $2, $3, $4 FROM ok WHERE ok.t OPERATOR(pg_catalog.=) 2"
 									"  ON CONFLICT DO NOTHING RETURNING 1)"
 									"SELECT EXISTS (SELECT 1 FROM c), EXISTS (SELECT 1 FROM ok),"
-									"       EXISTS (SELECT 1 FROM i)",
+									"       EXISTS (SELECT 1 FROM i) OR EXISTS (SELECT 1 FROM i0)"
+									"       OR EXISTS (SELECT 1 FROM i1) OR EXISTS (SELECT 1 FROM i2)",
 									5, argtypes),
 					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "outbox: complete failed");
@@ -147,7 +171,9 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 									"    AND c.run_id OPERATOR(pg_catalog.=) $4"
 									" UNION ALL "
 									" SELECT r.outcome, false, 1"
-									"   FROM outbox.receipts r"
+									"   FROM (SELECT s.command_id, s.run_id, s.outcome FROM outbox.receipts s"
+									"         UNION ALL"
+									"         SELECT s.command_id, s.run_id, s.outcome FROM outbox._stream_receipts s) r"
 									"  WHERE r.command_id OPERATOR(pg_catalog.=) $1"
 									"    AND r.run_id OPERATOR(pg_catalog.=) $4"
 									"    AND EXISTS (SELECT 1 FROM outbox._stream_log l"

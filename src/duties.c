@@ -235,6 +235,7 @@ du_lock_stream_tables(void)
 {
 	static const char *const names[] = {"streams", "subscriptions", "stream_ticks",
 		"stream_log_0", "stream_log_1", "stream_log_2", "stream_kept",
+		"stream_receipts_0", "stream_receipts_1", "stream_receipts_2",
 		"stream_rotation", "stream_progress", "stream_failures",
 	"_stream_log", "stream_log_id_seq"};
 	Oid			nsp = get_namespace_oid("outbox", true);

@@ -41,6 +41,21 @@ SELECT l.id, l.xid, l.stream_id, l.part, l.command_id, l.run_id, l.seq, l.kind,
 COMMENT ON VIEW @extschema@._stream_log
 	IS 'internal: every row of the stream log (the three log tables and the kept rows)';
 
+-- Every receipt of a stream command: those of the commands in the three
+-- log tables (stream_receipts_0..2, truncated with their table) and those
+-- of the kept commands, in outbox.receipts.  Internal.
+CREATE VIEW @extschema@._stream_receipts AS
+SELECT r.command_id, r.outcome, r.detail, r.completed_at, r.run_id
+  FROM @extschema@.stream_receipts_0 r
+UNION ALL
+SELECT r.command_id, r.outcome, r.detail, r.completed_at, r.run_id
+  FROM @extschema@.stream_receipts_1 r
+UNION ALL
+SELECT r.command_id, r.outcome, r.detail, r.completed_at, r.run_id
+  FROM @extschema@.stream_receipts_2 r;
+COMMENT ON VIEW @extschema@._stream_receipts
+	IS 'internal: the receipts of the commands in the three stream log tables (a kept command''s is in outbox.receipts)';
+
 -- The leased commands of a batch, as claim_batch returns them (the token
 -- is the C function's to add).
 CREATE TYPE @extschema@.stream_lease AS (
@@ -1180,14 +1195,18 @@ $$;
 -- The next one (which takes over at the next switch) is emptied once every
 -- command in it is past its kind's retention: the commands that are done
 -- (_stream_acked) leave tombstones in outbox.stream_purged, one row per
--- chunk of up to 1,000 of them (their receipts go with them, as the purge
--- does); the others, stragglers, are copied to
+-- chunk of up to 1,000 of them, with their receipts' outcomes; the others,
+-- stragglers, are copied to
 -- stream_kept, so that one slow subscription or a missing receipt never
--- pins a table; then, under an ACCESS EXCLUSIVE lock waited for at most
--- 100 ms (a producer or claim holding the table makes the step try again
--- later, and every change of the step is rolled back), the table is
--- checked to hold only the rows seen (a transaction that appended late
--- makes the step try again) and truncated.  The producers' statement
+-- pins a table; then, under ACCESS EXCLUSIVE locks on the table and its
+-- receipts (stream_receipts_N) waited for at most
+-- 100 ms (a producer, claim or complete() holding the table makes the step
+-- try again later, and every change of the step is rolled back), the table
+-- and its receipts are checked to hold only the rows seen (a transaction
+-- that appended or completed late makes the step try again), the kept
+-- commands' receipts are copied to outbox.receipts, and both tables are
+-- truncated together: no receipt of a stream command in a log table is
+-- deleted row by row.  The producers' statement
 -- locks all three tables, so once the lock is held no statement can still
 -- append to the table from before the switch that retired it.  The switch
 -- to the next table comes once the current one has taken the appends for
@@ -1204,6 +1223,7 @@ DECLARE
 	sw pg_catalog.timestamptz;
 	nxt pg_catalog.int4;
 	nm pg_catalog.text;
+	rn pg_catalog.text;
 	dflt pg_catalog.interval := pg_catalog.current_setting('outbox.retention')::pg_catalog.interval;
 	every pg_catalog.interval := pg_catalog.current_setting('outbox.stream_rotation')::pg_catalog.interval;
 	lim pg_catalog.int4 := pg_catalog.current_setting('outbox.purge_batch')::pg_catalog.int4;
@@ -1211,6 +1231,7 @@ DECLARE
 	young pg_catalog.bool;
 	kept pg_catalog.int8;
 	gone pg_catalog.int8;
+	receipted pg_catalog.int8;
 	total pg_catalog.int8;
 	n pg_catalog.int4 := 0;
 	saved_timeout pg_catalog.text := pg_catalog.current_setting('lock_timeout');
@@ -1269,6 +1290,7 @@ BEGIN
 	-- Empty the next table.
 	nxt := (cur OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog.%) 3;
 	nm := pg_catalog.format('@extschema@.%I', 'stream_log_' OPERATOR(pg_catalog.||) nxt);
+	rn := pg_catalog.format('@extschema@.%I', 'stream_receipts_' OPERATOR(pg_catalog.||) nxt);
 	EXECUTE pg_catalog.format('SELECT EXISTS (SELECT 1 FROM %s)', nm) INTO busy;
 	IF busy THEN
 		EXECUTE pg_catalog.format(
@@ -1290,10 +1312,11 @@ BEGIN
 				'         AND NOT l.command_id OPERATOR(pg_catalog.=) ANY (SELECT f.command_id FROM @extschema@.stream_failures f)'
 				'         AND (NOT l.kind OPERATOR(pg_catalog.=) ANY (SELECT q.kind FROM @extschema@.policies q'
 				'                                                  WHERE q.completers IS NOT NULL)'
-				'              OR r.command_id IS NOT NULL) AS done'
-				'    FROM %s l'
+				'              OR r.command_id IS NOT NULL) AS done,'
+				'         r.outcome AS receipt_outcome'
+				'    FROM %1$s l'
 				'    LEFT JOIN a ON a.stream_id OPERATOR(pg_catalog.=) l.stream_id AND a.part OPERATOR(pg_catalog.=) l.part'
-				'    LEFT JOIN @extschema@.receipts r'
+				'    LEFT JOIN %2$s r'
 				'      ON r.command_id OPERATOR(pg_catalog.=) l.command_id AND r.run_id OPERATOR(pg_catalog.=) l.run_id),'
 				' k AS ('
 				'  INSERT INTO @extschema@.stream_kept (id, xid, stream_id, part, command_id, run_id, seq, kind,'
@@ -1315,26 +1338,36 @@ BEGIN
 				'         pg_catalog.array_agg(g.created_at ORDER BY g.created_at, g.command_id),'
 				'         pg_catalog.array_agg(g.outcome ORDER BY g.created_at, g.command_id)'
 				'    FROM (SELECT x.stream_id, x.command_id, x.run_id, x.seq, x.kind, x.created_at,'
-				'                 COALESCE(r.outcome, ''published'') AS outcome,'
+				'                 COALESCE(x.receipt_outcome, ''published'') AS outcome,'
 				'                 (pg_catalog.row_number() OVER (PARTITION BY x.stream_id ORDER BY x.created_at, x.command_id)'
 				'                  OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) 1000 AS chunk'
-				'            FROM x LEFT JOIN @extschema@.receipts r'
-				'              ON r.command_id OPERATOR(pg_catalog.=) x.command_id AND r.run_id OPERATOR(pg_catalog.=) x.run_id'
-				'           WHERE x.done) g'
-				'   GROUP BY g.stream_id, g.chunk),'
-				' d AS ('
-				'  DELETE FROM @extschema@.receipts r USING x'
-				'   WHERE x.done AND r.command_id OPERATOR(pg_catalog.=) x.command_id AND r.run_id OPERATOR(pg_catalog.=) x.run_id)'
-				'SELECT (SELECT pg_catalog.count(*) FROM k), (SELECT pg_catalog.count(*) FROM x WHERE x.done)', nm)
-				INTO kept, gone;
+				'            FROM x WHERE x.done) g'
+				'   GROUP BY g.stream_id, g.chunk)'
+				'SELECT (SELECT pg_catalog.count(*) FROM k), (SELECT pg_catalog.count(*) FROM x WHERE x.done),'
+				'       (SELECT pg_catalog.count(*) FROM x WHERE x.receipt_outcome IS NOT NULL)', nm, rn)
+				INTO kept, gone, receipted;
 			PERFORM pg_catalog.set_config('lock_timeout', '100ms', true);
-			EXECUTE pg_catalog.format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', nm);
+			EXECUTE pg_catalog.format('LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE', nm, rn);
 			PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
 			EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', nm) INTO total;
 			IF total OPERATOR(pg_catalog.<>) (kept OPERATOR(pg_catalog.+) gone) THEN
 				RAISE EXCEPTION 'a late append' USING ERRCODE = 'lock_not_available';
 			END IF;
-			EXECUTE pg_catalog.format('TRUNCATE %s', nm);
+			-- every receipt of the table is one of a row seen above (complete()
+			-- writes one only next to its command), so the same count is the
+			-- same receipts: a late one makes the step try again
+			EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s', rn) INTO total;
+			IF total OPERATOR(pg_catalog.<>) receipted THEN
+				RAISE EXCEPTION 'a late receipt' USING ERRCODE = 'lock_not_available';
+			END IF;
+			-- the kept commands take their receipts along
+			EXECUTE pg_catalog.format(
+				'INSERT INTO @extschema@.receipts (command_id, outcome, detail, completed_at, run_id)'
+				' SELECT r.command_id, r.outcome, r.detail, r.completed_at, r.run_id FROM %s r'
+				'  WHERE EXISTS (SELECT 1 FROM @extschema@.stream_kept k'
+				'                 WHERE k.command_id OPERATOR(pg_catalog.=) r.command_id'
+				'                   AND k.run_id OPERATOR(pg_catalog.=) r.run_id)', rn);
+			EXECUTE pg_catalog.format('TRUNCATE %s, %s', nm, rn);
 			n := n OPERATOR(pg_catalog.+) gone::pg_catalog.int4;
 		EXCEPTION WHEN lock_not_available THEN
 			-- (the block's changes are rolled back) try again at the next step
@@ -1427,7 +1460,7 @@ COMMENT ON VIEW @extschema@.stream_failed
 	IS 'stream commands that failed in a subscription: retry (due at available_at), dead, or waiting behind their ordering key';
 
 -- Privileges (part 90 holds the model).
-REVOKE ALL ON @extschema@._stream_log, @extschema@.stream_lag, @extschema@.stream_batches,
+REVOKE ALL ON @extschema@._stream_log, @extschema@._stream_receipts, @extschema@.stream_lag, @extschema@.stream_batches,
 	@extschema@.stream_failed, @extschema@.stream_purged_commands FROM PUBLIC;
 REVOKE ALL ON SEQUENCE @extschema@.stream_log_id_seq FROM PUBLIC;
 REVOKE ALL ON TYPE @extschema@.stream_lease FROM PUBLIC;

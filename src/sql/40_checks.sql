@@ -99,7 +99,9 @@ COMMENT ON COLUMN @extschema@.check_orphan_commands.problem
 -- Invariant 3: every receipt references an existing command.  The purge
 -- removes a receipt with its command, so a tombstone does not excuse one;
 -- the purged column tells a receipt the purge left behind from one that
--- never had a command.
+-- never had a command.  A receipt of a stream command in a log table
+-- (stream_receipts_N) must have its command in that same table
+-- (stream_log_N), with which the rotation truncates it.
 CREATE VIEW @extschema@.check_orphan_receipts WITH (security_barrier) AS
 SELECT r.command_id, r.outcome, r.completed_at,
 	   EXISTS (SELECT 1 FROM @extschema@.purged p
@@ -116,7 +118,27 @@ SELECT r.command_id, r.outcome, r.completed_at,
  WHERE NOT EXISTS (SELECT 1 FROM @extschema@.commands c
 					WHERE c.command_id OPERATOR(pg_catalog.=) r.command_id
 					  AND c.run_id OPERATOR(pg_catalog.=) r.run_id)
-   AND l.command_id IS NULL;
+   AND l.command_id IS NULL
+UNION ALL
+SELECT r.command_id, r.outcome, r.completed_at,
+	   t.command_id IS NOT NULL
+  FROM (SELECT x.command_id, x.run_id, x.outcome, x.completed_at, 0 AS n FROM @extschema@.stream_receipts_0 x
+		UNION ALL
+		SELECT x.command_id, x.run_id, x.outcome, x.completed_at, 1 FROM @extschema@.stream_receipts_1 x
+		UNION ALL
+		SELECT x.command_id, x.run_id, x.outcome, x.completed_at, 2 FROM @extschema@.stream_receipts_2 x) r
+  LEFT JOIN (SELECT x.command_id, x.run_id, 0 AS n FROM @extschema@.stream_log_0 x
+			 UNION ALL
+			 SELECT x.command_id, x.run_id, 1 FROM @extschema@.stream_log_1 x
+			 UNION ALL
+			 SELECT x.command_id, x.run_id, 2 FROM @extschema@.stream_log_2 x) l
+	ON l.command_id OPERATOR(pg_catalog.=) r.command_id
+   AND l.run_id OPERATOR(pg_catalog.=) r.run_id
+   AND l.n OPERATOR(pg_catalog.=) r.n
+  LEFT JOIN (SELECT x.command_id, x.run_id FROM @extschema@.stream_purged_commands x) t
+	ON t.command_id OPERATOR(pg_catalog.=) r.command_id
+   AND t.run_id OPERATOR(pg_catalog.=) r.run_id
+ WHERE l.command_id IS NULL;
 COMMENT ON VIEW @extschema@.check_orphan_receipts
 	IS 'conservation check (error): receipts whose command does not exist; empty when healthy';
 

@@ -448,6 +448,36 @@ CREATE TABLE @extschema@.stream_log_2 (
 );
 CREATE INDEX stream_log_2_batch_idx ON @extschema@.stream_log_2 (stream_id, part, xid);
 CREATE INDEX stream_log_2_command_idx ON @extschema@.stream_log_2 (command_id);
+-- The receipts of the stream commands in each log table (complete() of a
+-- command in stream_log_N writes stream_receipts_N), truncated with their
+-- log table by the rotation: no receipt of a stream command is ever
+-- deleted row by row, so a held xmin horizon leaves no dead index entries
+-- behind.  A command the rotation kept (stream_kept) has its receipt in
+-- outbox.receipts, moved there with it.  Columns as in outbox.receipts.
+CREATE TABLE @extschema@.stream_receipts_0 (
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	outcome		pg_catalog.text NOT NULL,
+	detail		pg_catalog.jsonb,
+	completed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	CONSTRAINT stream_receipts_0_pkey PRIMARY KEY (command_id)
+);
+CREATE TABLE @extschema@.stream_receipts_1 (
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	outcome		pg_catalog.text NOT NULL,
+	detail		pg_catalog.jsonb,
+	completed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	CONSTRAINT stream_receipts_1_pkey PRIMARY KEY (command_id)
+);
+CREATE TABLE @extschema@.stream_receipts_2 (
+	command_id	pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	outcome		pg_catalog.text NOT NULL,
+	detail		pg_catalog.jsonb,
+	completed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
+	run_id		pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
+	CONSTRAINT stream_receipts_2_pkey PRIMARY KEY (command_id)
+);
 -- Commands a rotation kept (stragglers: not yet completed, or failed in a
 -- subscription, or within retention), moved out of a log table before it
 -- was truncated; removed by the rotation once they are done.
@@ -584,6 +614,9 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_0', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_1', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_log_2', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_kept', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_receipts_0', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_receipts_1', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_receipts_2', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_purged', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_progress', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.stream_failures', '');
@@ -594,6 +627,9 @@ COMMENT ON TABLE @extschema@.stream_log_0 IS 'stream log, table 0 of 3 (insert-o
 COMMENT ON TABLE @extschema@.stream_log_1 IS 'stream log, table 1 of 3 (insert-only; truncated by the rotation)';
 COMMENT ON TABLE @extschema@.stream_log_2 IS 'stream log, table 2 of 3 (insert-only; truncated by the rotation)';
 COMMENT ON TABLE @extschema@.stream_kept IS 'stream commands a rotation moved out of a log table before truncating it';
+COMMENT ON TABLE @extschema@.stream_receipts_0 IS 'receipts of the commands in stream_log_0 (truncated with it by the rotation)';
+COMMENT ON TABLE @extschema@.stream_receipts_1 IS 'receipts of the commands in stream_log_1 (truncated with it by the rotation)';
+COMMENT ON TABLE @extschema@.stream_receipts_2 IS 'receipts of the commands in stream_log_2 (truncated with it by the rotation)';
 COMMENT ON TABLE @extschema@.stream_purged IS 'tombstones of stream commands removed by the rotation, in chunks of parallel arrays';
 COMMENT ON TABLE @extschema@.stream_rotation IS 'the log table the producers append to (one row)';
 COMMENT ON TABLE @extschema@.stream_progress IS 'per subscription and partition: the last acked tick and the open batch''s lease';

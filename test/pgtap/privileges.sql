@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(266);
+SELECT plan(274);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -303,6 +303,12 @@ INSERT INTO expected VALUES
 	 $$SELECT count(*) FROM outbox.stream_log_2$$),
 	('outbox.stream_kept', 'relation', '{}', NULL,
 	 $$SELECT count(*) FROM outbox.stream_kept$$),
+	('outbox.stream_receipts_0', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_receipts_0$$),
+	('outbox.stream_receipts_1', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_receipts_1$$),
+	('outbox.stream_receipts_2', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox.stream_receipts_2$$),
 	('outbox.stream_purged', 'relation', '{}', NULL,
 	 $$SELECT count(*) FROM outbox.stream_purged$$),
 	('outbox.stream_purged_commands', 'relation', '{outbox_admin,pg_monitor}', NULL,
@@ -317,6 +323,8 @@ INSERT INTO expected VALUES
 	 $$SELECT count(*) FROM outbox.stream_log_id_seq$$),
 	('outbox._stream_log', 'relation', '{}', NULL,
 	 $$SELECT count(*) FROM outbox._stream_log$$),
+	('outbox._stream_receipts', 'relation', '{}', NULL,
+	 $$SELECT count(*) FROM outbox._stream_receipts$$),
 	-- views: monitoring roles read them
 	('outbox.stats', 'relation', '{outbox_admin,pg_monitor}', NULL,
 	 $$SELECT count(*) FROM outbox.stats$$),

@@ -1,10 +1,11 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(64);
+SELECT plan(65);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results', 'lease_key',
 	'streams', 'subscriptions', 'stream_ticks', 'stream_log_0', 'stream_log_1', 'stream_log_2', 'stream_kept',
+	'stream_receipts_0', 'stream_receipts_1', 'stream_receipts_2',
 	'stream_purged', 'stream_rotation', 'stream_progress', 'stream_failures']);
 
 -- events
@@ -101,7 +102,8 @@ SELECT set_eq($$SELECT unnest(extconfig)::regclass::text FROM pg_extension WHERE
 	ARRAY['outbox.events', 'outbox.commands', 'outbox.receipts', 'outbox.inbox', 'outbox.policies', 'outbox.purged',
 		  'outbox.consumers', 'outbox.streams', 'outbox.subscriptions', 'outbox.stream_ticks',
 		  'outbox.stream_log_id_seq', 'outbox.stream_log_0', 'outbox.stream_log_1', 'outbox.stream_log_2',
-		  'outbox.stream_kept', 'outbox.stream_purged', 'outbox.stream_progress', 'outbox.stream_failures'],
+		  'outbox.stream_kept', 'outbox.stream_receipts_0', 'outbox.stream_receipts_1', 'outbox.stream_receipts_2',
+		  'outbox.stream_purged', 'outbox.stream_progress', 'outbox.stream_failures'],
 	'every data table is registered with pg_extension_config_dump');
 
 -- streams: the log is written once, with two indexes per table and no
@@ -111,6 +113,12 @@ SELECT is((SELECT pg_catalog.array_agg(c.relname || ':' || (SELECT count(*) FROM
 	FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace AND c.relname ~ '^stream_(log_[012]|kept)$'),
 	ARRAY['stream_kept:2:0', 'stream_log_0:2:0', 'stream_log_1:2:0', 'stream_log_2:2:0'],
 	'each stream log table has two indexes, none unique');
+-- the receipts of each log table: keyed by command_id, as outbox.receipts
+SELECT is((SELECT pg_catalog.array_agg(c.relname || ':' || (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+	ORDER BY c.relname)
+	FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace AND c.relname ~ '^stream_receipts_[012]$'),
+	ARRAY['stream_receipts_0:1', 'stream_receipts_1:1', 'stream_receipts_2:1'],
+	'each stream log table has its receipts table, keyed by command_id');
 SELECT ok((SELECT reloptions @> ARRAY['fillfactor=50'] FROM pg_class WHERE oid = 'outbox.stream_progress'::regclass),
 	'stream_progress leaves room for the new versions of its rows (HOT updates)');
 SELECT throws_ok($$INSERT INTO outbox.streams (stream, stream_id, partitions, batch_size) VALUES ('x', 99, 257, 1)$$,
@@ -124,7 +132,7 @@ SELECT has_function('outbox', 'claim', ARRAY['text', 'integer', 'interval', 'tex
 SELECT is((SELECT count(*)::int FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 	WHERE n.nspname = 'outbox' AND p.proisstrict), 0, 'no API function is STRICT');
 SELECT is((SELECT count(*)::int FROM pg_description d JOIN pg_class c ON c.oid = d.objoid AND d.classoid = 'pg_class'::regclass
-	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 20,
+	JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'outbox' AND c.relkind = 'r' AND d.objsubid = 0), 23,
 	'every table has a comment');
 
 -- identifiers compare byte by byte: every run, command, kind and consumer
@@ -144,6 +152,8 @@ SELECT set_eq($$SELECT c.relname || '.' || a.attname FROM pg_attribute a
 		  'stream_log_1.command_id', 'stream_log_1.run_id', 'stream_log_1.kind', 'stream_log_1.ordering_key',
 		  'stream_log_2.command_id', 'stream_log_2.run_id', 'stream_log_2.kind', 'stream_log_2.ordering_key',
 		  'stream_kept.command_id', 'stream_kept.run_id', 'stream_kept.kind', 'stream_kept.ordering_key',
+		  'stream_receipts_0.command_id', 'stream_receipts_0.run_id', 'stream_receipts_1.command_id',
+		  'stream_receipts_1.run_id', 'stream_receipts_2.command_id', 'stream_receipts_2.run_id',
 		  'stream_purged.first_command', 'stream_purged.command_ids', 'stream_purged.run_ids', 'stream_purged.kinds',
 		  'stream_progress.subscription', 'stream_failures.subscription', 'stream_failures.command_id',
 		  'stream_failures.run_id', 'stream_failures.kind', 'stream_failures.ordering_key'],

@@ -102,6 +102,9 @@ SELECT outbox.ack_batch('w-s', (SELECT min(token) FROM sb), ARRAY['s3'], ARRAY['
 SELECT outbox.commit_decision('run-s', 4, 'e', 's4', 'k-stream', '{"n": 4}');}),
 	"2
 t", 'the source has a stream with a batch acked and a command after it');
+is( sql($node, 'src', q{SELECT outbox.complete('run-s', 's1', 'done', '{"ref": "s-1"}');
+SELECT count(*) FROM outbox._stream_receipts WHERE command_id = 's1';}),
+	"t\n1", '... and a receipt of a stream command, next to its log table');
 
 is( sql($node, 'src', q{SELECT string_agg(status, ',' ORDER BY status) FROM
 		(SELECT DISTINCT status FROM outbox.commands) s}),
@@ -121,6 +124,9 @@ my %keys = (
 	streams  => 'stream',
 	subscriptions => 'subscription',
 	stream_log_0 => 'id',
+	stream_receipts_0 => 'command_id',
+	stream_receipts_1 => 'command_id',
+	stream_receipts_2 => 'command_id',
 	stream_progress => 'subscription, part',
 	stream_failures => 'subscription, command_id');
 
@@ -213,13 +219,15 @@ SELECT outbox.tick_streams() >= 0;
 CREATE TEMP TABLE sb AS SELECT * FROM outbox.claim_batch('st', 'st-sub', 'w-s');
 SELECT string_agg(command_id, ',' ORDER BY batch_id, command_id) FROM sb;
 SELECT outbox.ack_batch('w-s', (SELECT min(token) FROM sb));
-SELECT status FROM outbox.stream_failed WHERE command_id = 's3';}),
+SELECT status FROM outbox.stream_failed WHERE command_id = 's3';
+SELECT outbox.complete('run-s', 's1', 'done');}),
 		"t
 t
 s4,s5
 2
-retry",
-		"$where: the stream goes on from where it was dumped");
+retry
+f",
+		"$where: the stream goes on from where it was dumped (its receipt still answers)");
 	is( sql($n, 'dst', q{SELECT string_agg(check_name || '=' || violations, ',' ORDER BY check_name)
 			FROM outbox.conservation WHERE violations > 0}),
 		'', "$where: still clean afterwards");
