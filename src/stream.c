@@ -319,7 +319,8 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	SPITupleTable *rows;
 	uint64		nrows;
 	uint64		i;
-	bool		fresh;
+	bool		may_tick;
+	bool		ticked = false;
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	args[0] = PointerGetDatum(stream);
@@ -329,30 +330,45 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	if (PG_ARGISNULL(3))
 		nulls[3] = 'n';
 	args[4] = ObjectIdGetDatum(caller);
-	/* (whether the caller's transaction has written: before the claim, which locks rows) */
-	fresh = !TransactionIdIsValid(GetTopTransactionIdIfAny());
+	/*
+	 * Whether this claim may cut the ticks the commits wait for (taking
+	 * them from the worker): not in a transaction that has written (its own
+	 * decisions would be in the tick before they commit), nor in one that
+	 * reads a single snapshot (REPEATABLE READ or SERIALIZABLE: the tick's
+	 * snapshot would be older than the last one).  Asked before the claim,
+	 * which locks rows.
+	 */
+	may_tick = !TransactionIdIsValid(GetTopTransactionIdIfAny()) &&
+		!IsolationUsesXactSnapshot();
 	SPI_connect();
+
+	/*
+	 * Commits wait for a tick: cut it here, then claim, rather than leave
+	 * the worker to cut it (at most one per outbox.notify_interval while the
+	 * publishers are busy) and a busy publisher to claim without what
+	 * committed while it delivered: its claim takes all of it, as on the
+	 * row path.  The other publishers are told at commit (OUTBOX_DUE_NOW),
+	 * as after a decision; a tick that is rolled back goes back to the
+	 * worker (OutboxTakeStreamTick).
+	 */
+	if (may_tick && OutboxTakeStreamTick() && st_tick() > 0)
+	{
+		OutboxDueAtCommit(OUTBOX_DUE_NOW);
+		ticked = true;
+	}
 	st_claim_rows(&plan, args, nulls);
 	/* (the token's lease key may be read by SPI: keep the result) */
 	rows = SPI_tuptable;
 	nrows = SPI_processed;
 	/*
-	 * Nothing, while commits wait for a tick: take it from the worker, cut
-	 * it here and claim again, rather than leave the worker to cut it when
-	 * this empty claim tells it that a publisher waits, and then to notify:
-	 * a busy publisher's next claim takes what committed while it
-	 * delivered, as on the row path.  Not in a transaction that has
-	 * written (its own decisions would be in the tick before they commit),
-	 * nor in one that reads a single snapshot (REPEATABLE READ or
-	 * SERIALIZABLE: the tick's snapshot would be older than the last one).
-	 * The other publishers are told at commit (OUTBOX_DUE_NOW), as after a
-	 * decision; a tick that is rolled back goes back to the worker
-	 * (OutboxTakeStreamTick).
+	 * Nothing, and a commit has raised a tick since (the worker's tick was
+	 * under way when this claim began, or came after it): cut it too and
+	 * claim again, rather than wait for the worker's tick to notify.
 	 */
-	if (nrows == 0 && fresh && !IsolationUsesXactSnapshot() &&
-		OutboxTakeStreamTick() && st_tick() > 0)
+	if (nrows == 0 && may_tick && OutboxTakeStreamTick() && st_tick() > 0)
 	{
-		OutboxDueAtCommit(OUTBOX_DUE_NOW);
+		if (!ticked)
+			OutboxDueAtCommit(OUTBOX_DUE_NOW);
 		st_claim_rows(&plan, args, nulls);
 		rows = SPI_tuptable;
 		nrows = SPI_processed;

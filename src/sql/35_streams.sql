@@ -232,8 +232,8 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 -- was ticking it (its tick may not see a commit that this one would: the
 -- worker tries again).  The background worker calls it when a commit that
 -- appended to a stream wakes it (and every outbox.naptime), and notifies
--- the publishers from the same transaction; claim_batch calls it when it
--- found nothing while commits wait for a tick (src/stream.c).  Per
+-- the publishers from the same transaction; claim_batch calls it when
+-- commits wait for a tick, before it claims (src/stream.c).  Per
 -- stream: its row locked, its last tick read, then one statement, in one
 -- snapshot, that finds the partitions with commands the last tick does not
 -- see (the rows of each partition's index from the last tick's xmax, and

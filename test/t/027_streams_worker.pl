@@ -85,7 +85,7 @@ is(join(',', sort keys %delivered), 'c-long,c-short,c1', 'every command was deli
 
 # --- a tick that skipped the stream is cut again ----------------------------------
 # While another transaction ticks the stream (here tick_streams() in an
-# open transaction, as a claim_batch that finds nothing does), the
+# open transaction, as a claim_batch that cuts a tick does), the
 # worker's tick skips it; the commit that woke the worker is then ticked
 # once the stream is free, by the worker trying again (with a one-minute
 # nap and no other commit, nothing else would tick it in time).
