@@ -72,8 +72,12 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "common/hashfn.h"
+#include "common/int.h"
 #include "executor/executor.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -88,6 +92,7 @@
 #include "utils/rel.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
+#include "utils/xid8.h"
 
 #include "outbox.h"
 
@@ -468,13 +473,25 @@ pr_decide_routed(Datum *args, const char *nulls, const PrWhat *what)
  * recorded, false for the caller's own retry; raises as commit_decision
  * does for a forbidden kind or a conflict (ord: the place in a batch, or 0).
  */
+static int	pr_direct_stream(Datum *args, const char *nulls, const PrWhat *w);
+
 static bool
 pr_decide_stream(Datum *args, char *nulls, text *key, const PrWhat *what, int ord)
 {
+	bool		deciders;
+	int			direct = -1;
+
 	OutboxStreamCheckDecision(DatumGetTextPP(args[3]), nulls[7] != 'n', ord);
 	args[11] = key != NULL ? PointerGetDatum(key) : (Datum) 0;
 	nulls[11] = key != NULL ? ' ' : 'n';
-	if (pr_insert(OutboxStreamDecidePlan(OutboxAnyDeciders()), args, nulls, what, true))
+	deciders = OutboxAnyDeciders();
+	/* written without SQL when it can be (pr_direct_stream), else by the statement */
+	if (!deciders)
+		direct = pr_direct_stream(args, nulls, what);
+	if (direct > 0)
+		return true;
+	if (direct < 0 &&
+		pr_insert(OutboxStreamDecidePlan(deciders), args, nulls, what, true))
 		return true;
 	switch (OutboxStreamWhyNot(args, nulls))
 	{
@@ -588,12 +605,71 @@ static Oid	pr_events_relid = InvalidOid;
 static AttrNumber pr_cmd_attno[PR_CMD_NATTS];
 static AttrNumber pr_evt_attno[PR_EVT_NATTS];
 
+/*
+ * The stream writer's tables (pr_direct_stream): the three log tables,
+ * their columns (as 00_schema.sql makes them), the sequence of their ids,
+ * and the tables and keys it reads: the kind's policy (policies_pkey), its
+ * stream (streams_pkey), the current log table (stream_rotation's row) and
+ * the events' command ids (events_command_id_key).  Looked at with the two
+ * tables above and forgotten with them.
+ */
+#define PR_LOG_NATTS	13
+static const char *const pr_log_cols[PR_LOG_NATTS] = {"id", "xid", "stream_id", "part",
+	"command_id", "run_id", "seq", "kind", "payload", "headers", "ordering_key",
+"decided_by", "created_at"};
+static const bool pr_log_hasdef[PR_LOG_NATTS] = {false, false, false, false, false, false,
+false, false, false, false, false, false, true};
+static const int64 pr_log_types[PR_LOG_NATTS] = {INT8OID, XID8OID, INT4OID, INT4OID, TEXTOID,
+TEXTOID, INT8OID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, OIDOID, TIMESTAMPTZOID};
+
+#define PRL_ID			0
+#define PRL_XID			1
+#define PRL_STREAM_ID	2
+#define PRL_PART		3
+#define PRL_COMMAND_ID	4
+#define PRL_RUN_ID		5
+#define PRL_SEQ			6
+#define PRL_KIND		7
+#define PRL_PAYLOAD		8
+#define PRL_HEADERS		9
+#define PRL_ORDERING_KEY 10
+#define PRL_DECIDED_BY	11
+#define PRL_CREATED_AT	12
+
+/* the relations read: policies, streams, stream_rotation */
+#define PR_READ_POLICIES	0
+#define PR_READ_STREAMS		1
+#define PR_READ_ROTATION	2
+#define PR_NREAD			3
+
+static bool pr_stream_usable = false;
+static Oid	pr_log_relid[3];
+static AttrNumber pr_log_attno[3][PR_LOG_NATTS];
+static Oid	pr_read_relid[PR_NREAD];
+static Oid	pr_logseq_relid = InvalidOid;
+static Oid	pr_policies_key = InvalidOid;
+static Oid	pr_streams_key = InvalidOid;
+static Oid	pr_events_cmd_key = InvalidOid;
+static AttrNumber pr_pol_kind;
+static AttrNumber pr_pol_stream;
+static AttrNumber pr_st_stream;
+static AttrNumber pr_st_id;
+static AttrNumber pr_st_parts;
+static AttrNumber pr_rot_current;
+static AttrNumber pr_rot_base;
+static AttrNumber pr_evt_command_attno;
+
 /* Relcache callback: forget the direct writer's look at the tables. */
 static void
 pr_direct_forget(Datum arg, Oid relid)
 {
+	int			i;
+
 	if (!OidIsValid(relid) || relid == pr_commands_relid || relid == pr_events_relid)
 		pr_direct_valid = false;
+	for (i = 0; i < 3; i++)
+		if (relid == pr_log_relid[i] || relid == pr_read_relid[i])
+			pr_direct_valid = false;
 }
 
 /*
@@ -634,6 +710,102 @@ pr_direct_map(Relation rel, const char *const *names, const bool *hasdef,
 	return seen == n;
 }
 
+/* The attribute number of column name of type typid in rel; 0 if none. */
+static AttrNumber
+pr_direct_column(Relation rel, const char *name, Oid typid)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (!att->attisdropped && strcmp(NameStr(att->attname), name) == 0)
+			return att->atttypid == typid ? att->attnum : InvalidAttrNumber;
+	}
+	return InvalidAttrNumber;
+}
+
+/*
+ * The id of index name of namespace nsp when it is a valid b-tree index of
+ * the one column attno of the table relid; InvalidOid otherwise.
+ */
+static Oid
+pr_direct_key(Oid nsp, const char *name, Oid relid, AttrNumber attno)
+{
+	Oid			indexid = get_relname_relid(name, nsp);
+	Relation	irel;
+	bool		ok;
+
+	if (!OidIsValid(indexid) || attno == InvalidAttrNumber)
+		return InvalidOid;
+	irel = index_open(indexid, AccessShareLock);
+	ok = irel->rd_index->indrelid == relid && irel->rd_index->indnatts == 1 &&
+		irel->rd_index->indkey.values[0] == attno && irel->rd_index->indisvalid &&
+		irel->rd_rel->relam == BTREE_AM_OID && irel->rd_opcintype[0] == TEXTOID;
+	index_close(irel, NoLock);
+	return ok ? indexid : InvalidOid;
+}
+
+/* Look at the stream writer's tables (pr_stream_usable); nsp is the extension's. */
+static void
+pr_direct_lookup_stream(Oid nsp)
+{
+	static const char *const logs[3] = {"stream_log_0", "stream_log_1", "stream_log_2"};
+	static const char *const reads[PR_NREAD] = {"policies", "streams", "stream_rotation"};
+	Relation	rel[PR_NREAD];
+	int			i;
+
+	pr_stream_usable = false;
+	for (i = 0; i < 3; i++)
+	{
+		Relation	log;
+		bool		ok;
+
+		pr_log_relid[i] = get_relname_relid(logs[i], nsp);
+		if (!OidIsValid(pr_log_relid[i]))
+			return;
+		log = table_open(pr_log_relid[i], AccessShareLock);
+		ok = pr_direct_map(log, pr_log_cols, pr_log_hasdef, pr_log_types, PR_LOG_NATTS,
+						   pr_log_attno[i]);
+		table_close(log, NoLock);
+		if (!ok)
+			return;
+	}
+	for (i = 0; i < PR_NREAD; i++)
+	{
+		pr_read_relid[i] = get_relname_relid(reads[i], nsp);
+		if (!OidIsValid(pr_read_relid[i]))
+			return;
+	}
+	pr_logseq_relid = get_relname_relid("stream_log_id_seq", nsp);
+	if (!OidIsValid(pr_logseq_relid) || get_rel_relkind(pr_logseq_relid) != RELKIND_SEQUENCE)
+		return;
+	for (i = 0; i < PR_NREAD; i++)
+		rel[i] = table_open(pr_read_relid[i], AccessShareLock);
+	pr_pol_kind = pr_direct_column(rel[PR_READ_POLICIES], "kind", TEXTOID);
+	pr_pol_stream = pr_direct_column(rel[PR_READ_POLICIES], "stream", TEXTOID);
+	pr_st_stream = pr_direct_column(rel[PR_READ_STREAMS], "stream", TEXTOID);
+	pr_st_id = pr_direct_column(rel[PR_READ_STREAMS], "stream_id", INT4OID);
+	pr_st_parts = pr_direct_column(rel[PR_READ_STREAMS], "partitions", INT4OID);
+	pr_rot_current = pr_direct_column(rel[PR_READ_ROTATION], "current", INT4OID);
+	pr_rot_base = pr_direct_column(rel[PR_READ_ROTATION], "xid_base", INT8OID);
+	for (i = 0; i < PR_NREAD; i++)
+		table_close(rel[i], NoLock);
+	pr_evt_command_attno = pr_evt_attno[PRE_COMMAND_ID];
+	pr_policies_key = pr_direct_key(nsp, "policies_pkey", pr_read_relid[PR_READ_POLICIES],
+									pr_pol_kind);
+	pr_streams_key = pr_direct_key(nsp, "streams_pkey", pr_read_relid[PR_READ_STREAMS],
+								   pr_st_stream);
+	pr_events_cmd_key = pr_direct_key(nsp, "events_command_id_key", pr_events_relid,
+									  pr_evt_command_attno);
+	pr_stream_usable = OidIsValid(pr_policies_key) && OidIsValid(pr_streams_key) &&
+		OidIsValid(pr_events_cmd_key) && pr_pol_stream != InvalidAttrNumber &&
+		pr_st_id != InvalidAttrNumber && pr_st_parts != InvalidAttrNumber &&
+		pr_rot_current != InvalidAttrNumber && pr_rot_base != InvalidAttrNumber;
+}
+
 /* Look at the two tables once: their ids and columns (pr_direct_usable). */
 static void
 pr_direct_lookup(void)
@@ -650,6 +822,7 @@ pr_direct_lookup(void)
 	}
 	pr_direct_valid = true;
 	pr_direct_usable = false;
+	pr_stream_usable = false;
 	nsp = get_namespace_oid("outbox", false);
 	pr_commands_relid = get_relname_relid("commands", nsp);
 	pr_events_relid = get_relname_relid("events", nsp);
@@ -664,6 +837,10 @@ pr_direct_lookup(void)
 		pr_direct_map(rel, pr_evt_cols, pr_evt_hasdef, pr_evt_types, PR_EVT_NATTS,
 						  pr_evt_attno);
 	table_close(rel, NoLock);
+	if (pr_direct_usable)
+		pr_direct_lookup_stream(nsp);
+	else
+		pr_stream_usable = false;
 }
 
 /* Whether a relation opened by the writer takes its rows as the statement would. */
@@ -705,6 +882,38 @@ pr_direct_predicates(ResultRelInfo *rri, EState *estate)
 	MemoryContextSwitchTo(old);
 }
 
+/* Take the statement's snapshot and command id, as SPI takes them. */
+static void
+pr_direct_snapshot(void)
+{
+	PushActiveSnapshot(GetTransactionSnapshot());
+	CommandCounterIncrement();
+	UpdateActiveSnapshotCommandId();
+}
+
+/*
+ * Open the indexes of d's two tables (d->commands, d->events, opened with
+ * their locks) and make the executor state and the slots, under the
+ * snapshot pr_direct_snapshot took.
+ */
+static void
+pr_direct_start(PrDirect *d)
+{
+	d->estate = CreateExecutorState();
+	d->crri = makeNode(ResultRelInfo);
+	InitResultRelInfo(d->crri, d->commands, 1, NULL, 0);
+	ExecOpenIndices(d->crri, false);
+	pr_direct_predicates(d->crri, d->estate);
+	d->erri = makeNode(ResultRelInfo);
+	InitResultRelInfo(d->erri, d->events, 2, NULL, 0);
+	ExecOpenIndices(d->erri, false);
+	pr_direct_predicates(d->erri, d->estate);
+	d->cslot = table_slot_create(d->commands, NULL);
+	d->eslot = table_slot_create(d->events, NULL);
+	d->estate->es_snapshot = GetActiveSnapshot();
+	d->estate->es_output_cid = GetCurrentCommandId(true);
+}
+
 /*
  * Open the two tables and their indexes for the direct writer; false
  * (nothing open, the locks kept, as the statements would take them) when
@@ -734,24 +943,8 @@ pr_direct_open(PrDirect *d)
 		table_close(d->commands, NoLock);
 		return false;
 	}
-	d->estate = CreateExecutorState();
-	d->crri = makeNode(ResultRelInfo);
-	InitResultRelInfo(d->crri, d->commands, 1, NULL, 0);
-	ExecOpenIndices(d->crri, false);
-	pr_direct_predicates(d->crri, d->estate);
-	d->erri = makeNode(ResultRelInfo);
-	InitResultRelInfo(d->erri, d->events, 2, NULL, 0);
-	ExecOpenIndices(d->erri, false);
-	pr_direct_predicates(d->erri, d->estate);
-	d->cslot = table_slot_create(d->commands, NULL);
-	d->eslot = table_slot_create(d->events, NULL);
-
-	/* the statement's snapshot and command id, as SPI takes them */
-	PushActiveSnapshot(GetTransactionSnapshot());
-	CommandCounterIncrement();
-	UpdateActiveSnapshotCommandId();
-	d->estate->es_snapshot = GetActiveSnapshot();
-	d->estate->es_output_cid = GetCurrentCommandId(true);
+	pr_direct_snapshot();
+	pr_direct_start(d);
 	return true;
 }
 
@@ -837,6 +1030,9 @@ pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
  * PR_DECIDE takes them; nulls[10], the headers, may be 'n'); pending is
  * the text 'pending'.
  */
+static void pr_direct_fill_event(TupleTableSlot *e, Datum *args, const char *nulls,
+								 TimestampTz now);
+
 static void
 pr_direct_fill(TupleTableSlot *c, TupleTableSlot *e, Datum *args, const char *nulls,
 			   TimestampTz now, Datum pending)
@@ -866,6 +1062,14 @@ pr_direct_fill(TupleTableSlot *c, TupleTableSlot *e, Datum *args, const char *nu
 	if (nulls[10] != 'n')
 		PR_SETC(PRC_HEADERS, args[10]);
 #undef PR_SETC
+	pr_direct_fill_event(e, args, nulls, now);
+}
+
+/* Fill the event slot e with a decision's event (args as pr_direct_fill takes them). */
+static void
+pr_direct_fill_event(TupleTableSlot *e, Datum *args, const char *nulls, TimestampTz now)
+{
+	int			i;
 
 	ExecClearTuple(e);
 	for (i = 0; i < e->tts_tupleDescriptor->natts; i++)
@@ -905,6 +1109,248 @@ pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
 		pr_insert_caught(cxt, w);
 	}
 	PG_END_TRY();
+}
+
+/*
+ * Whether a relation the stream writer only reads is read as the
+ * statement would read it (a plain table without row-level security that
+ * the owner may SELECT).
+ */
+static bool
+pr_direct_readable(Relation rel)
+{
+	return rel->rd_rel->relkind == RELKIND_RELATION && !rel->rd_rel->relrowsecurity &&
+		pg_class_aclcheck(RelationGetRelid(rel), GetUserId(), ACL_SELECT) == ACLCHECK_OK;
+}
+
+/*
+ * The first row of rel with column attno equal to the text value, through
+ * the index indexid (InvalidOid: the first row of a scan of the table),
+ * under the active snapshot, copied into the current memory context; NULL
+ * when there is none.
+ */
+static HeapTuple
+pr_direct_fetch(Relation rel, Oid indexid, AttrNumber attno, Datum value)
+{
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+
+	if (OidIsValid(indexid))
+		ScanKeyInit(&key, attno, BTEqualStrategyNumber, F_TEXTEQ, value);
+	scan = systable_beginscan(rel, indexid, OidIsValid(indexid), GetActiveSnapshot(),
+							  OidIsValid(indexid) ? 1 : 0, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+		tuple = heap_copytuple(tuple);
+	systable_endscan(scan);
+	return tuple;
+}
+
+/*
+ * Fill the log slot l with a decision (args as pr_decide_stream has them:
+ * args[11] the ordering key or NULL), its log id, transaction id, stream
+ * and partition; attno the table's columns.
+ */
+static void
+pr_direct_fill_log(TupleTableSlot *l, const AttrNumber *attno, Datum *args,
+				   const char *nulls, int64 id, uint64 xid, int32 stream_id,
+				   int32 part, TimestampTz now)
+{
+	int			i;
+
+	ExecClearTuple(l);
+	for (i = 0; i < l->tts_tupleDescriptor->natts; i++)
+		l->tts_isnull[i] = true;
+#define PR_SETL(col, v) \
+	do { l->tts_values[attno[col] - 1] = (v); \
+		 l->tts_isnull[attno[col] - 1] = false; } while (0)
+	PR_SETL(PRL_ID, Int64GetDatum(id));
+	PR_SETL(PRL_XID, FullTransactionIdGetDatum(FullTransactionIdFromU64(xid)));
+	PR_SETL(PRL_STREAM_ID, Int32GetDatum(stream_id));
+	PR_SETL(PRL_PART, Int32GetDatum(part));
+	PR_SETL(PRL_COMMAND_ID, args[3]);
+	PR_SETL(PRL_RUN_ID, args[0]);
+	PR_SETL(PRL_SEQ, args[1]);
+	PR_SETL(PRL_KIND, args[4]);
+	PR_SETL(PRL_PAYLOAD, args[5]);
+	if (nulls[10] != 'n')
+		PR_SETL(PRL_HEADERS, args[10]);
+	if (nulls[11] != 'n')
+		PR_SETL(PRL_ORDERING_KEY, args[11]);
+	PR_SETL(PRL_DECIDED_BY, args[9]);
+	PR_SETL(PRL_CREATED_AT, TimestampTzGetDatum(now));
+#undef PR_SETL
+}
+
+/*
+ * The stream writer: a decision of a kind with a stream, appended to the
+ * current log table with its event without SQL, as OutboxStreamDecidePlan's
+ * statement (src/stream.c) writes it, while no kind has deciders (the
+ * caller's test).  Returns 1 when it wrote them, 0 when an event holds the
+ * command id already (under the statement's snapshot: the caller then
+ * diagnoses, OutboxStreamWhyNot), and -1, having written nothing, when the
+ * call must take the statement: Citus loaded, a read-only transaction, a
+ * table that would take or give rows differently (pr_direct_open's
+ * conditions, for the three log tables too), or a policy, stream or
+ * rotation row that is not there under the snapshot.
+ *
+ * The locks and the snapshot come in the statement's order, which the
+ * rotation's safety rests on (src/sql/35_streams.sql, _stream_rotate): all
+ * three log tables are locked (RowExclusiveLock, as the statement's plan
+ * locks them when it is fetched) before the snapshot is taken, and only
+ * then is stream_rotation.current read, under that snapshot.  So a
+ * rotation holding one table's ACCESS EXCLUSIVE lock to truncate it is
+ * waited for before this call can see which table is current, and a
+ * rotation that asks for the lock after this call took it waits for the
+ * caller's commit and then counts the row.
+ *
+ * The row: id from the log's sequence, xid the top transaction's id plus
+ * xid_base, the partition the hash of the ordering key (else the run_id),
+ * & 2147483647, modulo the stream's partitions (hashtext, as the
+ * statement), created_at the transaction's now(); the event as the row
+ * path's (pr_direct_fill_event).  The event goes first, as in the
+ * statement, whose log inserts run after its top INSERT: a taken
+ * (run_id, seq) or command id raises the API's 23505 (pr_insert_caught).
+ */
+static int
+pr_direct_stream(Datum *args, const char *nulls, const PrWhat *w)
+{
+	Relation	logs[3];
+	Relation	reads[PR_NREAD];
+	Relation	events;
+	PrDirect	d;
+	HeapTuple	tuple;
+	Datum		stream;
+	int32		stream_id;
+	int32		partitions;
+	int32		current;
+	int64		xid_base;
+	int64		xid;
+	int64		id;
+	int32		part;
+	bool		isnull;
+	bool		ok;
+	int			i;
+	MemoryContext cxt = CurrentMemoryContext;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+
+	if (OutboxCitusLoaded() || XactReadOnly)
+		return -1;
+	pr_direct_lookup();
+	if (!pr_direct_usable || !pr_stream_usable)
+		return -1;
+	/* the statement's locks: the tables written, then those read */
+	events = table_open(pr_events_relid, RowExclusiveLock);
+	for (i = 0; i < 3; i++)
+		logs[i] = table_open(pr_log_relid[i], RowExclusiveLock);
+	for (i = 0; i < PR_NREAD; i++)
+		reads[i] = table_open(pr_read_relid[i], AccessShareLock);
+
+	/* the locks read invalidations: a change committed since the look counts */
+	if (!pr_direct_valid)
+		pr_direct_lookup();
+	ok = pr_direct_usable && pr_stream_usable &&
+		RelationGetRelid(events) == pr_events_relid &&
+		pr_direct_plain(events, "events_seq_check") && pr_direct_readable(events);
+	for (i = 0; i < 3 && ok; i++)
+		ok = RelationGetRelid(logs[i]) == pr_log_relid[i] && pr_direct_plain(logs[i], NULL);
+	for (i = 0; i < PR_NREAD && ok; i++)
+		ok = RelationGetRelid(reads[i]) == pr_read_relid[i] && pr_direct_readable(reads[i]);
+
+	/* then the snapshot, and under it the kind's stream and the current table */
+	current = -1;
+	stream_id = 0;
+	partitions = 0;
+	xid_base = 0;
+	if (ok)
+	{
+		pr_direct_snapshot();
+		tuple = pr_direct_fetch(reads[PR_READ_POLICIES], pr_policies_key, pr_pol_kind, args[4]);
+		ok = false;
+		if (tuple != NULL)
+		{
+			stream = heap_getattr(tuple, pr_pol_stream, RelationGetDescr(reads[PR_READ_POLICIES]),
+								  &isnull);
+			tuple = isnull ? NULL :
+				pr_direct_fetch(reads[PR_READ_STREAMS], pr_streams_key, pr_st_stream, stream);
+		}
+		if (tuple != NULL)
+		{
+			stream_id = DatumGetInt32(heap_getattr(tuple, pr_st_id,
+												   RelationGetDescr(reads[PR_READ_STREAMS]), &isnull));
+			ok = !isnull;
+			partitions = DatumGetInt32(heap_getattr(tuple, pr_st_parts,
+													RelationGetDescr(reads[PR_READ_STREAMS]), &isnull));
+			ok = ok && !isnull && partitions >= 1;
+			tuple = ok ? pr_direct_fetch(reads[PR_READ_ROTATION], InvalidOid, 0, (Datum) 0) : NULL;
+			ok = false;
+		}
+		if (tuple != NULL)
+		{
+			current = DatumGetInt32(heap_getattr(tuple, pr_rot_current,
+												 RelationGetDescr(reads[PR_READ_ROTATION]), &isnull));
+			ok = !isnull && current >= 0 && current <= 2;
+			xid_base = DatumGetInt64(heap_getattr(tuple, pr_rot_base,
+												  RelationGetDescr(reads[PR_READ_ROTATION]), &isnull));
+			ok = ok && !isnull;
+		}
+		if (!ok)
+		{
+			PopActiveSnapshot();
+			CommandCounterIncrement();
+		}
+	}
+	for (i = 0; i < PR_NREAD; i++)
+		table_close(reads[i], NoLock);
+	if (!ok)
+	{
+		for (i = 0; i < 3; i++)
+			table_close(logs[i], NoLock);
+		table_close(events, NoLock);
+		return -1;
+	}
+	for (i = 0; i < 3; i++)
+		if (i != current)
+			table_close(logs[i], NoLock);
+
+	/* a command id an event holds: not inserted (the caller diagnoses) */
+	if (pr_direct_fetch(events, pr_events_cmd_key, pr_evt_command_attno, args[3]) != NULL)
+	{
+		PopActiveSnapshot();
+		CommandCounterIncrement();
+		table_close(logs[current], NoLock);
+		table_close(events, NoLock);
+		return 0;
+	}
+
+	d.commands = logs[current];
+	d.events = events;
+	pr_direct_start(&d);
+	PG_TRY();
+	{
+		pr_direct_fill_event(d.eslot, args, nulls, now);
+		pr_direct_insert(&d, d.erri, d.eslot);
+		id = nextval_internal(pr_logseq_relid, true);
+		if (pg_add_s64_overflow((int64) U64FromFullTransactionId(GetTopFullTransactionId()),
+								xid_base, &xid))
+			ereport(ERROR,
+					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+					 errmsg("bigint out of range")));
+		part = (DatumGetInt32(DirectFunctionCall1Coll(hashtext, DEFAULT_COLLATION_OID,
+													  nulls[11] != 'n' ? args[11] : args[0]))
+				& 2147483647) % partitions;
+		pr_direct_fill_log(d.cslot, pr_log_attno[current], args, nulls, id, (uint64) xid,
+						   stream_id, part, now);
+		pr_direct_insert(&d, d.crri, d.cslot);
+	}
+	PG_CATCH();
+	{
+		pr_insert_caught(cxt, w);
+	}
+	PG_END_TRY();
+	pr_direct_close(&d);
+	return 1;
 }
 
 /*
