@@ -6,8 +6,10 @@
  * Everything runs in the caller's transaction, so an event and the command
  * it decides commit or roll back together with the caller's own writes.
  * The common decision (no ordering key, no stream, no deciders, Citus not
- * loaded) is inserted without SQL, heap and index inserts as the executor's
- * helpers make them (pr_direct_open says how and when); every other case
+ * loaded), and the single decision of a kind with a stream while no kind
+ * has deciders, are inserted without SQL, heap and index inserts as the
+ * executor's helpers make them (pr_direct_open and pr_direct_stream say
+ * how and when); every other case
  * runs SPI statements with saved plans, described here.  Both take
  * RowExclusiveLock on outbox.events and outbox.commands and their indexes,
  * held to the end of the transaction.
@@ -56,11 +58,15 @@
  * statements it ran before keys existed, and takes no lock.
  *
  * A kind with a stream (docs/streams.md) is written once: its decision is
- * appended to the stream log with its event by src/stream.c's statements
- * (pr_decide_stream, and the batch form's two plans), at one branch point
- * in each form; it takes no key lock (a stream keeps a key's order by
- * partition), refuses not_before, and a batch does not mix it with other
- * kinds.
+ * appended to the stream log with its event (pr_decide_stream, and the
+ * batch form's two plans of src/stream.c), at one branch point in each
+ * form; it takes no key lock (a stream keeps a key's order by partition),
+ * refuses not_before, and a batch does not mix it with other kinds.  The
+ * single decision is written without SQL by the stream writer
+ * (pr_direct_stream) under the direct writer's conditions, else by
+ * src/stream.c's statement; both lock the three log tables before they
+ * take the snapshot under which they read which one is current (the
+ * rotation's argument, src/sql/35_streams.sql).
  *
  *-------------------------------------------------------------------------
  */
@@ -529,9 +535,12 @@ pr_decide_stream(Datum *args, char *nulls, text *key, const PrWhat *what, int or
  * on either table (the extension creates none outside Citus, but a
  * superuser could), row-level security, CHECK constraints other than
  * events_seq_check (checked by pr_check_seq before), a column the
- * writer does not know or a default on a column it leaves NULL, or a
+ * writer does not know or a default on a column it leaves NULL, a
  * missing INSERT or SELECT privilege of the extension's owner (the
- * statements then raise the error).
+ * statements then raise the error), or a read-only transaction (25006).
+ *
+ * The stream writer (pr_direct_stream) uses the same machinery with the
+ * current stream log table in the place of outbox.commands.
  */
 typedef struct PrDirect
 {
@@ -922,7 +931,8 @@ pr_direct_start(PrDirect *d)
 static bool
 pr_direct_open(PrDirect *d)
 {
-	if (OutboxCitusLoaded())
+	/* (a read-only transaction: the statement raises 25006) */
+	if (OutboxCitusLoaded() || XactReadOnly)
 		return false;
 	pr_direct_lookup();
 	if (!pr_direct_usable)
@@ -1235,6 +1245,7 @@ pr_direct_stream(Datum *args, const char *nulls, const PrWhat *w)
 	MemoryContext cxt = CurrentMemoryContext;
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
+	/* (a read-only transaction: the statement raises 25006) */
 	if (OutboxCitusLoaded() || XactReadOnly)
 		return -1;
 	pr_direct_lookup();
