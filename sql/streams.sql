@@ -409,12 +409,26 @@ SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 2, 'e', 'cd2', 'direct.
 SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 1, 'e', 'cd2', 'direct.k', '{"n": 2}')$$) AS direct_run_seq;
 SELECT outbox.commit_decision('rd', 1, 'e', 'cd1', 'direct.k', '{"n": 1}', ordering_key => 'kd') AS direct_retry;
 SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 3, 'e', 'cd1', 'direct.k', '{"n": 3}')$$) AS direct_conflict;
+-- the batch form likewise (a retry among new decisions, then a conflict)
+SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 6, "event_kind": "e", "command_id": "cd6", "command_kind": "direct.k", "payload": {"n": 6},
+   "event_payload": {"e": 1}, "headers": {"x-a": "b"}, "ordering_key": "kd"},
+  {"run_id": "rd", "seq": 1, "event_kind": "e", "command_id": "cd1", "command_kind": "direct.k", "payload": {"n": 1}, "ordering_key": "kd"}]');
+SELECT pg_temp.ctx($$SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 7, "event_kind": "e", "command_id": "cd7", "command_kind": "direct.k", "payload": {"n": 1}}]')$$) AS direct_batch;
+SELECT pg_temp.ctx($$SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 8, "event_kind": "e", "command_id": "cd6", "command_kind": "direct.k", "payload": {"n": 8}}]')$$) AS direct_batch_conflict;
 CREATE FUNCTION public.keep_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
 CREATE TRIGGER keep_row BEFORE INSERT ON outbox.stream_log_2 FOR EACH ROW EXECUTE FUNCTION public.keep_row();
 SELECT outbox.commit_decision('rd', 4, 'e', 'cd4', 'direct.k', '{"n": 4}', '{"e": 1}',
 	   headers => '{"x-a": "b"}', ordering_key => 'kd');
 SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 5, 'e', 'cd5', 'direct.k', '{"n": 1}')$$) AS statement;
 SELECT outbox.commit_decision('rd', 4, 'e', 'cd4', 'direct.k', '{"n": 4}', ordering_key => 'kd') AS statement_retry;
+SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 9, "event_kind": "e", "command_id": "cd9", "command_kind": "direct.k", "payload": {"n": 9},
+   "event_payload": {"e": 1}, "headers": {"x-a": "b"}, "ordering_key": "kd"}]');
+SELECT pg_temp.ctx($$SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 10, "event_kind": "e", "command_id": "cd10", "command_kind": "direct.k", "payload": {"n": 1}}]')$$) AS statement_batch;
 SELECT count(*) AS logged, count(DISTINCT to_jsonb(l) - '{id,command_id,seq,payload}'::text[]) AS distinct_rows,
 	   bool_and(l.part = (hashtext('kd') & 2147483647) % 3) AS part_of_key,
 	   bool_and(l.xid = (pg_current_xact_id()::text::int8 + r.xid_base)::text::xid8) AS xid,

@@ -1194,16 +1194,16 @@ pr_direct_fill_log(TupleTableSlot *l, const AttrNumber *attno, Datum *args,
 }
 
 /*
- * The stream writer: a decision of a kind with a stream, appended to the
- * current log table with its event without SQL, as OutboxStreamDecidePlan's
- * statement (src/stream.c) writes it, while no kind has deciders (the
- * caller's test).  Returns 1 when it wrote them, 0 when an event holds the
- * command id already (under the statement's snapshot: the caller then
- * diagnoses, OutboxStreamWhyNot), and -1, having written nothing, when the
- * call must take the statement: Citus loaded, a read-only transaction, a
- * table that would take or give rows differently (pr_direct_open's
- * conditions, for the three log tables too), or a policy, stream or
- * rotation row that is not there under the snapshot.
+ * The stream writer: decisions of kinds with a stream, appended to the
+ * current log table with their events without SQL, as src/stream.c's
+ * statements write them (OutboxStreamDecidePlan for one, and
+ * OutboxStreamBatchPlan for a batch), while no kind has deciders (the
+ * callers' test).  The call takes the statement instead when Citus is
+ * loaded, in a read-only transaction, when a table would take or give rows
+ * differently (pr_direct_open's conditions, for the three log tables too,
+ * and no row-level security on the tables read), or when a decision's
+ * policy or stream, or the rotation's row, is not there under the
+ * snapshot.
  *
  * The locks and the snapshot come in the statement's order, which the
  * rotation's safety rests on (src/sql/35_streams.sql, _stream_rotate): all
@@ -1211,148 +1211,248 @@ pr_direct_fill_log(TupleTableSlot *l, const AttrNumber *attno, Datum *args,
  * locks them when it is fetched) before the snapshot is taken, and only
  * then is stream_rotation.current read, under that snapshot.  So a
  * rotation holding one table's ACCESS EXCLUSIVE lock to truncate it is
- * waited for before this call can see which table is current, and a
- * rotation that asks for the lock after this call took it waits for the
- * caller's commit and then counts the row.
+ * waited for before the call can see which table is current, and a
+ * rotation that asks for the lock after the call took it waits for the
+ * caller's commit and then counts the row (test/isolation
+ * stream_rotate_vs_append).
  *
- * The row: id from the log's sequence, xid the top transaction's id plus
- * xid_base, the partition the hash of the ordering key (else the run_id),
- * & 2147483647, modulo the stream's partitions (hashtext, as the
- * statement), created_at the transaction's now(); the event as the row
- * path's (pr_direct_fill_event).  The event goes first, as in the
- * statement, whose log inserts run after its top INSERT: a taken
- * (run_id, seq) or command id raises the API's 23505 (pr_insert_caught).
+ * A row: id from the log's sequence (in the batch's order), xid the top
+ * transaction's id plus xid_base, the partition the hash of the ordering
+ * key (else of the run_id), & 2147483647, modulo the stream's partitions
+ * (hashtext, as the statements), created_at the transaction's now(); the
+ * event as the row path's (pr_direct_fill_event).  The events go first,
+ * as in the statements, whose log inserts run after their top INSERT: a
+ * taken (run_id, seq) or command id raises 23505 on events_pkey or
+ * events_command_id_key before any log row is written.
  */
-static int
-pr_direct_stream(Datum *args, const char *nulls, const PrWhat *w)
+typedef struct PrStream
 {
+	Relation	events;
 	Relation	logs[3];
 	Relation	reads[PR_NREAD];
-	Relation	events;
-	PrDirect	d;
-	HeapTuple	tuple;
-	Datum		stream;
+	int32		current;		/* the current log table */
+	int64		xid_base;
+	int64		xid;			/* the rows' xid (xid_base added) */
+	text	   *kind;			/* the last kind looked up, and its stream */
 	int32		stream_id;
 	int32		partitions;
-	int32		current;
-	int64		xid_base;
-	int64		xid;
-	int64		id;
-	int32		part;
+} PrStream;
+
+/* Close what pr_stream_open opened but the events and the current log table. */
+static void
+pr_stream_close_others(PrStream *s)
+{
+	int			i;
+
+	for (i = 0; i < PR_NREAD; i++)
+		if (s->reads[i] != NULL)
+			table_close(s->reads[i], NoLock);
+	for (i = 0; i < 3; i++)
+		if (i != s->current)
+			table_close(s->logs[i], NoLock);
+}
+
+/*
+ * Lock and open the stream writer's tables, take the snapshot and read the
+ * current log table under it; false (everything closed, the locks kept)
+ * when the call must take the statement.
+ */
+static bool
+pr_stream_open(PrStream *s)
+{
+	HeapTuple	tuple;
 	bool		isnull;
 	bool		ok;
 	int			i;
-	MemoryContext cxt = CurrentMemoryContext;
-	TimestampTz now = GetCurrentTransactionStartTimestamp();
 
 	/* (a read-only transaction: the statement raises 25006) */
 	if (OutboxCitusLoaded() || XactReadOnly)
-		return -1;
+		return false;
 	pr_direct_lookup();
 	if (!pr_direct_usable || !pr_stream_usable)
-		return -1;
+		return false;
 	/* the statement's locks: the tables written, then those read */
-	events = table_open(pr_events_relid, RowExclusiveLock);
+	s->events = table_open(pr_events_relid, RowExclusiveLock);
 	for (i = 0; i < 3; i++)
-		logs[i] = table_open(pr_log_relid[i], RowExclusiveLock);
+		s->logs[i] = table_open(pr_log_relid[i], RowExclusiveLock);
 	for (i = 0; i < PR_NREAD; i++)
-		reads[i] = table_open(pr_read_relid[i], AccessShareLock);
+		s->reads[i] = table_open(pr_read_relid[i], AccessShareLock);
+	s->current = -1;
+	s->kind = NULL;
 
 	/* the locks read invalidations: a change committed since the look counts */
 	if (!pr_direct_valid)
 		pr_direct_lookup();
 	ok = pr_direct_usable && pr_stream_usable &&
-		RelationGetRelid(events) == pr_events_relid &&
-		pr_direct_plain(events, "events_seq_check") && pr_direct_readable(events);
+		RelationGetRelid(s->events) == pr_events_relid &&
+		pr_direct_plain(s->events, "events_seq_check") && pr_direct_readable(s->events);
 	for (i = 0; i < 3 && ok; i++)
-		ok = RelationGetRelid(logs[i]) == pr_log_relid[i] && pr_direct_plain(logs[i], NULL);
+		ok = RelationGetRelid(s->logs[i]) == pr_log_relid[i] && pr_direct_plain(s->logs[i], NULL);
 	for (i = 0; i < PR_NREAD && ok; i++)
-		ok = RelationGetRelid(reads[i]) == pr_read_relid[i] && pr_direct_readable(reads[i]);
+		ok = RelationGetRelid(s->reads[i]) == pr_read_relid[i] && pr_direct_readable(s->reads[i]);
 
-	/* then the snapshot, and under it the kind's stream and the current table */
-	current = -1;
-	stream_id = 0;
-	partitions = 0;
-	xid_base = 0;
+	/* then the snapshot, and under it the current table */
 	if (ok)
 	{
 		pr_direct_snapshot();
-		tuple = pr_direct_fetch(reads[PR_READ_POLICIES], pr_policies_key, pr_pol_kind, args[4]);
+		tuple = pr_direct_fetch(s->reads[PR_READ_ROTATION], InvalidOid, 0, (Datum) 0);
 		ok = false;
 		if (tuple != NULL)
 		{
-			stream = heap_getattr(tuple, pr_pol_stream, RelationGetDescr(reads[PR_READ_POLICIES]),
-								  &isnull);
-			tuple = isnull ? NULL :
-				pr_direct_fetch(reads[PR_READ_STREAMS], pr_streams_key, pr_st_stream, stream);
-		}
-		if (tuple != NULL)
-		{
-			stream_id = DatumGetInt32(heap_getattr(tuple, pr_st_id,
-												   RelationGetDescr(reads[PR_READ_STREAMS]), &isnull));
-			ok = !isnull;
-			partitions = DatumGetInt32(heap_getattr(tuple, pr_st_parts,
-													RelationGetDescr(reads[PR_READ_STREAMS]), &isnull));
-			ok = ok && !isnull && partitions >= 1;
-			tuple = ok ? pr_direct_fetch(reads[PR_READ_ROTATION], InvalidOid, 0, (Datum) 0) : NULL;
-			ok = false;
-		}
-		if (tuple != NULL)
-		{
-			current = DatumGetInt32(heap_getattr(tuple, pr_rot_current,
-												 RelationGetDescr(reads[PR_READ_ROTATION]), &isnull));
-			ok = !isnull && current >= 0 && current <= 2;
-			xid_base = DatumGetInt64(heap_getattr(tuple, pr_rot_base,
-												  RelationGetDescr(reads[PR_READ_ROTATION]), &isnull));
+			TupleDesc	desc = RelationGetDescr(s->reads[PR_READ_ROTATION]);
+
+			s->current = DatumGetInt32(heap_getattr(tuple, pr_rot_current, desc, &isnull));
+			ok = !isnull && s->current >= 0 && s->current <= 2;
+			s->xid_base = DatumGetInt64(heap_getattr(tuple, pr_rot_base, desc, &isnull));
 			ok = ok && !isnull;
 		}
 		if (!ok)
 		{
+			s->current = -1;
 			PopActiveSnapshot();
 			CommandCounterIncrement();
 		}
 	}
-	for (i = 0; i < PR_NREAD; i++)
-		table_close(reads[i], NoLock);
 	if (!ok)
 	{
-		for (i = 0; i < 3; i++)
-			table_close(logs[i], NoLock);
-		table_close(events, NoLock);
+		pr_stream_close_others(s);
+		table_close(s->events, NoLock);
+		return false;
+	}
+	s->xid = 0;
+	return true;
+}
+
+/* Give up a stream write before anything was written (pr_stream_open's tables). */
+static void
+pr_stream_abandon(PrStream *s)
+{
+	PopActiveSnapshot();
+	CommandCounterIncrement();
+	pr_stream_close_others(s);
+	table_close(s->logs[s->current], NoLock);
+	table_close(s->events, NoLock);
+}
+
+/*
+ * The stream of kind under the snapshot (s->stream_id, s->partitions), as
+ * the statement's join of policies and streams finds it; false when there
+ * is none.  The last kind's is kept.
+ */
+static bool
+pr_stream_of(PrStream *s, text *kind)
+{
+	HeapTuple	tuple;
+	Datum		stream;
+	bool		isnull;
+	bool		nullid;
+
+	if (s->kind != NULL && OutboxCompareIds(s->kind, kind) == 0 &&
+		VARSIZE_ANY_EXHDR(s->kind) == VARSIZE_ANY_EXHDR(kind))
+		return true;
+	s->kind = NULL;
+	tuple = pr_direct_fetch(s->reads[PR_READ_POLICIES], pr_policies_key, pr_pol_kind,
+							PointerGetDatum(kind));
+	if (tuple == NULL)
+		return false;
+	stream = heap_getattr(tuple, pr_pol_stream, RelationGetDescr(s->reads[PR_READ_POLICIES]),
+						  &isnull);
+	if (isnull)
+		return false;
+	tuple = pr_direct_fetch(s->reads[PR_READ_STREAMS], pr_streams_key, pr_st_stream, stream);
+	if (tuple == NULL)
+		return false;
+	s->stream_id = DatumGetInt32(heap_getattr(tuple, pr_st_id,
+											  RelationGetDescr(s->reads[PR_READ_STREAMS]), &nullid));
+	s->partitions = DatumGetInt32(heap_getattr(tuple, pr_st_parts,
+											   RelationGetDescr(s->reads[PR_READ_STREAMS]), &isnull));
+	if (nullid || isnull || s->partitions < 1)
+		return false;
+	s->kind = kind;
+	return true;
+}
+
+/*
+ * Done reading: close the tables read and the log tables not written, and
+ * make d the writer of the events and the current log table (in the place
+ * of outbox.commands).
+ */
+static void
+pr_stream_start(PrStream *s, PrDirect *d)
+{
+	int			i;
+
+	for (i = 0; i < PR_NREAD; i++)
+	{
+		table_close(s->reads[i], NoLock);
+		s->reads[i] = NULL;
+	}
+	pr_stream_close_others(s);
+	d->commands = s->logs[s->current];
+	d->events = s->events;
+	pr_direct_start(d);
+}
+
+/*
+ * Fill the log slot l with a decision (args as pr_decide_stream has them:
+ * args[11] the ordering key, or nulls[11] 'n') of the stream s->kind's,
+ * taking its log id; the events are inserted already (their transaction
+ * id is assigned).
+ */
+static void
+pr_stream_fill(PrStream *s, TupleTableSlot *l, Datum *args, const char *nulls,
+			   TimestampTz now)
+{
+	int32		part;
+
+	if (s->xid == 0 &&
+		pg_add_s64_overflow((int64) U64FromFullTransactionId(GetTopFullTransactionId()),
+							s->xid_base, &s->xid))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("bigint out of range")));
+	part = (DatumGetInt32(DirectFunctionCall1Coll(hashtext, DEFAULT_COLLATION_OID,
+												  nulls[11] != 'n' ? args[11] : args[0]))
+			& 2147483647) % s->partitions;
+	pr_direct_fill_log(l, pr_log_attno[s->current], args, nulls,
+					   nextval_internal(pr_logseq_relid, true), (uint64) s->xid,
+					   s->stream_id, part, now);
+}
+
+/*
+ * One decision (args as pr_decide_stream has them) by the stream writer.
+ * Returns 1 when it wrote it, 0 when an event holds the command id already
+ * under the statement's snapshot (the caller then diagnoses,
+ * OutboxStreamWhyNot), and -1, having written nothing, when the call must
+ * take the statement.  A unique violation is raised as pr_insert does.
+ */
+static int
+pr_direct_stream(Datum *args, const char *nulls, const PrWhat *w)
+{
+	PrStream	s;
+	PrDirect	d;
+	MemoryContext cxt = CurrentMemoryContext;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+
+	if (!pr_stream_open(&s))
+		return -1;
+	if (!pr_stream_of(&s, DatumGetTextPP(args[4])))
+	{
+		pr_stream_abandon(&s);
 		return -1;
 	}
-	for (i = 0; i < 3; i++)
-		if (i != current)
-			table_close(logs[i], NoLock);
-
 	/* a command id an event holds: not inserted (the caller diagnoses) */
-	if (pr_direct_fetch(events, pr_events_cmd_key, pr_evt_command_attno, args[3]) != NULL)
+	if (pr_direct_fetch(s.events, pr_events_cmd_key, pr_evt_command_attno, args[3]) != NULL)
 	{
-		PopActiveSnapshot();
-		CommandCounterIncrement();
-		table_close(logs[current], NoLock);
-		table_close(events, NoLock);
+		pr_stream_abandon(&s);
 		return 0;
 	}
-
-	d.commands = logs[current];
-	d.events = events;
-	pr_direct_start(&d);
+	pr_stream_start(&s, &d);
 	PG_TRY();
 	{
 		pr_direct_fill_event(d.eslot, args, nulls, now);
 		pr_direct_insert(&d, d.erri, d.eslot);
-		id = nextval_internal(pr_logseq_relid, true);
-		if (pg_add_s64_overflow((int64) U64FromFullTransactionId(GetTopFullTransactionId()),
-								xid_base, &xid))
-			ereport(ERROR,
-					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-					 errmsg("bigint out of range")));
-		part = (DatumGetInt32(DirectFunctionCall1Coll(hashtext, DEFAULT_COLLATION_OID,
-													  nulls[11] != 'n' ? args[11] : args[0]))
-				& 2147483647) % partitions;
-		pr_direct_fill_log(d.cslot, pr_log_attno[current], args, nulls, id, (uint64) xid,
-						   stream_id, part, now);
+		pr_stream_fill(&s, d.cslot, args, nulls, now);
 		pr_direct_insert(&d, d.crri, d.cslot);
 	}
 	PG_CATCH();
@@ -2232,6 +2332,125 @@ pr_try_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
 }
 
 /*
+ * A batch of decisions of kinds with a stream (the arrays of
+ * pr_commit_decisions) by the stream writer, in a subtransaction as
+ * pr_try_batch_direct: every event (one table_multi_insert, then each
+ * one's index entries, whose unique checks raise a taken key's 23505),
+ * then every log row in the batch's order.  Returns 1 when all are
+ * written, 0 when a unique violation of the extension's keys rolled the
+ * subtransaction back (the caller then diagnoses), and -1, having written
+ * nothing, when the call must take the statements.  Any other error is
+ * re-raised as it came.
+ */
+static int
+pr_try_stream_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile int result = 1;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		PrStream	s;
+		PrDirect	d;
+		TimestampTz now = GetCurrentTransactionStartTimestamp();
+		TupleTableSlot **ls = NULL;
+		TupleTableSlot **es = NULL;
+		TupleDesc	ldesc = NULL;
+		TupleDesc	edesc = NULL;
+		int32	   *stream_ids = palloc(sizeof(int32) * n);
+		int32	   *partitions = palloc(sizeof(int32) * n);
+		int			i;
+		int			j;
+
+		if (!pr_stream_open(&s))
+			result = -1;
+		for (i = 0; i < n && result > 0; i++)
+		{
+			if (!pr_stream_of(&s, DatumGetTextPP(elems[PR_KEY_COMMAND_KIND][i])))
+			{
+				pr_stream_abandon(&s);
+				result = -1;
+				break;
+			}
+			stream_ids[i] = s.stream_id;
+			partitions[i] = s.partitions;
+		}
+		if (result > 0)
+		{
+			const TupleTableSlotOps *lops;
+			const TupleTableSlotOps *eops;
+
+			pr_stream_start(&s, &d);
+			ls = palloc(sizeof(TupleTableSlot *) * n);
+			es = palloc(sizeof(TupleTableSlot *) * n);
+			ldesc = CreateTupleDescCopy(RelationGetDescr(d.commands));
+			edesc = CreateTupleDescCopy(RelationGetDescr(d.events));
+			lops = table_slot_callbacks(d.commands);
+			eops = table_slot_callbacks(d.events);
+			for (i = 0; i < n; i++)
+			{
+				Datum		args[PR_NKEYS + 1];
+				char		nulls[PR_NKEYS + 1];
+
+				for (j = 0; j < PR_NKEYS; j++)
+				{
+					args[PR_KEY_PARAM(j)] = elems[j][i];
+					nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+				}
+				es[i] = MakeSingleTupleTableSlot(edesc, eops);
+				pr_direct_fill_event(es[i], args, nulls, now);
+				pr_direct_ready(d.events, es[i]);
+			}
+			table_multi_insert(d.events, es, n, d.estate->es_output_cid, 0, NULL);
+			for (i = 0; i < n; i++)
+				pr_direct_index(&d, d.erri, es[i]);
+			for (i = 0; i < n; i++)
+			{
+				Datum		args[PR_NKEYS + 1];
+				char		nulls[PR_NKEYS + 1];
+
+				for (j = 0; j < PR_NKEYS; j++)
+				{
+					args[PR_KEY_PARAM(j)] = elems[j][i];
+					nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+				}
+				args[9] = ObjectIdGetDatum(caller);
+				nulls[9] = ' ';
+				s.stream_id = stream_ids[i];
+				s.partitions = partitions[i];
+				ls[i] = MakeSingleTupleTableSlot(ldesc, lops);
+				pr_stream_fill(&s, ls[i], args, nulls, now);
+				pr_direct_ready(d.commands, ls[i]);
+			}
+			table_multi_insert(d.commands, ls, n, d.estate->es_output_cid, 0, NULL);
+			for (i = 0; i < n; i++)
+				pr_direct_index(&d, d.crri, ls[i]);
+			for (i = 0; i < n; i++)
+			{
+				ExecDropSingleTupleTableSlot(ls[i]);
+				ExecDropSingleTupleTableSlot(es[i]);
+			}
+			pr_direct_close(&d);
+			FreeTupleDesc(ldesc);
+			FreeTupleDesc(edesc);
+		}
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		pr_batch_caught(cxt, owner);
+		result = 0;
+	}
+	PG_END_TRY();
+	return result;
+}
+
+/*
  * commit_decisions on a distributed outbox: each decision as
  * commit_decision makes it there (pr_decide_routed), so that each goes to
  * its run's node; a batch of several runs writes several nodes, and Citus
@@ -2414,6 +2633,19 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 					 errmsg("a batch of decisions must not mix kinds written to a stream with other kinds"),
 					 errhint("Decide them in two calls of commit_decisions.")));
 		stream_batch = (ns > 0);
+	}
+
+	/*
+	 * A batch of kinds with a stream, while no kind has deciders: written
+	 * without SQL when it can be (pr_try_stream_batch_direct), else by the
+	 * diagnosis and the insert below.
+	 */
+	if (stream_batch && !OutboxAnyDeciders() &&
+		pr_try_stream_batch_direct(elems, elnulls, n, caller) > 0)
+	{
+		SPI_finish();
+		m = 0;
+		goto done;
 	}
 
 	/* a distributed outbox: one routed decision at a time */
