@@ -1187,8 +1187,9 @@ $$;
 -- 100 ms (a producer or claim holding the table makes the step try again
 -- later, and every change of the step is rolled back), the table is
 -- checked to hold only the rows seen (a transaction that appended late
--- makes the step try again) and truncated.  The producers' statement
--- locks all three tables, so once the lock is held no statement can still
+-- makes the step try again) and truncated.  The producers (src/producer.c,
+-- the stream writer as the statement) lock all three tables before they
+-- read which one is current, so once the lock is held no producer can still
 -- append to the table from before the switch that retired it.  The switch
 -- to the next table comes once the current one has taken the appends for
 -- outbox.stream_rotation and the next is empty.  Kept rows that became done
