@@ -429,6 +429,16 @@ SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
    "event_payload": {"e": 1}, "headers": {"x-a": "b"}, "ordering_key": "kd"}]');
 SELECT pg_temp.ctx($$SELECT * FROM outbox.commit_decisions('[
   {"run_id": "rd", "seq": 10, "event_kind": "e", "command_id": "cd10", "command_kind": "direct.k", "payload": {"n": 1}}]')$$) AS statement_batch;
+-- with deciders in the policies, the statement, which checks them (42501)
+DROP TRIGGER keep_row ON outbox.stream_log_2;
+SELECT outbox.set_policy('direct.k2', stream => 'direct', deciders => '{}');
+SELECT format('CREATE ROLE regress_stream_prod IN ROLE %I', outbox.role('producer')) \gexec
+SET ROLE regress_stream_prod;
+SELECT pg_temp.err($$SELECT outbox.commit_decision('rd2', 1, 'e', 'cd2-1', 'direct.k2', '{}')$$) AS forbidden;
+SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 11, 'e', 'cd11', 'direct.k', '{"n": 1}')$$) AS deciders;
+RESET ROLE;
+SELECT outbox.commit_decision('rd2', 1, 'e', 'cd2-1', 'direct.k2', '{}') AS admin_decides;
+SELECT outbox.set_policy('direct.k2', stream => '');
 SELECT count(*) AS logged, count(DISTINCT to_jsonb(l) - '{id,command_id,seq,payload}'::text[]) AS distinct_rows,
 	   bool_and(l.part = (hashtext('kd') & 2147483647) % 3) AS part_of_key,
 	   bool_and(l.xid = (pg_current_xact_id()::text::int8 + r.xid_base)::text::xid8) AS xid,

@@ -679,6 +679,8 @@ pr_direct_forget(Datum arg, Oid relid)
 	for (i = 0; i < 3; i++)
 		if (relid == pr_log_relid[i] || relid == pr_read_relid[i])
 			pr_direct_valid = false;
+	if (relid == pr_logseq_relid)
+		pr_direct_valid = false;
 }
 
 /*
