@@ -619,8 +619,9 @@ static AttrNumber pr_evt_attno[PR_EVT_NATTS];
  * their columns (as 00_schema.sql makes them), the sequence of their ids,
  * and the tables and keys it reads: the kind's policy (policies_pkey), its
  * stream (streams_pkey), the current log table (stream_rotation's row) and
- * the events' command ids (events_command_id_key).  Looked at with the two
- * tables above and forgotten with them.
+ * the events' command ids (events_command_id_key).  Looked at by the first
+ * stream decision (pr_stream_lookup) and forgotten at any invalidation of
+ * one of them or of the two tables above.
  */
 #define PR_LOG_NATTS	13
 static const char *const pr_log_cols[PR_LOG_NATTS] = {"id", "xid", "stream_id", "part",
@@ -651,6 +652,7 @@ TEXTOID, INT8OID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, OIDOID, TIMESTAMPTZOID};
 #define PR_READ_ROTATION	2
 #define PR_NREAD			3
 
+static bool pr_stream_valid = false;
 static bool pr_stream_usable = false;
 static Oid	pr_log_relid[3];
 static AttrNumber pr_log_attno[3][PR_LOG_NATTS];
@@ -674,13 +676,12 @@ pr_direct_forget(Datum arg, Oid relid)
 {
 	int			i;
 
-	if (!OidIsValid(relid) || relid == pr_commands_relid || relid == pr_events_relid)
-		pr_direct_valid = false;
+	if (!OidIsValid(relid) || relid == pr_commands_relid || relid == pr_events_relid ||
+		relid == pr_logseq_relid)
+		pr_direct_valid = pr_stream_valid = false;
 	for (i = 0; i < 3; i++)
 		if (relid == pr_log_relid[i] || relid == pr_read_relid[i])
-			pr_direct_valid = false;
-	if (relid == pr_logseq_relid)
-		pr_direct_valid = false;
+			pr_stream_valid = false;
 }
 
 /*
@@ -833,7 +834,6 @@ pr_direct_lookup(void)
 	}
 	pr_direct_valid = true;
 	pr_direct_usable = false;
-	pr_stream_usable = false;
 	nsp = get_namespace_oid("outbox", false);
 	pr_commands_relid = get_relname_relid("commands", nsp);
 	pr_events_relid = get_relname_relid("events", nsp);
@@ -848,10 +848,23 @@ pr_direct_lookup(void)
 		pr_direct_map(rel, pr_evt_cols, pr_evt_hasdef, pr_evt_types, PR_EVT_NATTS,
 						  pr_evt_attno);
 	table_close(rel, NoLock);
+}
+
+/*
+ * Look at the stream writer's tables once (pr_stream_usable), after the two
+ * tables above: only a stream decision does, so that the row path never
+ * opens the stream's tables.
+ */
+static void
+pr_stream_lookup(void)
+{
+	pr_direct_lookup();
+	if (pr_stream_valid)
+		return;
+	pr_stream_valid = true;
+	pr_stream_usable = false;
 	if (pr_direct_usable)
-		pr_direct_lookup_stream(nsp);
-	else
-		pr_stream_usable = false;
+		pr_direct_lookup_stream(get_namespace_oid("outbox", false));
 }
 
 /* Whether a relation opened by the writer takes its rows as the statement would. */
@@ -1270,7 +1283,7 @@ pr_stream_open(PrStream *s)
 	/* (a read-only transaction: the statement raises 25006) */
 	if (OutboxCitusLoaded() || XactReadOnly)
 		return false;
-	pr_direct_lookup();
+	pr_stream_lookup();
 	if (!pr_direct_usable || !pr_stream_usable)
 		return false;
 	/* the statement's locks: the tables written, then those read */
@@ -1283,8 +1296,8 @@ pr_stream_open(PrStream *s)
 	s->kind = NULL;
 
 	/* the locks read invalidations: a change committed since the look counts */
-	if (!pr_direct_valid)
-		pr_direct_lookup();
+	if (!pr_direct_valid || !pr_stream_valid)
+		pr_stream_lookup();
 	ok = pr_direct_usable && pr_stream_usable &&
 		RelationGetRelid(s->events) == pr_events_relid &&
 		pr_direct_plain(s->events, "events_seq_check") && pr_direct_readable(s->events);
