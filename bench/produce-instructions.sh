@@ -42,6 +42,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUTBOX_PACKAGES+=(valgrind)
 
 SCRIPTS=${SCRIPTS:-"outbox hand outbox-batch hand-batch rows-batch"}
+# (not for make: PGXS installs the files named in SCRIPTS)
+export -n SCRIPTS
 N1=${N1:-5}
 N2=${N2:-105}
 

@@ -440,3 +440,83 @@ SELECT string_agg(command_id || ':' || outcome, ',' ORDER BY command_id) AS rece
   FROM outbox.receipts WHERE command_id LIKE 'rx_';
 SELECT outbox.verify();
 SELECT outbox.drop_subscription('rc-sub');
+
+-- The single stream decision is written without SQL (docs/internals.md)
+-- while no kind has deciders: an error of an index a superuser added
+-- names no internal statement, where the statement's names it; a trigger
+-- on a log table sends the call to the statement, which writes the same
+-- rows (the same partition for the same key, the writer's transaction id
+-- plus xid_base, the transaction's now(), the deciding role).  A
+-- read-only transaction is refused (25006) on either path.
+CREATE FUNCTION pg_temp.ctx(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+	c text;
+	con text;
+BEGIN
+	EXECUTE stmt;
+	RETURN '00000';
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS c = PG_EXCEPTION_CONTEXT, con = CONSTRAINT_NAME;
+	RETURN format('%s %s, internal statement: %s', SQLSTATE, con, c LIKE '%INSERT INTO outbox.%');
+END;
+$$;
+BEGIN;
+SELECT outbox.create_stream('direct', 3);
+SELECT outbox.set_policy('direct.k', stream => 'direct');
+SELECT format('outbox.stream_log_%s', current) AS cur_table FROM outbox.stream_rotation \gset
+CREATE UNIQUE INDEX direct_payload_key ON :cur_table (payload) WHERE kind = 'direct.k';
+SELECT outbox.commit_decision('rd', 1, 'e', 'cd1', 'direct.k', '{"n": 1}', '{"e": 1}',
+	   headers => '{"x-a": "b"}', ordering_key => 'kd');
+SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 2, 'e', 'cd2', 'direct.k', '{"n": 1}')$$) AS direct;
+SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 1, 'e', 'cd2', 'direct.k', '{"n": 2}')$$) AS direct_run_seq;
+SELECT outbox.commit_decision('rd', 1, 'e', 'cd1', 'direct.k', '{"n": 1}', ordering_key => 'kd') AS direct_retry;
+SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 3, 'e', 'cd1', 'direct.k', '{"n": 3}')$$) AS direct_conflict;
+-- the batch form likewise (a retry among new decisions, then a conflict)
+SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 6, "event_kind": "e", "command_id": "cd6", "command_kind": "direct.k", "payload": {"n": 6},
+   "event_payload": {"e": 1}, "headers": {"x-a": "b"}, "ordering_key": "kd"},
+  {"run_id": "rd", "seq": 1, "event_kind": "e", "command_id": "cd1", "command_kind": "direct.k", "payload": {"n": 1}, "ordering_key": "kd"}]');
+SELECT pg_temp.ctx($$SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 7, "event_kind": "e", "command_id": "cd7", "command_kind": "direct.k", "payload": {"n": 1}}]')$$) AS direct_batch;
+SELECT pg_temp.ctx($$SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 8, "event_kind": "e", "command_id": "cd6", "command_kind": "direct.k", "payload": {"n": 8}}]')$$) AS direct_batch_conflict;
+CREATE FUNCTION public.keep_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
+CREATE TRIGGER keep_row BEFORE INSERT ON outbox.stream_log_2 FOR EACH ROW EXECUTE FUNCTION public.keep_row();
+SELECT outbox.commit_decision('rd', 4, 'e', 'cd4', 'direct.k', '{"n": 4}', '{"e": 1}',
+	   headers => '{"x-a": "b"}', ordering_key => 'kd');
+SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 5, 'e', 'cd5', 'direct.k', '{"n": 1}')$$) AS statement;
+SELECT outbox.commit_decision('rd', 4, 'e', 'cd4', 'direct.k', '{"n": 4}', ordering_key => 'kd') AS statement_retry;
+SELECT ord, command_id, recorded FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 9, "event_kind": "e", "command_id": "cd9", "command_kind": "direct.k", "payload": {"n": 9},
+   "event_payload": {"e": 1}, "headers": {"x-a": "b"}, "ordering_key": "kd"}]');
+SELECT pg_temp.ctx($$SELECT * FROM outbox.commit_decisions('[
+  {"run_id": "rd", "seq": 10, "event_kind": "e", "command_id": "cd10", "command_kind": "direct.k", "payload": {"n": 1}}]')$$) AS statement_batch;
+-- with deciders in the policies, the statement, which checks them (42501)
+DROP TRIGGER keep_row ON outbox.stream_log_2;
+SELECT outbox.set_policy('direct.k2', stream => 'direct', deciders => '{}');
+SELECT format('CREATE ROLE regress_stream_prod IN ROLE %I', outbox.role('producer')) \gexec
+SET ROLE regress_stream_prod;
+SELECT pg_temp.err($$SELECT outbox.commit_decision('rd2', 1, 'e', 'cd2-1', 'direct.k2', '{}')$$) AS forbidden;
+SELECT pg_temp.ctx($$SELECT outbox.commit_decision('rd', 11, 'e', 'cd11', 'direct.k', '{"n": 1}')$$) AS deciders;
+RESET ROLE;
+SELECT outbox.commit_decision('rd2', 1, 'e', 'cd2-1', 'direct.k2', '{}') AS admin_decides;
+SELECT outbox.set_policy('direct.k2', stream => '');
+SELECT count(*) AS logged, count(DISTINCT to_jsonb(l) - '{id,command_id,seq,payload}'::text[]) AS distinct_rows,
+	   bool_and(l.part = (hashtext('kd') & 2147483647) % 3) AS part_of_key,
+	   bool_and(l.xid = (pg_current_xact_id()::text::int8 + r.xid_base)::text::xid8) AS xid,
+	   bool_and(l.created_at = now() AND l.decided_by = current_user::regrole) AS now_and_role,
+	   bool_and(l.stream_id = s.stream_id) AS stream_id,
+	   (SELECT count(*) FROM :cur_table c WHERE c.kind = 'direct.k') AS in_current,
+	   max(l.id) > min(l.id) AS ids_in_order
+  FROM outbox._stream_log l CROSS JOIN outbox.stream_rotation r
+  JOIN outbox.streams s ON s.stream = 'direct'
+ WHERE l.kind = 'direct.k';
+SELECT count(*) AS events, count(DISTINCT to_jsonb(e) - '{command_id,seq}'::text[]) AS distinct_rows,
+	   bool_and(e.created_at = now()) AS times_now
+  FROM outbox.events e WHERE e.run_id = 'rd';
+ROLLBACK;
+BEGIN READ ONLY;
+SELECT pg_temp.err($$SELECT outbox.commit_decision('ro', 1, 'e', 'ro-1', 'order.placed', '{}')$$) AS stream_read_only;
+SELECT pg_temp.err($$SELECT outbox.commit_decision('ro', 2, 'e', 'ro-2', 'mail', '{}')$$) AS row_read_only;
+SELECT pg_temp.err($$SELECT * FROM outbox.commit_decisions('[["ro", 3, "e", "ro-3", "mail", {}]]')$$) AS batch_read_only;
+ROLLBACK;

@@ -6,8 +6,10 @@
  * Everything runs in the caller's transaction, so an event and the command
  * it decides commit or roll back together with the caller's own writes.
  * The common decision (no ordering key, no stream, no deciders, Citus not
- * loaded) is inserted without SQL, heap and index inserts as the executor's
- * helpers make them (pr_direct_open says how and when); every other case
+ * loaded), and the single decision of a kind with a stream while no kind
+ * has deciders, are inserted without SQL, heap and index inserts as the
+ * executor's helpers make them (pr_direct_open and pr_direct_stream say
+ * how and when); every other case
  * runs SPI statements with saved plans, described here.  Both take
  * RowExclusiveLock on outbox.events and outbox.commands and their indexes,
  * held to the end of the transaction.
@@ -56,11 +58,15 @@
  * statements it ran before keys existed, and takes no lock.
  *
  * A kind with a stream (docs/streams.md) is written once: its decision is
- * appended to the stream log with its event by src/stream.c's statements
- * (pr_decide_stream, and the batch form's two plans), at one branch point
- * in each form; it takes no key lock (a stream keeps a key's order by
- * partition), refuses not_before, and a batch does not mix it with other
- * kinds.
+ * appended to the stream log with its event (pr_decide_stream, and the
+ * batch form's two plans of src/stream.c), at one branch point in each
+ * form; it takes no key lock (a stream keeps a key's order by partition),
+ * refuses not_before, and a batch does not mix it with other kinds.  The
+ * single decision is written without SQL by the stream writer
+ * (pr_direct_stream) under the direct writer's conditions, else by
+ * src/stream.c's statement; both lock the three log tables before they
+ * take the snapshot under which they read which one is current (the
+ * rotation's argument, src/sql/35_streams.sql).
  *
  *-------------------------------------------------------------------------
  */
@@ -72,8 +78,12 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "common/hashfn.h"
+#include "common/int.h"
 #include "executor/executor.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -88,6 +98,7 @@
 #include "utils/rel.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
+#include "utils/xid8.h"
 
 #include "outbox.h"
 
@@ -468,13 +479,25 @@ pr_decide_routed(Datum *args, const char *nulls, const PrWhat *what)
  * recorded, false for the caller's own retry; raises as commit_decision
  * does for a forbidden kind or a conflict (ord: the place in a batch, or 0).
  */
+static int	pr_direct_stream(Datum *args, const char *nulls, const PrWhat *w);
+
 static bool
 pr_decide_stream(Datum *args, char *nulls, text *key, const PrWhat *what, int ord)
 {
+	bool		deciders;
+	int			direct = -1;
+
 	OutboxStreamCheckDecision(DatumGetTextPP(args[3]), nulls[7] != 'n', ord);
 	args[11] = key != NULL ? PointerGetDatum(key) : (Datum) 0;
 	nulls[11] = key != NULL ? ' ' : 'n';
-	if (pr_insert(OutboxStreamDecidePlan(OutboxAnyDeciders()), args, nulls, what, true))
+	deciders = OutboxAnyDeciders();
+	/* written without SQL when it can be (pr_direct_stream), else by the statement */
+	if (!deciders)
+		direct = pr_direct_stream(args, nulls, what);
+	if (direct > 0)
+		return true;
+	if (direct < 0 &&
+		pr_insert(OutboxStreamDecidePlan(deciders), args, nulls, what, true))
 		return true;
 	switch (OutboxStreamWhyNot(args, nulls))
 	{
@@ -512,9 +535,12 @@ pr_decide_stream(Datum *args, char *nulls, text *key, const PrWhat *what, int or
  * on either table (the extension creates none outside Citus, but a
  * superuser could), row-level security, CHECK constraints other than
  * events_seq_check (checked by pr_check_seq before), a column the
- * writer does not know or a default on a column it leaves NULL, or a
+ * writer does not know or a default on a column it leaves NULL, a
  * missing INSERT or SELECT privilege of the extension's owner (the
- * statements then raise the error).
+ * statements then raise the error), or a read-only transaction (25006).
+ *
+ * The stream writer (pr_direct_stream) uses the same machinery with the
+ * current stream log table in the place of outbox.commands.
  */
 typedef struct PrDirect
 {
@@ -588,12 +614,74 @@ static Oid	pr_events_relid = InvalidOid;
 static AttrNumber pr_cmd_attno[PR_CMD_NATTS];
 static AttrNumber pr_evt_attno[PR_EVT_NATTS];
 
+/*
+ * The stream writer's tables (pr_direct_stream): the three log tables,
+ * their columns (as 00_schema.sql makes them), the sequence of their ids,
+ * and the tables and keys it reads: the kind's policy (policies_pkey), its
+ * stream (streams_pkey), the current log table (stream_rotation's row) and
+ * the events' command ids (events_command_id_key).  Looked at by the first
+ * stream decision (pr_stream_lookup) and forgotten at any invalidation of
+ * one of them or of the two tables above.
+ */
+#define PR_LOG_NATTS	13
+static const char *const pr_log_cols[PR_LOG_NATTS] = {"id", "xid", "stream_id", "part",
+	"command_id", "run_id", "seq", "kind", "payload", "headers", "ordering_key",
+"decided_by", "created_at"};
+static const bool pr_log_hasdef[PR_LOG_NATTS] = {false, false, false, false, false, false,
+false, false, false, false, false, false, true};
+static const int64 pr_log_types[PR_LOG_NATTS] = {INT8OID, XID8OID, INT4OID, INT4OID, TEXTOID,
+TEXTOID, INT8OID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, OIDOID, TIMESTAMPTZOID};
+
+#define PRL_ID			0
+#define PRL_XID			1
+#define PRL_STREAM_ID	2
+#define PRL_PART		3
+#define PRL_COMMAND_ID	4
+#define PRL_RUN_ID		5
+#define PRL_SEQ			6
+#define PRL_KIND		7
+#define PRL_PAYLOAD		8
+#define PRL_HEADERS		9
+#define PRL_ORDERING_KEY 10
+#define PRL_DECIDED_BY	11
+#define PRL_CREATED_AT	12
+
+/* the relations read: policies, streams, stream_rotation */
+#define PR_READ_POLICIES	0
+#define PR_READ_STREAMS		1
+#define PR_READ_ROTATION	2
+#define PR_NREAD			3
+
+static bool pr_stream_valid = false;
+static bool pr_stream_usable = false;
+static Oid	pr_log_relid[3];
+static AttrNumber pr_log_attno[3][PR_LOG_NATTS];
+static Oid	pr_read_relid[PR_NREAD];
+static Oid	pr_logseq_relid = InvalidOid;
+static Oid	pr_policies_key = InvalidOid;
+static Oid	pr_streams_key = InvalidOid;
+static Oid	pr_events_cmd_key = InvalidOid;
+static AttrNumber pr_pol_kind;
+static AttrNumber pr_pol_stream;
+static AttrNumber pr_st_stream;
+static AttrNumber pr_st_id;
+static AttrNumber pr_st_parts;
+static AttrNumber pr_rot_current;
+static AttrNumber pr_rot_base;
+static AttrNumber pr_evt_command_attno;
+
 /* Relcache callback: forget the direct writer's look at the tables. */
 static void
 pr_direct_forget(Datum arg, Oid relid)
 {
-	if (!OidIsValid(relid) || relid == pr_commands_relid || relid == pr_events_relid)
-		pr_direct_valid = false;
+	int			i;
+
+	if (!OidIsValid(relid) || relid == pr_commands_relid || relid == pr_events_relid ||
+		relid == pr_logseq_relid)
+		pr_direct_valid = pr_stream_valid = false;
+	for (i = 0; i < 3; i++)
+		if (relid == pr_log_relid[i] || relid == pr_read_relid[i])
+			pr_stream_valid = false;
 }
 
 /*
@@ -634,6 +722,102 @@ pr_direct_map(Relation rel, const char *const *names, const bool *hasdef,
 	return seen == n;
 }
 
+/* The attribute number of column name of type typid in rel; 0 if none. */
+static AttrNumber
+pr_direct_column(Relation rel, const char *name, Oid typid)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (!att->attisdropped && strcmp(NameStr(att->attname), name) == 0)
+			return att->atttypid == typid ? att->attnum : InvalidAttrNumber;
+	}
+	return InvalidAttrNumber;
+}
+
+/*
+ * The id of index name of namespace nsp when it is a valid b-tree index of
+ * the one column attno of the table relid; InvalidOid otherwise.
+ */
+static Oid
+pr_direct_key(Oid nsp, const char *name, Oid relid, AttrNumber attno)
+{
+	Oid			indexid = get_relname_relid(name, nsp);
+	Relation	irel;
+	bool		ok;
+
+	if (!OidIsValid(indexid) || attno == InvalidAttrNumber)
+		return InvalidOid;
+	irel = index_open(indexid, AccessShareLock);
+	ok = irel->rd_index->indrelid == relid && irel->rd_index->indnatts == 1 &&
+		irel->rd_index->indkey.values[0] == attno && irel->rd_index->indisvalid &&
+		irel->rd_rel->relam == BTREE_AM_OID && irel->rd_opcintype[0] == TEXTOID;
+	index_close(irel, NoLock);
+	return ok ? indexid : InvalidOid;
+}
+
+/* Look at the stream writer's tables (pr_stream_usable); nsp is the extension's. */
+static void
+pr_direct_lookup_stream(Oid nsp)
+{
+	static const char *const logs[3] = {"stream_log_0", "stream_log_1", "stream_log_2"};
+	static const char *const reads[PR_NREAD] = {"policies", "streams", "stream_rotation"};
+	Relation	rel[PR_NREAD];
+	int			i;
+
+	pr_stream_usable = false;
+	for (i = 0; i < 3; i++)
+	{
+		Relation	log;
+		bool		ok;
+
+		pr_log_relid[i] = get_relname_relid(logs[i], nsp);
+		if (!OidIsValid(pr_log_relid[i]))
+			return;
+		log = table_open(pr_log_relid[i], AccessShareLock);
+		ok = pr_direct_map(log, pr_log_cols, pr_log_hasdef, pr_log_types, PR_LOG_NATTS,
+						   pr_log_attno[i]);
+		table_close(log, NoLock);
+		if (!ok)
+			return;
+	}
+	for (i = 0; i < PR_NREAD; i++)
+	{
+		pr_read_relid[i] = get_relname_relid(reads[i], nsp);
+		if (!OidIsValid(pr_read_relid[i]))
+			return;
+	}
+	pr_logseq_relid = get_relname_relid("stream_log_id_seq", nsp);
+	if (!OidIsValid(pr_logseq_relid) || get_rel_relkind(pr_logseq_relid) != RELKIND_SEQUENCE)
+		return;
+	for (i = 0; i < PR_NREAD; i++)
+		rel[i] = table_open(pr_read_relid[i], AccessShareLock);
+	pr_pol_kind = pr_direct_column(rel[PR_READ_POLICIES], "kind", TEXTOID);
+	pr_pol_stream = pr_direct_column(rel[PR_READ_POLICIES], "stream", TEXTOID);
+	pr_st_stream = pr_direct_column(rel[PR_READ_STREAMS], "stream", TEXTOID);
+	pr_st_id = pr_direct_column(rel[PR_READ_STREAMS], "stream_id", INT4OID);
+	pr_st_parts = pr_direct_column(rel[PR_READ_STREAMS], "partitions", INT4OID);
+	pr_rot_current = pr_direct_column(rel[PR_READ_ROTATION], "current", INT4OID);
+	pr_rot_base = pr_direct_column(rel[PR_READ_ROTATION], "xid_base", INT8OID);
+	for (i = 0; i < PR_NREAD; i++)
+		table_close(rel[i], NoLock);
+	pr_evt_command_attno = pr_evt_attno[PRE_COMMAND_ID];
+	pr_policies_key = pr_direct_key(nsp, "policies_pkey", pr_read_relid[PR_READ_POLICIES],
+									pr_pol_kind);
+	pr_streams_key = pr_direct_key(nsp, "streams_pkey", pr_read_relid[PR_READ_STREAMS],
+								   pr_st_stream);
+	pr_events_cmd_key = pr_direct_key(nsp, "events_command_id_key", pr_events_relid,
+									  pr_evt_command_attno);
+	pr_stream_usable = OidIsValid(pr_policies_key) && OidIsValid(pr_streams_key) &&
+		OidIsValid(pr_events_cmd_key) && pr_pol_stream != InvalidAttrNumber &&
+		pr_st_id != InvalidAttrNumber && pr_st_parts != InvalidAttrNumber &&
+		pr_rot_current != InvalidAttrNumber && pr_rot_base != InvalidAttrNumber;
+}
+
 /* Look at the two tables once: their ids and columns (pr_direct_usable). */
 static void
 pr_direct_lookup(void)
@@ -664,6 +848,23 @@ pr_direct_lookup(void)
 		pr_direct_map(rel, pr_evt_cols, pr_evt_hasdef, pr_evt_types, PR_EVT_NATTS,
 						  pr_evt_attno);
 	table_close(rel, NoLock);
+}
+
+/*
+ * Look at the stream writer's tables once (pr_stream_usable), after the two
+ * tables above: only a stream decision does, so that the row path never
+ * opens the stream's tables.
+ */
+static void
+pr_stream_lookup(void)
+{
+	pr_direct_lookup();
+	if (pr_stream_valid)
+		return;
+	pr_stream_valid = true;
+	pr_stream_usable = false;
+	if (pr_direct_usable)
+		pr_direct_lookup_stream(get_namespace_oid("outbox", false));
 }
 
 /* Whether a relation opened by the writer takes its rows as the statement would. */
@@ -705,6 +906,38 @@ pr_direct_predicates(ResultRelInfo *rri, EState *estate)
 	MemoryContextSwitchTo(old);
 }
 
+/* Take the statement's snapshot and command id, as SPI takes them. */
+static void
+pr_direct_snapshot(void)
+{
+	PushActiveSnapshot(GetTransactionSnapshot());
+	CommandCounterIncrement();
+	UpdateActiveSnapshotCommandId();
+}
+
+/*
+ * Open the indexes of d's two tables (d->commands, d->events, opened with
+ * their locks) and make the executor state and the slots, under the
+ * snapshot pr_direct_snapshot took.
+ */
+static void
+pr_direct_start(PrDirect *d)
+{
+	d->estate = CreateExecutorState();
+	d->crri = makeNode(ResultRelInfo);
+	InitResultRelInfo(d->crri, d->commands, 1, NULL, 0);
+	ExecOpenIndices(d->crri, false);
+	pr_direct_predicates(d->crri, d->estate);
+	d->erri = makeNode(ResultRelInfo);
+	InitResultRelInfo(d->erri, d->events, 2, NULL, 0);
+	ExecOpenIndices(d->erri, false);
+	pr_direct_predicates(d->erri, d->estate);
+	d->cslot = table_slot_create(d->commands, NULL);
+	d->eslot = table_slot_create(d->events, NULL);
+	d->estate->es_snapshot = GetActiveSnapshot();
+	d->estate->es_output_cid = GetCurrentCommandId(true);
+}
+
 /*
  * Open the two tables and their indexes for the direct writer; false
  * (nothing open, the locks kept, as the statements would take them) when
@@ -713,7 +946,8 @@ pr_direct_predicates(ResultRelInfo *rri, EState *estate)
 static bool
 pr_direct_open(PrDirect *d)
 {
-	if (OutboxCitusLoaded())
+	/* (a read-only transaction: the statement raises 25006) */
+	if (OutboxCitusLoaded() || XactReadOnly)
 		return false;
 	pr_direct_lookup();
 	if (!pr_direct_usable)
@@ -734,24 +968,8 @@ pr_direct_open(PrDirect *d)
 		table_close(d->commands, NoLock);
 		return false;
 	}
-	d->estate = CreateExecutorState();
-	d->crri = makeNode(ResultRelInfo);
-	InitResultRelInfo(d->crri, d->commands, 1, NULL, 0);
-	ExecOpenIndices(d->crri, false);
-	pr_direct_predicates(d->crri, d->estate);
-	d->erri = makeNode(ResultRelInfo);
-	InitResultRelInfo(d->erri, d->events, 2, NULL, 0);
-	ExecOpenIndices(d->erri, false);
-	pr_direct_predicates(d->erri, d->estate);
-	d->cslot = table_slot_create(d->commands, NULL);
-	d->eslot = table_slot_create(d->events, NULL);
-
-	/* the statement's snapshot and command id, as SPI takes them */
-	PushActiveSnapshot(GetTransactionSnapshot());
-	CommandCounterIncrement();
-	UpdateActiveSnapshotCommandId();
-	d->estate->es_snapshot = GetActiveSnapshot();
-	d->estate->es_output_cid = GetCurrentCommandId(true);
+	pr_direct_snapshot();
+	pr_direct_start(d);
 	return true;
 }
 
@@ -837,6 +1055,9 @@ pr_direct_insert(PrDirect *d, ResultRelInfo *rri, TupleTableSlot *slot)
  * PR_DECIDE takes them; nulls[10], the headers, may be 'n'); pending is
  * the text 'pending'.
  */
+static void pr_direct_fill_event(TupleTableSlot *e, Datum *args, const char *nulls,
+								 TimestampTz now);
+
 static void
 pr_direct_fill(TupleTableSlot *c, TupleTableSlot *e, Datum *args, const char *nulls,
 			   TimestampTz now, Datum pending)
@@ -866,6 +1087,14 @@ pr_direct_fill(TupleTableSlot *c, TupleTableSlot *e, Datum *args, const char *nu
 	if (nulls[10] != 'n')
 		PR_SETC(PRC_HEADERS, args[10]);
 #undef PR_SETC
+	pr_direct_fill_event(e, args, nulls, now);
+}
+
+/* Fill the event slot e with a decision's event (args as pr_direct_fill takes them). */
+static void
+pr_direct_fill_event(TupleTableSlot *e, Datum *args, const char *nulls, TimestampTz now)
+{
+	int			i;
 
 	ExecClearTuple(e);
 	for (i = 0; i < e->tts_tupleDescriptor->natts; i++)
@@ -905,6 +1134,349 @@ pr_direct_decision(PrDirect *d, Datum *args, const char *nulls, TimestampTz now,
 		pr_insert_caught(cxt, w);
 	}
 	PG_END_TRY();
+}
+
+/*
+ * Whether a relation the stream writer only reads is read as the
+ * statement would read it (a plain table without row-level security that
+ * the owner may SELECT).
+ */
+static bool
+pr_direct_readable(Relation rel)
+{
+	return rel->rd_rel->relkind == RELKIND_RELATION && !rel->rd_rel->relrowsecurity &&
+		pg_class_aclcheck(RelationGetRelid(rel), GetUserId(), ACL_SELECT) == ACLCHECK_OK;
+}
+
+/*
+ * The first row of rel with column attno equal to the text value, through
+ * the index indexid (InvalidOid: the first row of a scan of the table),
+ * under the active snapshot, copied into the current memory context; NULL
+ * when there is none.
+ */
+static HeapTuple
+pr_direct_fetch(Relation rel, Oid indexid, AttrNumber attno, Datum value)
+{
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+
+	if (OidIsValid(indexid))
+		ScanKeyInit(&key, attno, BTEqualStrategyNumber, F_TEXTEQ, value);
+	scan = systable_beginscan(rel, indexid, OidIsValid(indexid), GetActiveSnapshot(),
+							  OidIsValid(indexid) ? 1 : 0, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+		tuple = heap_copytuple(tuple);
+	systable_endscan(scan);
+	return tuple;
+}
+
+/*
+ * Fill the log slot l with a decision (args as pr_decide_stream has them:
+ * args[11] the ordering key or NULL), its log id, transaction id, stream
+ * and partition; attno the table's columns.
+ */
+static void
+pr_direct_fill_log(TupleTableSlot *l, const AttrNumber *attno, Datum *args,
+				   const char *nulls, int64 id, uint64 xid, int32 stream_id,
+				   int32 part, TimestampTz now)
+{
+	int			i;
+
+	ExecClearTuple(l);
+	for (i = 0; i < l->tts_tupleDescriptor->natts; i++)
+		l->tts_isnull[i] = true;
+#define PR_SETL(col, v) \
+	do { l->tts_values[attno[col] - 1] = (v); \
+		 l->tts_isnull[attno[col] - 1] = false; } while (0)
+	PR_SETL(PRL_ID, Int64GetDatum(id));
+	PR_SETL(PRL_XID, FullTransactionIdGetDatum(FullTransactionIdFromU64(xid)));
+	PR_SETL(PRL_STREAM_ID, Int32GetDatum(stream_id));
+	PR_SETL(PRL_PART, Int32GetDatum(part));
+	PR_SETL(PRL_COMMAND_ID, args[3]);
+	PR_SETL(PRL_RUN_ID, args[0]);
+	PR_SETL(PRL_SEQ, args[1]);
+	PR_SETL(PRL_KIND, args[4]);
+	PR_SETL(PRL_PAYLOAD, args[5]);
+	if (nulls[10] != 'n')
+		PR_SETL(PRL_HEADERS, args[10]);
+	if (nulls[11] != 'n')
+		PR_SETL(PRL_ORDERING_KEY, args[11]);
+	PR_SETL(PRL_DECIDED_BY, args[9]);
+	PR_SETL(PRL_CREATED_AT, TimestampTzGetDatum(now));
+#undef PR_SETL
+}
+
+/*
+ * The stream writer: decisions of kinds with a stream, appended to the
+ * current log table with their events without SQL, as src/stream.c's
+ * statements write them (OutboxStreamDecidePlan for one, and
+ * OutboxStreamBatchPlan for a batch), while no kind has deciders (the
+ * callers' test).  The call takes the statement instead when Citus is
+ * loaded, in a read-only transaction, when a table would take or give rows
+ * differently (pr_direct_open's conditions, for the three log tables too,
+ * and no row-level security on the tables read), or when a decision's
+ * policy or stream, or the rotation's row, is not there under the
+ * snapshot.
+ *
+ * The locks and the snapshot come in the statement's order, which the
+ * rotation's safety rests on (src/sql/35_streams.sql, _stream_rotate): all
+ * three log tables are locked (RowExclusiveLock, as the statement's plan
+ * locks them when it is fetched) before the snapshot is taken, and only
+ * then is stream_rotation.current read, under that snapshot.  So a
+ * rotation holding one table's ACCESS EXCLUSIVE lock to truncate it is
+ * waited for before the call can see which table is current, and a
+ * rotation that asks for the lock after the call took it waits for the
+ * caller's commit and then counts the row (test/isolation
+ * stream_rotate_vs_append).
+ *
+ * A row: id from the log's sequence (in the batch's order), xid the top
+ * transaction's id plus xid_base, the partition the hash of the ordering
+ * key (else of the run_id), & 2147483647, modulo the stream's partitions
+ * (hashtext, as the statements), created_at the transaction's now(); the
+ * event as the row path's (pr_direct_fill_event).  The events go first,
+ * as in the statements, whose log inserts run after their top INSERT: a
+ * taken (run_id, seq) or command id raises 23505 on events_pkey or
+ * events_command_id_key before any log row is written.
+ */
+typedef struct PrStream
+{
+	Relation	events;
+	Relation	logs[3];
+	Relation	reads[PR_NREAD];
+	int32		current;		/* the current log table */
+	int64		xid_base;
+	int64		xid;			/* the rows' xid (xid_base added) */
+	text	   *kind;			/* the last kind looked up, and its stream */
+	int32		stream_id;
+	int32		partitions;
+} PrStream;
+
+/* Close what pr_stream_open opened but the events and the current log table. */
+static void
+pr_stream_close_others(PrStream *s)
+{
+	int			i;
+
+	for (i = 0; i < PR_NREAD; i++)
+		if (s->reads[i] != NULL)
+			table_close(s->reads[i], NoLock);
+	for (i = 0; i < 3; i++)
+		if (i != s->current)
+			table_close(s->logs[i], NoLock);
+}
+
+/*
+ * Lock and open the stream writer's tables, take the snapshot and read the
+ * current log table under it; false (everything closed, the locks kept)
+ * when the call must take the statement.
+ */
+static bool
+pr_stream_open(PrStream *s)
+{
+	HeapTuple	tuple;
+	bool		isnull;
+	bool		ok;
+	int			i;
+
+	/* (a read-only transaction: the statement raises 25006) */
+	if (OutboxCitusLoaded() || XactReadOnly)
+		return false;
+	pr_stream_lookup();
+	if (!pr_direct_usable || !pr_stream_usable)
+		return false;
+	/* the statement's locks: the tables written, then those read */
+	s->events = table_open(pr_events_relid, RowExclusiveLock);
+	for (i = 0; i < 3; i++)
+		s->logs[i] = table_open(pr_log_relid[i], RowExclusiveLock);
+	for (i = 0; i < PR_NREAD; i++)
+		s->reads[i] = table_open(pr_read_relid[i], AccessShareLock);
+	s->current = -1;
+	s->kind = NULL;
+
+	/* the locks read invalidations: a change committed since the look counts */
+	if (!pr_direct_valid || !pr_stream_valid)
+		pr_stream_lookup();
+	ok = pr_direct_usable && pr_stream_usable &&
+		RelationGetRelid(s->events) == pr_events_relid &&
+		pr_direct_plain(s->events, "events_seq_check") && pr_direct_readable(s->events);
+	for (i = 0; i < 3 && ok; i++)
+		ok = RelationGetRelid(s->logs[i]) == pr_log_relid[i] && pr_direct_plain(s->logs[i], NULL);
+	for (i = 0; i < PR_NREAD && ok; i++)
+		ok = RelationGetRelid(s->reads[i]) == pr_read_relid[i] && pr_direct_readable(s->reads[i]);
+
+	/* then the snapshot, and under it the current table */
+	if (ok)
+	{
+		pr_direct_snapshot();
+		tuple = pr_direct_fetch(s->reads[PR_READ_ROTATION], InvalidOid, 0, (Datum) 0);
+		ok = false;
+		if (tuple != NULL)
+		{
+			TupleDesc	desc = RelationGetDescr(s->reads[PR_READ_ROTATION]);
+
+			s->current = DatumGetInt32(heap_getattr(tuple, pr_rot_current, desc, &isnull));
+			ok = !isnull && s->current >= 0 && s->current <= 2;
+			s->xid_base = DatumGetInt64(heap_getattr(tuple, pr_rot_base, desc, &isnull));
+			ok = ok && !isnull;
+		}
+		if (!ok)
+		{
+			s->current = -1;
+			PopActiveSnapshot();
+			CommandCounterIncrement();
+		}
+	}
+	if (!ok)
+	{
+		pr_stream_close_others(s);
+		table_close(s->events, NoLock);
+		return false;
+	}
+	s->xid = 0;
+	return true;
+}
+
+/* Give up a stream write before anything was written (pr_stream_open's tables). */
+static void
+pr_stream_abandon(PrStream *s)
+{
+	PopActiveSnapshot();
+	CommandCounterIncrement();
+	pr_stream_close_others(s);
+	table_close(s->logs[s->current], NoLock);
+	table_close(s->events, NoLock);
+}
+
+/*
+ * The stream of kind under the snapshot (s->stream_id, s->partitions), as
+ * the statement's join of policies and streams finds it; false when there
+ * is none.  The last kind's is kept.
+ */
+static bool
+pr_stream_of(PrStream *s, text *kind)
+{
+	HeapTuple	tuple;
+	Datum		stream;
+	bool		isnull;
+	bool		nullid;
+
+	if (s->kind != NULL && OutboxCompareIds(s->kind, kind) == 0 &&
+		VARSIZE_ANY_EXHDR(s->kind) == VARSIZE_ANY_EXHDR(kind))
+		return true;
+	s->kind = NULL;
+	tuple = pr_direct_fetch(s->reads[PR_READ_POLICIES], pr_policies_key, pr_pol_kind,
+							PointerGetDatum(kind));
+	if (tuple == NULL)
+		return false;
+	stream = heap_getattr(tuple, pr_pol_stream, RelationGetDescr(s->reads[PR_READ_POLICIES]),
+						  &isnull);
+	if (isnull)
+		return false;
+	tuple = pr_direct_fetch(s->reads[PR_READ_STREAMS], pr_streams_key, pr_st_stream, stream);
+	if (tuple == NULL)
+		return false;
+	s->stream_id = DatumGetInt32(heap_getattr(tuple, pr_st_id,
+											  RelationGetDescr(s->reads[PR_READ_STREAMS]), &nullid));
+	s->partitions = DatumGetInt32(heap_getattr(tuple, pr_st_parts,
+											   RelationGetDescr(s->reads[PR_READ_STREAMS]), &isnull));
+	if (nullid || isnull || s->partitions < 1)
+		return false;
+	s->kind = kind;
+	return true;
+}
+
+/*
+ * Done reading: close the tables read and the log tables not written, and
+ * make d the writer of the events and the current log table (in the place
+ * of outbox.commands).
+ */
+static void
+pr_stream_start(PrStream *s, PrDirect *d)
+{
+	int			i;
+
+	for (i = 0; i < PR_NREAD; i++)
+	{
+		table_close(s->reads[i], NoLock);
+		s->reads[i] = NULL;
+	}
+	pr_stream_close_others(s);
+	d->commands = s->logs[s->current];
+	d->events = s->events;
+	pr_direct_start(d);
+}
+
+/*
+ * Fill the log slot l with a decision (args as pr_decide_stream has them:
+ * args[11] the ordering key, or nulls[11] 'n') of the stream s->kind's,
+ * taking its log id; the events are inserted already (their transaction
+ * id is assigned).
+ */
+static void
+pr_stream_fill(PrStream *s, TupleTableSlot *l, Datum *args, const char *nulls,
+			   TimestampTz now)
+{
+	int32		part;
+
+	if (s->xid == 0 &&
+		pg_add_s64_overflow((int64) U64FromFullTransactionId(GetTopFullTransactionId()),
+							s->xid_base, &s->xid))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("bigint out of range")));
+	part = (DatumGetInt32(DirectFunctionCall1Coll(hashtext, DEFAULT_COLLATION_OID,
+												  nulls[11] != 'n' ? args[11] : args[0]))
+			& 2147483647) % s->partitions;
+	pr_direct_fill_log(l, pr_log_attno[s->current], args, nulls,
+					   nextval_internal(pr_logseq_relid, true), (uint64) s->xid,
+					   s->stream_id, part, now);
+}
+
+/*
+ * One decision (args as pr_decide_stream has them) by the stream writer.
+ * Returns 1 when it wrote it, 0 when an event holds the command id already
+ * under the statement's snapshot (the caller then diagnoses,
+ * OutboxStreamWhyNot), and -1, having written nothing, when the call must
+ * take the statement.  A unique violation is raised as pr_insert does.
+ */
+static int
+pr_direct_stream(Datum *args, const char *nulls, const PrWhat *w)
+{
+	PrStream	s;
+	PrDirect	d;
+	MemoryContext cxt = CurrentMemoryContext;
+	TimestampTz now = GetCurrentTransactionStartTimestamp();
+
+	if (!pr_stream_open(&s))
+		return -1;
+	if (!pr_stream_of(&s, DatumGetTextPP(args[4])))
+	{
+		pr_stream_abandon(&s);
+		return -1;
+	}
+	/* a command id an event holds: not inserted (the caller diagnoses) */
+	if (pr_direct_fetch(s.events, pr_events_cmd_key, pr_evt_command_attno, args[3]) != NULL)
+	{
+		pr_stream_abandon(&s);
+		return 0;
+	}
+	pr_stream_start(&s, &d);
+	PG_TRY();
+	{
+		pr_direct_fill_event(d.eslot, args, nulls, now);
+		pr_direct_insert(&d, d.erri, d.eslot);
+		pr_stream_fill(&s, d.cslot, args, nulls, now);
+		pr_direct_insert(&d, d.crri, d.cslot);
+	}
+	PG_CATCH();
+	{
+		pr_insert_caught(cxt, w);
+	}
+	PG_END_TRY();
+	pr_direct_close(&d);
+	return 1;
 }
 
 /*
@@ -1775,6 +2347,125 @@ pr_try_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
 }
 
 /*
+ * A batch of decisions of kinds with a stream (the arrays of
+ * pr_commit_decisions) by the stream writer, in a subtransaction as
+ * pr_try_batch_direct: every event (one table_multi_insert, then each
+ * one's index entries, whose unique checks raise a taken key's 23505),
+ * then every log row in the batch's order.  Returns 1 when all are
+ * written, 0 when a unique violation of the extension's keys rolled the
+ * subtransaction back (the caller then diagnoses), and -1, having written
+ * nothing, when the call must take the statements.  Any other error is
+ * re-raised as it came.
+ */
+static int
+pr_try_stream_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
+{
+	MemoryContext cxt = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	volatile int result = 1;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(cxt);
+	PG_TRY();
+	{
+		PrStream	s;
+		PrDirect	d;
+		TimestampTz now = GetCurrentTransactionStartTimestamp();
+		TupleTableSlot **ls = NULL;
+		TupleTableSlot **es = NULL;
+		TupleDesc	ldesc = NULL;
+		TupleDesc	edesc = NULL;
+		int32	   *stream_ids = palloc(sizeof(int32) * n);
+		int32	   *partitions = palloc(sizeof(int32) * n);
+		int			i;
+		int			j;
+
+		if (!pr_stream_open(&s))
+			result = -1;
+		for (i = 0; i < n && result > 0; i++)
+		{
+			if (!pr_stream_of(&s, DatumGetTextPP(elems[PR_KEY_COMMAND_KIND][i])))
+			{
+				pr_stream_abandon(&s);
+				result = -1;
+				break;
+			}
+			stream_ids[i] = s.stream_id;
+			partitions[i] = s.partitions;
+		}
+		if (result > 0)
+		{
+			const TupleTableSlotOps *lops;
+			const TupleTableSlotOps *eops;
+
+			pr_stream_start(&s, &d);
+			ls = palloc(sizeof(TupleTableSlot *) * n);
+			es = palloc(sizeof(TupleTableSlot *) * n);
+			ldesc = CreateTupleDescCopy(RelationGetDescr(d.commands));
+			edesc = CreateTupleDescCopy(RelationGetDescr(d.events));
+			lops = table_slot_callbacks(d.commands);
+			eops = table_slot_callbacks(d.events);
+			for (i = 0; i < n; i++)
+			{
+				Datum		args[PR_NKEYS + 1];
+				char		nulls[PR_NKEYS + 1];
+
+				for (j = 0; j < PR_NKEYS; j++)
+				{
+					args[PR_KEY_PARAM(j)] = elems[j][i];
+					nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+				}
+				es[i] = MakeSingleTupleTableSlot(edesc, eops);
+				pr_direct_fill_event(es[i], args, nulls, now);
+				pr_direct_ready(d.events, es[i]);
+			}
+			table_multi_insert(d.events, es, n, d.estate->es_output_cid, 0, NULL);
+			for (i = 0; i < n; i++)
+				pr_direct_index(&d, d.erri, es[i]);
+			for (i = 0; i < n; i++)
+			{
+				Datum		args[PR_NKEYS + 1];
+				char		nulls[PR_NKEYS + 1];
+
+				for (j = 0; j < PR_NKEYS; j++)
+				{
+					args[PR_KEY_PARAM(j)] = elems[j][i];
+					nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+				}
+				args[9] = ObjectIdGetDatum(caller);
+				nulls[9] = ' ';
+				s.stream_id = stream_ids[i];
+				s.partitions = partitions[i];
+				ls[i] = MakeSingleTupleTableSlot(ldesc, lops);
+				pr_stream_fill(&s, ls[i], args, nulls, now);
+				pr_direct_ready(d.commands, ls[i]);
+			}
+			table_multi_insert(d.commands, ls, n, d.estate->es_output_cid, 0, NULL);
+			for (i = 0; i < n; i++)
+				pr_direct_index(&d, d.crri, ls[i]);
+			for (i = 0; i < n; i++)
+			{
+				ExecDropSingleTupleTableSlot(ls[i]);
+				ExecDropSingleTupleTableSlot(es[i]);
+			}
+			pr_direct_close(&d);
+			FreeTupleDesc(ldesc);
+			FreeTupleDesc(edesc);
+		}
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(cxt);
+		CurrentResourceOwner = owner;
+	}
+	PG_CATCH();
+	{
+		pr_batch_caught(cxt, owner);
+		result = 0;
+	}
+	PG_END_TRY();
+	return result;
+}
+
+/*
  * commit_decisions on a distributed outbox: each decision as
  * commit_decision makes it there (pr_decide_routed), so that each goes to
  * its run's node; a batch of several runs writes several nodes, and Citus
@@ -1957,6 +2648,19 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 					 errmsg("a batch of decisions must not mix kinds written to a stream with other kinds"),
 					 errhint("Decide them in two calls of commit_decisions.")));
 		stream_batch = (ns > 0);
+	}
+
+	/*
+	 * A batch of kinds with a stream, while no kind has deciders: written
+	 * without SQL when it can be (pr_try_stream_batch_direct), else by the
+	 * diagnosis and the insert below.
+	 */
+	if (stream_batch && !OutboxAnyDeciders() &&
+		pr_try_stream_batch_direct(elems, elnulls, n, caller) > 0)
+	{
+		SPI_finish();
+		m = 0;
+		goto done;
 	}
 
 	/* a distributed outbox: one routed decision at a time */

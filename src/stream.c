@@ -6,11 +6,14 @@
  *		tokens, and the producer's append to the stream log.
  *
  * A kind with a stream (outbox.set_policy(kind, stream => ...)) is written
- * once: commit_decision (src/producer.c, at its one branch point) runs
- * OutboxStreamDecidePlan's statement, which inserts the command into the
- * current stream log table and its event into outbox.events, and nothing
- * into outbox.commands.  The event's unique command_id
- * (events_command_id_key) keeps command ids unique across both paths.
+ * once: commit_decision (src/producer.c, at its one branch point) inserts
+ * the command into the current stream log table and its event into
+ * outbox.events, and nothing into outbox.commands, without SQL while no
+ * kind has deciders (producer.c's stream writer, pr_direct_stream), else
+ * by OutboxStreamDecidePlan's statement; both lock the three log tables
+ * before the snapshot under which they read the current one.  The event's
+ * unique command_id (events_command_id_key) keeps command ids unique
+ * across both paths.
  *
  * Batch tokens.  claim_batch (SQL outbox._claim_batch, part 35) leases one
  * partition's batch of a subscription; the token handed out with it is the
@@ -31,8 +34,10 @@
  * for that worker: a takeover (version + 1) or an ack moves it on and every
  * older token fails with OB001 (lease_not_owned), changing nothing.
  *
- * The set-based form (commit_decisions) runs the row path's two statements
- * on the log: a diagnosis of forbidden kinds and taken ids, then one INSERT
+ * The set-based form (commit_decisions) is written by producer.c's stream
+ * writer too (pr_try_stream_batch_direct) while no kind has deciders and
+ * no command id is taken; else it runs the row path's two statements on
+ * the log: a diagnosis of forbidden kinds and taken ids, then one INSERT
  * of them all (OutboxStreamBatchWhyPlan, OutboxStreamBatchPlan).  The
  * transaction id a row carries is the writer's plus the installation's
  * xid_base (outbox.stream_rotation), as are the ticks' snapshots, so that

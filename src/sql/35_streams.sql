@@ -1206,8 +1206,9 @@ $$;
 -- that appended or completed late makes the step try again), the kept
 -- commands' receipts are copied to outbox.receipts, and both tables are
 -- truncated together: no receipt of a stream command in a log table is
--- deleted row by row.  The producers' statement
--- locks all three tables, so once the lock is held no statement can still
+-- deleted row by row.  The producers (src/producer.c, the stream writer as
+-- the statement) lock all three tables before they read which one is
+-- current, so once the lock is held no producer can still
 -- append to the table from before the switch that retired it.  The switch
 -- to the next table comes once the current one has taken the appends for
 -- outbox.stream_rotation and the next is empty.  Kept rows that became done
