@@ -520,3 +520,10 @@ SELECT pg_temp.err($$SELECT outbox.commit_decision('ro', 1, 'e', 'ro-1', 'order.
 SELECT pg_temp.err($$SELECT outbox.commit_decision('ro', 2, 'e', 'ro-2', 'mail', '{}')$$) AS row_read_only;
 SELECT pg_temp.err($$SELECT * FROM outbox.commit_decisions('[["ro", 3, "e", "ro-3", "mail", {}]]')$$) AS batch_read_only;
 ROLLBACK;
+
+-- The rotation counts a table again under its lock with a fresh snapshot:
+-- a transaction that reads one snapshot is refused (25000), changing
+-- nothing.
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT outbox.rotate_streams();
+ROLLBACK;

@@ -1237,6 +1237,15 @@ DECLARE
 	n pg_catalog.int4 := 0;
 	saved_timeout pg_catalog.text := pg_catalog.current_setting('lock_timeout');
 BEGIN
+	-- The step counts a table again once it holds its lock, and only a
+	-- snapshot taken after the lock sees every row appended before it: in
+	-- a transaction that reads one snapshot, a row committed in between by
+	-- a producer would be truncated uncounted.
+	IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+		RAISE EXCEPTION 'the stream rotation must run in a READ COMMITTED transaction'
+			USING ERRCODE = 'invalid_transaction_state',
+				  DETAIL = pg_catalog.format('The transaction is %s.', pg_catalog.current_setting('transaction_isolation'));
+	END IF;
 	SELECT r.current, r.switched_at INTO cur, sw FROM @extschema@.stream_rotation r FOR UPDATE SKIP LOCKED;
 	IF NOT FOUND THEN
 		RETURN 0;
