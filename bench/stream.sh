@@ -28,15 +28,19 @@
 #   produce     commit_decision per transaction into a stream kind against
 #               a row-lease kind (and pgq.insert_event), pgbench CLIENTS
 #               clients for PRODUCE_SECS, taking turns, median of REPEATS
-#   claim       claim_batch + ack_batch latency (pgbench, 1 client, 50
-#               batches of 100) with SIZES commands in the stream's log
+#   claim       claim_batch + ack_batch latency (pgbench, 1 client, 20
+#               batches of 100) with SIZES commands in the stream's log:
+#               every size's stream loaded first, then the sizes measured
+#               in turn, CLAIM_ROUNDS (3) rounds, in the same state of the
+#               cluster (the load's own after-effects, checkpoints and
+#               autovacuum, then weigh on every size alike)
 #   latency     commit -> delivered p50/p99 at 200 and 2,000 commands/s,
 #               row leases against a stream, through bench/latency.sh's
 #               harness (producer, receiver, the relay's -vv trace)
 # Settings: N (300,000; a stream drains 50,000 in under half a second, so
 # that a smaller N measures the relays' start-up), BATCHES ("100 1000"), PUBLISHERS ("1 4"), REPEATS (3),
 # PARTS (stream partitions, 8), CLIENTS (4), PRODUCE_SECS (8), SIZES
-# ("10000 1000000"), RATES ("200 2000"), LAT_SECS (10), SYSTEMS (the
+# ("10000 1000000"), CLAIM_ROUNDS (3), RATES ("200 2000"), LAT_SECS (10), SYSTEMS (the
 # throughput rows), ONLY.
 set -u
 set -o pipefail
@@ -396,20 +400,29 @@ EOF
 fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = claim ]; then
-	echo "== claim_batch + ack_batch latency with the log holding SIZES commands (ms per batch of 100, 50 batches)"
+	echo "== claim_batch + ack_batch latency with the log holding SIZES commands (ms per batch of 100, 20 batches a round)"
 	cat >"$WORK/claim.sql" <<'EOF'
 SELECT coalesce(min(token), '') AS tok FROM outbox.claim_batch(:stream, :stream, 'w') \gset
 SELECT outbox.ack_batch('w', :tok);
 EOF
 	outbox_give_to_pg_user "$WORK"
 	for size in $SIZES; do
-		name=claim$size
-		stream_new "$name" 100
-		load_stream "$name" "$size" 1000
-		psql_q "VACUUM ANALYZE; CHECKPOINT;" >/dev/null
-		lat=$(as_pg "'$PGBIN/pgbench' -n -h '$DATA' -p $PORT -M prepared -c 1 -t 50 -D stream=$name -f '$WORK/claim.sql' bench" 2>&1 |
-			awk '/^latency average/ { print $4; exit }')
-		printf '  %9s commands  %8s ms\n' "$size" "$lat"
+		stream_new "claim$size" 100
+		load_stream "claim$size" "$size" 1000
+	done
+	psql_q "VACUUM ANALYZE; CHECKPOINT;" >/dev/null
+	printf '  %9s' commands
+	for ((r = 1; r <= ${CLAIM_ROUNDS:-3}; r++)); do printf '  round %d' "$r"; done
+	echo
+	declare -A claim_ms
+	for ((r = 1; r <= ${CLAIM_ROUNDS:-3}; r++)); do
+		for size in $SIZES; do
+			claim_ms[$size]+=$(as_pg "'$PGBIN/pgbench' -n -h '$DATA' -p $PORT -M prepared -c 1 -t 20 -D stream=claim$size -f '$WORK/claim.sql' bench" 2>&1 |
+				awk '/^latency average/ { printf "  %7s", $4; exit }')
+		done
+	done
+	for size in $SIZES; do
+		printf '  %9s%s  ms\n' "$size" "${claim_ms[$size]}"
 	done
 	echo
 fi
