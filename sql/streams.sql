@@ -187,6 +187,32 @@ SELECT pg_temp.err($$SELECT outbox.renew_batch('w1', pg_temp.tok('k9'))$$);
 SELECT pg_temp.tok('k9') <> pg_temp.tok('k10') AS new_token;
 SELECT outbox.ack_batch('w2', pg_temp.tok('k10')) AS published;
 
+-- A claim whose commit is lost (a crash before an asynchronous commit
+-- reached the disk; here rolled back) is made again with the same batch
+-- id, version and worker name, over more commands: it has another token,
+-- and the lost claim's token is refused (OB001), changing nothing.
+SELECT outbox.commit_decision('r8', 2, 'placed', 'c11b', 'order.placed', '{"n": 111}');
+SELECT outbox.tick_streams();
+BEGIN;
+SELECT min(token) AS lost_token, min(batch_id) AS lost_batch, count(*) AS lost_n
+  FROM outbox.claim_batch('orders', 'kafka', 'w1') \gset
+ROLLBACK;
+SELECT :lost_n AS lost_commands;
+SELECT outbox.commit_decision('r8', 3, 'placed', 'c11c', 'order.placed', '{"n": 112}');
+SELECT outbox.tick_streams();
+SELECT command_id, version, deliveries, batch_id = :lost_batch AS same_batch
+  FROM pg_temp.claim('k11', 'orders', 'kafka', 'w1');
+SELECT pg_temp.tok('k11') <> :'lost_token' AS new_token;
+SELECT pg_temp.err(format($$SELECT outbox.ack_batch('w1', %L)$$, :'lost_token'));
+SELECT pg_temp.err(format($$SELECT outbox.ack_batch('w1', %L, ARRAY['c11b'])$$, :'lost_token'));
+SELECT pg_temp.err(format($$SELECT outbox.renew_batch('w1', %L)$$, :'lost_token'));
+SELECT subscription, part, holder, version, commands FROM outbox.stream_batches
+ WHERE subscription = 'kafka' ORDER BY part;
+SELECT count(*) AS failures FROM outbox.stream_failures WHERE command_id LIKE 'c11%';
+SELECT outbox.ack_batch('w1', pg_temp.tok('k11')) AS published;
+SELECT count(*) FILTER (WHERE claim_nonce IS NOT NULL) AS nonces_left
+  FROM outbox.stream_progress WHERE batch_to IS NULL;
+
 -- Fan-out: a second subscription publishes what is decided after it; the
 -- first one keeps its own progress.
 SELECT outbox.create_subscription('orders', 'webhook');

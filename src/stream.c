@@ -19,20 +19,28 @@
  * partition's batch of a subscription; the token handed out with it is the
  * text
  *
- *		<mac: 32 hex digits>:<role oid>:<version>:<part>:<batch_id>:<subscription>
+ *		<mac: 32 hex digits>:<role oid>:<version>:<part>:<batch_id>:<nonce: 16 hex digits>:<subscription>
  *
  * where mac is the 128-bit SipHash-2-4 under the database's lease key
  * (src/leasekey.c, as the row leases' tokens of src/lease.c) of the
  * length-prefixed subscription and worker name, the subscription's
  * created_at (not in the text: a subscription dropped and created again
  * under its name, whose batch ids start at 1 again, refuses the old one's
- * tokens), the partition, the batch id, the version and the claiming role.  ack_batch and renew_batch
- * compute it again from the token's fields and the caller's worker name and
- * compare in constant time, check the role against the caller (or the
- * caller is an admin), and only then run one statement on the batch's row
- * (stream_progress), which must still hold that batch, at that version,
- * for that worker: a takeover (version + 1) or an ack moves it on and every
- * older token fails with OB001 (lease_not_owned), changing nothing.
+ * tokens), the partition, the batch id, the version, the claim's nonce and
+ * the claiming role.  The nonce is 64 random bits (pg_strong_random) drawn
+ * by every claim and takeover and kept in the batch's row
+ * (stream_progress.claim_nonce): a claim whose commit is lost (a crash
+ * before an asynchronous commit reached the disk) is made again with the
+ * same batch id and version, for the same worker name, possibly over more
+ * commands, and without the nonce it would hand out the lost claim's
+ * token again, which a late holder of the lost claim could then ack.
+ * ack_batch and renew_batch compute the MAC again from the token's fields
+ * and the caller's worker name and compare in constant time, check the
+ * role against the caller (or the caller is an admin), and only then run
+ * one statement on the batch's row, which must still hold that batch, at
+ * that version and nonce, for that worker: a takeover (version + 1, a new
+ * nonce), a claim made again or an ack moves it on and every older token
+ * fails with OB001 (lease_not_owned), changing nothing.
  *
  * The set-based form (commit_decisions) is written by producer.c's stream
  * writer too (pr_try_stream_batch_direct) while no kind has deciders and
@@ -65,7 +73,9 @@ PG_FUNCTION_INFO_V1(outbox_renew_batch);
 
 #define ST_MAC_LEN		16
 #define ST_MAC_HEX		(2 * ST_MAC_LEN)
-#define ST_TOKEN_MAX	(ST_MAC_HEX + 1 + 10 + 1 + 10 + 1 + 3 + 1 + 19 + 1 + OUTBOX_MAX_ID_LEN)
+#define ST_NONCE_LEN	8
+#define ST_NONCE_HEX	(2 * ST_NONCE_LEN)
+#define ST_TOKEN_MAX	(ST_MAC_HEX + 1 + 10 + 1 + 10 + 1 + 3 + 1 + 19 + 1 + ST_NONCE_HEX + 1 + OUTBOX_MAX_ID_LEN)
 
 /* A batch token taken apart (pointing into the token's text). */
 typedef struct StToken
@@ -75,6 +85,7 @@ typedef struct StToken
 	int32		version;
 	int32		part;
 	int64		batch_id;
+	int64		nonce;			/* the claim's random value */
 	const char *subscription;
 	int			sub_len;
 	int64		since;			/* the subscription's created_at (not in the text) */
@@ -93,10 +104,10 @@ st_put32(unsigned char *p, uint32 v)
 /* The MAC of a batch lease into mac. */
 static void
 st_mac(const unsigned char *key, const char *sub, int sub_len, int64 since,
-	   int32 part, int64 batch_id, int32 version, Oid role, const char *worker,
-	   int worker_len, unsigned char *mac)
+	   int32 part, int64 batch_id, int32 version, int64 nonce, Oid role,
+	   const char *worker, int worker_len, unsigned char *mac)
 {
-	unsigned char msg[4 + 4 + 2 * OUTBOX_MAX_ID_LEN + 8 + 4 + 8 + 4 + 4 + 4];
+	unsigned char msg[4 + 4 + 2 * OUTBOX_MAX_ID_LEN + 8 + 4 + 8 + 4 + 8 + 4 + 4];
 	unsigned char *p = msg;
 
 	Assert(sub_len <= OUTBOX_MAX_ID_LEN && worker_len <= OUTBOX_MAX_ID_LEN);
@@ -111,6 +122,8 @@ st_mac(const unsigned char *key, const char *sub, int sub_len, int64 since,
 	p = st_put32(p, (uint32) (((uint64) batch_id) & 0xFFFFFFFF));
 	p = st_put32(p, (uint32) (((uint64) batch_id) >> 32));
 	p = st_put32(p, (uint32) version);
+	p = st_put32(p, (uint32) (((uint64) nonce) & 0xFFFFFFFF));
+	p = st_put32(p, (uint32) (((uint64) nonce) >> 32));
 	p = st_put32(p, (uint32) role);
 	p = st_put32(p, (uint32) worker_len);
 	memcpy(p, worker, worker_len);
@@ -150,19 +163,20 @@ st_sub_since(const char *sub, int sub_len, int64 *since)
 /* The token of a batch that claim_batch leased. */
 static text *
 st_make_token(text *sub, int64 since, int32 part, int64 batch_id, int32 version,
-			  Oid role, text *worker)
+			  int64 nonce, Oid role, text *worker)
 {
 	unsigned char mac[ST_MAC_LEN];
-	char		head[ST_MAC_HEX + 80];
+	char		head[ST_MAC_HEX + 80 + ST_NONCE_HEX];
 	int			hl;
 	int			sl = VARSIZE_ANY_EXHDR(sub);
 	text	   *t;
 
-	st_mac(OutboxLeaseKey(), VARDATA_ANY(sub), sl, since, part, batch_id, version, role,
-		   VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
+	st_mac(OutboxLeaseKey(), VARDATA_ANY(sub), sl, since, part, batch_id, version, nonce,
+		   role, VARDATA_ANY(worker), VARSIZE_ANY_EXHDR(worker), mac);
 	hex_encode((const char *) mac, ST_MAC_LEN, head);
 	hl = ST_MAC_HEX + snprintf(head + ST_MAC_HEX, sizeof(head) - ST_MAC_HEX,
-							   ":%u:%d:%d:" INT64_FORMAT ":", role, version, part, batch_id);
+							   ":%u:%d:%d:" INT64_FORMAT ":%016" INT64_MODIFIER "x:",
+							   role, version, part, batch_id, (uint64) nonce);
 	t = palloc(VARHDRSZ + hl + sl);
 	SET_VARSIZE(t, VARHDRSZ + hl + sl);
 	memcpy(VARDATA(t), head, hl);
@@ -178,6 +192,8 @@ st_parse_token(text *token, StToken *tok)
 	int			len = VARSIZE_ANY_EXHDR(token);
 	int			pos = ST_MAC_HEX;
 	uint64		v;
+	unsigned char nb[ST_NONCE_LEN];
+	int			i;
 
 	if (len < ST_MAC_HEX + 10 || len > ST_TOKEN_MAX)
 		return false;
@@ -197,6 +213,15 @@ st_parse_token(text *token, StToken *tok)
 	if (!OutboxTokenNumber(s, len, &pos, 19, PG_INT64_MAX, &v) || v < 1)
 		return false;
 	tok->batch_id = (int64) v;
+	/* the nonce: 16 hex digits, most significant first, then ':' */
+	if (pos + ST_NONCE_HEX + 1 > len || !OutboxTokenMac(s + pos, nb, ST_NONCE_LEN) ||
+		s[pos + ST_NONCE_HEX] != ':')
+		return false;
+	v = 0;
+	for (i = 0; i < ST_NONCE_LEN; i++)
+		v = (v << 8) | nb[i];
+	tok->nonce = (int64) v;
+	pos += ST_NONCE_HEX + 1;
 	tok->subscription = s + pos;
 	tok->sub_len = len - pos;
 	if (tok->sub_len < 1 || tok->sub_len > OUTBOX_MAX_ID_LEN)
@@ -215,7 +240,7 @@ st_token_holds(const StToken *tok, text *worker, Oid caller)
 	unsigned char mac[ST_MAC_LEN];
 
 	st_mac(OutboxLeaseKey(), tok->subscription, tok->sub_len, tok->since, tok->part,
-		   tok->batch_id, tok->version, tok->role, VARDATA_ANY(worker),
+		   tok->batch_id, tok->version, tok->nonce, tok->role, VARDATA_ANY(worker),
 		   VARSIZE_ANY_EXHDR(worker), mac);
 	if (timingsafe_bcmp(mac, tok->mac, ST_MAC_LEN) != 0)
 		return false;
@@ -263,14 +288,14 @@ st_args_token(FunctionCallInfo fcinfo, Oid caller, StToken *tok)
 static void
 st_claim_rows(SPIPlanPtr *plan, Datum *args, const char *nulls)
 {
-	static const Oid argtypes[5] = {TEXTOID, TEXTOID, TEXTOID, INTERVALOID, OIDOID};
+	static const Oid argtypes[6] = {TEXTOID, TEXTOID, TEXTOID, INTERVALOID, OIDOID, INT8OID};
 
 	if (OutboxExecuteGeneric(OutboxPrepare(plan,
 										   "SELECT b.command_id, b.run_id, b.seq, b.kind, b.payload,"
 										   "       b.version, b.deliveries, b.lease_until, b.headers,"
 										   "       b.ordering_key, b.batch_id, b.part"
-										   "  FROM outbox._claim_batch($1, $2, $3, $4, $5) b",
-										   5, argtypes),
+										   "  FROM outbox._claim_batch($1, $2, $3, $4, $5, $6) b",
+										   6, argtypes),
 							 args, nulls, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "outbox: claim_batch failed");
 }
@@ -317,8 +342,9 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	text	   *stream = OutboxArgId(fcinfo, 0, "stream");
 	text	   *sub = OutboxArgId(fcinfo, 1, "subscription");
 	text	   *worker = OutboxArgId(fcinfo, 2, "worker");
-	Datum		args[5];
-	char		nulls[5] = {' ', ' ', ' ', ' ', ' '};
+	Datum		args[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	uint64		nonce;
 	text	   *token = NULL;
 	int64		since = 0;
 	SPITupleTable *rows;
@@ -335,6 +361,12 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	if (PG_ARGISNULL(3))
 		nulls[3] = 'n';
 	args[4] = ObjectIdGetDatum(caller);
+	/* this claim's own value, so that its token is no other claim's */
+	if (!pg_strong_random(&nonce, sizeof(nonce)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not generate a random batch nonce")));
+	args[5] = Int64GetDatum((int64) nonce);
 	/*
 	 * Whether this claim may cut the ticks the commits wait for (taking
 	 * them from the worker): not in a transaction that has written (its own
@@ -397,7 +429,8 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 		}
 		if (token == NULL)
 			token = st_make_token(sub, since, DatumGetInt32(values[12]), DatumGetInt64(values[11]),
-								  (int32) DatumGetInt64(values[6]), caller, worker);
+								  (int32) DatumGetInt64(values[6]), (int64) nonce, caller,
+								  worker);
 		values[5] = PointerGetDatum(token);
 		isnull[5] = false;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
@@ -417,9 +450,9 @@ outbox_claim_batch(PG_FUNCTION_ARGS)
 
 /*
  * The body of ack_batch and renew_batch: check the worker and token
- * arguments (0 and 1), then run sql on the batch's row with $1 to $5 the
- * token's subscription, partition, batch id, version and the worker, and
- * $6 on the call's arguments from 2 on; its one value, by value, or OB001
+ * arguments (0 and 1), then run sql on the batch's row with $1 to $6 the
+ * token's subscription, partition, batch id, version, the worker and the
+ * token's nonce, and $7 on the call's arguments from 2 on; its one value, by value, or OB001
  * when it is NULL (the batch is not held).  what names the call in the
  * error of a failed statement.
  */
@@ -429,13 +462,13 @@ st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
 {
 	StToken		tok;
 	text	   *worker;
-	Datum		args[8];
-	char		nulls[8];
+	Datum		args[9];
+	char		nulls[9];
 	bool		isnull;
 	Datum		result;
 	int			j;
 
-	Assert(nargs >= 5 && nargs <= lengthof(args));
+	Assert(nargs >= 6 && nargs <= lengthof(args));
 	/* (the lease key is read through SPI) */
 	SPI_connect();
 	worker = st_args_token(fcinfo, caller, &tok);
@@ -444,11 +477,12 @@ st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
 	args[2] = Int64GetDatum(tok.batch_id);
 	args[3] = Int32GetDatum(tok.version);
 	args[4] = PointerGetDatum(worker);
+	args[5] = Int64GetDatum(tok.nonce);
 	memset(nulls, ' ', sizeof(nulls));
-	for (j = 5; j < nargs; j++)
+	for (j = 6; j < nargs; j++)
 	{
-		args[j] = PG_ARGISNULL(j - 3) ? (Datum) 0 : PG_GETARG_DATUM(j - 3);
-		if (PG_ARGISNULL(j - 3))
+		args[j] = PG_ARGISNULL(j - 4) ? (Datum) 0 : PG_GETARG_DATUM(j - 4);
+		if (PG_ARGISNULL(j - 4))
 			nulls[j] = 'n';
 	}
 	if (OutboxExecute(OutboxPrepare(plan, sql, nargs, argtypes),
@@ -469,13 +503,13 @@ static Datum
 st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 {
 	static SPIPlanPtr plan = NULL;
-	static const Oid argtypes[8] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID,
-	TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
+	static const Oid argtypes[9] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID,
+	INT8OID, TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
 	Datum		n;
 
 	n = st_batch_call(fcinfo, caller, &plan,
-					  "SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8)",
-					  8, argtypes, "ack_batch");
+					  "SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+					  9, argtypes, "ack_batch");
 	OutboxCountNow(OBC_ACKED, DatumGetInt64(n));
 	PG_RETURN_DATUM(n);
 }
@@ -491,11 +525,12 @@ static Datum
 st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 {
 	static SPIPlanPtr plan = NULL;
-	static const Oid argtypes[6] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID, INTERVALOID};
+	static const Oid argtypes[7] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID, INT8OID,
+	INTERVALOID};
 
 	PG_RETURN_DATUM(st_batch_call(fcinfo, caller, &plan,
-								  "SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6)",
-								  6, argtypes, "renew_batch"));
+								  "SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6, $7)",
+								  7, argtypes, "renew_batch"));
 }
 
 Datum

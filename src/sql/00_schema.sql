@@ -460,7 +460,10 @@ VALUES (0, (pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) OPERATOR
 -- the partition visible in the snapshot of acked_tick is done for the
 -- subscription: published, or in stream_failures.  A batch is open while
 -- batch_to is set: the commands visible in batch_to's snapshot and not in
--- acked_tick's, plus the retries marked with its batch_id.
+-- acked_tick's, plus the retries marked with its batch_id.  claim_nonce
+-- is a random value drawn at each claim and takeover (src/stream.c), in
+-- the token and required by ack_batch and renew_batch, so that a claim
+-- whose commit was lost and made again gets another token.
 CREATE TABLE @extschema@.stream_progress (
 	subscription pg_catalog.text COLLATE pg_catalog."C" NOT NULL,
 	part		pg_catalog.int4 NOT NULL,
@@ -470,6 +473,7 @@ CREATE TABLE @extschema@.stream_progress (
 	version		pg_catalog.int4 NOT NULL DEFAULT 0,
 	owner		pg_catalog.text,
 	role		pg_catalog.oid,
+	claim_nonce pg_catalog.int8,
 	lease_until pg_catalog.timestamptz,
 	deliveries	pg_catalog.int4 NOT NULL DEFAULT 0,
 	batch_rows	pg_catalog.int4 NOT NULL DEFAULT 0,

@@ -16,8 +16,8 @@
 -- progress row (stream_progress) at a time, FOR UPDATE SKIP LOCKED, so
 -- concurrent publishers of one subscription take different partitions and
 -- never wait for each other; ack_batch and renew_batch change that row
--- only while it holds the token's batch, version and worker (READ
--- COMMITTED re-checks the WHERE clause on the newest row version), so of a
+-- only while it holds the token's batch, version, claim nonce and worker
+-- (READ COMMITTED re-checks the WHERE clause on the newest row version), so of a
 -- takeover and a late ack exactly one wins.
 
 -- Every row of the stream log, wherever it is (the three log tables and
@@ -544,7 +544,7 @@ BEGIN
 		-- dead: the partition moves on past the batch
 		UPDATE @extschema@.stream_progress p
 		   SET acked_tick = p.batch_to, batch_to = NULL, owner = NULL, role = NULL,
-			   lease_until = NULL, acked_at = now_ts
+			   claim_nonce = NULL, lease_until = NULL, acked_at = now_ts
 		 WHERE p.subscription OPERATOR(pg_catalog.=) sub AND p.part OPERATOR(pg_catalog.=) p_part;
 		RETURN true;
 	END IF;
@@ -569,11 +569,14 @@ $$;
 -- claim_batch's body: lease the next batch of one partition of the
 -- subscription to worker (for caller, the calling role), or take over an
 -- expired one; return its commands (the token is added by the caller).
+-- nonce: the claim's random value (src/stream.c), kept as the lease's
+-- claim_nonce, so that a claim made again after its commit was lost has
+-- another token than the lost one.
 -- Errors: 42704 unknown stream or subscription, or a subscription of
 -- another stream; 42501 a caller the subscription's claimers do not admit.
 CREATE FUNCTION @extschema@._claim_batch(
 	stream pg_catalog.text, subscription pg_catalog.text, worker pg_catalog.text,
-	lease pg_catalog.interval, caller pg_catalog.oid)
+	lease pg_catalog.interval, caller pg_catalog.oid, nonce pg_catalog.int8)
 RETURNS TABLE (command_id pg_catalog.text, run_id pg_catalog.text, seq pg_catalog.int8,
 			   kind pg_catalog.text, payload pg_catalog.jsonb, version pg_catalog.int8,
 			   deliveries pg_catalog.int4, lease_until pg_catalog.timestamptz,
@@ -627,7 +630,8 @@ BEGIN
 	IF FOUND AND NOT @extschema@._stream_takeover_cap(u.subscription, pr.part, s.stream_id, now_ts) THEN
 		UPDATE @extschema@.stream_progress p
 		   SET version = p.version OPERATOR(pg_catalog.+) 1, owner = worker, role = caller,
-			   lease_until = until, deliveries = p.deliveries OPERATOR(pg_catalog.+) 1
+			   claim_nonce = nonce, lease_until = until,
+			   deliveries = p.deliveries OPERATOR(pg_catalog.+) 1
 		 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
 		   AND p.part OPERATOR(pg_catalog.=) pr.part
 		RETURNING p.version, p.deliveries INTO n_rows, n_retries;
@@ -797,7 +801,7 @@ BEGIN
 		END IF;
 		UPDATE @extschema@.stream_progress p
 		   SET batch_id = nb, batch_to = pr.t_to, version = 1, owner = worker, role = caller,
-			   lease_until = until, deliveries = 1, batch_rows = n_rows, batch_retries = n_retries
+			   claim_nonce = nonce, lease_until = until, deliveries = 1, batch_rows = n_rows, batch_retries = n_retries
 		 WHERE p.subscription OPERATOR(pg_catalog.=) u.subscription
 		   AND p.part OPERATOR(pg_catalog.=) pr.part;
 		RETURN;
@@ -832,11 +836,11 @@ $$;
 -- mark the batch published except the failed commands, which go to retry
 -- (with the kind's backoff) or dead (deliveries used up, or fatal).
 -- Returns the number published, NULL when the batch is not held at this
--- version by worker (the caller raises OB001).  Without failures and
--- retries in the batch: one statement, one row.
+-- version and claim nonce by worker (the caller raises OB001).  Without
+-- failures and retries in the batch: one statement, one row.
 CREATE FUNCTION @extschema@._ack_batch(
 	subscription pg_catalog.text, part pg_catalog.int4, batch_id pg_catalog.int8,
-	version pg_catalog.int4, worker pg_catalog.text,
+	version pg_catalog.int4, worker pg_catalog.text, nonce pg_catalog.int8,
 	failed pg_catalog.text[], errors pg_catalog.text[], fatal pg_catalog.bool[])
 RETURNS pg_catalog.int8
 LANGUAGE plpgsql VOLATILE
@@ -882,12 +886,13 @@ BEGIN
 		-- The happy path: one statement, one row.
 		UPDATE @extschema@.stream_progress p
 		   SET acked_tick = p.batch_to, batch_to = NULL, owner = NULL, role = NULL,
-			   lease_until = NULL, published = p.published OPERATOR(pg_catalog.+) p.batch_rows,
+			   claim_nonce = NULL, lease_until = NULL, published = p.published OPERATOR(pg_catalog.+) p.batch_rows,
 			   acked_at = now_ts
 		 WHERE p.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription
 		   AND p.part OPERATOR(pg_catalog.=) _ack_batch.part
 		   AND p.batch_id OPERATOR(pg_catalog.=) _ack_batch.batch_id
 		   AND p.version OPERATOR(pg_catalog.=) _ack_batch.version
+		   AND p.claim_nonce OPERATOR(pg_catalog.=) nonce
 		   AND p.owner OPERATOR(pg_catalog.=) worker
 		   AND p.batch_to IS NOT NULL
 		RETURNING p.batch_rows, p.batch_retries INTO n, nr;
@@ -907,6 +912,7 @@ BEGIN
 	   AND p.part OPERATOR(pg_catalog.=) _ack_batch.part
 	   AND p.batch_id OPERATOR(pg_catalog.=) _ack_batch.batch_id
 	   AND p.version OPERATOR(pg_catalog.=) _ack_batch.version
+	   AND p.claim_nonce OPERATOR(pg_catalog.=) nonce
 	   AND p.owner OPERATOR(pg_catalog.=) worker
 	   AND p.batch_to IS NOT NULL
 	   FOR UPDATE;
@@ -984,7 +990,7 @@ BEGIN
 	END IF;
 	UPDATE @extschema@.stream_progress p
 	   SET acked_tick = p.batch_to, batch_to = NULL, owner = NULL, role = NULL,
-		   lease_until = NULL,
+		   claim_nonce = NULL, lease_until = NULL,
 		   published = p.published OPERATOR(pg_catalog.+) (p.batch_rows OPERATOR(pg_catalog.-) nf),
 		   acked_at = now_ts
 	 WHERE p.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription
@@ -1049,10 +1055,11 @@ END;
 $$;
 
 -- renew_batch's body: extend the lease of the batch held at this version
--- by worker; NULL when it is not held (the caller raises OB001).
+-- and claim nonce by worker; NULL when it is not held (the caller raises OB001).
 CREATE FUNCTION @extschema@._renew_batch(
 	subscription pg_catalog.text, part pg_catalog.int4, batch_id pg_catalog.int8,
-	version pg_catalog.int4, worker pg_catalog.text, lease pg_catalog.interval)
+	version pg_catalog.int4, worker pg_catalog.text, nonce pg_catalog.int8,
+	lease pg_catalog.interval)
 RETURNS pg_catalog.timestamptz
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -1065,6 +1072,7 @@ BEGIN
 	   AND p.part OPERATOR(pg_catalog.=) _renew_batch.part
 	   AND p.batch_id OPERATOR(pg_catalog.=) _renew_batch.batch_id
 	   AND p.version OPERATOR(pg_catalog.=) _renew_batch.version
+	   AND p.claim_nonce OPERATOR(pg_catalog.=) nonce
 	   AND p.owner OPERATOR(pg_catalog.=) worker
 	   AND p.batch_to IS NOT NULL;
 	IF NOT FOUND THEN
@@ -1488,10 +1496,10 @@ REVOKE ALL ON FUNCTION
 	@extschema@._stream_batch_rows(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, pg_catalog.int4),
 	@extschema@._stream_snap(pg_catalog.int4, pg_catalog.int8),
 	@extschema@._stream_snapshot(pg_catalog.pg_snapshot),
-	@extschema@._claim_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval, pg_catalog.oid),
-	@extschema@._ack_batch(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.text, pg_catalog.text[], pg_catalog.text[], pg_catalog.bool[]),
+	@extschema@._claim_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval, pg_catalog.oid, pg_catalog.int8),
+	@extschema@._ack_batch(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.text[], pg_catalog.text[], pg_catalog.bool[]),
 	@extschema@._stream_published_retries(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.timestamptz),
-	@extschema@._renew_batch(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.text, pg_catalog.interval),
+	@extschema@._renew_batch(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.text, pg_catalog.int8, pg_catalog.interval),
 	@extschema@.claim_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.interval),
 	@extschema@.ack_batch(pg_catalog.text, pg_catalog.text, pg_catalog.text[], pg_catalog.text[], pg_catalog.bool[]),
 	@extschema@.renew_batch(pg_catalog.text, pg_catalog.text, pg_catalog.interval)
