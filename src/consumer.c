@@ -43,6 +43,7 @@
 PG_FUNCTION_INFO_V1(outbox_complete_1_0);
 PG_FUNCTION_INFO_V1(outbox_inbox_accept_1_0);
 
+static SPIPlanPtr plan_complete_row = NULL;
 static SPIPlanPtr plan_complete = NULL;
 static SPIPlanPtr plan_receipt = NULL;
 static SPIPlanPtr plan_consumer = NULL;
@@ -102,7 +103,37 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 	args[4] = ObjectIdGetDatum(caller);
 
 	SPI_connect();
-	if (OutboxExecute(OutboxPrepare(&plan_complete,
+
+	/*
+	 * A command of outbox.commands first, by a statement that reads and
+	 * writes that table's side only; then, for any other (a stream's
+	 * command, or none), the statement that looks in the stream's tables
+	 * too and writes the receipt where its command is.  A command decided
+	 * in between is found by the second, whose snapshot is later.
+	 */
+	if (OutboxExecute(OutboxPrepare(&plan_complete_row,
+									"WITH r AS ("
+									"  SELECT command_id, kind FROM outbox.commands"
+									"   WHERE command_id OPERATOR(pg_catalog.=) $1"
+									"     AND run_id OPERATOR(pg_catalog.=) $4 FOR KEY SHARE),"
+									" ok AS ("
+									"  SELECT r.command_id FROM r"
+									"   WHERE NOT EXISTS (SELECT 1 FROM outbox.policies p"
+									"                      WHERE p.kind OPERATOR(pg_catalog.=) r.kind"
+									"                        AND p.completers IS NOT NULL"
+									"                        AND NOT outbox._may(p.completers, $5))),"
+									" i AS ("
+									"  INSERT INTO outbox.receipts (command_id, outcome, detail, run_id)"
+									"  SELECT command_id, $2, $3, $4 FROM ok"
+									"  ON CONFLICT DO NOTHING RETURNING 1)"
+									"SELECT EXISTS (SELECT 1 FROM r), EXISTS (SELECT 1 FROM ok),"
+									"       EXISTS (SELECT 1 FROM i)",
+									5, argtypes),
+					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "outbox: complete failed");
+	exists = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (!exists &&
+		(OutboxExecute(OutboxPrepare(&plan_complete,
 									"WITH r AS ("
 									"  SELECT command_id, kind FROM outbox.commands"
 									"   WHERE command_id OPERATOR(pg_catalog.=) $1"
@@ -144,7 +175,7 @@ co_complete(FunctionCallInfo fcinfo, Oid caller)
 									"       EXISTS (SELECT 1 FROM i) OR EXISTS (SELECT 1 FROM i0)"
 									"       OR EXISTS (SELECT 1 FROM i1) OR EXISTS (SELECT 1 FROM i2)",
 									5, argtypes),
-					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
+					   args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1))
 		elog(ERROR, "outbox: complete failed");
 	exists = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	allowed = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
