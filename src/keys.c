@@ -277,6 +277,31 @@ OutboxKeyTails(Oid role, text **keys, int n, int64 *last_seq, bool *busy)
 }
 
 /*
+ * The keys, places and roles of places[0 .. n - 1] as the text[], int8[] and
+ * oid[] parameters $1, $2 and $4 of the statements that release or hand
+ * over several keys' next commands (args[0], args[1], args[3]).
+ */
+static void
+ky_place_arrays(const OutboxKeyPlace *places, int n, Datum *args)
+{
+	Datum	   *kd = palloc(sizeof(Datum) * n);
+	Datum	   *sd = palloc(sizeof(Datum) * n);
+	Datum	   *rd = palloc(sizeof(Datum) * n);
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		kd[i] = PointerGetDatum(places[i].key);
+		sd[i] = Int64GetDatum(places[i].seq);
+		rd[i] = ObjectIdGetDatum(places[i].role);
+	}
+	args[0] = PointerGetDatum(construct_array(kd, n, TEXTOID, -1, false, TYPALIGN_INT));
+	args[1] = PointerGetDatum(construct_array(sd, n, INT8OID, sizeof(int64),
+											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	args[3] = PointerGetDatum(construct_array(rd, n, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
+}
+
+/*
  * Make the command after each place (a head just published or skipped)
  * claimable, if it waits: lock the keys, then release the next command of
  * each, in one statement (one for a single place, one for several: an
@@ -290,10 +315,6 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 {
 	static const Oid one_types[4] = {TEXTOID, INT8OID, TIMESTAMPTZOID, OIDOID};
 	static const Oid many_types[4] = {TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, OIDARRAYOID};
-	Datum	   *kd;
-	Datum	   *sd;
-	Datum	   *rd;
-	int			i;
 	Datum		args[4];
 	int			ret;
 
@@ -321,19 +342,7 @@ OutboxReleaseNext(OutboxKeyPlace *places, int n)
 	}
 	else
 	{
-		kd = palloc(sizeof(Datum) * n);
-		sd = palloc(sizeof(Datum) * n);
-		rd = palloc(sizeof(Datum) * n);
-		for (i = 0; i < n; i++)
-		{
-			kd[i] = PointerGetDatum(places[i].key);
-			sd[i] = Int64GetDatum(places[i].seq);
-			rd[i] = ObjectIdGetDatum(places[i].role);
-		}
-		args[0] = PointerGetDatum(construct_array(kd, n, TEXTOID, -1, false, TYPALIGN_INT));
-		args[1] = PointerGetDatum(construct_array(sd, n, INT8OID, sizeof(int64),
-												  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-		args[3] = PointerGetDatum(construct_array(rd, n, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
+		ky_place_arrays(places, n, args);
 		ret = OutboxExecuteLatest(OutboxPrepare(&plan_release_many,
 												"WITH n AS MATERIALIZED ("
 												"  SELECT x.tids[1] AS tid,"
@@ -393,9 +402,6 @@ OutboxHandOverNext(OutboxKeyPlace *places, int n, const OutboxHandOver *ho)
 {
 	static const Oid argtypes[10] = {TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, OIDARRAYOID,
 		TEXTOID, INTERVALOID, INTERVALOID, TIMESTAMPTZOID, TEXTARRAYOID, OIDOID};
-	Datum	   *kd;
-	Datum	   *sd;
-	Datum	   *rd;
 	Datum		args[10];
 	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	int			m = Min(n, ho->limit);
@@ -409,20 +415,8 @@ OutboxHandOverNext(OutboxKeyPlace *places, int n, const OutboxHandOver *ho)
 		OutboxReleaseNext(places + m, n - m);
 	if (m == 0)
 		return 0;
-	kd = palloc(sizeof(Datum) * m);
-	sd = palloc(sizeof(Datum) * m);
-	rd = palloc(sizeof(Datum) * m);
-	for (i = 0; i < (uint64) m; i++)
-	{
-		kd[i] = PointerGetDatum(places[i].key);
-		sd[i] = Int64GetDatum(places[i].seq);
-		rd[i] = ObjectIdGetDatum(places[i].role);
-	}
-	args[0] = PointerGetDatum(construct_array(kd, m, TEXTOID, -1, false, TYPALIGN_INT));
-	args[1] = PointerGetDatum(construct_array(sd, m, INT8OID, sizeof(int64),
-											  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	ky_place_arrays(places, m, args);
 	args[2] = TimestampTzGetDatum(ho->now);
-	args[3] = PointerGetDatum(construct_array(rd, m, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
 	args[4] = PointerGetDatum(ho->worker);
 	args[5] = ho->lease;
 	if (ho->lease == (Datum) 0)
