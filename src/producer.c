@@ -988,21 +988,20 @@ pr_direct_close(PrDirect *d)
 	table_close(d->commands, NoLock);
 }
 
+static HeapTuple pr_direct_fetch(Relation rel, Oid indexid, AttrNumber attno, Datum value);
+
 /* Whether commands holds command_id, under the statement's snapshot. */
 static bool
 pr_direct_stored(PrDirect *d, text *command_id)
 {
-	ScanKeyData key;
-	SysScanDesc scan;
-	bool		found;
+	HeapTuple	tuple = pr_direct_fetch(d->commands, RelationGetPrimaryKeyIndex(d->commands),
+										pr_cmd_attno[PRC_COMMAND_ID],
+										PointerGetDatum(command_id));
 
-	ScanKeyInit(&key, pr_cmd_attno[PRC_COMMAND_ID], BTEqualStrategyNumber, F_TEXTEQ,
-				PointerGetDatum(command_id));
-	scan = systable_beginscan(d->commands, RelationGetPrimaryKeyIndex(d->commands), true,
-							  GetActiveSnapshot(), 1, &key);
-	found = HeapTupleIsValid(systable_getnext(scan));
-	systable_endscan(scan);
-	return found;
+	if (tuple == NULL)
+		return false;
+	heap_freetuple(tuple);
+	return true;
 }
 
 /*
