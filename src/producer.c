@@ -2177,6 +2177,22 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 	"  FROM u"
 
 /*
+ * The parameters of decision i of a batch (the arrays of
+ * pr_commit_decisions) in the single decision's order (PR_KEY_PARAM).
+ */
+static void
+pr_elem_args(Datum **elems, bool **elnulls, int i, Datum *args, char *nulls)
+{
+	int			j;
+
+	for (j = 0; j < PR_NKEYS; j++)
+	{
+		args[PR_KEY_PARAM(j)] = elems[j][i];
+		nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
+	}
+}
+
+/*
  * In the PG_CATCH of a batch's subtransaction: roll it back and go back to
  * cxt and owner; a unique violation of the extension's keys (a decision
  * taken already, or a retry) is forgotten, so that the caller falls back
@@ -2265,18 +2281,13 @@ pr_direct_batch(PrDirect *d, Datum **elems, bool **elnulls, int n, Oid caller)
 	TimestampTz now = GetCurrentTransactionStartTimestamp();
 	Datum		pending = CStringGetTextDatum("pending");
 	int			i;
-	int			j;
 
 	for (i = 0; i < n; i++)
 	{
 		Datum		args[PR_NKEYS + 1];
 		char		nulls[PR_NKEYS + 1];
 
-		for (j = 0; j < PR_NKEYS; j++)
-		{
-			args[PR_KEY_PARAM(j)] = elems[j][i];
-			nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
-		}
+		pr_elem_args(elems, elnulls, i, args, nulls);
 		if (elnulls[PR_KEY_PRIORITY][i])
 			args[PR_KEY_PARAM(PR_KEY_PRIORITY)] = Int32GetDatum(0);
 		args[9] = ObjectIdGetDatum(caller);
@@ -2377,7 +2388,6 @@ pr_try_stream_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
 		int32	   *stream_ids = palloc(sizeof(int32) * n);
 		int32	   *partitions = palloc(sizeof(int32) * n);
 		int			i;
-		int			j;
 
 		if (!pr_stream_open(&s))
 			result = -1;
@@ -2409,11 +2419,7 @@ pr_try_stream_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
 				Datum		args[PR_NKEYS + 1];
 				char		nulls[PR_NKEYS + 1];
 
-				for (j = 0; j < PR_NKEYS; j++)
-				{
-					args[PR_KEY_PARAM(j)] = elems[j][i];
-					nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
-				}
+				pr_elem_args(elems, elnulls, i, args, nulls);
 				es[i] = MakeSingleTupleTableSlot(edesc, eops);
 				pr_direct_fill_event(es[i], args, nulls, now);
 				pr_direct_ready(d.events, es[i]);
@@ -2426,11 +2432,7 @@ pr_try_stream_batch_direct(Datum **elems, bool **elnulls, int n, Oid caller)
 				Datum		args[PR_NKEYS + 1];
 				char		nulls[PR_NKEYS + 1];
 
-				for (j = 0; j < PR_NKEYS; j++)
-				{
-					args[PR_KEY_PARAM(j)] = elems[j][i];
-					nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
-				}
+				pr_elem_args(elems, elnulls, i, args, nulls);
 				args[9] = ObjectIdGetDatum(caller);
 				nulls[9] = ' ';
 				s.stream_id = stream_ids[i];
@@ -2476,7 +2478,6 @@ static int
 pr_decide_each(Datum **elems, bool **elnulls, int n, Oid caller, bool *retry)
 {
 	int			i;
-	int			j;
 	int			m = 0;
 
 	for (i = 0; i < n; i++)
@@ -2485,11 +2486,7 @@ pr_decide_each(Datum **elems, bool **elnulls, int n, Oid caller, bool *retry)
 		char		nulls[PR_NKEYS + 1];
 		PrWhat		what;
 
-		for (j = 0; j < PR_NKEYS; j++)
-		{
-			args[PR_KEY_PARAM(j)] = elems[j][i];
-			nulls[PR_KEY_PARAM(j)] = elnulls[j][i] ? 'n' : ' ';
-		}
+		pr_elem_args(elems, elnulls, i, args, nulls);
 		if (elnulls[PR_KEY_PRIORITY][i])
 		{
 			args[PR_KEY_PARAM(PR_KEY_PRIORITY)] = Int32GetDatum(0);
