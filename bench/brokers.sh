@@ -29,11 +29,17 @@
 # consumer on the broker (kcat, a librabbitmq consumer, mosquitto_sub)
 # received it.  p50 and p99 of arrival - created_at.
 #
+# Each relay cell runs once per source: rows (the row leases of
+# outbox.commands, --batch B) and stream (a fresh stream of PARTS
+# partitions with batches of about B per partition, outbox-relay --stream
+# --subscription: the write-once path of docs/streams.md).
+#
 # The stdout row (the relay to /dev/null, no broker, no baseline) is the
 # database's share: claim, ack and the relay's loop.
 #
 # Settings: N, B, REPEATS, RELAYS ("1 4"), BROKERS ("stdout kafka redis
-# rabbitmq nats mosquitto"), WINDOW, LAT_RATE, LAT_SECS, ONLY=throughput|latency,
+# rabbitmq nats mosquitto"), SOURCES ("rows stream"), PARTS (8), WINDOW,
+# LAT_RATE, LAT_SECS, ONLY=throughput|latency,
 # KAFKA_RTT=MS (the Kafka mock answers every request MS late, as a broker
 # across a network would; the baseline too), BROKER_RTT=MS (the other
 # brokers are reached, by relays and baseline alike, through
@@ -56,6 +62,7 @@ B=${B:-100}
 REPEATS=${REPEATS:-3}
 RELAYS=${RELAYS:-"1 4"}
 BROKERS=${BROKERS:-"stdout kafka redis rabbitmq nats mosquitto"}
+SOURCES=${SOURCES:-"rows stream"}
 WINDOW=${WINDOW:-256}
 LAT_RATE=${LAT_RATE:-500}
 LAT_SECS=${LAT_SECS:-10}
@@ -199,20 +206,35 @@ sink_url() {
 	esac
 }
 
-# One relay cell: k relays drain the backlog; prints commands per second.
+# One relay cell: k relays drain the backlog (source rows: row leases in
+# outbox.commands; stream: a fresh stream of its own, with batches of about
+# B per partition); prints commands per second.
 run_relay() {
-	local kind=$1 k=$2 relay=${3:-$RELAY} start end left i url
+	local kind=$1 k=$2 relay=${3:-$RELAY} src=${4:-rows} start end left i url opts name
 	url=$(sink_url "$kind")
-	load || { echo "loading the commands failed" >&2; return 1; }
+	if [ "$src" = stream ]; then
+		name=s$(psql_q "SELECT nextval('lat_seq')")	# (cells run in subshells)
+		bench_stream_new "$name" "$B" && bench_load_stream "$name" "$N" "$B" &&
+			psql_q "CHECKPOINT;" >/dev/null || { echo "loading the stream failed" >&2; return 1; }
+		opts="--stream $name --subscription $name"
+	else
+		load || { echo "loading the commands failed" >&2; return 1; }
+		opts="--batch $B"
+	fi
 	ctl reset >/dev/null || return 1
 	start=$(psql_q "SELECT extract(epoch FROM clock_timestamp())")
 	for i in $(seq "$k"); do
-		as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$relay' --dsn '$DSN' --sink '$url' --batch $B --drain --worker bench-$kind-$i >/dev/null 2>>'$WORK/relay.log'" &
+		as_pg "OUTBOX_RELAY_AMQP_PASSWORD=guest '$relay' --dsn '$DSN' --sink '$url' $opts --drain --worker bench-$kind-$i >/dev/null 2>>'$WORK/relay.log'" &
 	done
 	wait	# run_relay runs in a subshell: only its own relays
-	end=$(psql_q "SELECT extract(epoch FROM max(published_at)) FROM outbox.commands")
-	left=$(psql_q "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")
-	[ "$left" = 0 ] || echo "warning: $kind x$k left $left commands unpublished" >&2
+	if [ "$src" = stream ]; then
+		end=$(psql_q "SELECT extract(epoch FROM max(acked_at)) FROM outbox.stream_progress WHERE subscription = '$name'")
+		left=$((N - $(psql_q "SELECT sum(published) FROM outbox.stream_progress WHERE subscription = '$name'")))
+	else
+		end=$(psql_q "SELECT extract(epoch FROM max(published_at)) FROM outbox.commands")
+		left=$(psql_q "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")
+	fi
+	[ "$left" = 0 ] || echo "warning: $kind x$k ($src) left $left commands unpublished" >&2
 	awk -v n="$N" -v s="$start" -v e="$end" 'BEGIN { printf "%.0f\n", n / (e - s) }'
 }
 
@@ -287,8 +309,10 @@ for kind in $BROKERS; do
 					v=$(run_relay "$kind" "$k" "$BEFORE") && RES[$kind,before$k]+="$v "
 					echo "  round $r before x$k: $v/s"
 				fi
-				v=$(run_relay "$kind" "$k") && RES[$kind,relay$k]+="$v "
-				echo "  round $r relay x$k: $v/s"
+				for src in $SOURCES; do
+					v=$(run_relay "$kind" "$k" "$RELAY" "$src") && RES[$kind,$src$k]+="$v "
+					echo "  round $r relay x$k ($src): $v/s"
+				done
 			done
 			[ "$kind" = stdout ] && continue
 			v=$(run_baseline "$kind") && RES[$kind,base]+="$v "
@@ -312,8 +336,10 @@ printf '| %-9s | %-24s |' broker baseline
 if [ -n "${BEFORE:-}" ]; then
 	for k in $RELAYS; do printf ' %-24s | %-5s |' "before: $k relay(s)" ratio; done
 fi
-for k in $RELAYS; do printf ' %-24s | %-5s |' "$k relay(s)" ratio; done
-echo " p50 / p99 ms at $LAT_RATE/s |"
+for src in $SOURCES; do
+	for k in $RELAYS; do printf ' %-24s | %-5s |' "$src: $k relay(s)" ratio; done
+done
+echo " p50 / p99 ms at $LAT_RATE/s (rows) |"
 for kind in $BROKERS; do
 	base=$(tr ' ' '\n' <<<"${RES[$kind,base]:-}" | grep . | stats)
 	printf '| %-9s | %-24s |' "$kind" "$base"
@@ -323,9 +349,11 @@ for kind in $BROKERS; do
 			printf ' %-24s | %-5s |' "$rel" "$(awk -v a="${rel%% *}" -v b="${base%% *}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')"
 		done
 	fi
-	for k in $RELAYS; do
-		rel=$(tr ' ' '\n' <<<"${RES[$kind,relay$k]:-}" | grep . | stats)
-		printf ' %-24s | %-5s |' "$rel" "$(awk -v a="${rel%% *}" -v b="${base%% *}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')"
+	for src in $SOURCES; do
+		for k in $RELAYS; do
+			rel=$(tr ' ' '\n' <<<"${RES[$kind,$src$k]:-}" | grep . | stats)
+			printf ' %-24s | %-5s |' "$rel" "$(awk -v a="${rel%% *}" -v b="${base%% *}" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }')"
+		done
 	done
 	l=${LAT[$kind]:-}
 	[ -n "$l" ] && l=$(awk '{ printf "%s / %s (%s)", $1, $2, $3 }' <<<"$l")

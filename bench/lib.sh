@@ -1,8 +1,8 @@
 # Helpers shared by the benchmarks (sourced after test/lib.sh and
 # outbox_bench_start, which set PGBIN, DATA and PORT): the psql call, the
-# median, loading committed commands, the hand-written claim + DELETE
-# baseline of bench/lease.sh, the producer's scripts of bench/produce.sh,
-# and a server's CPU time.
+# median, loading committed commands (into outbox.commands or a stream),
+# the hand-written claim + DELETE baseline of bench/lease.sh, the
+# producer's scripts of bench/produce.sh, and a server's CPU time.
 
 # Run SQL from the argument on database BENCH_DB (default bench), quietly.
 psql_q() {
@@ -41,6 +41,33 @@ bench_commit_chunks() {
 	done >"$WORK/chunks.sql"
 	outbox_give_to_pg_user "$WORK"
 	as_pg "'$PGBIN/psql' -X -qAt -h '$DATA' -p $PORT -d ${BENCH_DB:-bench} -v ON_ERROR_STOP=1 -f '$WORK/chunks.sql'" >/dev/null
+}
+
+# A fresh stream of ${PARTS:-8} partitions (each cell of a benchmark has its
+# own, so that no cell reads another's log): bench_stream_new NAME BATCH;
+# kind NAME-k is written once into it, read by subscription NAME.
+bench_stream_new() {
+	psql_q "SELECT outbox.create_stream('$1', ${PARTS:-8}, $2);
+SELECT outbox.create_subscription('$1', '$1');
+SELECT outbox.set_policy('$1-k', stream => '$1');" >/dev/null
+}
+
+# Commit $2 commands of stream $1's kind in transactions of $3, a tick of
+# the streams cut after each (as the worker does when commits wake it), so
+# that the batches have about the stream's batch_size per partition.
+bench_load_stream() {
+	local _
+	bench_commit_chunks "$2" "$1-k" "$1" "$3" "SELECT outbox.tick_streams();" || return 1
+	# A tick skips a stream the worker is ticking, and the worker's tick is
+	# seen when its transaction ends: wait until a committed tick covers
+	# the whole load (--drain stops at the first claim that finds nothing).
+	for _ in $(seq 100); do
+		[ "$(psql_q "SELECT outbox.tick_streams() * 0 + count(*) FROM outbox.streams t
+ WHERE t.stream = '$1' AND (SELECT max(k.last_id) FROM outbox.stream_ticks k WHERE k.stream_id = t.stream_id)
+   >= (SELECT max(l.id) FROM outbox._stream_log l WHERE l.stream_id = t.stream_id)")" = 1 ] && return 0
+		sleep 0.1
+	done
+	echo "warning: stream $1 not covered by a tick after 10 s" >&2
 }
 
 # The hand-written baseline: a table with the columns of outbox.commands, a

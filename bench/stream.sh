@@ -37,11 +37,14 @@
 #   latency     commit -> delivered p50/p99 at 200 and 2,000 commands/s,
 #               row leases against a stream, through bench/latency.sh's
 #               harness (producer, receiver, the relay's -vv trace)
+#               and before it, on this script's cluster, PgQ's commit ->
+#               consumed at the same rates with a tick every PGQ_TICKS ms
+#               (ONLY=pgq-latency runs that alone)
 # Settings: N (300,000; a stream drains 50,000 in under half a second, so
 # that a smaller N measures the relays' start-up), BATCHES ("100 1000"), PUBLISHERS ("1 4"), REPEATS (3),
 # PARTS (stream partitions, 8), CLIENTS (4), PRODUCE_SECS (8), SIZES
-# ("10000 1000000"), CLAIM_ROUNDS (3), RATES ("200 2000"), LAT_SECS (10), SYSTEMS (the
-# throughput rows), ONLY.
+# ("10000 1000000"), CLAIM_ROUNDS (3), RATES ("200 2000"), PGQ_TICKS
+# ("1 10 100"), LAT_SECS (10), SYSTEMS (the throughput rows), ONLY.
 set -u
 set -o pipefail
 
@@ -59,6 +62,7 @@ CLIENTS=${CLIENTS:-4}
 PRODUCE_SECS=${PRODUCE_SECS:-8}
 SIZES=${SIZES:-"10000 1000000"}
 RATES=${RATES:-"200 2000"}
+PGQ_TICKS=${PGQ_TICKS:-"1 10 100"}
 LAT_SECS=${LAT_SECS:-10}
 ONLY=${ONLY:-}
 SYSTEMS=${SYSTEMS:-"delete relay-rows relay-stream pgq"}
@@ -106,33 +110,6 @@ bench_baseline_table || exit 1
 now() { date +%s.%N; }
 rate() { awk -v n="$1" -v s="$2" -v e="$3" 'BEGIN { printf "%.0f\n", n / (e - s) }'; }
 ratio() { awk -v a="${1:-0}" -v b="${2:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else printf "-" }'; }
-
-# A fresh stream (each cell has its own, so that no cell reads another's
-# log): stream_new NAME BATCH; kind NAME-k is written once into it, read by
-# subscription NAME.
-stream_new() {
-	psql_q "SELECT outbox.create_stream('$1', $PARTS, $2);
-SELECT outbox.create_subscription('$1', '$1');
-SELECT outbox.set_policy('$1-k', stream => '$1');" >/dev/null
-}
-
-# Commit $2 commands of stream $1's kind in transactions of $3, a tick of
-# the streams cut after each (as the worker does when commits wake it), so
-# that the batches have about the stream's batch_size per partition.
-load_stream() {
-	local _
-	bench_commit_chunks "$2" "$1-k" "$1" "$3" "SELECT outbox.tick_streams();" || return 1
-	# A tick skips a stream the worker is ticking, and the worker's tick is
-	# seen when its transaction ends: wait until a committed tick covers
-	# the whole load (--drain stops at the first claim that finds nothing).
-	for _ in $(seq 100); do
-		[ "$(psql_q "SELECT outbox.tick_streams() * 0 + count(*) FROM outbox.streams t
- WHERE t.stream = '$1' AND (SELECT max(k.last_id) FROM outbox.stream_ticks k WHERE k.stream_id = t.stream_id)
-   >= (SELECT max(l.id) FROM outbox._stream_log l WHERE l.stream_id = t.stream_id)")" = 1 ] && return 0
-		sleep 0.1
-	done
-	echo "warning: stream $1 not covered by a tick after 10 s" >&2
-}
 
 # The row-lease backlog: N pending commands in outbox.commands.
 load_rows() {
@@ -209,7 +186,7 @@ cell() {
 			left=$((N - $(cat "$WORK/delivered")))
 			;;
 		relay-stream)
-			stream_new "$name" "$b" && load_stream "$name" "$N" "$b" || exit 1
+			bench_stream_new "$name" "$b" && bench_load_stream "$name" "$N" "$b" || exit 1
 			psql_q "CHECKPOINT;" >/dev/null
 			s=$(now)
 			relays "$k" --stream "$name" --subscription "$name"
@@ -297,11 +274,11 @@ if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
 		"$(cat "$WORK/delivered")" "$(psql_q "SELECT count(*) FROM outbox.commands")"
 	# a stream: produce (alone), then produce with ticks, drain, rotate
 	# (first, while the log holds nothing else for the rotation to move)
-	stream_new walstream 100
-	stream_new walpad 100
+	bench_stream_new walstream 100
+	bench_stream_new walpad 100
 	psql_q "CHECKPOINT;" >/dev/null
 	a=$(lsn)
-	load_stream walstream "$N" 100
+	bench_load_stream walstream "$N" 100
 	a1=$(lsn)
 	relays 1 --stream walstream --subscription walstream
 	d=$(cat "$WORK/delivered")
@@ -312,7 +289,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
 	[ -n "${WALDUMP:-}" ] && echo "   stream: producer + ticks" && waldump "$a" "$a1" "$N" &&
 		echo "   stream: relay" && waldump "$a1" "$a2" "$N" &&
 		echo "   stream: rotation" && waldump "$a2" "$a3" "$N"
-	stream_new walalone 100
+	bench_stream_new walalone 100
 	psql_q "CHECKPOINT;" >/dev/null
 	a=$(lsn)
 	bench_commit_chunks "$N" walalone-k walalone 100 ""
@@ -376,7 +353,7 @@ fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = produce ]; then
 	echo "== produce: one commit_decision per transaction, $CLIENTS clients, ${PRODUCE_SECS}s, median of $REPEATS (transactions/s)"
-	stream_new prodstream 1000
+	bench_stream_new prodstream 1000
 	cat >"$WORK/produce-rows.sql" <<'EOF'
 SELECT outbox.commit_decision('p' || :client_id, s, 'decided', 'p-' || s, 'rows-p', '{"to": "someone@example.org"}') FROM nextval('ids') s;
 EOF
@@ -407,8 +384,8 @@ SELECT outbox.ack_batch('w', :tok);
 EOF
 	outbox_give_to_pg_user "$WORK"
 	for size in $SIZES; do
-		stream_new "claim$size" 100
-		load_stream "claim$size" "$size" 1000
+		bench_stream_new "claim$size" 100
+		bench_load_stream "claim$size" "$size" 1000
 	done
 	psql_q "VACUUM ANALYZE; CHECKPOINT;" >/dev/null
 	printf '  %9s' commands
@@ -425,6 +402,63 @@ EOF
 		printf '  %9s%s  ms\n' "$size" "${claim_ms[$size]}"
 	done
 	echo
+fi
+
+# PgQ's commit -> consumed latency at rate $1 with a tick every $2 ms: a
+# ticker loop (pgq.ticker() every $2 ms, the queue set to tick whenever it
+# has events: ticker_max_lag 0), one consumer in SQL polling next_batch
+# every millisecond and stamping each event with clock_timestamp() as
+# get_batch_events returns it, pgbench producers (2 clients, -R $1) of one
+# insert_event per transaction; latency = the stamp - ev_time (insert_event's
+# now(), the producer's transaction start).  Prints "p50 p99 count" in ms.
+pgq_latency() {
+	local rate=$1 tick=$2 q=lat_$1_$2 _
+	psql_q "SELECT pgq.create_queue('$q'); SELECT pgq.register_consumer('$q', 'c');
+SELECT pgq.set_queue_config('$q', 'ticker_max_lag', '0');
+SELECT pgq.set_queue_config('$q', 'ticker_max_count', '100000000');
+UPDATE pgq_ctl SET stop = false;" >/dev/null || return 1
+	echo "SELECT pgq.insert_event(:q, 'k', '{\"n\": 1, \"to\": \"someone@example.org\"}');" >"$WORK/pgq-produce.sql"
+	outbox_give_to_pg_user "$WORK"
+	psql_q "DO \$\$ BEGIN LOOP
+	PERFORM pgq.ticker('$q'); COMMIT;
+	EXIT WHEN (SELECT stop FROM pgq_ctl);
+	PERFORM pg_catalog.pg_sleep($tick / 1000.0);
+END LOOP; END \$\$;" &
+	echo $! >"$WORK/pgq-ticker.pid"
+	psql_q "DO \$\$ DECLARE b bigint; BEGIN LOOP
+	b := pgq.next_batch('$q', 'c');
+	IF b IS NULL THEN
+		COMMIT;
+		EXIT WHEN (SELECT stop FROM pgq_ctl);
+		PERFORM pg_catalog.pg_sleep(0.001);
+	ELSE
+		INSERT INTO pgq_lat SELECT '$q', e.ev_id, e.ev_time, clock_timestamp() FROM pgq.get_batch_events(b) e;
+		PERFORM pgq.finish_batch(b); COMMIT;
+	END IF;
+END LOOP; END \$\$;" &
+	echo $! >"$WORK/pgq-consumer.pid"
+	as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c 2 -j 2 -R $rate -T $LAT_SECS -D q=$q -f '$WORK/pgq-produce.sql' bench" >"$WORK/pgbench-pgq.log" 2>&1
+	for _ in $(seq 100); do
+		[ "$(psql_q "SELECT pending_events FROM pgq.get_consumer_info('$q', 'c')")" = 0 ] && break
+		sleep 0.1
+	done
+	psql_q "UPDATE pgq_ctl SET stop = true;" >/dev/null
+	wait "$(cat "$WORK/pgq-ticker.pid")" "$(cat "$WORK/pgq-consumer.pid")"
+	rm -f "$WORK/pgq-ticker.pid" "$WORK/pgq-consumer.pid"
+	psql_q "SELECT format('%s %s %s', round((percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 2),
+       round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 2), count(*))
+  FROM (SELECT extract(epoch FROM got - ev_time) * 1000 AS ms FROM pgq_lat WHERE q = '$q') x"
+}
+
+if [ -z "$ONLY" ] || [ "$ONLY" = latency ] || [ "$ONLY" = pgq-latency ]; then
+	echo "== PgQ commit -> consumed (one SQL consumer polling every 1 ms, a tick every PGQ_TICKS ms; ms)"
+	psql_q "CREATE TABLE IF NOT EXISTS pgq_lat (q text, ev_id bigint, ev_time timestamptz, got timestamptz);
+CREATE TABLE IF NOT EXISTS pgq_ctl (stop boolean); INSERT INTO pgq_ctl VALUES (false);" >/dev/null || exit 1
+	for rate in $RATES; do
+		for tick in $PGQ_TICKS; do
+			echo "  $rate/s, tick every $tick ms: p50 p99 count = $(pgq_latency "$rate" "$tick")"
+		done
+	done
 fi
 
 if [ -z "$ONLY" ] || [ "$ONLY" = latency ]; then
