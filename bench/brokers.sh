@@ -32,7 +32,11 @@
 # Each relay cell runs once per source: rows (the row leases of
 # outbox.commands, --batch B) and stream (a fresh stream of PARTS
 # partitions with batches of about B per partition, outbox-relay --stream
-# --subscription: the write-once path of docs/streams.md).
+# --subscription: the write-once path of docs/streams.md; its cells end
+# at the last batch's ack, max(acked_at) of the subscription's progress,
+# and their messages carry the stream's ids, a few bytes longer than the
+# baseline's; each leaves its stream behind).  The BEFORE cells and the
+# latency run use row leases.
 #
 # The stdout row (the relay to /dev/null, no broker, no baseline) is the
 # database's share: claim, ack and the relay's loop.
@@ -63,6 +67,9 @@ REPEATS=${REPEATS:-3}
 RELAYS=${RELAYS:-"1 4"}
 BROKERS=${BROKERS:-"stdout kafka redis rabbitmq nats mosquitto"}
 SOURCES=${SOURCES:-"rows stream"}
+for src in $SOURCES; do
+	case $src in rows | stream) ;; *) echo "SOURCES: unknown source \"$src\" (rows, stream)" >&2; exit 2 ;; esac
+done
 WINDOW=${WINDOW:-256}
 LAT_RATE=${LAT_RATE:-500}
 LAT_SECS=${LAT_SECS:-10}
@@ -229,7 +236,7 @@ run_relay() {
 	wait	# run_relay runs in a subshell: only its own relays
 	if [ "$src" = stream ]; then
 		end=$(psql_q "SELECT extract(epoch FROM max(acked_at)) FROM outbox.stream_progress WHERE subscription = '$name'")
-		left=$((N - $(psql_q "SELECT sum(published) FROM outbox.stream_progress WHERE subscription = '$name'")))
+		left=$(psql_q "SELECT $N - coalesce(sum(published), 0) FROM outbox.stream_progress WHERE subscription = '$name'")
 	else
 		end=$(psql_q "SELECT extract(epoch FROM max(published_at)) FROM outbox.commands")
 		left=$(psql_q "SELECT count(*) FROM outbox.commands WHERE status <> 'published'")

@@ -410,18 +410,19 @@ fi
 # every millisecond and stamping each event with clock_timestamp() as
 # get_batch_events returns it, pgbench producers (2 clients, -R $1) of one
 # insert_event per transaction; latency = the stamp - ev_time (insert_event's
-# now(), the producer's transaction start).  Prints "p50 p99 count" in ms.
+# now(), the producer's transaction start).  Prints "p50 p99 count of
+# produced", the latencies in ms.
 pgq_latency() {
-	local rate=$1 tick=$2 q=lat_$1_$2 _
+	local rate=$1 tick=$2 q=lat_$1_$2 ok=true _
 	psql_q "SELECT pgq.create_queue('$q'); SELECT pgq.register_consumer('$q', 'c');
 SELECT pgq.set_queue_config('$q', 'ticker_max_lag', '0');
 SELECT pgq.set_queue_config('$q', 'ticker_max_count', '100000000');
-UPDATE pgq_ctl SET stop = false;" >/dev/null || return 1
+UPDATE pgq_ctl SET ticker_stop = false, consumer_stop = false;" >/dev/null || return 1
 	echo "SELECT pgq.insert_event(:q, 'k', '{\"n\": 1, \"to\": \"someone@example.org\"}');" >"$WORK/pgq-produce.sql"
 	outbox_give_to_pg_user "$WORK"
 	psql_q "DO \$\$ BEGIN LOOP
 	PERFORM pgq.ticker('$q'); COMMIT;
-	EXIT WHEN (SELECT stop FROM pgq_ctl);
+	EXIT WHEN (SELECT ticker_stop FROM pgq_ctl);
 	PERFORM pg_catalog.pg_sleep($tick / 1000.0);
 END LOOP; END \$\$;" &
 	echo $! >"$WORK/pgq-ticker.pid"
@@ -429,7 +430,7 @@ END LOOP; END \$\$;" &
 	b := pgq.next_batch('$q', 'c');
 	IF b IS NULL THEN
 		COMMIT;
-		EXIT WHEN (SELECT stop FROM pgq_ctl);
+		EXIT WHEN (SELECT consumer_stop FROM pgq_ctl);
 		PERFORM pg_catalog.pg_sleep(0.001);
 	ELSE
 		INSERT INTO pgq_lat SELECT '$q', e.ev_id, e.ev_time, clock_timestamp() FROM pgq.get_batch_events(b) e;
@@ -437,26 +438,35 @@ END LOOP; END \$\$;" &
 	END IF;
 END LOOP; END \$\$;" &
 	echo $! >"$WORK/pgq-consumer.pid"
-	as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c 2 -j 2 -R $rate -T $LAT_SECS -D q=$q -f '$WORK/pgq-produce.sql' bench" >"$WORK/pgbench-pgq.log" 2>&1
+	as_pg "'$PGBIN/pgbench' -n -M prepared -h '$DATA' -p $PORT -c 2 -j 2 -R $rate -T $LAT_SECS -D q=$q -f '$WORK/pgq-produce.sql' bench" >"$WORK/pgbench-pgq.log" 2>&1 ||
+		{ echo "pgbench failed (PgQ producers):" >&2; tail -3 "$WORK/pgbench-pgq.log" >&2; ok=false; }
+	# the ticker's last tick (it ticks once more after the flag), then the
+	# consumer once every event is consumed
+	psql_q "UPDATE pgq_ctl SET ticker_stop = true;" >/dev/null
+	wait "$(cat "$WORK/pgq-ticker.pid")"
 	for _ in $(seq 100); do
 		[ "$(psql_q "SELECT pending_events FROM pgq.get_consumer_info('$q', 'c')")" = 0 ] && break
 		sleep 0.1
 	done
-	psql_q "UPDATE pgq_ctl SET stop = true;" >/dev/null
-	wait "$(cat "$WORK/pgq-ticker.pid")" "$(cat "$WORK/pgq-consumer.pid")"
+	psql_q "UPDATE pgq_ctl SET consumer_stop = true;" >/dev/null
+	wait "$(cat "$WORK/pgq-consumer.pid")"
 	rm -f "$WORK/pgq-ticker.pid" "$WORK/pgq-consumer.pid"
-	psql_q "SELECT format('%s %s %s', round((percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 2),
-       round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 2), count(*))
+	$ok || return 1
+	psql_q "SELECT format('%s %s %s of %s', round((percentile_cont(0.5) WITHIN GROUP (ORDER BY ms))::numeric, 2),
+       round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 2), count(*),
+       $(awk '/number of transactions actually processed/ { print $NF; exit }' "$WORK/pgbench-pgq.log" | grep -E '^[0-9]+$' || echo "'?'"))
   FROM (SELECT extract(epoch FROM got - ev_time) * 1000 AS ms FROM pgq_lat WHERE q = '$q') x"
 }
 
 if [ -z "$ONLY" ] || [ "$ONLY" = latency ] || [ "$ONLY" = pgq-latency ]; then
 	echo "== PgQ commit -> consumed (one SQL consumer polling every 1 ms, a tick every PGQ_TICKS ms; ms)"
 	psql_q "CREATE TABLE IF NOT EXISTS pgq_lat (q text, ev_id bigint, ev_time timestamptz, got timestamptz);
-CREATE TABLE IF NOT EXISTS pgq_ctl (stop boolean); INSERT INTO pgq_ctl VALUES (false);" >/dev/null || exit 1
+DROP TABLE IF EXISTS pgq_ctl; CREATE TABLE pgq_ctl (ticker_stop boolean, consumer_stop boolean);
+INSERT INTO pgq_ctl VALUES (false, false);" >/dev/null || exit 1
 	for rate in $RATES; do
 		for tick in $PGQ_TICKS; do
-			echo "  $rate/s, tick every $tick ms: p50 p99 count = $(pgq_latency "$rate" "$tick")"
+			v=$(pgq_latency "$rate" "$tick") || v="failed"
+			echo "  $rate/s, tick every $tick ms: p50 p99 consumed of produced = $v"
 		done
 	done
 fi
