@@ -2177,6 +2177,24 @@ pr_place_batch(Datum **elems, bool **elnulls, int n, Datum *args, char *nulls)
 	"  FROM u"
 
 /*
+ * One key of a batch's n decisions as an array of type, for the set-based
+ * statement (a parameter of PR_KEY_PARAM's order).
+ */
+static Datum
+pr_column_array(Datum *elems, bool *elnulls, int n, Oid type)
+{
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	int			dims[1] = {n};
+	int			lbs[1] = {1};
+
+	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
+	return PointerGetDatum(construct_md_array(elems, elnulls, 1, dims, lbs,
+											  type, typlen, typbyval, typalign));
+}
+
+/*
  * The parameters of decision i of a batch (the arrays of
  * pr_commit_decisions) in the single decision's order (PR_KEY_PARAM).
  */
@@ -2697,15 +2715,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 
 	for (j = 0; j < PR_NKEYS; j++)
 	{
-		int16		typlen;
-		bool		typbyval;
-		char		typalign;
-		int			dims[1] = {n};
-		int			lbs[1] = {1};
-
-		get_typlenbyvalalign(elemtypes[j], &typlen, &typbyval, &typalign);
-		args[PR_KEY_PARAM(j)] = PointerGetDatum(construct_md_array(elems[j], elnulls[j], 1, dims, lbs,
-																   elemtypes[j], typlen, typbyval, typalign));
+		args[PR_KEY_PARAM(j)] = pr_column_array(elems[j], elnulls[j], n, elemtypes[j]);
 		nulls[PR_KEY_PARAM(j)] = ' ';
 	}
 	args[9] = ObjectIdGetDatum(caller);
@@ -2782,11 +2792,6 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 		{
 			for (j = 0; j < PR_NKEYS; j++)
 			{
-				int16		typlen;
-				bool		typbyval;
-				char		typalign;
-				int			dims[1];
-				int			lbs[1] = {1};
 				int			k = 0;
 
 				for (i = 0; i < n; i++)
@@ -2796,10 +2801,7 @@ pr_commit_decisions(FunctionCallInfo fcinfo, Oid caller)
 						elnulls[j][k] = elnulls[j][i];
 						k++;
 					}
-				dims[0] = k;
-				get_typlenbyvalalign(elemtypes[j], &typlen, &typbyval, &typalign);
-				args[PR_KEY_PARAM(j)] = PointerGetDatum(construct_md_array(elems[j], elnulls[j], 1, dims, lbs,
-																		   elemtypes[j], typlen, typbyval, typalign));
+				args[PR_KEY_PARAM(j)] = pr_column_array(elems[j], elnulls[j], k, elemtypes[j]);
 			}
 		}
 		what.run_id = NULL;
