@@ -278,7 +278,7 @@ if [ -z "$ONLY" ] || [ "$ONLY" = wal ]; then
 	bench_stream_new walpad 100
 	psql_q "CHECKPOINT;" >/dev/null
 	a=$(lsn)
-	bench_load_stream walstream "$N" 100
+	bench_load_stream walstream "$N" 100 || exit 1
 	a1=$(lsn)
 	relays 1 --stream walstream --subscription walstream
 	d=$(cat "$WORK/delivered")
@@ -385,7 +385,7 @@ EOF
 	outbox_give_to_pg_user "$WORK"
 	for size in $SIZES; do
 		bench_stream_new "claim$size" 100
-		bench_load_stream "claim$size" "$size" 1000
+		bench_load_stream "claim$size" "$size" 1000 || exit 1
 	done
 	psql_q "VACUUM ANALYZE; CHECKPOINT;" >/dev/null
 	printf '  %9s' commands
