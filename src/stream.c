@@ -3,7 +3,8 @@
  * stream.c
  *		Streams, the write-once path (docs/streams.md): the publisher's
  *		batch calls (claim_batch, ack_batch, renew_batch) with their
- *		tokens, and the producer's append to the stream log.
+ *		tokens, the admin's tick_streams, and the producer's append to
+ *		the stream log.
  *
  * A kind with a stream (outbox.set_policy(kind, stream => ...)) is written
  * once: commit_decision (src/producer.c, at its one branch point) inserts
@@ -70,6 +71,7 @@
 PG_FUNCTION_INFO_V1(outbox_claim_batch);
 PG_FUNCTION_INFO_V1(outbox_ack_batch);
 PG_FUNCTION_INFO_V1(outbox_renew_batch);
+PG_FUNCTION_INFO_V1(outbox_tick_streams);
 
 #define ST_MAC_LEN		16
 #define ST_MAC_HEX		(2 * ST_MAC_LEN)
@@ -317,7 +319,7 @@ st_tick(void)
 	args[0] = Int32GetDatum(0);
 	if (OutboxExecuteGeneric(OutboxPrepare(&plan, "SELECT outbox._stream_tick($1)", 1, argtypes),
 							 args, NULL, false, 1) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "outbox: claim_batch's tick failed");
+		elog(ERROR, "outbox: the streams' tick failed");
 	n = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	if (isnull)
 		return 0;
@@ -328,6 +330,28 @@ st_tick(void)
 		return -2 - n;
 	}
 	return n;
+}
+
+/*
+ * outbox.tick_streams(): cut the ticks now, as the worker does (st_tick,
+ * with generic plans); the number cut.
+ */
+static Datum
+st_tick_streams(FunctionCallInfo fcinfo, Oid caller)
+{
+	int32		n;
+
+	SPI_connect();
+	n = st_tick();
+	SPI_finish();
+	/* (-1: there is no stream) */
+	PG_RETURN_INT32(Max(n, 0));
+}
+
+Datum
+outbox_tick_streams(PG_FUNCTION_ARGS)
+{
+	return OutboxCallAsOwner(fcinfo, st_tick_streams);
 }
 
 /*

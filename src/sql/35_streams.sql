@@ -337,16 +337,15 @@ $$;
 COMMENT ON FUNCTION @extschema@._stream_tick(pg_catalog.int4)
 	IS 'internal: cut a tick of every stream with commands its last tick does not see (the background worker calls it at a commit''s wake-up)';
 
--- Admin and tests: cut the ticks now, without the worker.  (With generic
--- plans, as the worker runs it: left to choose, the plan cache planned the
--- tick's main statement again at every call, which took most of its time.)
+-- Admin and tests: cut the ticks now, without the worker.  C
+-- (src/stream.c): it runs _stream_tick with generic plans, as the worker
+-- and claim_batch do (left to choose, the plan cache planned the tick's
+-- main statement again at every call, which took most of its time).
 CREATE FUNCTION @extschema@.tick_streams()
 RETURNS pg_catalog.int4
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE c VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_generic_plan
-AS $$ SELECT CASE WHEN r OPERATOR(pg_catalog.<) (-1) THEN -2 OPERATOR(pg_catalog.-) r ELSE GREATEST(r, 0) END
-	  FROM @extschema@._stream_tick(0) r $$;
+AS 'MODULE_PATHNAME', 'outbox_tick_streams';
 COMMENT ON FUNCTION @extschema@.tick_streams()
 	IS 'cut a tick of every stream with new commands now (the background worker does it when commits wake it); returns the number of ticks cut';
 

@@ -97,7 +97,7 @@ INSERT INTO expected VALUES
 	 'function', '{outbox_admin}', true,
 	 $$SELECT outbox.drop_subscription('pt-sub')$$),
 	('outbox.tick_streams()',
-	 'function', '{outbox_admin}', true,
+	 'function', '{outbox_admin}', false,
 	 $$SELECT outbox.tick_streams()$$),
 	('outbox.rotate_streams()',
 	 'function', '{outbox_admin}', true,
@@ -590,16 +590,12 @@ SELECT is(ARRAY(SELECT a.object FROM actual_objects a JOIN pg_proc p ON p.oid = 
 
 -- 60: each of them, and each C function of the API (SECURITY INVOKER, its
 -- body run as the owner by OutboxCallAsOwner), pins search_path to
--- pg_catalog, pg_temp; tick_streams() also sets plan_cache_mode (generic
--- plans for the tick, as the worker runs it), and nothing else.
+-- pg_catalog, pg_temp.
 SELECT is(ARRAY(SELECT p.oid::regprocedure::text || ' ' || coalesce(p.proconfig::text, 'no settings')
 				  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
 				 WHERE p.pronamespace = 'outbox'::regnamespace
 				   AND (p.prosecdef OR (l.lanname = 'c' AND p.proconfig IS NOT NULL))
-				   AND p.proconfig IS DISTINCT FROM
-					   CASE WHEN p.oid = 'outbox.tick_streams()'::regprocedure
-							THEN '{"search_path=pg_catalog, pg_temp","plan_cache_mode=force_generic_plan"}'::text[]
-							ELSE '{"search_path=pg_catalog, pg_temp"}'::text[] END
+				   AND p.proconfig IS DISTINCT FROM '{"search_path=pg_catalog, pg_temp"}'::text[]
 				 ORDER BY 1),
 		  '{}'::text[], 'every SECURITY DEFINER function and C API function has search_path = pg_catalog, pg_temp and nothing else');
 
