@@ -173,7 +173,9 @@ outbox_cleanup_work() {
 outbox_free_port() {
 	local port
 	while :; do
-		port=$((20000 + RANDOM % 20000))
+		# below the kernel's ephemeral range (32768-60999 on Debian), where
+		# an outgoing connection could take the port before it is bound
+		port=$((20000 + RANDOM % 12000))
 		(echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null || { echo "$port"; return; }
 	done
 }

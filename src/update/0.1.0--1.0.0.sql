@@ -609,6 +609,10 @@ CREATE INDEX stream_failures_due_idx ON @extschema@.stream_failures (subscriptio
 	WHERE state OPERATOR(pg_catalog.=) 'retry';
 CREATE INDEX stream_failures_key_idx ON @extschema@.stream_failures (subscription, ordering_key, decided_by, log_id)
 	WHERE ordering_key IS NOT NULL;
+-- the failed commands a batch re-delivers (claim, takeover, ack): without
+-- it every batch read all of the subscription's failures.
+CREATE INDEX stream_failures_batch_idx ON @extschema@.stream_failures (subscription, part, batch_id)
+	WHERE batch_id IS NOT NULL;
 
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.streams', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.subscriptions', '');

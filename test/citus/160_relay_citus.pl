@@ -241,11 +241,14 @@ my %logs = map { $_ => "$dir/relay-$_.log" } (1, 2);
 my %sup;
 push @supervisor_logs, values %logs;
 $sup{1} = spawn("$dir/relay-1.out", $logs{1}, $relay, '--citus', @common, '--worker', 'relay-1', '--batch', '10');
-# relay-2 serves each child's metrics on a port of its own: BASE + slot
+# relay-2 serves each child's metrics on a port of its own: BASE + slot.
+# The children bind them only after others have opened connections, so
+# BASE is taken below the kernel's ephemeral range (32768 and up), where
+# an outgoing connection cannot take one of them in between.
 my $mbase;
 for (1 .. 50)
 {
-	my $p = 20000 + int(rand(30000));
+	my $p = 20000 + int(rand(12000));
 	my @s = map { IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $p + $_, Listen => 1, ReuseAddr => 1) } 0 .. 2;
 	my $free = !grep { !defined } @s;
 	$_ && $_->close for @s;

@@ -57,7 +57,7 @@ sub start_node
 	my $port;
 	for (1 .. 100)
 	{
-		my $p = 20000 + int(rand(20000));
+		my $p = 20000 + int(rand(12000));    # below the ephemeral ports
 		next if IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $p, Proto => 'tcp');
 		my $l = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $p, Listen => 1, ReuseAddr => 1)
 		  or next;

@@ -47,18 +47,36 @@ sub _which
 	croak "$name not found (test/lib.sh installs its package)";
 }
 
-# A TCP port of 127.0.0.1 nobody listens on now.
+# A TCP port of 127.0.0.1 nobody uses now, above the kernel's ephemeral
+# range (32768-60999 on Debian), so that no outgoing connection takes it
+# before the broker binds it (or binds it again after a restart), and
+# above the range of PostgreSQL::Test::Cluster's servers (10200-32767);
+# not one this process handed out before.
+my %handed_out;
 sub free_port
 {
-	my $s = IO::Socket::INET->new(
-		LocalAddr => '127.0.0.1',
-		LocalPort => 0,
-		Proto => 'tcp',
-		Listen => 1,
-		ReuseAddr => 0) or croak "no free port: $!";
-	my $port = $s->sockport;
-	close($s);
-	return $port;
+	my $low = 61000;
+	if (open(my $fh, '<', '/proc/sys/net/ipv4/ip_local_port_range'))
+	{
+		my (undef, $high) = split(' ', scalar(<$fh>) // '');
+		$low = $high + 1 if defined $high && $high =~ /^\d+$/ && $high < 64535;
+		close($fh);
+	}
+	for (1 .. 1000)
+	{
+		my $port = $low + int(rand(65535 - $low));
+		next if $handed_out{$port};
+		my $s = IO::Socket::INET->new(
+			LocalAddr => '127.0.0.1',
+			LocalPort => $port,
+			Proto => 'tcp',
+			Listen => 1,
+			ReuseAddr => 0) or next;
+		close($s);
+		$handed_out{$port} = 1;
+		return $port;
+	}
+	croak "no free port from $low on 127.0.0.1";
 }
 
 # True when something accepts connections on 127.0.0.1:$port.

@@ -1,6 +1,6 @@
 -- Schema and constraints of the outbox extension.
 BEGIN;
-SELECT plan(65);
+SELECT plan(66);
 
 SELECT has_schema('outbox');
 SELECT tables_are('outbox', ARRAY['events', 'commands', 'receipts', 'inbox', 'policies', 'purged', 'consumers', 'check_results', 'lease_key',
@@ -162,6 +162,11 @@ SELECT is((SELECT pg_catalog.array_agg(i.indexrelid::regclass::text ORDER BY 1) 
 	JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 	WHERE n.nspname = 'outbox' AND i.indcollation::oid[] && ARRAY[100::oid]), NULL,
 	'no index of the extension sorts text in the database''s collation');
+
+-- the failed commands a batch re-delivers are read by their batch, not by
+-- walking every failure of the subscription
+SELECT has_index('outbox', 'stream_failures', 'stream_failures_batch_idx',
+	ARRAY['subscription', 'part', 'batch_id'], 'stream_failures has an index by batch');
 
 SELECT * FROM finish();
 ROLLBACK;
