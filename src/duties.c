@@ -40,7 +40,7 @@
  * streams		At a wake-up after a transaction that appended to a stream
  *				committed (the slot's stream_pending, raised at its commit,
  *				shared.c), cut a tick of each stream with commands its last
- *				tick does not see (SQL outbox._stream_tick,
+ *				tick does not see (OutboxStreamTick, src/stream.c;
  *				docs/streams.md) and send the pending wake-up from the same
  *				transaction (under the notify duty's rules: held back, it is
  *				left to that duty); and every outbox.naptime, as a backstop (a
@@ -253,15 +253,9 @@ du_lock_stream_tables(void)
 	return true;
 }
 
-/*
- * Run a saved one-int4-argument, one-int4-result statement; steered: with
- * the planner steered to index plans while the plans of the statements it
- * runs may be made, and those plans generic (OutboxExecuteGeneric), as for
- * the tick, whose generic plans must not settle on a scan of a log table
- * that was empty when planned.
- */
+/* Run a saved one-int4-argument, one-int4-result statement. */
 static int32
-du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg, bool steered)
+du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg)
 {
 	static const Oid argtypes[1] = {INT4OID};
 	Datum		args[1];
@@ -269,9 +263,7 @@ du_exec_int(SPIPlanPtr *cache, const char *sql, int32 arg, bool steered)
 	Datum		d;
 
 	args[0] = Int32GetDatum(arg);
-	if ((steered ?
-		 OutboxExecuteGeneric(OutboxPrepare(cache, sql, 1, argtypes), args, NULL, false, 1) :
-		 SPI_execute_plan(OutboxPrepare(cache, sql, 1, argtypes), args, NULL, false, 1))
+	if (SPI_execute_plan(OutboxPrepare(cache, sql, 1, argtypes), args, NULL, false, 1)
 		!= SPI_OK_SELECT ||
 		SPI_processed != 1)
 		elog(ERROR, "outbox: \"%s\" failed", sql);
@@ -303,7 +295,7 @@ du_statement_txn(void *arg)
 	{
 		if (!du_lock_stream_tables())
 			return false;
-		st->result = du_exec_int(st->plan, st->sql, st->arg, true);
+		st->result = OutboxStreamTick();
 		/*
 		 * The wake-up goes out with the tick, from this transaction: the
 		 * publishers are told at its commit, when they can see it, with no
@@ -329,7 +321,7 @@ du_statement_txn(void *arg)
 	if ((st->plan == &du_plan_purge && OutboxCitusCoordinator()) ||
 		(st->plan == &du_plan_rotate && OutboxCitusDistributed()))
 		return true;
-	st->result = du_exec_int(st->plan, st->sql, st->arg, false);
+	st->result = du_exec_int(st->plan, st->sql, st->arg);
 	return true;
 }
 
@@ -783,8 +775,8 @@ du_streams(OutboxTurn *turn)
 	du_tick_notified = false;
 	du_set_mark(du_tick_at);
 	du_last_tick = turn->now;
-	if (!du_run("outbox: cutting the stream ticks", &du_plan_tick,
-				"SELECT outbox._stream_tick($1)", false, 0, &n))
+	/* (du_plan_tick only marks the tick: du_statement_txn runs it in C) */
+	if (!du_run("outbox: cutting the stream ticks", &du_plan_tick, NULL, false, 0, &n))
 	{
 		pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 1);
 		if (du_tick_wake)
@@ -937,7 +929,7 @@ du_check_txn(void *arg)
 	 */
 	if (OutboxCitusDistributed() && !OutboxCitusCoordinator())
 		return true;
-	io[1] = du_exec_int(&du_plan_check, "SELECT outbox._check_run($1)", io[0], false);
+	io[1] = du_exec_int(&du_plan_check, "SELECT outbox._check_run($1)", io[0]);
 	return true;
 }
 

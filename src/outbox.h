@@ -368,6 +368,7 @@ extern void OutboxRequestWorker(Oid dboid);
 extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
 extern bool OutboxTakeStreamTick(void);
 extern void OutboxStreamTickAgain(void);
+extern int32 OutboxStreamTick(void);
 extern void OutboxNoteIdleClaim(void);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);

@@ -8,7 +8,7 @@
 -- and checks the batch token, and calls the internal functions below
 -- (_claim_batch, _ack_batch, _renew_batch), which nobody else may call.
 -- The producer's path is in C (commit_decision on a kind with a stream,
--- src/stream.c); the worker cuts the ticks with _stream_tick().
+-- src/stream.c); the worker cuts the ticks in C too (OutboxStreamTick).
 --
 -- Locking.  The stream's row (outbox.streams) is locked FOR UPDATE by
 -- create_subscription and by the tick of that stream, so a subscription
@@ -230,117 +230,25 @@ COMMENT ON FUNCTION @extschema@.drop_subscription(pg_catalog.text)
 -- how many ticks were cut, -1 when there is no stream at all, and -2 - n
 -- when n were cut and a stream was skipped because another transaction
 -- was ticking it (its tick may not see a commit that this one would: the
--- worker tries again).  The background worker calls it when a commit that
+-- worker tries again).  The background worker runs it when a commit that
 -- appended to a stream wakes it (and every outbox.naptime), and notifies
--- the publishers from the same transaction; claim_batch calls it when
--- commits wait for a tick, before it claims (src/stream.c).  Per
--- stream: its row locked, its last tick read, then one statement, in one
--- snapshot, that finds the partitions with commands the last tick does not
--- see (the rows of each partition's index from the last tick's xmax, and
--- those of the transactions that were running then: a row is not in a
--- snapshot exactly when its transaction came at or after the snapshot's
--- xmax, or was running when it was taken), inserts the tick with that
--- snapshot and records the tick in streams.part_ticks for those
--- partitions.  The rows the statement sees are exactly those of the
--- transactions its snapshot (the tick's) sees as committed, so the
--- partitions it records are exactly those the tick gave commands.  The
--- worker runs it with the planner steered to index plans (OutboxExecute).
+-- the publishers from the same transaction; claim_batch runs it when
+-- commits wait for a tick, before it claims.  C (OutboxStreamTick,
+-- src/stream.c): per stream, its row locked (SKIP LOCKED), its last tick
+-- read, then in one snapshot an index probe per partition and log table
+-- for a row the last tick does not see (from its xmax on, or of a
+-- transaction running then), and the tick written with that snapshot,
+-- the partitions found recorded in streams.part_ticks.
 CREATE FUNCTION @extschema@._stream_tick(unused pg_catalog.int4 DEFAULT 0)
 RETURNS pg_catalog.int4
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-	s record;
-	n pg_catalog.int4 := 0;
-	c pg_catalog.int4;
-	parts pg_catalog.int4[];
-	last_tick pg_catalog.int8;
-	last_xmax pg_catalog.xid8;
-	last_xip pg_catalog.xid8[];
-	skipped pg_catalog.bool := false;
-BEGIN
-	IF NOT EXISTS (SELECT 1 FROM @extschema@.streams) THEN
-		RETURN -1;
-	END IF;
-	FOR s IN
-		SELECT t.stream_id, t.partitions FROM @extschema@.streams t ORDER BY t.stream_id
-	LOOP
-		parts := ARRAY(SELECT pg_catalog.generate_series(0, s.partitions OPERATOR(pg_catalog.-) 1));
-		-- the stream's row: a subscription being created waits (and the
-		-- other way round); skip a stream someone else is ticking
-		PERFORM 1 FROM @extschema@.streams t
-		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id FOR UPDATE SKIP LOCKED;
-		IF NOT FOUND THEN
-			skipped := true;
-			CONTINUE;
-		END IF;
-		-- the last tick, which no one else cuts while the row is held (a
-		-- new snapshot, taken after the lock, sees it)
-		SELECT k.tick, pg_catalog.pg_snapshot_xmax(k.snap), ARRAY(SELECT pg_catalog.pg_snapshot_xip(k.snap))
-		  INTO last_tick, last_xmax, last_xip
-		  FROM @extschema@.stream_ticks k
-		 WHERE k.stream_id OPERATOR(pg_catalog.=) s.stream_id
-		 ORDER BY k.tick DESC LIMIT 1;
-		-- (one probe per partition and log table, with the values as
-		-- parameters so that they are the index's conditions; a LIMIT, not
-		-- EXISTS, which the planner may turn into one scan of the whole
-		-- stream's index)
-		WITH f AS (
-			SELECT g.p AS part FROM pg_catalog.unnest(parts) AS g(p)
-			 CROSS JOIN LATERAL (SELECT 1 FROM @extschema@._stream_log l
-								  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-									AND l.part OPERATOR(pg_catalog.=) g.p
-									AND l.xid OPERATOR(pg_catalog.>=) last_xmax
-								  LIMIT 1) x
-			UNION
-			SELECT g.p FROM pg_catalog.unnest(parts) AS g(p)
-			 CROSS JOIN pg_catalog.unnest(last_xip) AS r(xid)
-			 CROSS JOIN LATERAL (SELECT 1 FROM @extschema@._stream_log l
-								  WHERE l.stream_id OPERATOR(pg_catalog.=) s.stream_id
-									AND l.part OPERATOR(pg_catalog.=) g.p
-									AND l.xid OPERATOR(pg_catalog.=) r.xid
-								  LIMIT 1) y),
-		 i AS (
-			INSERT INTO @extschema@.stream_ticks (stream_id, tick, snap, last_id)
-			SELECT s.stream_id, last_tick OPERATOR(pg_catalog.+) 1,
-				   -- (_stream_snapshot of the statement's snapshot, written out:
-				   -- a SQL function with a SET clause is parsed and planned
-				   -- at every call, which cost most of the tick)
-				   (SELECT pg_catalog.format('%s:%s:%s',
-							   pg_catalog.pg_snapshot_xmin(c.snap)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
-							   pg_catalog.pg_snapshot_xmax(c.snap)::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base,
-							   COALESCE((SELECT pg_catalog.string_agg((x::pg_catalog.text::pg_catalog.int8 OPERATOR(pg_catalog.+) r.xid_base)::pg_catalog.text,
-																		 ',' ORDER BY x)
-										   FROM pg_catalog.pg_snapshot_xip(c.snap) x), ''))::pg_catalog.pg_snapshot
-					  FROM (SELECT pg_catalog.pg_current_snapshot() AS snap) c
-					 CROSS JOIN @extschema@.stream_rotation r),
-				   (SELECT q.last_value FROM @extschema@.stream_log_id_seq q)
-			 WHERE EXISTS (SELECT 1 FROM f)
-			RETURNING stream_ticks.tick)
-		UPDATE @extschema@.streams t
-		   SET part_ticks = ARRAY(SELECT CASE WHEN g.p OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT f.part FROM f)) THEN i.tick
-											  ELSE COALESCE(t.part_ticks[g.p OPERATOR(pg_catalog.+) 1], 0) END
-									FROM pg_catalog.unnest(parts) AS g(p)
-								   ORDER BY g.p)
-		  FROM i
-		 WHERE t.stream_id OPERATOR(pg_catalog.=) s.stream_id;
-		GET DIAGNOSTICS c = ROW_COUNT;
-		n := n OPERATOR(pg_catalog.+) c;
-	END LOOP;
-	IF skipped THEN
-		RETURN -2 OPERATOR(pg_catalog.-) n;
-	END IF;
-	RETURN n;
-END;
-$$;
+LANGUAGE c VOLATILE
+AS 'MODULE_PATHNAME', 'outbox_stream_tick';
 COMMENT ON FUNCTION @extschema@._stream_tick(pg_catalog.int4)
 	IS 'internal: cut a tick of every stream with commands its last tick does not see (the background worker calls it at a commit''s wake-up)';
 
 -- Admin and tests: cut the ticks now, without the worker.  C
--- (src/stream.c): it runs _stream_tick with generic plans, as the worker
--- and claim_batch do (left to choose, the plan cache planned the tick's
--- main statement again at every call, which took most of its time).
+-- (src/stream.c): the tick the worker and claim_batch cut
+-- (OutboxStreamTick), run as the extension's owner.
 CREATE FUNCTION @extschema@.tick_streams()
 RETURNS pg_catalog.int4
 LANGUAGE c VOLATILE SECURITY INVOKER
