@@ -7,8 +7,8 @@
  * functions get from the same definition through the install script),
  * payloads (outbox.max_payload_bytes, OUTBOX_MAX_PAYLOAD_DEPTH levels),
  * producer headers (OutboxCheckHeaders: an object of strings, names that
- * are HTTP tokens, the OUTBOX_MAX_HEADERS* limits), and NULLs, each with its
- * SQLSTATE; and the caller identity of the API functions (OutboxCallAsOwner):
+ * are HTTP tokens, the OUTBOX_MAX_HEADERS* limits), NULLs and a lease's
+ * bounds (OutboxLeaseEnd), each with its SQLSTATE; and the caller identity of the API functions (OutboxCallAsOwner):
  * they are SECURITY INVOKER, so current_user at the call site is the role
  * a call is made by, and their body runs as the extension objects' owner.
  * A bottom layer: it calls no other file of the extension.
@@ -343,4 +343,50 @@ OutboxArgPayload(FunctionCallInfo fcinfo, int argno, const char *what,
 	j = PG_GETARG_JSONB_P(argno);
 	OutboxCheckPayload(j, what);
 	return j;
+}
+
+/*
+ * Check a lease that starts at now and return its end.  The bounds are
+ * checked on the timestamp the lease would end at (now + lease, as the
+ * statements compute it), not on the interval with its months counted as 30
+ * days: the lease must end after now and at most outbox.max_lease after
+ * it.  Each field of the interval is first kept within 2000 years either
+ * way, so that the sum cannot leave the range of timestamptz.  The row
+ * leases (lease.c) and the stream's claim (stream_claim.c) share it.
+ */
+TimestampTz
+OutboxLeaseEnd(Interval *iv, TimestampTz now)
+{
+	TimestampTz end;
+	const int64 years = 2000;
+
+	if (iv->month > years * MONTHS_PER_YEAR || iv->month < -years * MONTHS_PER_YEAR ||
+		iv->day > years * 366 || iv->day < -years * 366 ||
+		iv->time > years * 366 * USECS_PER_DAY || iv->time < -years * 366 * USECS_PER_DAY)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease is out of range"),
+				 errdetail("The requested lease was %s; each of its months, days and time must be within %d years.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))),
+						   (int) years)));
+	end = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												  TimestampTzGetDatum(now),
+												  IntervalPGetDatum(iv)));
+	if (end <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be positive"),
+				 errdetail("The requested lease %s would end at or before the time of the call.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))))));
+	if (end - now > (int64) outbox_max_lease_s * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease is longer than outbox.max_lease"),
+				 errdetail("The requested lease %s would end more than %d seconds after the time of the call.",
+						   DatumGetCString(DirectFunctionCall1(interval_out,
+															   IntervalPGetDatum(iv))),
+						   outbox_max_lease_s)));
+	return end;
 }

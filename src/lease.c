@@ -151,51 +151,17 @@ le_arg_batch(FunctionCallInfo fcinfo, int argno)
 
 /*
  * Fetch and check an optional lease argument, for a lease that starts at
- * now: NULL means "the default" and is returned as NULL.  The bounds are
- * checked on the timestamp the lease would end at (now + lease, as the
- * statements compute it), not on the interval with its months counted as 30
- * days: the lease must end after now and at most outbox.max_lease after
- * it.  Each field of the interval is first kept within 2000 years either
- * way, so that the sum cannot leave the range of timestamptz.
+ * now (OutboxLeaseEnd): NULL means "the default" and is returned as NULL.
  */
 static Interval *
 le_arg_lease(FunctionCallInfo fcinfo, int argno, TimestampTz now)
 {
 	Interval   *iv;
-	TimestampTz end;
-	const int64 years = 2000;
 
 	if (PG_ARGISNULL(argno))
 		return NULL;
 	iv = PG_GETARG_INTERVAL_P(argno);
-	if (iv->month > years * MONTHS_PER_YEAR || iv->month < -years * MONTHS_PER_YEAR ||
-		iv->day > years * 366 || iv->day < -years * 366 ||
-		iv->time > years * 366 * USECS_PER_DAY || iv->time < -years * 366 * USECS_PER_DAY)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease is out of range"),
-				 errdetail("The requested lease was %s; each of its months, days and time must be within %d years.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(iv))),
-						   (int) years)));
-	end = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-												  TimestampTzGetDatum(now),
-												  IntervalPGetDatum(iv)));
-	if (end <= now)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease must be positive"),
-				 errdetail("The requested lease %s would end at or before the time of the call.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(iv))))));
-	if (end - now > (int64) outbox_max_lease_s * USECS_PER_SEC)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("lease is longer than outbox.max_lease"),
-				 errdetail("The requested lease %s would end more than %d seconds after the time of the call.",
-						   DatumGetCString(DirectFunctionCall1(interval_out,
-															   IntervalPGetDatum(iv))),
-						   outbox_max_lease_s)));
+	(void) OutboxLeaseEnd(iv, now);
 	return iv;
 }
 

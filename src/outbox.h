@@ -369,6 +369,9 @@ extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
 extern bool OutboxTakeStreamTick(void);
 extern void OutboxStreamTickAgain(void);
 extern int32 OutboxStreamTick(void);
+extern TimestampTz OutboxLeaseEnd(Interval *iv, TimestampTz now);
+extern SPITupleTable *OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease,
+										Oid caller, int64 nonce, uint64 *nrows);
 extern void OutboxNoteIdleClaim(void);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);

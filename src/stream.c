@@ -16,7 +16,7 @@
  * unique command_id (events_command_id_key) keeps command ids unique
  * across both paths.
  *
- * Batch tokens.  claim_batch (SQL outbox._claim_batch, part 35) leases one
+ * Batch tokens.  claim_batch (OutboxStreamClaim, src/stream_claim.c) leases one
  * partition's batch of a subscription; the token handed out with it is the
  * text
  *
@@ -297,22 +297,6 @@ st_args_token(FunctionCallInfo fcinfo, Oid caller, StToken *tok)
 	if (!st_token_holds(tok, worker, caller))
 		st_raise_not_owned(worker, tok);
 	return worker;
-}
-
-/* Run claim_batch's statement (SQL outbox._claim_batch) into SPI_tuptable. */
-static void
-st_claim_rows(SPIPlanPtr *plan, Datum *args, const char *nulls)
-{
-	static const Oid argtypes[6] = {TEXTOID, TEXTOID, TEXTOID, INTERVALOID, OIDOID, INT8OID};
-
-	if (OutboxExecuteGeneric(OutboxPrepare(plan,
-										   "SELECT b.command_id, b.run_id, b.seq, b.kind, b.payload,"
-										   "       b.version, b.deliveries, b.lease_until, b.headers,"
-										   "       b.ordering_key, b.batch_id, b.part"
-										   "  FROM outbox._claim_batch($1, $2, $3, $4, $5, $6) b",
-										   6, argtypes),
-							 args, nulls, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: claim_batch failed");
 }
 
 /*
@@ -672,13 +656,11 @@ outbox_stream_tick(PG_FUNCTION_ARGS)
 static Datum
 st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 {
-	static SPIPlanPtr plan = NULL;
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *stream = OutboxArgId(fcinfo, 0, "stream");
 	text	   *sub = OutboxArgId(fcinfo, 1, "subscription");
 	text	   *worker = OutboxArgId(fcinfo, 2, "worker");
-	Datum		args[6];
-	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	Interval   *lease = PG_ARGISNULL(3) ? NULL : PG_GETARG_INTERVAL_P(3);
 	uint64		nonce;
 	text	   *token = NULL;
 	int64		since = 0;
@@ -689,19 +671,11 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	bool		ticked = false;
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	args[0] = PointerGetDatum(stream);
-	args[1] = PointerGetDatum(sub);
-	args[2] = PointerGetDatum(worker);
-	args[3] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
-	if (PG_ARGISNULL(3))
-		nulls[3] = 'n';
-	args[4] = ObjectIdGetDatum(caller);
 	/* this claim's own value, so that its token is no other claim's */
 	if (!pg_strong_random(&nonce, sizeof(nonce)))
 		ereport(ERROR,
 				(errcode(ERRCODE_INTERNAL_ERROR),
 				 errmsg("could not generate a random batch nonce")));
-	args[5] = Int64GetDatum((int64) nonce);
 	/*
 	 * Whether this claim may cut the ticks the commits wait for (taking
 	 * them from the worker): not in a transaction that has written (its own
@@ -728,10 +702,8 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 		OutboxDueAtCommit(OUTBOX_DUE_NOW);
 		ticked = true;
 	}
-	st_claim_rows(&plan, args, nulls);
-	/* (the token's lease key may be read by SPI: keep the result) */
-	rows = SPI_tuptable;
-	nrows = SPI_processed;
+	/* (the token's lease key may be read by SPI: the result is kept) */
+	rows = OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &nrows);
 	/*
 	 * Nothing, and a commit has raised a tick since (the worker's tick was
 	 * under way when this claim began, or came after it): cut it too and
@@ -741,9 +713,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	{
 		if (!ticked)
 			OutboxDueAtCommit(OUTBOX_DUE_NOW);
-		st_claim_rows(&plan, args, nulls);
-		rows = SPI_tuptable;
-		nrows = SPI_processed;
+		rows = OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &nrows);
 	}
 	/* (a subscription dropped since the claim: its token is refused) */
 	if (nrows > 0)
@@ -787,13 +757,17 @@ outbox_claim_batch(PG_FUNCTION_ARGS)
  * The body of ack_batch and renew_batch: check the worker and token
  * arguments (0 and 1), then run sql on the batch's row with $1 to $6 the
  * token's subscription, partition, batch id, version, the worker and the
- * token's nonce, and $7 on the call's arguments from 2 on; its one value, by value, or OB001
- * when it is NULL (the batch is not held).  what names the call in the
- * error of a failed statement.
+ * token's nonce, and $7 on the call's arguments from 2 on (lease_end: its
+ * one argument from 2 on is a lease, NULL for outbox.default_lease, and $7
+ * is the end of that lease if it starts now, checked by OutboxLeaseEnd
+ * after the token); its one value, by value, or OB001 when it is NULL (the
+ * batch is not held).  what names the call in the error of a failed
+ * statement.
  */
 static Datum
 st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
-			  const char *sql, int nargs, const Oid *argtypes, const char *what)
+			  const char *sql, int nargs, const Oid *argtypes, bool lease_end,
+			  const char *what)
 {
 	StToken		tok;
 	text	   *worker;
@@ -820,6 +794,15 @@ st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
 		if (PG_ARGISNULL(j - 4))
 			nulls[j] = 'n';
 	}
+	if (lease_end)
+	{
+		Interval	dflt = {(int64) outbox_default_lease_ms * 1000, 0, 0};
+
+		args[6] = TimestampTzGetDatum(OutboxLeaseEnd(PG_ARGISNULL(2) ? &dflt :
+													 PG_GETARG_INTERVAL_P(2),
+													 GetCurrentTimestamp()));
+		nulls[6] = ' ';
+	}
 	if (OutboxExecute(OutboxPrepare(plan, sql, nargs, argtypes),
 					  args, nulls, false, 0) != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "outbox: %s failed", what);
@@ -844,7 +827,7 @@ st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 
 	n = st_batch_call(fcinfo, caller, &plan,
 					  "SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-					  9, argtypes, "ack_batch");
+					  9, argtypes, false, "ack_batch");
 	OutboxCountNow(OBC_ACKED, DatumGetInt64(n));
 	PG_RETURN_DATUM(n);
 }
@@ -855,17 +838,31 @@ outbox_ack_batch(PG_FUNCTION_ARGS)
 	return OutboxCallAsOwner(fcinfo, st_ack_batch);
 }
 
-/* outbox.renew_batch(worker, token, lease): the new lease end. */
+/*
+ * outbox.renew_batch(worker, token, lease): the new lease end.  One
+ * statement on the batch's row, which must still hold the token's batch
+ * at its version and nonce for worker.
+ */
 static Datum
 st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 {
 	static SPIPlanPtr plan = NULL;
 	static const Oid argtypes[7] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID, INT8OID,
-	INTERVALOID};
+	TIMESTAMPTZOID};
 
 	PG_RETURN_DATUM(st_batch_call(fcinfo, caller, &plan,
-								  "SELECT outbox._renew_batch($1, $2, $3, $4, $5, $6, $7)",
-								  7, argtypes, "renew_batch"));
+								  "WITH r AS (UPDATE outbox.stream_progress p"
+								  "   SET lease_until = $7"
+								  " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
+								  "   AND p.part OPERATOR(pg_catalog.=) $2"
+								  "   AND p.batch_id OPERATOR(pg_catalog.=) $3"
+								  "   AND p.version OPERATOR(pg_catalog.=) $4"
+								  "   AND p.claim_nonce OPERATOR(pg_catalog.=) $6"
+								  "   AND p.owner OPERATOR(pg_catalog.=) $5"
+								  "   AND p.batch_to IS NOT NULL"
+								  " RETURNING p.lease_until)"
+								  "SELECT (SELECT r.lease_until FROM r)",
+								  7, argtypes, true, "renew_batch"));
 }
 
 Datum

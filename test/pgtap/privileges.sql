@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(274);
+SELECT plan(268);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -190,9 +190,6 @@ INSERT INTO expected VALUES
 	('outbox._stream_acked()',
 	 'function', '{}', false,
 	 $$SELECT count(*) FROM outbox._stream_acked()$$),
-	('outbox._stream_lease_end(interval,timestamp with time zone)',
-	 'function', '{}', false,
-	 $$SELECT outbox._stream_lease_end(NULL, now())$$),
 	('outbox._stream_batch_rows(text,integer,bigint,integer,pg_snapshot,pg_snapshot,integer)',
 	 'function', '{}', false,
 	 $$SELECT count(*) FROM outbox._stream_batch_rows('pt-sub', 0, 1, 1, '1:1:', '1:1:', 1)$$),
@@ -202,18 +199,12 @@ INSERT INTO expected VALUES
 	('outbox._stream_snapshot(pg_snapshot)',
 	 'function', '{}', false,
 	 $$SELECT outbox._stream_snapshot(pg_current_snapshot())$$),
-	('outbox._claim_batch(text,text,text,interval,oid,bigint)',
-	 'function', '{}', false,
-	 $$SELECT count(*) FROM outbox._claim_batch('pt-stream', 'pt-sub', 'pt-w7', NULL, 10, 1)$$),
 	('outbox._ack_batch(text,integer,bigint,integer,text,bigint,text[],text[],boolean[])',
 	 'function', '{}', false,
 	 $$SELECT outbox._ack_batch('pt-sub', 0, 1, 1, 'pt-w7', 1, NULL, NULL, NULL)$$),
 	('outbox._stream_published_retries(text,integer,bigint,timestamp with time zone)',
 	 'function', '{}', false,
 	 $$SELECT outbox._stream_published_retries('pt-sub', 0, 1, now())$$),
-	('outbox._renew_batch(text,integer,bigint,integer,text,bigint,interval)',
-	 'function', '{}', false,
-	 $$SELECT outbox._renew_batch('pt-sub', 0, 1, 1, 'pt-w7', 1, NULL)$$),
 	('outbox._stream_takeover_cap(text,integer,integer,timestamp with time zone)',
 	 'function', '{}', false,
 	 $$SELECT outbox._stream_takeover_cap('pt-sub', 0, 1, now())$$),

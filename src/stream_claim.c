@@ -1,0 +1,561 @@
+/*-------------------------------------------------------------------------
+ *
+ * stream_claim.c
+ *		The body of claim_batch (src/stream.c): lease the next batch of one
+ *		partition of a stream's subscription, or take over an expired one,
+ *		and return its commands (the caller adds the batch's token).
+ *
+ * Steps (docs/streams.md, "Batches and leases"):
+ *
+ *	1. the stream and the subscription, in one statement, with the errors
+ *	   of a missing one (42704), of a subscription of another stream
+ *	   (42704) and of a caller the subscription's claimers do not admit
+ *	   (42501); the lease's end (OutboxLeaseEnd, the row path's rules);
+ *	2. an expired batch (the oldest lease end, SKIP LOCKED): unless its
+ *	   deliveries are used up (SQL outbox._stream_takeover_cap, which may
+ *	   kill or halve it), it is taken over with the same commands, version
+ *	   and deliveries + 1, and a new nonce;
+ *	3. else, in a loop, the next partition without a batch that has
+ *	   commands after its acked tick (streams.part_ticks) or due retries,
+ *	   the least recently acked first, picked and locked by one statement
+ *	   with the batch's end tick and both snapshots; the commands of an
+ *	   ordering key with an unfinished failure are parked as waiting, the
+ *	   due retries join the batch, and the batch is read once (the range
+ *	   of the partition's index between the two ticks' xmax, plus one
+ *	   probe per transaction running at the start tick, plus the retries
+ *	   marked with the batch; when there are neither, a statement of the
+ *	   range alone, whose plan is smaller).  A partition whose batch is
+ *	   empty (commands after a batch end capped by batch_size, or all
+ *	   waiting) moves its acked tick on and is looked at again until it
+ *	   reaches the last tick;
+ *	4. nothing to claim: the partitions without a batch and without
+ *	   commands since their acked tick move on to the last tick (one
+ *	   statement; part_ticks and the last tick read in one snapshot, so a
+ *	   partition moved on had no command in any tick up to that one).
+ *
+ * Each step is one saved statement with generic plans (OutboxExecuteGeneric),
+ * run from here rather than from a PL/pgSQL function: the function's own
+ * cost (its call, its SET clause, the lease's checks in PL/pgSQL, its
+ * variables) was about a third of a claim.
+ *
+ * Locking: the row locks of the statements (the progress row of the batch,
+ * FOR UPDATE SKIP LOCKED, and the failures they write).
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "outbox.h"
+
+/* The statements; their parameters are named in each. */
+
+/* $1 stream, $2 subscription, $3 caller */
+static const char sc_prologue_sql[] =
+"SELECT t.stream_id, t.partitions, t.batch_size, x.subscription IS NOT NULL,"
+"       x.stream OPERATOR(pg_catalog.=) $1, outbox._may(x.claimers, $3)"
+"  FROM (SELECT 1) d"
+"  LEFT JOIN outbox.streams t ON t.stream OPERATOR(pg_catalog.=) $1"
+"  LEFT JOIN outbox.subscriptions x ON x.subscription OPERATOR(pg_catalog.=) $2";
+
+/* $1 subscription, $2 now */
+static const char sc_expired_sql[] =
+"SELECT p.part, p.batch_id, p.acked_tick, p.batch_to FROM outbox.stream_progress p"
+" WHERE p.subscription OPERATOR(pg_catalog.=) $1"
+"   AND p.batch_to IS NOT NULL"
+"   AND p.lease_until OPERATOR(pg_catalog.<=) $2"
+" ORDER BY p.lease_until LIMIT 1"
+"   FOR UPDATE SKIP LOCKED";
+
+/* $1 subscription, $2 part, $3 stream_id, $4 now */
+static const char sc_cap_sql[] =
+"SELECT outbox._stream_takeover_cap($1, $2, $3, $4)";
+
+/* $1 subscription, $2 part, $3 worker, $4 caller, $5 nonce, $6 until */
+static const char sc_takeover_sql[] =
+"UPDATE outbox.stream_progress p"
+"   SET version = p.version OPERATOR(pg_catalog.+) 1, owner = $3, role = $4,"
+"       claim_nonce = $5, lease_until = $6,"
+"       deliveries = p.deliveries OPERATOR(pg_catalog.+) 1"
+" WHERE p.subscription OPERATOR(pg_catalog.=) $1"
+"   AND p.part OPERATOR(pg_catalog.=) $2"
+" RETURNING p.version, p.deliveries";
+
+/* $1 subscription, $2 part, $3 batch_id */
+static const char sc_takeover_retries_sql[] =
+"UPDATE outbox.stream_failures f"
+"   SET deliveries = f.deliveries OPERATOR(pg_catalog.+) 1"
+" WHERE f.subscription OPERATOR(pg_catalog.=) $1"
+"   AND f.part OPERATOR(pg_catalog.=) $2"
+"   AND f.batch_id OPERATOR(pg_catalog.=) $3";
+
+/*
+ * $1 subscription, $2 part, $3 batch_id, $4 stream_id, $5 acked tick,
+ * $6 batch end tick, $7 deliveries, $8 version, $9 until
+ */
+static const char sc_takeover_rows_sql[] =
+"SELECT r.command_id, r.run_id, r.seq, r.kind, r.payload, $8::pg_catalog.int8,"
+"       r.deliveries, $9, r.headers, r.ordering_key, $3, $2"
+"  FROM outbox._stream_batch_rows($1, $2, $3, $4,"
+"        outbox._stream_snap($4, $5), outbox._stream_snap($4, $6), $7) r";
+
+/*
+ * $1 subscription, $2 stream_id, $3 batch_size, $4 partitions, $5 the
+ * partitions tried, $6 now.  Columns: part, batch_id, acked_tick, t_max,
+ * t_to, sa, sb, sa_xmax, sa_xip, sb_xmax, due, keyed.
+ */
+#define SC_DUE_EXISTS(alias) \
+"EXISTS (SELECT 1 FROM outbox.stream_failures f" \
+"         WHERE f.subscription OPERATOR(pg_catalog.=) " alias ".subscription" \
+"           AND f.part OPERATOR(pg_catalog.=) " alias ".part" \
+"           AND f.state OPERATOR(pg_catalog.=) 'retry'" \
+"           AND f.available_at OPERATOR(pg_catalog.<=) $6)"
+static const char sc_pick_sql[] =
+"SELECT p.part, p.batch_id, p.acked_tick, m.t_max, e.t_to, a.snap, b.snap,"
+"       pg_catalog.pg_snapshot_xmax(a.snap),"
+"       ARRAY(SELECT pg_catalog.pg_snapshot_xip(a.snap)),"
+"       pg_catalog.pg_snapshot_xmax(b.snap),"
+"       " SC_DUE_EXISTS("p") ","
+"       EXISTS (SELECT 1 FROM outbox.stream_failures f"
+"                WHERE f.subscription OPERATOR(pg_catalog.=) p.subscription"
+"                  AND f.ordering_key IS NOT NULL)"
+"  FROM outbox.stream_progress p"
+" CROSS JOIN (SELECT pg_catalog.max(k.tick) AS t_max,"
+"                    (SELECT t.part_ticks FROM outbox.streams t"
+"                      WHERE t.stream_id OPERATOR(pg_catalog.=) $2) AS part_ticks"
+"               FROM outbox.stream_ticks k"
+"              WHERE k.stream_id OPERATOR(pg_catalog.=) $2) m"
+"  JOIN outbox.stream_ticks a"
+"    ON a.stream_id OPERATOR(pg_catalog.=) $2 AND a.tick OPERATOR(pg_catalog.=) p.acked_tick"
+" CROSS JOIN LATERAL ("
+"    SELECT GREATEST(COALESCE(pg_catalog.min(k.tick), m.t_max), p.acked_tick) AS t_to"
+"      FROM outbox.stream_ticks k"
+"     WHERE k.stream_id OPERATOR(pg_catalog.=) $2"
+"       AND k.tick OPERATOR(pg_catalog.>) p.acked_tick"
+"       AND k.last_id OPERATOR(pg_catalog.>=) (a.last_id OPERATOR(pg_catalog.+)"
+"           ($3::pg_catalog.int8 OPERATOR(pg_catalog.*) $4))) e"
+"  JOIN outbox.stream_ticks b"
+"    ON b.stream_id OPERATOR(pg_catalog.=) $2 AND b.tick OPERATOR(pg_catalog.=) e.t_to"
+" WHERE p.subscription OPERATOR(pg_catalog.=) $1"
+"   AND p.batch_to IS NULL"
+"   AND p.part OPERATOR(pg_catalog.<>) ALL ($5)"
+"   AND (p.acked_tick OPERATOR(pg_catalog.<) COALESCE(m.part_ticks[p.part OPERATOR(pg_catalog.+) 1], 0)"
+"        OR " SC_DUE_EXISTS("p") ")"
+" ORDER BY p.acked_at NULLS FIRST, p.part LIMIT 1"
+"   FOR UPDATE OF p SKIP LOCKED";
+
+enum
+{
+	SC_PART, SC_BATCH, SC_ACKED, SC_TMAX, SC_TTO, SC_SA, SC_SB, SC_SA_XMAX, SC_SA_XIP,
+	SC_SB_XMAX, SC_DUE, SC_KEYED, SC_PICK_COLS
+};
+
+/*
+ * The rows of partition $2 of stream $1 the batch's start snapshot does not
+ * see: from its xmax on ($3), or of a transaction running then ($4, the
+ * start snapshot's xip), up to the end snapshot's xmax ($5).
+ */
+#define SC_LOG_RANGE \
+"SELECT l.* FROM outbox._stream_log l" \
+" WHERE l.stream_id OPERATOR(pg_catalog.=) $1" \
+"   AND l.part OPERATOR(pg_catalog.=) $2" \
+"   AND l.xid OPERATOR(pg_catalog.>=) $3" \
+"   AND l.xid OPERATOR(pg_catalog.<) $5"
+#define SC_LOG_RUNNING \
+"SELECT l.* FROM pg_catalog.unnest($4) AS r(xid)" \
+" CROSS JOIN LATERAL (SELECT l.* FROM outbox._stream_log l" \
+"                      WHERE l.stream_id OPERATOR(pg_catalog.=) $1" \
+"                        AND l.part OPERATOR(pg_catalog.=) $2" \
+"                        AND l.xid OPERATOR(pg_catalog.=) r.xid OFFSET 0) l"
+
+/*
+ * Park as waiting the batch's commands of an ordering key with an
+ * unfinished failure in the subscription: $1 stream_id, $2 part, $3 sa's
+ * xmax, $4 sa's xip, $5 sb's xmax, $6 sb, $7 subscription, $8 now.
+ */
+static const char sc_park_sql[] =
+"INSERT INTO outbox.stream_failures AS f"
+"    (subscription, command_id, part, state, batch_id, deliveries, available_at,"
+"     log_id, xid, stream_id, run_id, seq, kind, payload, headers, ordering_key,"
+"     decided_by, created_at)"
+"SELECT $7, l.command_id, l.part, 'waiting', NULL, 0, $8,"
+"       l.id, l.xid, l.stream_id, l.run_id, l.seq, l.kind, l.payload, l.headers,"
+"       l.ordering_key, l.decided_by, l.created_at"
+"  FROM (" SC_LOG_RANGE " UNION ALL " SC_LOG_RUNNING ") l"
+" WHERE pg_catalog.pg_visible_in_snapshot(l.xid, $6)"
+"   AND l.ordering_key IS NOT NULL"
+"   AND EXISTS (SELECT 1 FROM outbox.stream_failures k"
+"                WHERE k.subscription OPERATOR(pg_catalog.=) $7"
+"                  AND k.ordering_key OPERATOR(pg_catalog.=) l.ordering_key"
+"                  AND k.decided_by OPERATOR(pg_catalog.=) l.decided_by)"
+"ON CONFLICT ON CONSTRAINT stream_failures_pkey DO NOTHING";
+
+/* The due retries join batch $5: $1 subscription, $2 part, $3 now, $4 batch_size. */
+static const char sc_retries_sql[] =
+"WITH r AS ("
+"    SELECT f.command_id FROM outbox.stream_failures f"
+"     WHERE f.subscription OPERATOR(pg_catalog.=) $1"
+"       AND f.part OPERATOR(pg_catalog.=) $2"
+"       AND f.state OPERATOR(pg_catalog.=) 'retry'"
+"       AND f.available_at OPERATOR(pg_catalog.<=) $3"
+"     ORDER BY f.available_at LIMIT $4),"
+" m AS ("
+"    UPDATE outbox.stream_failures f"
+"       SET batch_id = $5, deliveries = f.deliveries OPERATOR(pg_catalog.+) 1"
+"      FROM r"
+"     WHERE f.subscription OPERATOR(pg_catalog.=) $1"
+"       AND f.command_id OPERATOR(pg_catalog.=) r.command_id"
+"    RETURNING 1)"
+"SELECT pg_catalog.count(*)::pg_catalog.int4 FROM m";
+
+/*
+ * The batch's commands in log order: $1 stream_id, $2 part, $3 sa's xmax,
+ * $4 sa's xip, $5 sb's xmax, $6 sb, $7 subscription, $8 until, $9 batch id,
+ * $10 the retries that joined it.  The range alone (no transaction was
+ * running at the start tick, no retry joins) has no $4 and $10.
+ */
+#define SC_NOT_FAILED \
+"   AND NOT EXISTS (SELECT 1 FROM outbox.stream_failures f" \
+"                    WHERE f.subscription OPERATOR(pg_catalog.=) $7" \
+"                      AND f.command_id OPERATOR(pg_catalog.=) l.command_id)"
+static const char sc_range_sql[] =
+"SELECT l.command_id::pg_catalog.text, l.run_id::pg_catalog.text, l.seq,"
+"       l.kind::pg_catalog.text, l.payload, 1::pg_catalog.int8, 1, $8, l.headers,"
+"       l.ordering_key::pg_catalog.text, $9, $2"
+"  FROM outbox._stream_log l"
+" WHERE l.stream_id OPERATOR(pg_catalog.=) $1"
+"   AND l.part OPERATOR(pg_catalog.=) $2"
+"   AND l.xid OPERATOR(pg_catalog.>=) $3"
+"   AND l.xid OPERATOR(pg_catalog.<) $5"
+"   AND pg_catalog.pg_visible_in_snapshot(l.xid, $6)"
+SC_NOT_FAILED
+" ORDER BY l.id";
+static const char sc_rows_sql[] =
+"SELECT x.command_id, x.run_id, x.seq, x.kind, x.payload, 1::pg_catalog.int8,"
+"       x.deliveries, $8, x.headers, x.ordering_key, $9, $2"
+"  FROM (SELECT l.id, l.command_id::pg_catalog.text AS command_id,"
+"               l.run_id::pg_catalog.text AS run_id, l.seq, l.kind::pg_catalog.text AS kind,"
+"               l.payload, 1 AS deliveries, l.headers,"
+"               l.ordering_key::pg_catalog.text AS ordering_key"
+"          FROM (" SC_LOG_RANGE " UNION ALL " SC_LOG_RUNNING ") l"
+"         WHERE pg_catalog.pg_visible_in_snapshot(l.xid, $6)"
+SC_NOT_FAILED
+"        UNION ALL"
+"        SELECT f.log_id, f.command_id, f.run_id, f.seq, f.kind, f.payload, f.deliveries,"
+"               f.headers, f.ordering_key"
+"          FROM outbox.stream_failures f"
+"         WHERE $10 OPERATOR(pg_catalog.>) 0"
+"           AND f.subscription OPERATOR(pg_catalog.=) $7"
+"           AND f.part OPERATOR(pg_catalog.=) $2"
+"           AND f.batch_id OPERATOR(pg_catalog.=) $9) x"
+" ORDER BY x.id";
+
+/* An empty batch: the partition's acked tick moves on. $1 subscription, $2 part, $3 tick */
+static const char sc_skip_sql[] =
+"UPDATE outbox.stream_progress p SET acked_tick = $3"
+" WHERE p.subscription OPERATOR(pg_catalog.=) $1"
+"   AND p.part OPERATOR(pg_catalog.=) $2";
+
+/*
+ * The lease of the new batch: $1 subscription, $2 part, $3 batch id, $4 end
+ * tick, $5 worker, $6 caller, $7 nonce, $8 until, $9 rows, $10 retries.
+ */
+static const char sc_lease_sql[] =
+"UPDATE outbox.stream_progress p"
+"   SET batch_id = $3, batch_to = $4, version = 1, owner = $5, role = $6,"
+"       claim_nonce = $7, lease_until = $8, deliveries = 1, batch_rows = $9,"
+"       batch_retries = $10"
+" WHERE p.subscription OPERATOR(pg_catalog.=) $1"
+"   AND p.part OPERATOR(pg_catalog.=) $2";
+
+/* Nothing to claim: $1 subscription, $2 stream_id. */
+static const char sc_move_on_sql[] =
+"WITH m AS ("
+"    SELECT pg_catalog.max(k.tick) AS t_max,"
+"           (SELECT t.part_ticks FROM outbox.streams t"
+"             WHERE t.stream_id OPERATOR(pg_catalog.=) $2) AS part_ticks"
+"      FROM outbox.stream_ticks k"
+"     WHERE k.stream_id OPERATOR(pg_catalog.=) $2),"
+" c AS ("
+"    SELECT p.part, m.t_max FROM outbox.stream_progress p CROSS JOIN m"
+"     WHERE p.subscription OPERATOR(pg_catalog.=) $1"
+"       AND p.batch_to IS NULL"
+"       AND p.acked_tick OPERATOR(pg_catalog.<) m.t_max"
+"       AND p.acked_tick OPERATOR(pg_catalog.>=) COALESCE(m.part_ticks[p.part OPERATOR(pg_catalog.+) 1], 0)"
+"       FOR UPDATE OF p SKIP LOCKED)"
+"UPDATE outbox.stream_progress p SET acked_tick = c.t_max"
+"  FROM c"
+" WHERE p.subscription OPERATOR(pg_catalog.=) $1"
+"   AND p.part OPERATOR(pg_catalog.=) c.part";
+
+/* Run a saved statement with generic plans; its SPI result code must be want. */
+static void
+sc_run(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *types, Datum *args,
+	   int want)
+{
+	int			ret = OutboxExecuteGeneric(OutboxPrepare(plan, sql, nargs, (Oid *) types),
+										   args, NULL, false, 0);
+
+	if (ret != want)
+		elog(ERROR, "outbox: claim_batch failed: %s", SPI_result_code_string(ret));
+}
+
+/* Column col (1-based) of the first row of the last statement; NULL is an error. */
+static Datum
+sc_col(int col)
+{
+	bool		isnull;
+	Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, col, &isnull);
+
+	if (isnull)
+		elog(ERROR, "outbox: claim_batch read a NULL in column %d", col);
+	return d;
+}
+
+/*
+ * claim_batch's body (see the top of the file): the commands of the batch
+ * leased to worker for caller (a table of SPI, kept until SPI_finish) and
+ * their number.  lease NULL: outbox.default_lease.  Each row: command_id,
+ * run_id, seq, kind, payload, version, deliveries, lease_until, headers,
+ * ordering_key, batch_id, part.  SPI must be connected.
+ */
+SPITupleTable *
+OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid caller,
+				  int64 nonce, uint64 *nrows)
+{
+	static SPIPlanPtr prologue_plan, expired_plan, cap_plan, takeover_plan,
+				takeover_retries_plan, takeover_rows_plan, pick_plan, park_plan, retries_plan,
+				range_plan, rows_plan, skip_plan, lease_plan, move_on_plan;
+	static const Oid prologue_types[3] = {TEXTOID, TEXTOID, OIDOID};
+	static const Oid expired_types[2] = {TEXTOID, TIMESTAMPTZOID};
+	static const Oid cap_types[4] = {TEXTOID, INT4OID, INT4OID, TIMESTAMPTZOID};
+	static const Oid takeover_types[6] = {TEXTOID, INT4OID, TEXTOID, OIDOID, INT8OID,
+	TIMESTAMPTZOID};
+	static const Oid takeover_retries_types[3] = {TEXTOID, INT4OID, INT8OID};
+	static const Oid takeover_rows_types[9] = {TEXTOID, INT4OID, INT8OID, INT4OID, INT8OID,
+	INT8OID, INT4OID, INT4OID, TIMESTAMPTZOID};
+	static const Oid pick_types[6] = {TEXTOID, INT4OID, INT4OID, INT4OID, INT4ARRAYOID,
+	TIMESTAMPTZOID};
+	static const Oid park_types[8] = {INT4OID, INT4OID, XID8OID, XID8ARRAYOID, XID8OID,
+	PG_SNAPSHOTOID, TEXTOID, TIMESTAMPTZOID};
+	static const Oid retries_types[5] = {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, INT8OID};
+	static const Oid rows_types[10] = {INT4OID, INT4OID, XID8OID, XID8ARRAYOID, XID8OID,
+	PG_SNAPSHOTOID, TEXTOID, TIMESTAMPTZOID, INT8OID, INT4OID};
+	static const Oid skip_types[3] = {TEXTOID, INT4OID, INT8OID};
+	static const Oid lease_types[10] = {TEXTOID, INT4OID, INT8OID, INT8OID, TEXTOID, OIDOID,
+	INT8OID, TIMESTAMPTZOID, INT4OID, INT4OID};
+	static const Oid move_on_types[2] = {TEXTOID, INT4OID};
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz until;
+	Interval	dflt;
+	Datum		a[10];
+	bool		isnull;
+	int32		stream_id;
+	int32		partitions;
+	int32		batch_size;
+	Datum	   *tried;
+	int			ntried = 0;
+
+	/* 1. the stream, the subscription, the caller, the lease */
+	a[0] = PointerGetDatum(stream);
+	a[1] = PointerGetDatum(sub);
+	a[2] = ObjectIdGetDatum(caller);
+	sc_run(&prologue_plan, sc_prologue_sql, 3, prologue_types, a, SPI_OK_SELECT);
+	(void) SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("stream \"%s\" does not exist", text_to_cstring(stream))));
+	stream_id = DatumGetInt32(sc_col(1));
+	partitions = DatumGetInt32(sc_col(2));
+	batch_size = DatumGetInt32(sc_col(3));
+	if (!DatumGetBool(sc_col(4)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("subscription \"%s\" does not exist", text_to_cstring(sub))));
+	if (!DatumGetBool(sc_col(5)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("subscription \"%s\" is not a subscription of stream \"%s\"",
+						text_to_cstring(sub), text_to_cstring(stream))));
+	if (!DatumGetBool(sc_col(6)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to claim the batches of subscription \"%s\"",
+						text_to_cstring(sub)),
+				 errhint("The subscription's claimers (outbox.create_subscription) do not include a role of yours.")));
+	if (lease == NULL)
+	{
+		dflt.time = (int64) outbox_default_lease_ms * 1000;
+		dflt.day = 0;
+		dflt.month = 0;
+		lease = &dflt;
+	}
+	until = OutboxLeaseEnd(lease, now);
+
+	/* 2. an expired batch: the same commands, a new version (a new token) */
+	a[0] = PointerGetDatum(sub);
+	a[1] = TimestampTzGetDatum(now);
+	sc_run(&expired_plan, sc_expired_sql, 2, expired_types, a, SPI_OK_SELECT);
+	if (SPI_processed == 1)
+	{
+		Datum		part = sc_col(1);
+		Datum		batch_id = sc_col(2);
+		Datum		acked = sc_col(3);
+		Datum		batch_to = sc_col(4);
+
+		a[1] = part;
+		a[2] = Int32GetDatum(stream_id);
+		a[3] = TimestampTzGetDatum(now);
+		sc_run(&cap_plan, sc_cap_sql, 4, cap_types, a, SPI_OK_SELECT);
+		if (!DatumGetBool(sc_col(1)))
+		{
+			Datum		version;
+			Datum		deliveries;
+
+			a[2] = PointerGetDatum(worker);
+			a[3] = ObjectIdGetDatum(caller);
+			a[4] = Int64GetDatum(nonce);
+			a[5] = TimestampTzGetDatum(until);
+			sc_run(&takeover_plan, sc_takeover_sql, 6, takeover_types, a,
+				   SPI_OK_UPDATE_RETURNING);
+			version = sc_col(1);
+			deliveries = sc_col(2);
+			a[2] = batch_id;
+			sc_run(&takeover_retries_plan, sc_takeover_retries_sql, 3, takeover_retries_types,
+				   a, SPI_OK_UPDATE);
+			a[3] = Int32GetDatum(stream_id);
+			a[4] = acked;
+			a[5] = batch_to;
+			a[6] = deliveries;
+			a[7] = version;
+			a[8] = TimestampTzGetDatum(until);
+			sc_run(&takeover_rows_plan, sc_takeover_rows_sql, 9, takeover_rows_types, a,
+				   SPI_OK_SELECT);
+			*nrows = SPI_processed;
+			return SPI_tuptable;
+		}
+	}
+
+	/* 3. a new batch of the next partition with work */
+	tried = palloc(sizeof(Datum) * (partitions + 1));
+	for (;;)
+	{
+		SPITupleTable *pick;
+		HeapTuple	pr;
+		Datum		part;
+		Datum		nb;
+		Datum		t_to;
+		ArrayType  *sa_xip;
+		int32		n_retries = 0;
+		SPITupleTable *rows;
+		uint64		n_rows;
+		Datum		p[SC_PICK_COLS];
+		bool		pnull[SC_PICK_COLS];
+		int			col;
+
+		a[0] = PointerGetDatum(sub);
+		a[1] = Int32GetDatum(stream_id);
+		a[2] = Int32GetDatum(batch_size);
+		a[3] = Int32GetDatum(partitions);
+		a[4] = PointerGetDatum(construct_array(tried, ntried, INT4OID, sizeof(int32), true,
+											   TYPALIGN_INT));
+		a[5] = TimestampTzGetDatum(now);
+		sc_run(&pick_plan, sc_pick_sql, 6, pick_types, a, SPI_OK_SELECT);
+		if (SPI_processed == 0)
+			break;
+		pick = SPI_tuptable;
+		pr = pick->vals[0];
+		heap_deform_tuple(pr, pick->tupdesc, p, pnull);
+		for (col = 0; col < SC_PICK_COLS; col++)
+			if (pnull[col])
+				elog(ERROR, "outbox: claim_batch's pick read a NULL in column %d", col + 1);
+		part = p[SC_PART];
+		nb = Int64GetDatum(DatumGetInt64(p[SC_BATCH]) + 1);
+		t_to = p[SC_TTO];
+		sa_xip = DatumGetArrayTypeP(p[SC_SA_XIP]);
+
+		/* the stream's rows, for the statements below */
+		a[0] = Int32GetDatum(stream_id);
+		a[1] = part;
+		a[2] = p[SC_SA_XMAX];
+		a[3] = PointerGetDatum(sa_xip);
+		a[4] = p[SC_SB_XMAX];
+		a[5] = p[SC_SB];
+		a[6] = PointerGetDatum(sub);
+		/*
+		 * Commands of an ordering key with an unfinished failure in this
+		 * subscription wait behind it (in the failures, as waiting).
+		 */
+		if (DatumGetBool(p[SC_KEYED]))
+		{
+			a[7] = TimestampTzGetDatum(now);
+			sc_run(&park_plan, sc_park_sql, 8, park_types, a, SPI_OK_INSERT);
+		}
+		/* the retries that are due join the batch */
+		if (DatumGetBool(p[SC_DUE]))
+		{
+			Datum		r[5];
+
+			r[0] = PointerGetDatum(sub);
+			r[1] = part;
+			r[2] = TimestampTzGetDatum(now);
+			r[3] = Int32GetDatum(batch_size);
+			r[4] = nb;
+			sc_run(&retries_plan, sc_retries_sql, 5, retries_types, r, SPI_OK_SELECT);
+			n_retries = DatumGetInt32(sc_col(1));
+		}
+		/* the batch's commands, read once */
+		a[7] = TimestampTzGetDatum(until);
+		a[8] = nb;
+		a[9] = Int32GetDatum(n_retries);
+		if (n_retries == 0 && ArrayGetNItems(ARR_NDIM(sa_xip), ARR_DIMS(sa_xip)) == 0)
+			sc_run(&range_plan, sc_range_sql, 10, rows_types, a, SPI_OK_SELECT);
+		else
+			sc_run(&rows_plan, sc_rows_sql, 10, rows_types, a, SPI_OK_SELECT);
+		rows = SPI_tuptable;
+		n_rows = SPI_processed;
+		a[0] = PointerGetDatum(sub);
+		a[1] = part;
+		if (n_rows == 0)
+		{
+			/*
+			 * nothing to deliver (the commands are after a batch end capped
+			 * by batch_size, or wait behind their key): the partition's
+			 * progress moves on, and it is looked at again from its new
+			 * acked tick until it reaches the last one
+			 */
+			a[2] = t_to;
+			sc_run(&skip_plan, sc_skip_sql, 3, skip_types, a, SPI_OK_UPDATE);
+			if (DatumGetInt64(t_to) >= DatumGetInt64(p[SC_TMAX]))
+			{
+				if (ntried >= partitions)
+					elog(ERROR, "outbox: claim_batch tried more partitions than its stream has");
+				tried[ntried++] = part;
+			}
+			continue;
+		}
+		a[2] = nb;
+		a[3] = t_to;
+		a[4] = PointerGetDatum(worker);
+		a[5] = ObjectIdGetDatum(caller);
+		a[6] = Int64GetDatum(nonce);
+		a[7] = TimestampTzGetDatum(until);
+		a[8] = Int32GetDatum((int32) n_rows);
+		a[9] = Int32GetDatum(n_retries);
+		sc_run(&lease_plan, sc_lease_sql, 10, lease_types, a, SPI_OK_UPDATE);
+		*nrows = n_rows;
+		return rows;
+	}
+
+	/* 4. nothing to claim: the partitions without commands move on */
+	a[0] = PointerGetDatum(sub);
+	a[1] = Int32GetDatum(stream_id);
+	sc_run(&move_on_plan, sc_move_on_sql, 2, move_on_types, a, SPI_OK_UPDATE);
+	*nrows = 0;
+	return NULL;
+}
