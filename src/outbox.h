@@ -282,6 +282,8 @@ extern int	OutboxExecuteLatest(SPIPlanPtr plan, Datum *args, const char *nulls,
 								bool read_only, long count);
 extern int	OutboxExecuteGeneric(SPIPlanPtr plan, Datum *args, const char *nulls,
 								 bool read_only, long count);
+extern void OutboxRunGeneric(SPIPlanPtr *cache, const char *sql, int nargs,
+							 const Oid *argtypes, Datum *args, int want, const char *what);
 
 /* keys.c: ordered delivery per key */
 /* The lock space of the ordering keys' locks (field4 of an advisory lock tag; pg_advisory_* use 1 and 2). */

@@ -180,10 +180,10 @@ OutboxExecuteLatest(SPIPlanPtr plan, Datum *args, const char *nulls,
 }
 
 /*
- * OutboxExecute for a statement that calls a PL/pgSQL body whose own
- * statements must run with generic plans (the stream claim's and tick's,
- * src/sql/35_streams.sql): while it runs the plan cache makes no custom
- * plan.  Left to choose, it re-planned some of them at every call, because
+ * OutboxExecute for the streams' statements (the claim's and the tick's,
+ * src/stream_claim.c and src/stream.c) and the PL/pgSQL bodies they call
+ * (src/sql/35_streams.sql), whose own statements must run with generic
+ * plans too: while it runs the plan cache makes no custom plan.  Left to choose, it re-planned some of them at every call, because
  * the settings above price a generic plan with unknown values above the
  * custom ones; their values are parameters that make index conditions, so
  * the generic plan is the custom one.  (A SET clause on the function would
@@ -194,4 +194,19 @@ OutboxExecuteGeneric(SPIPlanPtr plan, Datum *args, const char *nulls,
 					 bool read_only, long count)
 {
 	return ob_execute(plan, args, nulls, read_only, count, false, false, true);
+}
+
+/*
+ * Prepare (once) and run sql with generic plans (OutboxExecuteGeneric),
+ * no argument NULL; an error naming what unless the SPI result is want.
+ */
+void
+OutboxRunGeneric(SPIPlanPtr *cache, const char *sql, int nargs, const Oid *argtypes,
+				 Datum *args, int want, const char *what)
+{
+	int			ret = OutboxExecuteGeneric(OutboxPrepare(cache, sql, nargs, argtypes),
+										   args, NULL, false, 0);
+
+	if (ret != want)
+		elog(ERROR, "outbox: %s failed: %s", what, SPI_result_code_string(ret));
 }

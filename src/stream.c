@@ -477,11 +477,9 @@ OutboxStreamTick(void)
 	bool		skipped = false;
 	int			s;
 
-	if (OutboxExecuteGeneric(OutboxPrepare(&list_plan,
-										   "SELECT t.stream_id, t.partitions FROM outbox.streams t"
-										   " ORDER BY t.stream_id", 0, NULL),
-							 NULL, NULL, false, 0) != SPI_OK_SELECT)
-		elog(ERROR, "outbox: the streams' tick failed");
+	OutboxRunGeneric(&list_plan,
+					 "SELECT t.stream_id, t.partitions FROM outbox.streams t"
+					 " ORDER BY t.stream_id", 0, NULL, NULL, SPI_OK_SELECT, "the streams' tick");
 	nstreams = (int) SPI_processed;
 	if (nstreams == 0)
 		return -1;
@@ -513,27 +511,25 @@ OutboxStreamTick(void)
 		 * the stream's row: a subscription being created waits (and the
 		 * other way round); skip a stream someone else is ticking
 		 */
-		if (OutboxExecuteGeneric(OutboxPrepare(&lock_plan,
-											   "SELECT 1 FROM outbox.streams t"
-											   " WHERE t.stream_id OPERATOR(pg_catalog.=) $1"
-											   "   FOR UPDATE SKIP LOCKED", 1, lock_types),
-								 args, NULL, false, 0) != SPI_OK_SELECT)
-			elog(ERROR, "outbox: the streams' tick failed");
+		OutboxRunGeneric(&lock_plan,
+						 "SELECT 1 FROM outbox.streams t"
+						 " WHERE t.stream_id OPERATOR(pg_catalog.=) $1"
+						 "   FOR UPDATE SKIP LOCKED", 1, lock_types,
+						 args, SPI_OK_SELECT, "the streams' tick");
 		if (SPI_processed == 0)
 		{
 			skipped = true;
 			continue;
 		}
 		/* the last tick, in a snapshot taken after the lock */
-		if (OutboxExecuteGeneric(OutboxPrepare(&last_plan,
-											   "SELECT k.tick, pg_catalog.pg_snapshot_xmax(k.snap),"
-											   "       ARRAY(SELECT pg_catalog.pg_snapshot_xip(k.snap)),"
-											   "       (SELECT r.xid_base FROM outbox.stream_rotation r)"
-											   "  FROM outbox.stream_ticks k"
-											   " WHERE k.stream_id OPERATOR(pg_catalog.=) $1"
-											   " ORDER BY k.tick DESC LIMIT 1", 1, lock_types),
-								 args, NULL, false, 0) != SPI_OK_SELECT)
-			elog(ERROR, "outbox: the streams' tick failed");
+		OutboxRunGeneric(&last_plan,
+						 "SELECT k.tick, pg_catalog.pg_snapshot_xmax(k.snap),"
+						 "       ARRAY(SELECT pg_catalog.pg_snapshot_xip(k.snap)),"
+						 "       (SELECT r.xid_base FROM outbox.stream_rotation r)"
+						 "  FROM outbox.stream_ticks k"
+						 " WHERE k.stream_id OPERATOR(pg_catalog.=) $1"
+						 " ORDER BY k.tick DESC LIMIT 1", 1, lock_types,
+						 args, SPI_OK_SELECT, "the streams' tick");
 		if (SPI_processed == 0)
 			continue;
 		last_tick = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
@@ -574,21 +570,20 @@ OutboxStreamTick(void)
 												  TYPALIGN_INT));
 		UnregisterSnapshot(snap);
 		/* the tick, and the partitions it gave commands */
-		if (OutboxExecuteGeneric(OutboxPrepare(&cut_plan,
-											   "WITH i AS ("
-											   "  INSERT INTO outbox.stream_ticks (stream_id, tick, snap, last_id)"
-											   "  SELECT $1, $2 OPERATOR(pg_catalog.+) 1, $3::pg_catalog.pg_snapshot,"
-											   "         (SELECT q.last_value FROM outbox.stream_log_id_seq q)"
-											   "  RETURNING stream_ticks.tick)"
-											   " UPDATE outbox.streams t"
-											   "    SET part_ticks = ARRAY(SELECT CASE WHEN g.p OPERATOR(pg_catalog.=) ANY ($4) THEN i.tick"
-											   "                                       ELSE COALESCE(t.part_ticks[g.p OPERATOR(pg_catalog.+) 1], 0) END"
-											   "                             FROM pg_catalog.generate_series(0, t.partitions OPERATOR(pg_catalog.-) 1) AS g(p)"
-											   "                            ORDER BY g.p)"
-											   "   FROM i"
-											   "  WHERE t.stream_id OPERATOR(pg_catalog.=) $1", 4, cut_types),
-								 args, NULL, false, 0) != SPI_OK_UPDATE)
-			elog(ERROR, "outbox: the streams' tick failed");
+		OutboxRunGeneric(&cut_plan,
+						 "WITH i AS ("
+						 "  INSERT INTO outbox.stream_ticks (stream_id, tick, snap, last_id)"
+						 "  SELECT $1, $2 OPERATOR(pg_catalog.+) 1, $3::pg_catalog.pg_snapshot,"
+						 "         (SELECT q.last_value FROM outbox.stream_log_id_seq q)"
+						 "  RETURNING stream_ticks.tick)"
+						 " UPDATE outbox.streams t"
+						 "    SET part_ticks = ARRAY(SELECT CASE WHEN g.p OPERATOR(pg_catalog.=) ANY ($4) THEN i.tick"
+						 "                                       ELSE COALESCE(t.part_ticks[g.p OPERATOR(pg_catalog.+) 1], 0) END"
+						 "                             FROM pg_catalog.generate_series(0, t.partitions OPERATOR(pg_catalog.-) 1) AS g(p)"
+						 "                            ORDER BY g.p)"
+						 "   FROM i"
+						 "  WHERE t.stream_id OPERATOR(pg_catalog.=) $1", 4, cut_types,
+						 args, SPI_OK_UPDATE, "the streams' tick");
 		n += (int32) SPI_processed;
 	}
 	return skipped ? -2 - n : n;

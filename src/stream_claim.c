@@ -292,18 +292,6 @@ static const char sc_move_on_sql[] =
 " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
 "   AND p.part OPERATOR(pg_catalog.=) c.part";
 
-/* Run a saved statement with generic plans; its SPI result code must be want. */
-static void
-sc_run(SPIPlanPtr *plan, const char *sql, int nargs, const Oid *types, Datum *args,
-	   int want)
-{
-	int			ret = OutboxExecuteGeneric(OutboxPrepare(plan, sql, nargs, (Oid *) types),
-										   args, NULL, false, 0);
-
-	if (ret != want)
-		elog(ERROR, "outbox: claim_batch failed: %s", SPI_result_code_string(ret));
-}
-
 /* Column col (1-based) of the first row of the last statement; NULL is an error. */
 static Datum
 sc_col(int col)
@@ -364,7 +352,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	a[0] = PointerGetDatum(stream);
 	a[1] = PointerGetDatum(sub);
 	a[2] = ObjectIdGetDatum(caller);
-	sc_run(&prologue_plan, sc_prologue_sql, 3, prologue_types, a, SPI_OK_SELECT);
+	OutboxRunGeneric(&prologue_plan, sc_prologue_sql, 3, prologue_types, a,
+					 SPI_OK_SELECT, "claim_batch");
 	(void) SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (isnull)
 		ereport(ERROR,
@@ -400,7 +389,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	/* 2. an expired batch: the same commands, a new version (a new token) */
 	a[0] = PointerGetDatum(sub);
 	a[1] = TimestampTzGetDatum(now);
-	sc_run(&expired_plan, sc_expired_sql, 2, expired_types, a, SPI_OK_SELECT);
+	OutboxRunGeneric(&expired_plan, sc_expired_sql, 2, expired_types, a,
+					 SPI_OK_SELECT, "claim_batch");
 	if (SPI_processed == 1)
 	{
 		Datum		part = sc_col(1);
@@ -411,7 +401,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		a[1] = part;
 		a[2] = Int32GetDatum(stream_id);
 		a[3] = TimestampTzGetDatum(now);
-		sc_run(&cap_plan, sc_cap_sql, 4, cap_types, a, SPI_OK_SELECT);
+		OutboxRunGeneric(&cap_plan, sc_cap_sql, 4, cap_types, a, SPI_OK_SELECT,
+						 "claim_batch");
 		if (!DatumGetBool(sc_col(1)))
 		{
 			Datum		version;
@@ -421,21 +412,21 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 			a[3] = ObjectIdGetDatum(caller);
 			a[4] = Int64GetDatum(nonce);
 			a[5] = TimestampTzGetDatum(until);
-			sc_run(&takeover_plan, sc_takeover_sql, 6, takeover_types, a,
-				   SPI_OK_UPDATE_RETURNING);
+			OutboxRunGeneric(&takeover_plan, sc_takeover_sql, 6, takeover_types, a,
+							 SPI_OK_UPDATE_RETURNING, "claim_batch");
 			version = sc_col(1);
 			deliveries = sc_col(2);
 			a[2] = batch_id;
-			sc_run(&takeover_retries_plan, sc_takeover_retries_sql, 3, takeover_retries_types,
-				   a, SPI_OK_UPDATE);
+			OutboxRunGeneric(&takeover_retries_plan, sc_takeover_retries_sql, 3,
+							 takeover_retries_types, a, SPI_OK_UPDATE, "claim_batch");
 			a[3] = Int32GetDatum(stream_id);
 			a[4] = acked;
 			a[5] = batch_to;
 			a[6] = deliveries;
 			a[7] = version;
 			a[8] = TimestampTzGetDatum(until);
-			sc_run(&takeover_rows_plan, sc_takeover_rows_sql, 9, takeover_rows_types, a,
-				   SPI_OK_SELECT);
+			OutboxRunGeneric(&takeover_rows_plan, sc_takeover_rows_sql, 9,
+							 takeover_rows_types, a, SPI_OK_SELECT, "claim_batch");
 			*nrows = SPI_processed;
 			return SPI_tuptable;
 		}
@@ -465,7 +456,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		a[4] = PointerGetDatum(construct_array(tried, ntried, INT4OID, sizeof(int32), true,
 											   TYPALIGN_INT));
 		a[5] = TimestampTzGetDatum(now);
-		sc_run(&pick_plan, sc_pick_sql, 6, pick_types, a, SPI_OK_SELECT);
+		OutboxRunGeneric(&pick_plan, sc_pick_sql, 6, pick_types, a,
+						 SPI_OK_SELECT, "claim_batch");
 		if (SPI_processed == 0)
 			break;
 		pick = SPI_tuptable;
@@ -494,7 +486,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		if (DatumGetBool(p[SC_KEYED]))
 		{
 			a[7] = TimestampTzGetDatum(now);
-			sc_run(&park_plan, sc_park_sql, 8, park_types, a, SPI_OK_INSERT);
+			OutboxRunGeneric(&park_plan, sc_park_sql, 8, park_types, a,
+							 SPI_OK_INSERT, "claim_batch");
 		}
 		/* the retries that are due join the batch */
 		if (DatumGetBool(p[SC_DUE]))
@@ -506,7 +499,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 			r[2] = TimestampTzGetDatum(now);
 			r[3] = Int32GetDatum(batch_size);
 			r[4] = nb;
-			sc_run(&retries_plan, sc_retries_sql, 5, retries_types, r, SPI_OK_SELECT);
+			OutboxRunGeneric(&retries_plan, sc_retries_sql, 5, retries_types, r,
+							 SPI_OK_SELECT, "claim_batch");
 			n_retries = DatumGetInt32(sc_col(1));
 		}
 		/* the batch's commands, read once */
@@ -514,9 +508,11 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		a[8] = nb;
 		a[9] = Int32GetDatum(n_retries);
 		if (n_retries == 0 && ArrayGetNItems(ARR_NDIM(sa_xip), ARR_DIMS(sa_xip)) == 0)
-			sc_run(&range_plan, sc_range_sql, 10, rows_types, a, SPI_OK_SELECT);
+			OutboxRunGeneric(&range_plan, sc_range_sql, 10, rows_types, a,
+							 SPI_OK_SELECT, "claim_batch");
 		else
-			sc_run(&rows_plan, sc_rows_sql, 10, rows_types, a, SPI_OK_SELECT);
+			OutboxRunGeneric(&rows_plan, sc_rows_sql, 10, rows_types, a,
+							 SPI_OK_SELECT, "claim_batch");
 		rows = SPI_tuptable;
 		n_rows = SPI_processed;
 		a[0] = PointerGetDatum(sub);
@@ -530,7 +526,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 			 * acked tick until it reaches the last one
 			 */
 			a[2] = t_to;
-			sc_run(&skip_plan, sc_skip_sql, 3, skip_types, a, SPI_OK_UPDATE);
+			OutboxRunGeneric(&skip_plan, sc_skip_sql, 3, skip_types, a,
+							 SPI_OK_UPDATE, "claim_batch");
 			if (DatumGetInt64(t_to) >= DatumGetInt64(p[SC_TMAX]))
 			{
 				if (ntried >= partitions)
@@ -547,7 +544,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		a[7] = TimestampTzGetDatum(until);
 		a[8] = Int32GetDatum((int32) n_rows);
 		a[9] = Int32GetDatum(n_retries);
-		sc_run(&lease_plan, sc_lease_sql, 10, lease_types, a, SPI_OK_UPDATE);
+		OutboxRunGeneric(&lease_plan, sc_lease_sql, 10, lease_types, a,
+						 SPI_OK_UPDATE, "claim_batch");
 		*nrows = n_rows;
 		return rows;
 	}
@@ -555,7 +553,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	/* 4. nothing to claim: the partitions without commands move on */
 	a[0] = PointerGetDatum(sub);
 	a[1] = Int32GetDatum(stream_id);
-	sc_run(&move_on_plan, sc_move_on_sql, 2, move_on_types, a, SPI_OK_UPDATE);
+	OutboxRunGeneric(&move_on_plan, sc_move_on_sql, 2, move_on_types, a,
+					 SPI_OK_UPDATE, "claim_batch");
 	*nrows = 0;
 	return NULL;
 }
