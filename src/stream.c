@@ -302,7 +302,12 @@ st_args_token(FunctionCallInfo fcinfo, Oid caller, StToken *tok)
 /*
  * The tick (docs/streams.md, "Ticks"): cut a tick of every stream with
  * commands its last tick does not see, committed since or by a
- * transaction that was running then.  Per stream: its row locked (SKIP
+ * transaction that was running then.  The log tables are locked first,
+ * before any snapshot of the tick: a rotation that copies a command into
+ * stream_kept and truncates its table holds that table's ACCESS EXCLUSIVE
+ * lock until it commits, and a snapshot taken before waiting for it would
+ * see neither the copy nor the row (isolation spec
+ * stream_tick_vs_truncate).  Per stream: its row locked (SKIP
  * LOCKED: a stream another transaction is ticking is skipped), its last
  * tick read in a snapshot taken after the lock (no one else cuts one while
  * the row is held), then, in one new snapshot, an index probe per
@@ -330,12 +335,13 @@ typedef struct StLog
 } StLog;
 
 /*
- * Open the log tables and their batch indexes, and begin a scan of each
- * that has a block (a table without one has no row for any snapshot: a
- * writer extends the table before it commits).
+ * Open and lock the log tables and their batch indexes.  Before the
+ * tick's snapshot is taken: a rotation's TRUNCATE of a table (its rows
+ * still needed copied to stream_kept first) that commits before the lock
+ * is then in the snapshot, and none can come after it.
  */
 static void
-st_open_logs(StLog *logs, Snapshot snap)
+st_open_logs(StLog *logs)
 {
 	static const char *const tables[ST_NLOGS] = {"stream_log_0", "stream_log_1",
 	"stream_log_2", "stream_kept"};
@@ -355,6 +361,8 @@ st_open_logs(StLog *logs, Snapshot snap)
 			elog(ERROR, "outbox: the stream log table \"%s\" or its index is missing", tables[i]);
 		logs[i].rel = table_open(relid, AccessShareLock);
 		logs[i].index = index_open(indexid, AccessShareLock);
+		logs[i].scan = NULL;
+		logs[i].slot = NULL;
 		ix = logs[i].index->rd_index;
 		/* (stream_id, part, xid): columns 3, 4 and 2 of the table */
 		if (ix->indrelid != relid || ix->indnkeyatts != 3 ||
@@ -362,12 +370,48 @@ st_open_logs(StLog *logs, Snapshot snap)
 			ix->indkey.values[1] != get_attnum(relid, "part") ||
 			ix->indkey.values[2] != get_attnum(relid, "xid"))
 			elog(ERROR, "outbox: the index \"%s\" is not the stream log's batch index", indexes[i]);
-		logs[i].scan = NULL;
-		logs[i].slot = NULL;
+		/* an index that may lack rows would hide them: no tick then */
+		if (!ix->indisvalid || !ix->indisready)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("index \"outbox.%s\" is not valid", indexes[i]),
+					 errhint("REINDEX INDEX outbox.%s", indexes[i])));
+	}
+}
+
+/*
+ * Begin a scan under snap of each log table that has a block (a table
+ * without one has no row for any snapshot: a writer extends the table
+ * before it commits).
+ */
+static void
+st_begin_scans(StLog *logs, Snapshot snap)
+{
+	int			i;
+
+	for (i = 0; i < ST_NLOGS; i++)
+	{
 		if (RelationGetNumberOfBlocks(logs[i].rel) > 0)
 		{
 			logs[i].scan = index_beginscan(logs[i].rel, logs[i].index, snap, 3, 0);
 			logs[i].slot = table_slot_create(logs[i].rel, NULL);
+		}
+	}
+}
+
+static void
+st_end_scans(StLog *logs)
+{
+	int			i;
+
+	for (i = 0; i < ST_NLOGS; i++)
+	{
+		if (logs[i].scan != NULL)
+		{
+			index_endscan(logs[i].scan);
+			ExecDropSingleTupleTableSlot(logs[i].slot);
+			logs[i].scan = NULL;
+			logs[i].slot = NULL;
 		}
 	}
 }
@@ -379,11 +423,6 @@ st_close_logs(StLog *logs)
 
 	for (i = 0; i < ST_NLOGS; i++)
 	{
-		if (logs[i].scan != NULL)
-		{
-			index_endscan(logs[i].scan);
-			ExecDropSingleTupleTableSlot(logs[i].slot);
-		}
 		index_close(logs[i].index, NoLock);
 		table_close(logs[i].rel, NoLock);
 	}
@@ -477,12 +516,17 @@ OutboxStreamTick(void)
 	bool		skipped = false;
 	int			s;
 
+	/* the log tables' locks before any of the tick's snapshots */
+	st_open_logs(logs);
 	OutboxRunGeneric(&list_plan,
 					 "SELECT t.stream_id, t.partitions FROM outbox.streams t"
 					 " ORDER BY t.stream_id", 0, NULL, NULL, SPI_OK_SELECT, "the streams' tick");
 	nstreams = (int) SPI_processed;
 	if (nstreams == 0)
+	{
+		st_close_logs(logs);
 		return -1;
+	}
 	ids = palloc(sizeof(int32) * nstreams);
 	nparts = palloc(sizeof(int32) * nstreams);
 	for (s = 0; s < nstreams; s++)
@@ -545,7 +589,7 @@ OutboxStreamTick(void)
 
 		/* the probes and the tick, in one snapshot */
 		snap = RegisterSnapshot(GetTransactionSnapshot());
-		st_open_logs(logs, snap);
+		st_begin_scans(logs, snap);
 		found = palloc(sizeof(Datum) * nparts[s]);
 		for (p = 0; p < nparts[s]; p++)
 		{
@@ -558,7 +602,7 @@ OutboxStreamTick(void)
 			if (has)
 				found[nfound++] = Int32GetDatum(p);
 		}
-		st_close_logs(logs);
+		st_end_scans(logs);
 		if (nfound == 0)
 		{
 			UnregisterSnapshot(snap);
@@ -586,6 +630,7 @@ OutboxStreamTick(void)
 						 args, SPI_OK_UPDATE, "the streams' tick");
 		n += (int32) SPI_processed;
 	}
+	st_close_logs(logs);
 	return skipped ? -2 - n : n;
 }
 
