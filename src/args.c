@@ -8,9 +8,10 @@
  * payloads (outbox.max_payload_bytes, OUTBOX_MAX_PAYLOAD_DEPTH levels),
  * producer headers (OutboxCheckHeaders: an object of strings, names that
  * are HTTP tokens, the OUTBOX_MAX_HEADERS* limits), NULLs and a lease's
- * bounds (OutboxLeaseEnd), each with its SQLSTATE; and the caller identity of the API functions (OutboxCallAsOwner):
- * they are SECURITY INVOKER, so current_user at the call site is the role
- * a call is made by, and their body runs as the extension objects' owner.
+ * bounds (OutboxLeaseEnd), each with its SQLSTATE; and the caller identity
+ * of the API functions (OutboxCallAsOwner): they are SECURITY INVOKER, so
+ * current_user at the call site is the role a call is made by, and their
+ * body runs as the extension objects' owner.
  * A bottom layer: it calls no other file of the extension.
  *
  * Locking: none.
