@@ -553,3 +553,12 @@ ROLLBACK;
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT outbox.rotate_streams();
 ROLLBACK;
+
+-- The tick refuses to probe a batch index that is not valid (55000): it
+-- would not see the rows the index lacks.  Nothing is cut.
+BEGIN;
+SELECT count(*) AS ticks_before FROM outbox.stream_ticks \gset
+UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'outbox.stream_log_0_batch_idx'::regclass;
+SELECT pg_temp.err($$SELECT outbox.tick_streams()$$) AS invalid_index;
+SELECT count(*) = :ticks_before AS nothing_cut FROM outbox.stream_ticks;
+ROLLBACK;

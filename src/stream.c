@@ -299,31 +299,7 @@ st_args_token(FunctionCallInfo fcinfo, Oid caller, StToken *tok)
 	return worker;
 }
 
-/*
- * The tick (docs/streams.md, "Ticks"): cut a tick of every stream with
- * commands its last tick does not see, committed since or by a
- * transaction that was running then.  The log tables are locked first,
- * before any snapshot of the tick: a rotation that copies a command into
- * stream_kept and truncates its table holds that table's ACCESS EXCLUSIVE
- * lock until it commits, and a snapshot taken before waiting for it would
- * see neither the copy nor the row (isolation spec
- * stream_tick_vs_truncate).  Per stream: its row locked (SKIP
- * LOCKED: a stream another transaction is ticking is skipped), its last
- * tick read in a snapshot taken after the lock (no one else cuts one while
- * the row is held), then, in one new snapshot, an index probe per
- * partition and log table (its batch index, stream_id, part, xid) for a
- * row from the last tick's xmax on, and one for each transaction that was
- * running at the last tick; a row is visible in that snapshot exactly when
- * its transaction committed before it.  If a partition has one, the tick
- * is written with that same snapshot (as pg_current_snapshot() would give
- * it, plus the installation's xid_base) and the partitions found become
- * its part_ticks.  The probes read the index directly (a probe is about a
- * microsecond; the statement that did the same took a tenth of a
- * millisecond, mostly to start its plan over four tables).
- *
- * Returns the number of ticks cut, -1 when there is no stream, and -2 - n
- * when n were cut and a stream was skipped.  SPI must be connected.
- */
+/* The log tables a tick probes, with their batch indexes. */
 #define ST_NLOGS 4
 
 typedef struct StLog
@@ -499,6 +475,31 @@ st_snapshot_text(Snapshot snap, int64 base)
 	return cstring_to_text_with_len(buf.data, buf.len);
 }
 
+/*
+ * The tick (docs/streams.md, "Ticks"): cut a tick of every stream with
+ * commands its last tick does not see, committed since or by a
+ * transaction that was running then.  The log tables are locked first,
+ * before any snapshot of the tick: a rotation that copies a command into
+ * stream_kept and truncates its table holds that table's ACCESS EXCLUSIVE
+ * lock until it commits, and a snapshot taken before waiting for it would
+ * see neither the copy nor the row (isolation spec
+ * stream_tick_vs_truncate).  Per stream: its row locked (SKIP
+ * LOCKED: a stream another transaction is ticking is skipped), its last
+ * tick read in a snapshot taken after the lock (no one else cuts one while
+ * the row is held), then, in one new snapshot, an index probe per
+ * partition and log table (its batch index, stream_id, part, xid) for a
+ * row from the last tick's xmax on, and one for each transaction that was
+ * running at the last tick; a row is visible in that snapshot exactly when
+ * its transaction committed before it.  If a partition has one, the tick
+ * is written with that same snapshot (as pg_current_snapshot() would give
+ * it, plus the installation's xid_base) and the partitions found become
+ * its part_ticks.  The probes read the index directly (a probe is about a
+ * microsecond; the statement that did the same took a tenth of a
+ * millisecond, mostly to start its plan over four tables).
+ *
+ * Returns the number of ticks cut, -1 when there is no stream, and -2 - n
+ * when n were cut and a stream was skipped.  SPI must be connected.
+ */
 int32
 OutboxStreamTick(void)
 {
