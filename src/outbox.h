@@ -371,9 +371,11 @@ extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
 extern bool OutboxTakeStreamTick(void);
 extern void OutboxStreamTickAgain(void);
 extern int32 OutboxStreamTick(void);
+extern bool OutboxStreamLastTick(int32 stream_id, int64 *tick, uint64 *xmax, uint64 **xip,
+								 int *nxip);
 extern TimestampTz OutboxLeaseEnd(Interval *iv, TimestampTz now);
 extern SPITupleTable *OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease,
-										Oid caller, int64 nonce, uint64 *nrows);
+										Oid caller, int64 nonce, int64 *since, uint64 *nrows);
 extern void OutboxNoteIdleClaim(void);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);

@@ -483,10 +483,12 @@ st_snapshot_text(Snapshot snap, int64 base)
  * stream_kept and truncates its table holds that table's ACCESS EXCLUSIVE
  * lock until it commits, and a snapshot taken before waiting for it would
  * see neither the copy nor the row (isolation spec
- * stream_tick_vs_truncate).  Per stream: its row locked (SKIP
- * LOCKED: a stream another transaction is ticking is skipped), its last
- * tick read in a snapshot taken after the lock (no one else cuts one while
- * the row is held), then, in one new snapshot, an index probe per
+ * stream_tick_vs_truncate).  The streams' rows are locked by one
+ * statement (SKIP LOCKED: a stream another transaction is ticking is
+ * skipped); per stream, its last tick is read (a scan of the ticks'
+ * primary key, OutboxStreamLastTick) in a snapshot taken after the lock
+ * (no one else cuts one while the row is held), then, in one new
+ * snapshot, an index probe per
  * partition and log table (its batch index, stream_id, part, xid) for a
  * row from the last tick's xmax on, and one for each transaction that was
  * running at the last tick; a row is visible in that snapshot exactly when
@@ -504,12 +506,11 @@ int32
 OutboxStreamTick(void)
 {
 	static SPIPlanPtr list_plan = NULL;
-	static SPIPlanPtr lock_plan = NULL;
-	static SPIPlanPtr last_plan = NULL;
+	static SPIPlanPtr count_plan = NULL;
 	static SPIPlanPtr cut_plan = NULL;
-	static const Oid lock_types[1] = {INT4OID};
 	static const Oid cut_types[4] = {INT4OID, INT8OID, TEXTOID, INT4ARRAYOID};
 	int			nstreams;
+	int64		base = 0;
 	int32	   *ids;
 	int32	   *nparts;
 	StLog		logs[ST_NLOGS];
@@ -519,74 +520,63 @@ OutboxStreamTick(void)
 
 	/* the log tables' locks before any of the tick's snapshots */
 	st_open_logs(logs);
+	/*
+	 * the streams' rows: a subscription being created waits (and the other
+	 * way round); skip a stream someone else is ticking
+	 */
 	OutboxRunGeneric(&list_plan,
-					 "SELECT t.stream_id, t.partitions FROM outbox.streams t"
-					 " ORDER BY t.stream_id", 0, NULL, NULL, SPI_OK_SELECT, "the streams' tick");
+					 "SELECT t.stream_id, t.partitions,"
+					 "       (SELECT r.xid_base FROM outbox.stream_rotation r),"
+					 "       (SELECT pg_catalog.count(*)::pg_catalog.int4 FROM outbox.streams)"
+					 "  FROM outbox.streams t ORDER BY t.stream_id"
+					 "   FOR UPDATE OF t SKIP LOCKED",
+					 0, NULL, NULL, SPI_OK_SELECT, "the streams' tick");
 	nstreams = (int) SPI_processed;
 	if (nstreams == 0)
 	{
+		bool		isnull;
+
+		/* (the count: with no row locked, a one-row statement says it) */
+		OutboxRunGeneric(&count_plan,
+						 "SELECT pg_catalog.count(*)::pg_catalog.int4 FROM outbox.streams",
+						 0, NULL, NULL, SPI_OK_SELECT, "the streams' tick");
 		st_close_logs(logs);
-		return -1;
+		if (DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+										&isnull)) == 0)
+			return -1;
+		return -2;
 	}
 	ids = palloc(sizeof(int32) * nstreams);
 	nparts = palloc(sizeof(int32) * nstreams);
 	for (s = 0; s < nstreams; s++)
 	{
 		bool		isnull;
+		HeapTuple	row = SPI_tuptable->vals[s];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
 
-		ids[s] = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[s], SPI_tuptable->tupdesc, 1, &isnull));
-		nparts[s] = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[s], SPI_tuptable->tupdesc, 2, &isnull));
+		ids[s] = DatumGetInt32(SPI_getbinval(row, desc, 1, &isnull));
+		nparts[s] = DatumGetInt32(SPI_getbinval(row, desc, 2, &isnull));
+		base = DatumGetInt64(SPI_getbinval(row, desc, 3, &isnull));
+		if (isnull)
+			elog(ERROR, "outbox: outbox.stream_rotation has no row");
+		skipped = DatumGetInt32(SPI_getbinval(row, desc, 4, &isnull)) > nstreams;
 	}
 	for (s = 0; s < nstreams; s++)
 	{
 		Datum		args[4];
-		bool		isnull;
 		int64		last_tick;
 		uint64		last_xmax;
-		int64		base;
-		Datum	   *xip = NULL;
+		uint64	   *xip = NULL;
 		int			nxip = 0;
 		Datum	   *found;
 		int			nfound = 0;
 		Snapshot	snap;
 		int32		p;
 
-		args[0] = Int32GetDatum(ids[s]);
-		/*
-		 * the stream's row: a subscription being created waits (and the
-		 * other way round); skip a stream someone else is ticking
-		 */
-		OutboxRunGeneric(&lock_plan,
-						 "SELECT 1 FROM outbox.streams t"
-						 " WHERE t.stream_id OPERATOR(pg_catalog.=) $1"
-						 "   FOR UPDATE SKIP LOCKED", 1, lock_types,
-						 args, SPI_OK_SELECT, "the streams' tick");
-		if (SPI_processed == 0)
-		{
-			skipped = true;
-			continue;
-		}
 		/* the last tick, in a snapshot taken after the lock */
-		OutboxRunGeneric(&last_plan,
-						 "SELECT k.tick, pg_catalog.pg_snapshot_xmax(k.snap),"
-						 "       ARRAY(SELECT pg_catalog.pg_snapshot_xip(k.snap)),"
-						 "       (SELECT r.xid_base FROM outbox.stream_rotation r)"
-						 "  FROM outbox.stream_ticks k"
-						 " WHERE k.stream_id OPERATOR(pg_catalog.=) $1"
-						 " ORDER BY k.tick DESC LIMIT 1", 1, lock_types,
-						 args, SPI_OK_SELECT, "the streams' tick");
-		if (SPI_processed == 0)
+		if (!OutboxStreamLastTick(ids[s], &last_tick, &last_xmax, &xip, &nxip))
 			continue;
-		last_tick = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-		last_xmax = U64FromFullTransactionId(DatumGetFullTransactionId(
-																	   SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)));
-		deconstruct_array(DatumGetArrayTypeP(SPI_getbinval(SPI_tuptable->vals[0],
-														   SPI_tuptable->tupdesc, 3, &isnull)),
-						  XID8OID, sizeof(FullTransactionId), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
-						  &xip, NULL, &nxip);
-		base = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4, &isnull));
-		if (isnull)
-			elog(ERROR, "outbox: outbox.stream_rotation has no row");
+		args[0] = Int32GetDatum(ids[s]);
 
 		/* the probes and the tick, in one snapshot */
 		snap = RegisterSnapshot(GetTransactionSnapshot());
@@ -598,8 +588,7 @@ OutboxStreamTick(void)
 			int			x;
 
 			for (x = 0; !has && x < nxip; x++)
-				has = st_part_has(logs, ids[s], p,
-								  U64FromFullTransactionId(DatumGetFullTransactionId(xip[x])), true);
+				has = st_part_has(logs, ids[s], p, xip[x], true);
 			if (has)
 				found[nfound++] = Int32GetDatum(p);
 		}
@@ -744,7 +733,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 		ticked = true;
 	}
 	/* (the token's lease key may be read by SPI: the result is kept) */
-	rows = OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &nrows);
+	rows = OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &since, &nrows);
 	/*
 	 * Nothing, and a commit has raised a tick since (the worker's tick was
 	 * under way when this claim began, or came after it): cut it too and
@@ -754,11 +743,8 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	{
 		if (!ticked)
 			OutboxDueAtCommit(OUTBOX_DUE_NOW);
-		rows = OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &nrows);
+		rows = OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &since, &nrows);
 	}
-	/* (a subscription dropped since the claim: its token is refused) */
-	if (nrows > 0)
-		(void) st_sub_since(VARDATA_ANY(sub), VARSIZE_ANY_EXHDR(sub), &since);
 	for (i = 0; i < nrows; i++)
 	{
 		HeapTuple	row = rows->vals[i];
@@ -794,20 +780,28 @@ outbox_claim_batch(PG_FUNCTION_ARGS)
 	return OutboxCallAsOwner(fcinfo, st_claim_batch);
 }
 
+/* What $7 of st_batch_call's statement is. */
+typedef enum StExtra
+{
+	ST_EXTRA_ARGS,				/* $7 on: the call's arguments from 2 on */
+	ST_EXTRA_LEASE_END,			/* $7: the end of the lease of argument 2 */
+	ST_EXTRA_NOW				/* $7: the current time */
+} StExtra;
+
 /*
  * The body of ack_batch and renew_batch: check the worker and token
  * arguments (0 and 1), then run sql on the batch's row with $1 to $6 the
  * token's subscription, partition, batch id, version, the worker and the
- * token's nonce, and $7 on the call's arguments from 2 on (lease_end: its
- * one argument from 2 on is a lease, NULL for outbox.default_lease, and $7
- * is the end of that lease if it starts now, checked by OutboxLeaseEnd
- * after the token); its one value, by value, or OB001 when it is NULL (the
+ * token's nonce, and $7 as extra says (ST_EXTRA_LEASE_END: the call's one
+ * argument from 2 on is a lease, NULL for outbox.default_lease, and $7 is
+ * the end of that lease if it starts now, checked by OutboxLeaseEnd after
+ * the token); its first value, by value, or OB001 when it is NULL (the
  * batch is not held).  what names the call in the error of a failed
  * statement.
  */
 static Datum
 st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
-			  const char *sql, int nargs, const Oid *argtypes, bool lease_end,
+			  const char *sql, int nargs, const Oid *argtypes, StExtra extra,
 			  const char *what)
 {
 	StToken		tok;
@@ -829,13 +823,15 @@ st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
 	args[4] = PointerGetDatum(worker);
 	args[5] = Int64GetDatum(tok.nonce);
 	memset(nulls, ' ', sizeof(nulls));
-	for (j = 6; j < nargs; j++)
+	for (j = 6; extra == ST_EXTRA_ARGS && j < nargs; j++)
 	{
 		args[j] = PG_ARGISNULL(j - 4) ? (Datum) 0 : PG_GETARG_DATUM(j - 4);
 		if (PG_ARGISNULL(j - 4))
 			nulls[j] = 'n';
 	}
-	if (lease_end)
+	if (extra == ST_EXTRA_NOW)
+		args[6] = TimestampTzGetDatum(GetCurrentTimestamp());
+	else if (extra == ST_EXTRA_LEASE_END)
 	{
 		Interval	dflt = {(int64) outbox_default_lease_ms * 1000, 0, 0};
 
@@ -854,21 +850,53 @@ st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
 	return result;
 }
 
+/* Whether an optional array argument is NULL or has no element and no dimension. */
+static bool
+st_arg_empty(FunctionCallInfo fcinfo, int argno)
+{
+	return PG_ARGISNULL(argno) || ARR_NDIM(PG_GETARG_ARRAYTYPE_P(argno)) == 0;
+}
+
 /*
  * outbox.ack_batch(worker, token, failed, errors, fatal): the batch is
  * published but for the failed commands; returns how many were published.
+ * Without failures, one statement here (one row, and the retries that
+ * joined the batch leave the failures); with them, outbox._ack_batch.
  */
 static Datum
 st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 {
 	static SPIPlanPtr plan = NULL;
+	static SPIPlanPtr happy_plan = NULL;
 	static const Oid argtypes[9] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID,
 	INT8OID, TEXTARRAYOID, TEXTARRAYOID, BOOLARRAYOID};
+	static const Oid happy_types[7] = {TEXTOID, INT4OID, INT8OID, INT4OID, TEXTOID,
+	INT8OID, TIMESTAMPTZOID};
 	Datum		n;
 
-	n = st_batch_call(fcinfo, caller, &plan,
-					  "SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-					  9, argtypes, false, "ack_batch");
+	if (st_arg_empty(fcinfo, 2) && st_arg_empty(fcinfo, 3) && st_arg_empty(fcinfo, 4))
+		n = st_batch_call(fcinfo, caller, &happy_plan,
+						  "WITH r AS (UPDATE outbox.stream_progress p"
+						  "   SET acked_tick = p.batch_to, batch_to = NULL, owner = NULL,"
+						  "       role = NULL, claim_nonce = NULL, lease_until = NULL,"
+						  "       published = p.published OPERATOR(pg_catalog.+) p.batch_rows,"
+						  "       acked_at = $7"
+						  " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
+						  "   AND p.part OPERATOR(pg_catalog.=) $2"
+						  "   AND p.batch_id OPERATOR(pg_catalog.=) $3"
+						  "   AND p.version OPERATOR(pg_catalog.=) $4"
+						  "   AND p.claim_nonce OPERATOR(pg_catalog.=) $6"
+						  "   AND p.owner OPERATOR(pg_catalog.=) $5"
+						  "   AND p.batch_to IS NOT NULL"
+						  " RETURNING p.batch_rows, p.batch_retries)"
+						  "SELECT (SELECT r.batch_rows::pg_catalog.int8 FROM r),"
+						  "       (SELECT outbox._stream_published_retries($1, $2, $3, $7)"
+						  "          FROM r WHERE r.batch_retries OPERATOR(pg_catalog.>) 0)",
+						  7, happy_types, ST_EXTRA_NOW, "ack_batch");
+	else
+		n = st_batch_call(fcinfo, caller, &plan,
+						  "SELECT outbox._ack_batch($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+						  9, argtypes, ST_EXTRA_ARGS, "ack_batch");
 	OutboxCountNow(OBC_ACKED, DatumGetInt64(n));
 	PG_RETURN_DATUM(n);
 }
@@ -903,7 +931,7 @@ st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 								  "   AND p.batch_to IS NOT NULL"
 								  " RETURNING p.lease_until)"
 								  "SELECT (SELECT r.lease_until FROM r)",
-								  7, argtypes, true, "renew_batch"));
+								  7, argtypes, ST_EXTRA_LEASE_END, "renew_batch"));
 }
 
 Datum

@@ -11,16 +11,19 @@
  *	   of a missing one (42704), of a subscription of another stream
  *	   (42704) and of a caller the subscription's claimers do not admit
  *	   (42501); the lease's end (OutboxLeaseEnd, the row path's rules);
- *	2. an expired batch (the oldest lease end, SKIP LOCKED): unless its
- *	   deliveries are used up (SQL outbox._stream_takeover_cap, which may
- *	   kill or halve it), it is taken over with the same commands, version
- *	   and deliveries + 1, and a new nonce;
+ *	2. an expired batch (the oldest lease end, SKIP LOCKED; looked for
+ *	   when the first statement saw one): unless its deliveries are used
+ *	   up (SQL outbox._stream_takeover_cap, which may kill or halve it),
+ *	   it is taken over with the same commands, version and deliveries
+ *	   + 1, and a new nonce;
  *	3. else, in a loop, the next partition without a batch that has
  *	   commands after its acked tick (streams.part_ticks) or due retries,
- *	   the least recently acked first, picked and locked by one statement
- *	   with the batch's end tick and both snapshots; the commands of an
- *	   ordering key with an unfinished failure are parked as waiting, the
- *	   due retries join the batch, and the batch is read once (the range
+ *	   the least recently acked first, picked and locked by one statement;
+ *	   the batch's end tick and both snapshots come from one scan of the
+ *	   ticks' primary key from its acked tick on (sc_read_ticks); the
+ *	   commands of an ordering key with an unfinished failure are parked
+ *	   as waiting, the due retries join the batch, and the batch is read
+ *	   once (the range
  *	   of the partition's index between the two ticks' xmax, plus one
  *	   probe per transaction running at the start tick, plus the retries
  *	   marked with the batch; when there are neither, a statement of the
@@ -45,7 +48,18 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/transam.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
+#include "executor/tuptable.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/xid8.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
@@ -54,10 +68,17 @@
 
 /* The statements; their parameters are named in each. */
 
-/* $1 stream, $2 subscription, $3 caller */
+/*
+ * $1 stream, $2 subscription, $3 caller, $4 now; the last column: whether
+ * a batch's lease has ended (step 2 looks for one only then).
+ */
 static const char sc_prologue_sql[] =
 "SELECT t.stream_id, t.partitions, t.batch_size, x.subscription IS NOT NULL,"
-"       x.stream OPERATOR(pg_catalog.=) $1, outbox._may(x.claimers, $3)"
+"       x.stream OPERATOR(pg_catalog.=) $1, outbox._may(x.claimers, $3), x.created_at,"
+"       EXISTS (SELECT 1 FROM outbox.stream_progress p"
+"                WHERE p.subscription OPERATOR(pg_catalog.=) $2"
+"                  AND p.batch_to IS NOT NULL"
+"                  AND p.lease_until OPERATOR(pg_catalog.<=) $4)"
 "  FROM (SELECT 1) d"
 "  LEFT JOIN outbox.streams t ON t.stream OPERATOR(pg_catalog.=) $1"
 "  LEFT JOIN outbox.subscriptions x ON x.subscription OPERATOR(pg_catalog.=) $2";
@@ -104,55 +125,198 @@ static const char sc_takeover_rows_sql[] =
 "        outbox._stream_snap($4, $5), outbox._stream_snap($4, $6), $7) r";
 
 /*
- * $1 subscription, $2 stream_id, $3 batch_size, $4 partitions, $5 the
- * partitions tried, $6 now.  Columns: part, batch_id, acked_tick, t_max,
- * t_to, sa, sb, sa_xmax, sa_xip, sb_xmax, due, keyed.
+ * $1 subscription, $2 stream_id, $3 the partitions tried, $4 now.  Columns:
+ * part, batch_id, acked_tick, due, keyed.
  */
-#define SC_DUE_EXISTS(alias) \
+#define SC_DUE_EXISTS(alias, now) \
 "EXISTS (SELECT 1 FROM outbox.stream_failures f" \
 "         WHERE f.subscription OPERATOR(pg_catalog.=) " alias ".subscription" \
 "           AND f.part OPERATOR(pg_catalog.=) " alias ".part" \
 "           AND f.state OPERATOR(pg_catalog.=) 'retry'" \
-"           AND f.available_at OPERATOR(pg_catalog.<=) $6)"
+"           AND f.available_at OPERATOR(pg_catalog.<=) " now ")"
 static const char sc_pick_sql[] =
-"SELECT p.part, p.batch_id, p.acked_tick, m.t_max, e.t_to, a.snap, b.snap,"
-"       pg_catalog.pg_snapshot_xmax(a.snap),"
-"       ARRAY(SELECT pg_catalog.pg_snapshot_xip(a.snap)),"
-"       pg_catalog.pg_snapshot_xmax(b.snap),"
-"       " SC_DUE_EXISTS("p") ","
+"SELECT p.part, p.batch_id, p.acked_tick, " SC_DUE_EXISTS("p", "$4") ","
 "       EXISTS (SELECT 1 FROM outbox.stream_failures f"
-"                WHERE f.subscription OPERATOR(pg_catalog.=) p.subscription"
+"                WHERE f.subscription OPERATOR(pg_catalog.=) $1"
 "                  AND f.ordering_key IS NOT NULL)"
 "  FROM outbox.stream_progress p"
-" CROSS JOIN (SELECT pg_catalog.max(k.tick) AS t_max,"
-"                    (SELECT t.part_ticks FROM outbox.streams t"
-"                      WHERE t.stream_id OPERATOR(pg_catalog.=) $2) AS part_ticks"
-"               FROM outbox.stream_ticks k"
-"              WHERE k.stream_id OPERATOR(pg_catalog.=) $2) m"
-"  JOIN outbox.stream_ticks a"
-"    ON a.stream_id OPERATOR(pg_catalog.=) $2 AND a.tick OPERATOR(pg_catalog.=) p.acked_tick"
-" CROSS JOIN LATERAL ("
-"    SELECT GREATEST(COALESCE(pg_catalog.min(k.tick), m.t_max), p.acked_tick) AS t_to"
-"      FROM outbox.stream_ticks k"
-"     WHERE k.stream_id OPERATOR(pg_catalog.=) $2"
-"       AND k.tick OPERATOR(pg_catalog.>) p.acked_tick"
-"       AND k.last_id OPERATOR(pg_catalog.>=) (a.last_id OPERATOR(pg_catalog.+)"
-"           ($3::pg_catalog.int8 OPERATOR(pg_catalog.*) $4))) e"
-"  JOIN outbox.stream_ticks b"
-"    ON b.stream_id OPERATOR(pg_catalog.=) $2 AND b.tick OPERATOR(pg_catalog.=) e.t_to"
 " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
 "   AND p.batch_to IS NULL"
-"   AND p.part OPERATOR(pg_catalog.<>) ALL ($5)"
-"   AND (p.acked_tick OPERATOR(pg_catalog.<) COALESCE(m.part_ticks[p.part OPERATOR(pg_catalog.+) 1], 0)"
-"        OR " SC_DUE_EXISTS("p") ")"
+"   AND p.part OPERATOR(pg_catalog.<>) ALL ($3)"
+"   AND (p.acked_tick OPERATOR(pg_catalog.<)"
+"        COALESCE(((SELECT t.part_ticks FROM outbox.streams t"
+"                    WHERE t.stream_id OPERATOR(pg_catalog.=) $2))[p.part OPERATOR(pg_catalog.+) 1], 0)"
+"        OR " SC_DUE_EXISTS("p", "$4") ")"
 " ORDER BY p.acked_at NULLS FIRST, p.part LIMIT 1"
 "   FOR UPDATE OF p SKIP LOCKED";
 
 enum
 {
-	SC_PART, SC_BATCH, SC_ACKED, SC_TMAX, SC_TTO, SC_SA, SC_SB, SC_SA_XMAX, SC_SA_XIP,
-	SC_SB_XMAX, SC_DUE, SC_KEYED, SC_PICK_COLS
+	SC_PART, SC_BATCH, SC_ACKED, SC_DUE, SC_KEYED, SC_PICK_COLS
 };
+
+/*
+ * The binary form of a pg_snapshot (the type's own, as its functions in
+ * src/backend/utils/adt/xid8funcs.c define it): the running transactions
+ * xip[0 .. nxip - 1], in order, between xmin and xmax.
+ */
+typedef struct ScSnapshot
+{
+	int32		vl_len_;
+	uint32		nxip;
+	FullTransactionId xmin;
+	FullTransactionId xmax;
+	FullTransactionId xip[FLEXIBLE_ARRAY_MEMBER];
+} ScSnapshot;
+
+/* The ticks of a new batch: from its start (the acked tick) to its end. */
+typedef struct ScTicks
+{
+	int64		t_to;			/* the end tick */
+	bool		last;			/* the end is the stream's last tick */
+	ScSnapshot *sa;				/* the start tick's snapshot */
+	ScSnapshot *sb;				/* the end tick's */
+} ScTicks;
+
+/* A scan of one stream's ticks, in their primary key's order. */
+typedef struct ScTickScan
+{
+	Relation	rel;
+	Relation	index;
+	Snapshot	snap;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	AttrNumber	at_tick;
+	AttrNumber	at_snap;
+	AttrNumber	at_last;
+} ScTickScan;
+
+/*
+ * Begin a scan of the ticks of stream_id (from tick from on when ranged)
+ * under a snapshot taken now.
+ */
+static void
+sc_begin_ticks(ScTickScan *ts, int32 stream_id, bool ranged, int64 from)
+{
+	Oid			nsp = get_namespace_oid("outbox", false);
+	Oid			relid = get_relname_relid("stream_ticks", nsp);
+	Oid			indexid = get_relname_relid("stream_ticks_pkey", nsp);
+	ScanKeyData key[2];
+
+	if (!OidIsValid(relid) || !OidIsValid(indexid))
+		elog(ERROR, "outbox: the table outbox.stream_ticks or its primary key is missing");
+	ts->rel = table_open(relid, AccessShareLock);
+	ts->index = index_open(indexid, AccessShareLock);
+	ts->at_tick = get_attnum(relid, "tick");
+	ts->at_snap = get_attnum(relid, "snap");
+	ts->at_last = get_attnum(relid, "last_id");
+	if (ts->index->rd_index->indrelid != relid || ts->index->rd_index->indnkeyatts != 2 ||
+		ts->index->rd_index->indkey.values[0] != get_attnum(relid, "stream_id") ||
+		ts->index->rd_index->indkey.values[1] != ts->at_tick)
+		elog(ERROR, "outbox: the index \"stream_ticks_pkey\" is not the ticks' primary key");
+	ts->snap = RegisterSnapshot(GetTransactionSnapshot());
+	ts->scan = index_beginscan(ts->rel, ts->index, ts->snap, ranged ? 2 : 1, 0);
+	ts->slot = table_slot_create(ts->rel, NULL);
+	ScanKeyInit(&key[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(stream_id));
+	ScanKeyInit(&key[1], 2, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(from));
+	index_rescan(ts->scan, key, ranged ? 2 : 1, NULL, 0);
+}
+
+static void
+sc_end_ticks(ScTickScan *ts)
+{
+	ExecDropSingleTupleTableSlot(ts->slot);
+	index_endscan(ts->scan);
+	UnregisterSnapshot(ts->snap);
+	index_close(ts->index, NoLock);
+	table_close(ts->rel, NoLock);
+}
+
+/*
+ * The last tick of stream_id, in a snapshot taken now (the tick reads it
+ * after it locked the stream's row): its number, its snapshot's xmax and
+ * running transactions (palloc'd, *nxip of them); false when the stream
+ * has no tick.
+ */
+bool
+OutboxStreamLastTick(int32 stream_id, int64 *tick, uint64 *xmax, uint64 **xip, int *nxip)
+{
+	ScTickScan	ts;
+	bool		found;
+
+	sc_begin_ticks(&ts, stream_id, false, 0);
+	found = index_getnext_slot(ts.scan, BackwardScanDirection, ts.slot);
+	if (found)
+	{
+		bool		isnull;
+		ScSnapshot *snap;
+		uint32		i;
+
+		*tick = DatumGetInt64(slot_getattr(ts.slot, ts.at_tick, &isnull));
+		snap = (ScSnapshot *) PG_DETOAST_DATUM(slot_getattr(ts.slot, ts.at_snap, &isnull));
+		*xmax = U64FromFullTransactionId(snap->xmax);
+		*xip = palloc(sizeof(uint64) * (snap->nxip + 1));
+		for (i = 0; i < snap->nxip; i++)
+			(*xip)[i] = U64FromFullTransactionId(snap->xip[i]);
+		*nxip = (int) snap->nxip;
+	}
+	sc_end_ticks(&ts);
+	return found;
+}
+
+/*
+ * Read the ticks of stream_id from acked on, in one scan of the ticks'
+ * primary key under a snapshot taken now (after the progress row was
+ * locked: the tick its acked_tick names committed before it): the batch
+ * ends at the first tick whose log id is cap past the start tick's, or at
+ * the last tick (the start tick itself when there is none after it).
+ */
+static void
+sc_read_ticks(int32 stream_id, int64 acked, int64 cap, ScTicks *t)
+{
+	ScTickScan	ts;
+	int64		limit = 0;
+	bool		started = false;
+	bool		capped = false;
+
+	sc_begin_ticks(&ts, stream_id, true, acked);
+	t->last = true;
+	while (index_getnext_slot(ts.scan, ForwardScanDirection, ts.slot))
+	{
+		bool		isnull;
+		int64		tick = DatumGetInt64(slot_getattr(ts.slot, ts.at_tick, &isnull));
+		int64		last_id = DatumGetInt64(slot_getattr(ts.slot, ts.at_last, &isnull));
+		Datum		snapshot;
+
+		if (capped)
+		{
+			/* a tick after the capped end */
+			t->last = false;
+			break;
+		}
+		snapshot = slot_getattr(ts.slot, ts.at_snap, &isnull);
+		if (!started)
+		{
+			if (tick != acked)
+				break;
+			started = true;
+			limit = last_id + cap;
+			t->sa = (ScSnapshot *) PG_DETOAST_DATUM_COPY(snapshot);
+			t->sb = t->sa;
+			t->t_to = tick;
+			continue;
+		}
+		if (t->sb != t->sa)
+			pfree(t->sb);
+		t->sb = (ScSnapshot *) PG_DETOAST_DATUM_COPY(snapshot);
+		t->t_to = tick;
+		capped = last_id >= limit;
+	}
+	sc_end_ticks(&ts);
+	if (!started)
+		elog(ERROR, "outbox: tick " INT64_FORMAT " of stream %d, a subscription's acked tick, is missing",
+			 acked, stream_id);
+}
 
 /*
  * The rows of partition $2 of stream $1 the batch's start snapshot does not
@@ -306,19 +470,20 @@ sc_col(int col)
 
 /*
  * claim_batch's body (see the top of the file): the commands of the batch
- * leased to worker for caller (a table of SPI, kept until SPI_finish) and
- * their number.  lease NULL: outbox.default_lease.  Each row: command_id,
- * run_id, seq, kind, payload, version, deliveries, lease_until, headers,
- * ordering_key, batch_id, part.  SPI must be connected.
+ * leased to worker for caller (a table of SPI, kept until SPI_finish),
+ * their number, and the subscription's created_at (its tokens' since).
+ * lease NULL: outbox.default_lease.  Each row: command_id, run_id, seq,
+ * kind, payload, version, deliveries, lease_until, headers, ordering_key,
+ * batch_id, part.  SPI must be connected.
  */
 SPITupleTable *
 OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid caller,
-				  int64 nonce, uint64 *nrows)
+				  int64 nonce, int64 *since, uint64 *nrows)
 {
 	static SPIPlanPtr prologue_plan, expired_plan, cap_plan, takeover_plan,
 				takeover_retries_plan, takeover_rows_plan, pick_plan, park_plan, retries_plan,
 				range_plan, rows_plan, skip_plan, lease_plan, move_on_plan;
-	static const Oid prologue_types[3] = {TEXTOID, TEXTOID, OIDOID};
+	static const Oid prologue_types[4] = {TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID};
 	static const Oid expired_types[2] = {TEXTOID, TIMESTAMPTZOID};
 	static const Oid cap_types[4] = {TEXTOID, INT4OID, INT4OID, TIMESTAMPTZOID};
 	static const Oid takeover_types[6] = {TEXTOID, INT4OID, TEXTOID, OIDOID, INT8OID,
@@ -326,8 +491,7 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	static const Oid takeover_retries_types[3] = {TEXTOID, INT4OID, INT8OID};
 	static const Oid takeover_rows_types[9] = {TEXTOID, INT4OID, INT8OID, INT4OID, INT8OID,
 	INT8OID, INT4OID, INT4OID, TIMESTAMPTZOID};
-	static const Oid pick_types[6] = {TEXTOID, INT4OID, INT4OID, INT4OID, INT4ARRAYOID,
-	TIMESTAMPTZOID};
+	static const Oid pick_types[4] = {TEXTOID, INT4OID, INT4ARRAYOID, TIMESTAMPTZOID};
 	static const Oid park_types[8] = {INT4OID, INT4OID, XID8OID, XID8ARRAYOID, XID8OID,
 	PG_SNAPSHOTOID, TEXTOID, TIMESTAMPTZOID};
 	static const Oid retries_types[5] = {TEXTOID, INT4OID, TIMESTAMPTZOID, INT4OID, INT8OID};
@@ -345,6 +509,7 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	int32		stream_id;
 	int32		partitions;
 	int32		batch_size;
+	bool		expired;
 	Datum	   *tried;
 	int			ntried = 0;
 
@@ -352,7 +517,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	a[0] = PointerGetDatum(stream);
 	a[1] = PointerGetDatum(sub);
 	a[2] = ObjectIdGetDatum(caller);
-	OutboxRunGeneric(&prologue_plan, sc_prologue_sql, 3, prologue_types, a,
+	a[3] = TimestampTzGetDatum(now);
+	OutboxRunGeneric(&prologue_plan, sc_prologue_sql, 4, prologue_types, a,
 					 SPI_OK_SELECT, "claim_batch");
 	(void) SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (isnull)
@@ -377,6 +543,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 				 errmsg("permission denied to claim the batches of subscription \"%s\"",
 						text_to_cstring(sub)),
 				 errhint("The subscription's claimers (outbox.create_subscription) do not include a role of yours.")));
+	*since = DatumGetTimestampTz(sc_col(7));
+	expired = DatumGetBool(sc_col(8));
 	if (lease == NULL)
 	{
 		dflt.time = (int64) outbox_default_lease_ms * 1000;
@@ -387,11 +555,14 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	until = OutboxLeaseEnd(lease, now);
 
 	/* 2. an expired batch: the same commands, a new version (a new token) */
-	a[0] = PointerGetDatum(sub);
-	a[1] = TimestampTzGetDatum(now);
-	OutboxRunGeneric(&expired_plan, sc_expired_sql, 2, expired_types, a,
-					 SPI_OK_SELECT, "claim_batch");
-	if (SPI_processed == 1)
+	if (expired)
+	{
+		a[0] = PointerGetDatum(sub);
+		a[1] = TimestampTzGetDatum(now);
+		OutboxRunGeneric(&expired_plan, sc_expired_sql, 2, expired_types, a,
+						 SPI_OK_SELECT, "claim_batch");
+	}
+	if (expired && SPI_processed == 1)
 	{
 		Datum		part = sc_col(1);
 		Datum		batch_id = sc_col(2);
@@ -437,11 +608,13 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	for (;;)
 	{
 		SPITupleTable *pick;
-		HeapTuple	pr;
 		Datum		part;
 		Datum		nb;
 		Datum		t_to;
+		ScTicks		ticks;
+		Datum	   *xip;
 		ArrayType  *sa_xip;
+		uint32		x;
 		int32		n_retries = 0;
 		SPITupleTable *rows;
 		uint64		n_rows;
@@ -451,33 +624,37 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 
 		a[0] = PointerGetDatum(sub);
 		a[1] = Int32GetDatum(stream_id);
-		a[2] = Int32GetDatum(batch_size);
-		a[3] = Int32GetDatum(partitions);
-		a[4] = PointerGetDatum(construct_array(tried, ntried, INT4OID, sizeof(int32), true,
+		a[2] = PointerGetDatum(construct_array(tried, ntried, INT4OID, sizeof(int32), true,
 											   TYPALIGN_INT));
-		a[5] = TimestampTzGetDatum(now);
-		OutboxRunGeneric(&pick_plan, sc_pick_sql, 6, pick_types, a,
+		a[3] = TimestampTzGetDatum(now);
+		OutboxRunGeneric(&pick_plan, sc_pick_sql, 4, pick_types, a,
 						 SPI_OK_SELECT, "claim_batch");
 		if (SPI_processed == 0)
 			break;
 		pick = SPI_tuptable;
-		pr = pick->vals[0];
-		heap_deform_tuple(pr, pick->tupdesc, p, pnull);
+		heap_deform_tuple(pick->vals[0], pick->tupdesc, p, pnull);
 		for (col = 0; col < SC_PICK_COLS; col++)
 			if (pnull[col])
 				elog(ERROR, "outbox: claim_batch's pick read a NULL in column %d", col + 1);
 		part = p[SC_PART];
 		nb = Int64GetDatum(DatumGetInt64(p[SC_BATCH]) + 1);
-		t_to = p[SC_TTO];
-		sa_xip = DatumGetArrayTypeP(p[SC_SA_XIP]);
+		/* the batch's ticks (its snapshots) */
+		sc_read_ticks(stream_id, DatumGetInt64(p[SC_ACKED]),
+					  (int64) batch_size * partitions, &ticks);
+		t_to = Int64GetDatum(ticks.t_to);
+		xip = palloc(sizeof(Datum) * (ticks.sa->nxip + 1));
+		for (x = 0; x < ticks.sa->nxip; x++)
+			xip[x] = FullTransactionIdGetDatum(ticks.sa->xip[x]);
+		sa_xip = construct_array(xip, (int) ticks.sa->nxip, XID8OID, sizeof(FullTransactionId),
+								 FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
 
 		/* the stream's rows, for the statements below */
 		a[0] = Int32GetDatum(stream_id);
 		a[1] = part;
-		a[2] = p[SC_SA_XMAX];
+		a[2] = FullTransactionIdGetDatum(ticks.sa->xmax);
 		a[3] = PointerGetDatum(sa_xip);
-		a[4] = p[SC_SB_XMAX];
-		a[5] = p[SC_SB];
+		a[4] = FullTransactionIdGetDatum(ticks.sb->xmax);
+		a[5] = PointerGetDatum(ticks.sb);
 		a[6] = PointerGetDatum(sub);
 		/*
 		 * Commands of an ordering key with an unfinished failure in this
@@ -507,7 +684,7 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		a[7] = TimestampTzGetDatum(until);
 		a[8] = nb;
 		a[9] = Int32GetDatum(n_retries);
-		if (n_retries == 0 && ArrayGetNItems(ARR_NDIM(sa_xip), ARR_DIMS(sa_xip)) == 0)
+		if (n_retries == 0 && ticks.sa->nxip == 0)
 			OutboxRunGeneric(&range_plan, sc_range_sql, 10, rows_types, a,
 							 SPI_OK_SELECT, "claim_batch");
 		else
@@ -528,7 +705,7 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 			a[2] = t_to;
 			OutboxRunGeneric(&skip_plan, sc_skip_sql, 3, skip_types, a,
 							 SPI_OK_UPDATE, "claim_batch");
-			if (DatumGetInt64(t_to) >= DatumGetInt64(p[SC_TMAX]))
+			if (ticks.last)
 			{
 				if (ntried >= partitions)
 					elog(ERROR, "outbox: claim_batch tried more partitions than its stream has");

@@ -6,8 +6,9 @@
 -- publisher's calls (claim_batch, ack_batch, renew_batch) are C
 -- (src/stream.c): their body runs as the owner (OutboxCallAsOwner), makes
 -- and checks the batch token, and calls the internal functions below
--- (_ack_batch; claim_batch's body and renew_batch's statement are C too,
--- src/stream_claim.c and src/stream.c), which nobody else may call.
+-- (_ack_batch, for an ack with failures; an ack without them, claim_batch's
+-- body and renew_batch's statement are C too, src/stream.c and
+-- src/stream_claim.c), which nobody else may call.
 -- The producer's path is in C (commit_decision on a kind with a stream,
 -- src/stream.c); the worker cuts the ticks in C too (OutboxStreamTick).
 --
@@ -430,12 +431,13 @@ BEGIN
 END;
 $$;
 
--- ack_batch's body, for a token whose MAC and role the caller checked:
--- mark the batch published except the failed commands, which go to retry
--- (with the kind's backoff) or dead (deliveries used up, or fatal).
--- Returns the number published, NULL when the batch is not held at this
--- version and claim nonce by worker (the caller raises OB001).  Without
--- failures and retries in the batch: one statement, one row.
+-- ack_batch's body when failed, errors or fatal is not empty, for a token
+-- whose MAC and role the caller checked (an ack without failures is one
+-- statement in src/stream.c): check the arrays, then mark the batch
+-- published except the failed commands, which go to retry (with the kind's
+-- backoff) or dead (deliveries used up, or fatal).  Returns the number
+-- published, NULL when the batch is not held at this version and claim
+-- nonce by worker (the caller raises OB001).
 CREATE FUNCTION @extschema@._ack_batch(
 	subscription pg_catalog.text, part pg_catalog.int4, batch_id pg_catalog.int8,
 	version pg_catalog.int4, worker pg_catalog.text, nonce pg_catalog.int8,
@@ -448,8 +450,6 @@ DECLARE
 	-- (no preloaded() here: only ack_batch, in the module, calls this, and
 	-- the module defines the outbox.* settings read below)
 	pr record;
-	n pg_catalog.int4;
-	nr pg_catalog.int4;
 	nf pg_catalog.int4 := COALESCE(pg_catalog.cardinality(failed), 0);
 	sid pg_catalog.int4;
 	sa pg_catalog.pg_snapshot;
@@ -478,29 +478,6 @@ BEGIN
 	IF nf OPERATOR(pg_catalog.>) 0 AND
 	   (SELECT pg_catalog.count(DISTINCT x) FROM pg_catalog.unnest(failed) x) OPERATOR(pg_catalog.<>) nf THEN
 		RAISE EXCEPTION 'failed must not name a command twice' USING ERRCODE = 'invalid_parameter_value';
-	END IF;
-
-	IF nf OPERATOR(pg_catalog.=) 0 THEN
-		-- The happy path: one statement, one row.
-		UPDATE @extschema@.stream_progress p
-		   SET acked_tick = p.batch_to, batch_to = NULL, owner = NULL, role = NULL,
-			   claim_nonce = NULL, lease_until = NULL, published = p.published OPERATOR(pg_catalog.+) p.batch_rows,
-			   acked_at = now_ts
-		 WHERE p.subscription OPERATOR(pg_catalog.=) _ack_batch.subscription
-		   AND p.part OPERATOR(pg_catalog.=) _ack_batch.part
-		   AND p.batch_id OPERATOR(pg_catalog.=) _ack_batch.batch_id
-		   AND p.version OPERATOR(pg_catalog.=) _ack_batch.version
-		   AND p.claim_nonce OPERATOR(pg_catalog.=) nonce
-		   AND p.owner OPERATOR(pg_catalog.=) worker
-		   AND p.batch_to IS NOT NULL
-		RETURNING p.batch_rows, p.batch_retries INTO n, nr;
-		IF NOT FOUND THEN
-			RETURN NULL;
-		END IF;
-		IF nr OPERATOR(pg_catalog.>) 0 THEN
-			PERFORM @extschema@._stream_published_retries(subscription, part, batch_id, now_ts);
-		END IF;
-		RETURN n;
 	END IF;
 
 	-- With failures: hold the row first, then record them.
