@@ -151,6 +151,9 @@
 #define DU_TICK_RETRY_MS	1		/* a tick that skipped a stream retries
 									 * after this, doubling up to: */
 #define DU_TICK_RETRY_MAX_MS 100
+#define DU_TICK_HANDOFF_MS	2		/* a tick left to the claim a
+									 * notification wakes is the worker's
+									 * again after this */
 #define WK_PURGE_IDLE_ROUNDS 10		/* naps between purges that find nothing */
 #define DU_CITUS_LOOKBACK_MS 2000	/* on a distributed outbox, see du_due_txn */
 #define DU_CHECKS_MAX		64		/* steps of a checks turn (more than the
@@ -168,6 +171,8 @@ static SPIPlanPtr du_plan_citus_keys = NULL;
 static TimestampTz du_last_notify = 0;
 static TimestampTz du_last_tick = 0;	/* when the last tick began */
 static int	du_tick_retry_ms = 0;	/* after a skipped stream (0: none) */
+static TimestampTz du_tick_handoff = 0; /* when a tick was left to a claim
+										 * (0: none is) */
 static TimestampTz du_last_due_check = 0;
 static int64 du_purged = 0;		/* purged in the current turn */
 static BackgroundWorkerHandle *du_upkeep = NULL;	/* our upkeep worker */
@@ -740,7 +745,10 @@ du_due(OutboxTurn *turn)
  * last notification) the ticks are at most one per outbox.notify_interval,
  * as the notifications are: a busy publisher claims again anyway, and a
  * high commit rate then costs one tick per interval, not one per commit;
- * once a publisher waits, the tick is cut at once.  The flag is cleared
+ * once a publisher waits, the notification goes out at once and the tick
+ * is left to the claim it wakes, for DU_TICK_HANDOFF_MS (then the worker
+ * cuts it, as it does at the backstop and while the notification is held
+ * by outbox.notify_idle_interval).  The flag is cleared
  * before the tick's snapshot is taken, so a commit the snapshot misses
  * raises it again; a tick that failed or skipped its turn raises it again
  * too.
@@ -752,19 +760,48 @@ du_streams(OutboxTurn *turn)
 	bool		backstop = du_last_tick == 0 ||
 		TimestampDifferenceExceeds(du_last_tick, turn->now, outbox_naptime_ms);
 
+	bool		idle;
+
 	if (!backstop && pg_atomic_read_u32(&MyOutboxSlot->stream_pending) == 0)
+	{
+		/* (a claim took the tick left to it) */
+		du_tick_handoff = 0;
 		return false;
-	if (!backstop && du_last_notify != 0 &&
+	}
+	if (!backstop && du_tick_handoff != 0 &&
+		!TimestampDifferenceExceeds(du_tick_handoff, turn->now, DU_TICK_HANDOFF_MS))
+	{
+		/* a tick left to a claim: the worker's again once the time is up */
+		turn->next = TimestampTzPlusMilliseconds(du_tick_handoff, DU_TICK_HANDOFF_MS);
+		return false;
+	}
+	pg_memory_barrier();
+	idle = (TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->idle_at) >= du_last_notify;
+	if (!backstop && du_tick_handoff == 0 && du_last_notify != 0 && !idle &&
 		!TimestampDifferenceExceeds(du_last_tick, turn->now, outbox_notify_interval_ms))
 	{
-		pg_memory_barrier();
-		if ((TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->idle_at) < du_last_notify)
-		{
-			/* publishers busy: the flag stays up until the interval ends */
-			turn->next = TimestampTzPlusMilliseconds(du_last_tick, outbox_notify_interval_ms);
-			return false;
-		}
+		/* publishers busy: the flag stays up until the interval ends */
+		turn->next = TimestampTzPlusMilliseconds(du_last_tick, outbox_notify_interval_ms);
+		return false;
 	}
+	if (!backstop && du_tick_handoff == 0 && idle && du_hold_until(turn->now) == 0)
+	{
+		/*
+		 * A publisher waits and a notification may go out now: it goes out
+		 * first, and the tick is left to the claim it wakes (claim_batch
+		 * cuts the tick a commit raised when it finds the flag up), so the
+		 * waiting publisher does not wait for a transaction of the worker
+		 * first.  If no claim has taken the flag DU_TICK_HANDOFF_MS later
+		 * (the publisher that woke is not a stream's, or is slow), the
+		 * worker cuts the tick.
+		 */
+		pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 0);
+		du_notify();
+		du_tick_handoff = du_last_notify;
+		turn->next = TimestampTzPlusMilliseconds(du_tick_handoff, DU_TICK_HANDOFF_MS);
+		return false;
+	}
+	du_tick_handoff = 0;
 	pg_atomic_write_u32(&MyOutboxSlot->stream_pending, 0);
 	/*
 	 * The pending wake-up, if any, goes out with the tick (du_statement_txn)
