@@ -17,7 +17,7 @@ $(error no default_version in outbox.control)
 endif
 
 MODULE_big = outbox
-OBJS = src/outbox.o src/args.o src/authz.o src/plans.o src/producer.o src/lease.o src/siphash.o src/leasekey.o src/keys.o src/consumer.o src/shared.o src/bgw.o src/launcher.o src/worker.o src/duties.o src/upkeep.o src/citus.o src/stream.o src/stream_claim.o
+OBJS = src/outbox.o src/args.o src/authz.o src/plans.o src/producer.o src/lease.o src/siphash.o src/leasekey.o src/keys.o src/consumer.o src/shared.o src/bgw.o src/launcher.o src/worker.o src/duties.o src/upkeep.o src/citus.o src/stream.o src/stream_log.o src/stream_claim.o
 # Every object includes src/outbox.h: a change there rebuilds them all.
 # (That rule comes before PGXS's: plain make still builds everything.)
 .DEFAULT_GOAL := all

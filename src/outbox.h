@@ -33,6 +33,7 @@
 
 #include "postgres.h"
 
+#include "access/transam.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "port/atomics.h"
@@ -371,14 +372,71 @@ extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
 extern bool OutboxTakeStreamTick(void);
 extern void OutboxStreamTickAgain(void);
 extern int32 OutboxStreamTick(void);
-extern bool OutboxStreamLastTick(int32 stream_id, int64 *tick, uint64 *xmax, uint64 **xip,
-								 int *nxip);
 extern TimestampTz OutboxLeaseEnd(Interval *iv, TimestampTz now);
-extern SPITupleTable *OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease,
-										Oid caller, int64 nonce, int64 *since, uint64 *nrows);
+/* The commands of a claimed batch: n rows of desc (claim_batch's columns). */
+typedef struct OutboxBatchRows
+{
+	uint64		n;
+	TupleDesc	desc;
+	HeapTuple  *vals;
+} OutboxBatchRows;
+extern void OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease,
+							  Oid caller, int64 nonce, int64 *since, OutboxBatchRows *rows);
 extern void OutboxNoteIdleClaim(void);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);
+
+/* stream_log.c */
+
+/*
+ * The binary form of a pg_snapshot (the type's own, as its functions in
+ * src/backend/utils/adt/xid8funcs.c define it): the running transactions
+ * xip[0 .. nxip - 1] in order, between xmin and xmax.
+ */
+typedef struct OutboxSnapshot
+{
+	int32		vl_len_;
+	uint32		nxip;
+	FullTransactionId xmin;
+	FullTransactionId xmax;
+	FullTransactionId xip[FLEXIBLE_ARRAY_MEMBER];
+} OutboxSnapshot;
+
+/* The ticks of a new batch: from its start (the acked tick) to its end. */
+typedef struct OutboxBatchTicks
+{
+	int64		t_to;			/* the end tick */
+	bool		last;			/* the end is the stream's last tick */
+	OutboxSnapshot *sa;			/* the start tick's snapshot */
+	OutboxSnapshot *sb;			/* the end tick's */
+} OutboxBatchTicks;
+
+/*
+ * A row of a batch read from the log (OutboxReadLogRange): its id, then
+ * command_id, run_id, seq, kind, payload, headers and ordering_key.
+ */
+typedef struct OutboxLogRow
+{
+	int64		id;
+	Datum		values[7];
+	bool		isnull[7];
+} OutboxLogRow;
+
+typedef struct OutboxStreamLogs OutboxStreamLogs;
+
+extern OutboxStreamLogs *OutboxOpenStreamLogs(void);
+extern void OutboxCloseStreamLogs(OutboxStreamLogs *logs);
+extern void OutboxBeginLogProbes(OutboxStreamLogs *logs, Snapshot snap);
+extern void OutboxEndLogScans(OutboxStreamLogs *logs);
+extern bool OutboxLogPartHas(OutboxStreamLogs *logs, int32 stream, int32 part, uint64 xid,
+							 bool exact);
+extern OutboxLogRow *OutboxReadLogRange(OutboxStreamLogs *logs, int32 stream, int32 part,
+										const OutboxSnapshot *sa, const OutboxSnapshot *sb,
+										text *sub, int *nrows);
+extern bool OutboxStreamLastTick(int32 stream_id, int64 *tick, uint64 *xmax, uint64 **xip,
+								 int *nxip);
+extern void OutboxStreamBatchTicks(int32 stream_id, int64 acked, int64 cap,
+								   OutboxBatchTicks *t);
 
 /* bgw.c */
 struct BackgroundWorkerHandle;

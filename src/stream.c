@@ -58,25 +58,14 @@
  */
 #include "postgres.h"
 
-#include "access/genam.h"
-#include "access/stratnum.h"
-#include "access/table.h"
-#include "access/transam.h"
 #include "access/xact.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_index.h"
-#include "executor/tuptable.h"
-#include "storage/bufmgr.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
-#include "utils/fmgroids.h"
-#include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
-#include "utils/xid8.h"
 
 #include "outbox.h"
 
@@ -299,139 +288,6 @@ st_args_token(FunctionCallInfo fcinfo, Oid caller, StToken *tok)
 	return worker;
 }
 
-/* The log tables a tick probes, with their batch indexes. */
-#define ST_NLOGS 4
-
-typedef struct StLog
-{
-	Relation	rel;
-	Relation	index;			/* its batch index (stream_id, part, xid) */
-	IndexScanDesc scan;			/* NULL: the table is empty */
-	TupleTableSlot *slot;
-} StLog;
-
-/*
- * Open and lock the log tables and their batch indexes.  Before the
- * tick's snapshot is taken: a rotation's TRUNCATE of a table (its rows
- * still needed copied to stream_kept first) that commits before the lock
- * is then in the snapshot, and none can come after it.
- */
-static void
-st_open_logs(StLog *logs)
-{
-	static const char *const tables[ST_NLOGS] = {"stream_log_0", "stream_log_1",
-	"stream_log_2", "stream_kept"};
-	static const char *const indexes[ST_NLOGS] = {"stream_log_0_batch_idx",
-		"stream_log_1_batch_idx", "stream_log_2_batch_idx",
-	"stream_kept_batch_idx"};
-	Oid			nsp = get_namespace_oid("outbox", false);
-	int			i;
-
-	for (i = 0; i < ST_NLOGS; i++)
-	{
-		Oid			relid = get_relname_relid(tables[i], nsp);
-		Oid			indexid = get_relname_relid(indexes[i], nsp);
-		Form_pg_index ix;
-
-		if (!OidIsValid(relid) || !OidIsValid(indexid))
-			elog(ERROR, "outbox: the stream log table \"%s\" or its index is missing", tables[i]);
-		logs[i].rel = table_open(relid, AccessShareLock);
-		logs[i].index = index_open(indexid, AccessShareLock);
-		logs[i].scan = NULL;
-		logs[i].slot = NULL;
-		ix = logs[i].index->rd_index;
-		/* (stream_id, part, xid): columns 3, 4 and 2 of the table */
-		if (ix->indrelid != relid || ix->indnkeyatts != 3 ||
-			ix->indkey.values[0] != get_attnum(relid, "stream_id") ||
-			ix->indkey.values[1] != get_attnum(relid, "part") ||
-			ix->indkey.values[2] != get_attnum(relid, "xid"))
-			elog(ERROR, "outbox: the index \"%s\" is not the stream log's batch index", indexes[i]);
-		/* an index that may lack rows would hide them: no tick then */
-		if (!ix->indisvalid || !ix->indisready)
-			ereport(ERROR,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("index \"outbox.%s\" is not valid", indexes[i]),
-					 errhint("REINDEX INDEX outbox.%s", indexes[i])));
-	}
-}
-
-/*
- * Begin a scan under snap of each log table that has a block (a table
- * without one has no row for any snapshot: a writer extends the table
- * before it commits).
- */
-static void
-st_begin_scans(StLog *logs, Snapshot snap)
-{
-	int			i;
-
-	for (i = 0; i < ST_NLOGS; i++)
-	{
-		if (RelationGetNumberOfBlocks(logs[i].rel) > 0)
-		{
-			logs[i].scan = index_beginscan(logs[i].rel, logs[i].index, snap, 3, 0);
-			logs[i].slot = table_slot_create(logs[i].rel, NULL);
-		}
-	}
-}
-
-static void
-st_end_scans(StLog *logs)
-{
-	int			i;
-
-	for (i = 0; i < ST_NLOGS; i++)
-	{
-		if (logs[i].scan != NULL)
-		{
-			index_endscan(logs[i].scan);
-			ExecDropSingleTupleTableSlot(logs[i].slot);
-			logs[i].scan = NULL;
-			logs[i].slot = NULL;
-		}
-	}
-}
-
-static void
-st_close_logs(StLog *logs)
-{
-	int			i;
-
-	for (i = 0; i < ST_NLOGS; i++)
-	{
-		index_close(logs[i].index, NoLock);
-		table_close(logs[i].rel, NoLock);
-	}
-}
-
-/*
- * Whether partition part of stream has a row visible in the scans'
- * snapshot in one of the log tables whose xid is >= xid (exact: equal).
- */
-static bool
-st_part_has(StLog *logs, int32 stream, int32 part, uint64 xid, bool exact)
-{
-	int			i;
-
-	for (i = 0; i < ST_NLOGS; i++)
-	{
-		ScanKeyData key[3];
-
-		if (logs[i].scan == NULL)
-			continue;
-		ScanKeyInit(&key[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(stream));
-		ScanKeyInit(&key[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(part));
-		ScanKeyInit(&key[2], 3,
-					exact ? BTEqualStrategyNumber : BTGreaterEqualStrategyNumber,
-					exact ? F_XID8EQ : F_XID8GE,
-					FullTransactionIdGetDatum(FullTransactionIdFromU64(xid)));
-		index_rescan(logs[i].scan, key, 3, NULL, 0);
-		if (index_getnext_slot(logs[i].scan, ForwardScanDirection, logs[i].slot))
-			return true;
-	}
-	return false;
-}
-
 static int
 st_cmp_u64(const void *a, const void *b)
 {
@@ -513,13 +369,13 @@ OutboxStreamTick(void)
 	int64		base = 0;
 	int32	   *ids;
 	int32	   *nparts;
-	StLog		logs[ST_NLOGS];
+	OutboxStreamLogs *logs;
 	int32		n = 0;
 	bool		skipped = false;
 	int			s;
 
 	/* the log tables' locks before any of the tick's snapshots */
-	st_open_logs(logs);
+	logs = OutboxOpenStreamLogs();
 	/*
 	 * the streams' rows: a subscription being created waits (and the other
 	 * way round); skip a stream someone else is ticking
@@ -540,7 +396,7 @@ OutboxStreamTick(void)
 		OutboxRunGeneric(&count_plan,
 						 "SELECT pg_catalog.count(*)::pg_catalog.int4 FROM outbox.streams",
 						 0, NULL, NULL, SPI_OK_SELECT, "the streams' tick");
-		st_close_logs(logs);
+		OutboxCloseStreamLogs(logs);
 		if (DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
 										&isnull)) == 0)
 			return -1;
@@ -580,19 +436,19 @@ OutboxStreamTick(void)
 
 		/* the probes and the tick, in one snapshot */
 		snap = RegisterSnapshot(GetTransactionSnapshot());
-		st_begin_scans(logs, snap);
+		OutboxBeginLogProbes(logs, snap);
 		found = palloc(sizeof(Datum) * nparts[s]);
 		for (p = 0; p < nparts[s]; p++)
 		{
-			bool		has = st_part_has(logs, ids[s], p, last_xmax, false);
+			bool		has = OutboxLogPartHas(logs, ids[s], p, last_xmax, false);
 			int			x;
 
 			for (x = 0; !has && x < nxip; x++)
-				has = st_part_has(logs, ids[s], p, xip[x], true);
+				has = OutboxLogPartHas(logs, ids[s], p, xip[x], true);
 			if (has)
 				found[nfound++] = Int32GetDatum(p);
 		}
-		st_end_scans(logs);
+		OutboxEndLogScans(logs);
 		if (nfound == 0)
 		{
 			UnregisterSnapshot(snap);
@@ -620,7 +476,7 @@ OutboxStreamTick(void)
 						 args, SPI_OK_UPDATE, "the streams' tick");
 		n += (int32) SPI_processed;
 	}
-	st_close_logs(logs);
+	OutboxCloseStreamLogs(logs);
 	return skipped ? -2 - n : n;
 }
 
@@ -694,8 +550,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	uint64		nonce;
 	text	   *token = NULL;
 	int64		since = 0;
-	SPITupleTable *rows;
-	uint64		nrows;
+	OutboxBatchRows rows;
 	uint64		i;
 	bool		may_tick;
 	bool		ticked = false;
@@ -733,22 +588,22 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 		ticked = true;
 	}
 	/* (the token's lease key may be read by SPI: the result is kept) */
-	rows = OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &since, &nrows);
+	OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &since, &rows);
 	/*
 	 * Nothing, and a commit has raised a tick since (the worker's tick was
 	 * under way when this claim began, or came after it): cut it too and
 	 * claim again, rather than wait for the worker's tick to notify.
 	 */
-	if (nrows == 0 && may_tick && OutboxTakeStreamTick() && st_tick() > 0)
+	if (rows.n == 0 && may_tick && OutboxTakeStreamTick() && st_tick() > 0)
 	{
 		if (!ticked)
 			OutboxDueAtCommit(OUTBOX_DUE_NOW);
-		rows = OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &since, &nrows);
+		OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &since, &rows);
 	}
-	for (i = 0; i < nrows; i++)
+	for (i = 0; i < rows.n; i++)
 	{
-		HeapTuple	row = rows->vals[i];
-		TupleDesc	desc = rows->tupdesc;
+		HeapTuple	row = rows.vals[i];
+		TupleDesc	desc = rows.desc;
 		Datum		values[13];
 		bool		isnull[13];
 		int			j;
@@ -769,7 +624,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	}
 	SPI_finish();
 	/* nothing to do: a publisher waits for the next notification */
-	if (nrows == 0)
+	if (rows.n == 0)
 		OutboxNoteIdleClaim();
 	return (Datum) 0;
 }

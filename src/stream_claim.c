@@ -20,7 +20,7 @@
  *	   commands after its acked tick (streams.part_ticks) or due retries,
  *	   the least recently acked first, picked and locked by one statement;
  *	   the batch's end tick and both snapshots come from one scan of the
- *	   ticks' primary key from its acked tick on (sc_read_ticks); the
+ *	   ticks' primary key from its acked tick on (OutboxStreamBatchTicks); the
  *	   commands of an ordering key with an unfinished failure are parked
  *	   as waiting, the due retries join the batch, and the batch is read
  *	   once (the range
@@ -48,21 +48,13 @@
  */
 #include "postgres.h"
 
-#include "access/genam.h"
-#include "access/stratnum.h"
-#include "access/table.h"
-#include "access/transam.h"
-#include "catalog/namespace.h"
+#include "access/htup_details.h"
 #include "catalog/pg_type.h"
-#include "executor/tuptable.h"
-#include "utils/fmgroids.h"
-#include "utils/lsyscache.h"
-#include "utils/rel.h"
-#include "utils/snapmgr.h"
-#include "utils/xid8.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
+#include "utils/xid8.h"
 
 #include "outbox.h"
 
@@ -156,169 +148,6 @@ enum
 };
 
 /*
- * The binary form of a pg_snapshot (the type's own, as its functions in
- * src/backend/utils/adt/xid8funcs.c define it): the running transactions
- * xip[0 .. nxip - 1], in order, between xmin and xmax.
- */
-typedef struct ScSnapshot
-{
-	int32		vl_len_;
-	uint32		nxip;
-	FullTransactionId xmin;
-	FullTransactionId xmax;
-	FullTransactionId xip[FLEXIBLE_ARRAY_MEMBER];
-} ScSnapshot;
-
-/* The ticks of a new batch: from its start (the acked tick) to its end. */
-typedef struct ScTicks
-{
-	int64		t_to;			/* the end tick */
-	bool		last;			/* the end is the stream's last tick */
-	ScSnapshot *sa;				/* the start tick's snapshot */
-	ScSnapshot *sb;				/* the end tick's */
-} ScTicks;
-
-/* A scan of one stream's ticks, in their primary key's order. */
-typedef struct ScTickScan
-{
-	Relation	rel;
-	Relation	index;
-	Snapshot	snap;
-	IndexScanDesc scan;
-	TupleTableSlot *slot;
-	AttrNumber	at_tick;
-	AttrNumber	at_snap;
-	AttrNumber	at_last;
-} ScTickScan;
-
-/*
- * Begin a scan of the ticks of stream_id (from tick from on when ranged)
- * under a snapshot taken now.
- */
-static void
-sc_begin_ticks(ScTickScan *ts, int32 stream_id, bool ranged, int64 from)
-{
-	Oid			nsp = get_namespace_oid("outbox", false);
-	Oid			relid = get_relname_relid("stream_ticks", nsp);
-	Oid			indexid = get_relname_relid("stream_ticks_pkey", nsp);
-	ScanKeyData key[2];
-
-	if (!OidIsValid(relid) || !OidIsValid(indexid))
-		elog(ERROR, "outbox: the table outbox.stream_ticks or its primary key is missing");
-	ts->rel = table_open(relid, AccessShareLock);
-	ts->index = index_open(indexid, AccessShareLock);
-	ts->at_tick = get_attnum(relid, "tick");
-	ts->at_snap = get_attnum(relid, "snap");
-	ts->at_last = get_attnum(relid, "last_id");
-	if (ts->index->rd_index->indrelid != relid || ts->index->rd_index->indnkeyatts != 2 ||
-		ts->index->rd_index->indkey.values[0] != get_attnum(relid, "stream_id") ||
-		ts->index->rd_index->indkey.values[1] != ts->at_tick)
-		elog(ERROR, "outbox: the index \"stream_ticks_pkey\" is not the ticks' primary key");
-	ts->snap = RegisterSnapshot(GetTransactionSnapshot());
-	ts->scan = index_beginscan(ts->rel, ts->index, ts->snap, ranged ? 2 : 1, 0);
-	ts->slot = table_slot_create(ts->rel, NULL);
-	ScanKeyInit(&key[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(stream_id));
-	ScanKeyInit(&key[1], 2, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(from));
-	index_rescan(ts->scan, key, ranged ? 2 : 1, NULL, 0);
-}
-
-static void
-sc_end_ticks(ScTickScan *ts)
-{
-	ExecDropSingleTupleTableSlot(ts->slot);
-	index_endscan(ts->scan);
-	UnregisterSnapshot(ts->snap);
-	index_close(ts->index, NoLock);
-	table_close(ts->rel, NoLock);
-}
-
-/*
- * The last tick of stream_id, in a snapshot taken now (the tick reads it
- * after it locked the stream's row): its number, its snapshot's xmax and
- * running transactions (palloc'd, *nxip of them); false when the stream
- * has no tick.
- */
-bool
-OutboxStreamLastTick(int32 stream_id, int64 *tick, uint64 *xmax, uint64 **xip, int *nxip)
-{
-	ScTickScan	ts;
-	bool		found;
-
-	sc_begin_ticks(&ts, stream_id, false, 0);
-	found = index_getnext_slot(ts.scan, BackwardScanDirection, ts.slot);
-	if (found)
-	{
-		bool		isnull;
-		ScSnapshot *snap;
-		uint32		i;
-
-		*tick = DatumGetInt64(slot_getattr(ts.slot, ts.at_tick, &isnull));
-		snap = (ScSnapshot *) PG_DETOAST_DATUM(slot_getattr(ts.slot, ts.at_snap, &isnull));
-		*xmax = U64FromFullTransactionId(snap->xmax);
-		*xip = palloc(sizeof(uint64) * (snap->nxip + 1));
-		for (i = 0; i < snap->nxip; i++)
-			(*xip)[i] = U64FromFullTransactionId(snap->xip[i]);
-		*nxip = (int) snap->nxip;
-	}
-	sc_end_ticks(&ts);
-	return found;
-}
-
-/*
- * Read the ticks of stream_id from acked on, in one scan of the ticks'
- * primary key under a snapshot taken now (after the progress row was
- * locked: the tick its acked_tick names committed before it): the batch
- * ends at the first tick whose log id is cap past the start tick's, or at
- * the last tick (the start tick itself when there is none after it).
- */
-static void
-sc_read_ticks(int32 stream_id, int64 acked, int64 cap, ScTicks *t)
-{
-	ScTickScan	ts;
-	int64		limit = 0;
-	bool		started = false;
-	bool		capped = false;
-
-	sc_begin_ticks(&ts, stream_id, true, acked);
-	t->last = true;
-	while (index_getnext_slot(ts.scan, ForwardScanDirection, ts.slot))
-	{
-		bool		isnull;
-		int64		tick = DatumGetInt64(slot_getattr(ts.slot, ts.at_tick, &isnull));
-		int64		last_id = DatumGetInt64(slot_getattr(ts.slot, ts.at_last, &isnull));
-		Datum		snapshot;
-
-		if (capped)
-		{
-			/* a tick after the capped end */
-			t->last = false;
-			break;
-		}
-		snapshot = slot_getattr(ts.slot, ts.at_snap, &isnull);
-		if (!started)
-		{
-			if (tick != acked)
-				break;
-			started = true;
-			limit = last_id + cap;
-			t->sa = (ScSnapshot *) PG_DETOAST_DATUM_COPY(snapshot);
-			t->sb = t->sa;
-			t->t_to = tick;
-			continue;
-		}
-		if (t->sb != t->sa)
-			pfree(t->sb);
-		t->sb = (ScSnapshot *) PG_DETOAST_DATUM_COPY(snapshot);
-		t->t_to = tick;
-		capped = last_id >= limit;
-	}
-	sc_end_ticks(&ts);
-	if (!started)
-		elog(ERROR, "outbox: tick " INT64_FORMAT " of stream %d, a subscription's acked tick, is missing",
-			 acked, stream_id);
-}
-
-/*
  * The rows of partition $2 of stream $1 the batch's start snapshot does not
  * see: from its xmax on ($3), or of a transaction running then ($4, the
  * start snapshot's xip), up to the end snapshot's xmax ($5).
@@ -380,24 +209,13 @@ static const char sc_retries_sql[] =
  * The batch's commands in log order: $1 stream_id, $2 part, $3 sa's xmax,
  * $4 sa's xip, $5 sb's xmax, $6 sb, $7 subscription, $8 until, $9 batch id,
  * $10 the retries that joined it.  The range alone (no transaction was
- * running at the start tick, no retry joins) has no $4 and $10.
+ * running at the start tick, no retry joins) is read from C instead
+ * (sc_read_range).
  */
 #define SC_NOT_FAILED \
 "   AND NOT EXISTS (SELECT 1 FROM outbox.stream_failures f" \
 "                    WHERE f.subscription OPERATOR(pg_catalog.=) $7" \
 "                      AND f.command_id OPERATOR(pg_catalog.=) l.command_id)"
-static const char sc_range_sql[] =
-"SELECT l.command_id::pg_catalog.text, l.run_id::pg_catalog.text, l.seq,"
-"       l.kind::pg_catalog.text, l.payload, 1::pg_catalog.int8, 1, $8, l.headers,"
-"       l.ordering_key::pg_catalog.text, $9, $2"
-"  FROM outbox._stream_log l"
-" WHERE l.stream_id OPERATOR(pg_catalog.=) $1"
-"   AND l.part OPERATOR(pg_catalog.=) $2"
-"   AND l.xid OPERATOR(pg_catalog.>=) $3"
-"   AND l.xid OPERATOR(pg_catalog.<) $5"
-"   AND pg_catalog.pg_visible_in_snapshot(l.xid, $6)"
-SC_NOT_FAILED
-" ORDER BY l.id";
 static const char sc_rows_sql[] =
 "SELECT x.command_id, x.run_id, x.seq, x.kind, x.payload, 1::pg_catalog.int8,"
 "       x.deliveries, $8, x.headers, x.ordering_key, $9, $2"
@@ -456,6 +274,89 @@ static const char sc_move_on_sql[] =
 " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
 "   AND p.part OPERATOR(pg_catalog.=) c.part";
 
+/*
+ * The descriptor of a batch's rows read from C (sc_read_range): the
+ * columns of the statements' rows above.
+ */
+static TupleDesc
+sc_rows_desc(void)
+{
+	static TupleDesc desc = NULL;
+	static const Oid types[12] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, INT8OID,
+	INT4OID, TIMESTAMPTZOID, JSONBOID, TEXTOID, INT8OID, INT4OID};
+
+	if (desc == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+		TupleDesc	d = CreateTemplateTupleDesc(lengthof(types));
+		int			i;
+
+		for (i = 0; i < (int) lengthof(types); i++)
+			TupleDescInitEntry(d, (AttrNumber) (i + 1), NULL, types[i], -1, 0);
+		MemoryContextSwitchTo(old);
+		desc = d;
+	}
+	return desc;
+}
+
+/*
+ * The commands of a new batch when no transaction was running at its
+ * start tick and no retry joins it: the range of the partition's index
+ * between the two ticks' xmax, the rows visible in the end tick and not
+ * in the subscription's failures, in log order, read without a statement
+ * (src/stream_log.c), as rows of sc_rows_desc with version 1, deliveries
+ * 1, the lease's end, the batch id and the partition.
+ */
+static void
+sc_read_range(int32 stream_id, int32 part, const OutboxBatchTicks *ticks, text *sub,
+			  TimestampTz until, int64 batch_id, OutboxBatchRows *out)
+{
+	OutboxStreamLogs *logs = OutboxOpenStreamLogs();
+	OutboxLogRow *rows;
+	int			n;
+	int			i;
+
+	rows = OutboxReadLogRange(logs, stream_id, part, ticks->sa, ticks->sb, sub, &n);
+	OutboxCloseStreamLogs(logs);
+	out->desc = sc_rows_desc();
+	out->n = (uint64) n;
+	out->vals = palloc(sizeof(HeapTuple) * (n + 1));
+	for (i = 0; i < n; i++)
+	{
+		Datum		v[12];
+		bool		nulls[12];
+		int			c;
+
+		/* command_id, run_id, seq, kind, payload */
+		for (c = 0; c < 5; c++)
+		{
+			v[c] = rows[i].values[c];
+			nulls[c] = rows[i].isnull[c];
+		}
+		v[5] = Int64GetDatum(1);
+		v[6] = Int32GetDatum(1);
+		v[7] = TimestampTzGetDatum(until);
+		/* headers, ordering_key */
+		v[8] = rows[i].values[5];
+		nulls[8] = rows[i].isnull[5];
+		v[9] = rows[i].values[6];
+		nulls[9] = rows[i].isnull[6];
+		v[10] = Int64GetDatum(batch_id);
+		v[11] = Int32GetDatum(part);
+		nulls[5] = nulls[6] = nulls[7] = nulls[10] = nulls[11] = false;
+		out->vals[i] = heap_form_tuple(out->desc, v, nulls);
+	}
+}
+
+/* The rows of the last statement, as a batch's rows. */
+static void
+sc_spi_rows(OutboxBatchRows *out)
+{
+	out->n = SPI_processed;
+	out->desc = SPI_tuptable->tupdesc;
+	out->vals = SPI_tuptable->vals;
+}
+
 /* Column col (1-based) of the first row of the last statement; NULL is an error. */
 static Datum
 sc_col(int col)
@@ -470,19 +371,20 @@ sc_col(int col)
 
 /*
  * claim_batch's body (see the top of the file): the commands of the batch
- * leased to worker for caller (a table of SPI, kept until SPI_finish),
- * their number, and the subscription's created_at (its tokens' since).
- * lease NULL: outbox.default_lease.  Each row: command_id, run_id, seq,
- * kind, payload, version, deliveries, lease_until, headers, ordering_key,
- * batch_id, part.  SPI must be connected.
+ * leased to worker for caller, into *rows (kept until SPI_finish; none
+ * when there is nothing to claim), and the subscription's created_at (its
+ * tokens' since).  lease NULL: outbox.default_lease.  Each row:
+ * command_id, run_id, seq, kind, payload, version, deliveries,
+ * lease_until, headers, ordering_key, batch_id, part.  SPI must be
+ * connected.
  */
-SPITupleTable *
+void
 OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid caller,
-				  int64 nonce, int64 *since, uint64 *nrows)
+				  int64 nonce, int64 *since, OutboxBatchRows *rows)
 {
 	static SPIPlanPtr prologue_plan, expired_plan, cap_plan, takeover_plan,
 				takeover_retries_plan, takeover_rows_plan, pick_plan, park_plan, retries_plan,
-				range_plan, rows_plan, skip_plan, lease_plan, move_on_plan;
+				rows_plan, skip_plan, lease_plan, move_on_plan;
 	static const Oid prologue_types[4] = {TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID};
 	static const Oid expired_types[2] = {TEXTOID, TIMESTAMPTZOID};
 	static const Oid cap_types[4] = {TEXTOID, INT4OID, INT4OID, TIMESTAMPTZOID};
@@ -598,8 +500,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 			a[8] = TimestampTzGetDatum(until);
 			OutboxRunGeneric(&takeover_rows_plan, sc_takeover_rows_sql, 9,
 							 takeover_rows_types, a, SPI_OK_SELECT, "claim_batch");
-			*nrows = SPI_processed;
-			return SPI_tuptable;
+			sc_spi_rows(rows);
+			return;
 		}
 	}
 
@@ -611,12 +513,11 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		Datum		part;
 		Datum		nb;
 		Datum		t_to;
-		ScTicks		ticks;
+		OutboxBatchTicks ticks;
 		Datum	   *xip;
 		ArrayType  *sa_xip;
 		uint32		x;
 		int32		n_retries = 0;
-		SPITupleTable *rows;
 		uint64		n_rows;
 		Datum		p[SC_PICK_COLS];
 		bool		pnull[SC_PICK_COLS];
@@ -639,8 +540,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		part = p[SC_PART];
 		nb = Int64GetDatum(DatumGetInt64(p[SC_BATCH]) + 1);
 		/* the batch's ticks (its snapshots) */
-		sc_read_ticks(stream_id, DatumGetInt64(p[SC_ACKED]),
-					  (int64) batch_size * partitions, &ticks);
+		OutboxStreamBatchTicks(stream_id, DatumGetInt64(p[SC_ACKED]),
+							   (int64) batch_size * partitions, &ticks);
 		t_to = Int64GetDatum(ticks.t_to);
 		xip = palloc(sizeof(Datum) * (ticks.sa->nxip + 1));
 		for (x = 0; x < ticks.sa->nxip; x++)
@@ -685,13 +586,15 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		a[8] = nb;
 		a[9] = Int32GetDatum(n_retries);
 		if (n_retries == 0 && ticks.sa->nxip == 0)
-			OutboxRunGeneric(&range_plan, sc_range_sql, 10, rows_types, a,
-							 SPI_OK_SELECT, "claim_batch");
+			sc_read_range(stream_id, DatumGetInt32(part), &ticks, sub, until,
+						  DatumGetInt64(nb), rows);
 		else
+		{
 			OutboxRunGeneric(&rows_plan, sc_rows_sql, 10, rows_types, a,
 							 SPI_OK_SELECT, "claim_batch");
-		rows = SPI_tuptable;
-		n_rows = SPI_processed;
+			sc_spi_rows(rows);
+		}
+		n_rows = rows->n;
 		a[0] = PointerGetDatum(sub);
 		a[1] = part;
 		if (n_rows == 0)
@@ -723,8 +626,7 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		a[9] = Int32GetDatum(n_retries);
 		OutboxRunGeneric(&lease_plan, sc_lease_sql, 10, lease_types, a,
 						 SPI_OK_UPDATE, "claim_batch");
-		*nrows = n_rows;
-		return rows;
+		return;
 	}
 
 	/* 4. nothing to claim: the partitions without commands move on */
@@ -732,6 +634,5 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	a[1] = Int32GetDatum(stream_id);
 	OutboxRunGeneric(&move_on_plan, sc_move_on_sql, 2, move_on_types, a,
 					 SPI_OK_UPDATE, "claim_batch");
-	*nrows = 0;
-	return NULL;
+	rows->n = 0;
 }

@@ -1,0 +1,511 @@
+/*-------------------------------------------------------------------------
+ *
+ * stream_log.c
+ *		The stream's tables read from C, without a statement: the log
+ *		tables' batch indexes (the tick's probes, src/stream.c, and the
+ *		read of a batch, src/stream_claim.c, with the failures' primary
+ *		key) and the ticks' primary key (the last tick, and the ticks of
+ *		a new batch).
+ *
+ * A statement over the four log tables (outbox._stream_log) starts a plan
+ * of four index scans, an append and a sort each time it runs, which costs
+ * more than the rows it reads when a batch is a few commands; the reads
+ * here open the tables and their indexes, take a snapshot, and scan the
+ * indexes directly.
+ *
+ * The log tables (stream_log_0 to _2 and stream_kept) are locked before
+ * any snapshot of the reads is taken (OutboxOpenStreamLogs): a rotation
+ * that copies a command into stream_kept and truncates its table holds
+ * that table's ACCESS EXCLUSIVE lock until it commits, so a snapshot taken
+ * after the lock sees either the row or its copy, never neither (isolation
+ * spec stream_tick_vs_truncate).  The tables' and indexes' shape is
+ * checked when they are opened, and an index that is not valid is refused
+ * (55000): it could lack rows.
+ *
+ * Locking: AccessShareLock on the log tables, stream_ticks,
+ * stream_failures and their indexes, held to the end of the transaction.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/transam.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_index.h"
+#include "executor/tuptable.h"
+#include "storage/bufmgr.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/xid8.h"
+
+#include "outbox.h"
+
+/* The log tables, with their batch indexes (stream_id, part, xid). */
+#define SL_NLOGS 4
+
+/* The columns a batch's read returns, by name, in OutboxLogRow's order. */
+static const char *const sl_row_columns[] = {"command_id", "run_id", "seq", "kind", "payload",
+"headers", "ordering_key"};
+
+#define SL_ROW_COLS ((int) lengthof(sl_row_columns))
+
+struct OutboxStreamLogs
+{
+	Relation	rel[SL_NLOGS];
+	Relation	index[SL_NLOGS];	/* its batch index */
+	IndexScanDesc scan[SL_NLOGS];	/* NULL: the table is empty */
+	TupleTableSlot *slot[SL_NLOGS];
+	AttrNumber	at_id[SL_NLOGS];
+	AttrNumber	at_xid[SL_NLOGS];
+	AttrNumber	at_row[SL_NLOGS][SL_ROW_COLS];
+};
+
+/* The attribute of rel named name; an error if it has none. */
+static AttrNumber
+sl_attnum(Relation rel, const char *name)
+{
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (!att->attisdropped && strcmp(NameStr(att->attname), name) == 0)
+			return att->attnum;
+	}
+	elog(ERROR, "outbox: the table \"%s\" has no column \"%s\"",
+		 RelationGetRelationName(rel), name);
+	return InvalidAttrNumber;	/* keep the compiler quiet */
+}
+
+/*
+ * Open and lock the log tables and their batch indexes, before any
+ * snapshot of the reads is taken (see the top of the file).
+ */
+OutboxStreamLogs *
+OutboxOpenStreamLogs(void)
+{
+	static const char *const tables[SL_NLOGS] = {"stream_log_0", "stream_log_1",
+	"stream_log_2", "stream_kept"};
+	static const char *const indexes[SL_NLOGS] = {"stream_log_0_batch_idx",
+		"stream_log_1_batch_idx", "stream_log_2_batch_idx",
+	"stream_kept_batch_idx"};
+	OutboxStreamLogs *logs = palloc0(sizeof(OutboxStreamLogs));
+	Oid			nsp = get_namespace_oid("outbox", false);
+	int			i;
+
+	for (i = 0; i < SL_NLOGS; i++)
+	{
+		Oid			relid = get_relname_relid(tables[i], nsp);
+		Oid			indexid = get_relname_relid(indexes[i], nsp);
+		Form_pg_index ix;
+		int			c;
+
+		if (!OidIsValid(relid) || !OidIsValid(indexid))
+			elog(ERROR, "outbox: the stream log table \"%s\" or its index is missing", tables[i]);
+		logs->rel[i] = table_open(relid, AccessShareLock);
+		logs->index[i] = index_open(indexid, AccessShareLock);
+		logs->at_id[i] = sl_attnum(logs->rel[i], "id");
+		logs->at_xid[i] = sl_attnum(logs->rel[i], "xid");
+		for (c = 0; c < SL_ROW_COLS; c++)
+			logs->at_row[i][c] = sl_attnum(logs->rel[i], sl_row_columns[c]);
+		ix = logs->index[i]->rd_index;
+		if (ix->indrelid != relid || ix->indnkeyatts != 3 ||
+			ix->indkey.values[0] != sl_attnum(logs->rel[i], "stream_id") ||
+			ix->indkey.values[1] != sl_attnum(logs->rel[i], "part") ||
+			ix->indkey.values[2] != logs->at_xid[i])
+			elog(ERROR, "outbox: the index \"%s\" is not the stream log's batch index", indexes[i]);
+		/* an index that may lack rows would hide them */
+		if (!ix->indisvalid || !ix->indisready)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("index \"outbox.%s\" is not valid", indexes[i]),
+					 errhint("REINDEX INDEX outbox.%s", indexes[i])));
+	}
+	return logs;
+}
+
+/*
+ * Begin a scan with nkeys keys under snap of each log table that has a
+ * block (a table without one has no row for any snapshot: a writer
+ * extends the table before it commits).
+ */
+static void
+sl_begin_scans(OutboxStreamLogs *logs, Snapshot snap, int nkeys)
+{
+	int			i;
+
+	for (i = 0; i < SL_NLOGS; i++)
+	{
+		logs->scan[i] = NULL;
+		logs->slot[i] = NULL;
+		if (RelationGetNumberOfBlocks(logs->rel[i]) > 0)
+		{
+			logs->scan[i] = index_beginscan(logs->rel[i], logs->index[i], snap, nkeys, 0);
+			logs->slot[i] = table_slot_create(logs->rel[i], NULL);
+		}
+	}
+}
+
+/* The tick's probes: their scans, under snap. */
+void
+OutboxBeginLogProbes(OutboxStreamLogs *logs, Snapshot snap)
+{
+	sl_begin_scans(logs, snap, 3);
+}
+
+void
+OutboxEndLogScans(OutboxStreamLogs *logs)
+{
+	int			i;
+
+	for (i = 0; i < SL_NLOGS; i++)
+	{
+		if (logs->scan[i] != NULL)
+		{
+			index_endscan(logs->scan[i]);
+			ExecDropSingleTupleTableSlot(logs->slot[i]);
+			logs->scan[i] = NULL;
+			logs->slot[i] = NULL;
+		}
+	}
+}
+
+void
+OutboxCloseStreamLogs(OutboxStreamLogs *logs)
+{
+	int			i;
+
+	for (i = 0; i < SL_NLOGS; i++)
+	{
+		index_close(logs->index[i], NoLock);
+		table_close(logs->rel[i], NoLock);
+	}
+	pfree(logs);
+}
+
+/*
+ * Whether partition part of stream has a row visible in the probes'
+ * snapshot in one of the log tables whose xid is >= xid (exact: equal).
+ */
+bool
+OutboxLogPartHas(OutboxStreamLogs *logs, int32 stream, int32 part, uint64 xid, bool exact)
+{
+	int			i;
+
+	for (i = 0; i < SL_NLOGS; i++)
+	{
+		ScanKeyData key[3];
+
+		if (logs->scan[i] == NULL)
+			continue;
+		ScanKeyInit(&key[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(stream));
+		ScanKeyInit(&key[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(part));
+		ScanKeyInit(&key[2], 3,
+					exact ? BTEqualStrategyNumber : BTGreaterEqualStrategyNumber,
+					exact ? F_XID8EQ : F_XID8GE,
+					FullTransactionIdGetDatum(FullTransactionIdFromU64(xid)));
+		index_rescan(logs->scan[i], key, 3, NULL, 0);
+		if (index_getnext_slot(logs->scan[i], ForwardScanDirection, logs->slot[i]))
+			return true;
+	}
+	return false;
+}
+
+/* Whether xid is visible in snap, as pg_visible_in_snapshot(xid, snap). */
+static bool
+sl_visible(FullTransactionId xid, const OutboxSnapshot *snap)
+{
+	uint32		lo = 0;
+	uint32		hi = snap->nxip;
+
+	if (FullTransactionIdPrecedes(xid, snap->xmin))
+		return true;
+	if (!FullTransactionIdPrecedes(xid, snap->xmax))
+		return false;
+	/* the running ones are in order */
+	while (lo < hi)
+	{
+		uint32		mid = lo + (hi - lo) / 2;
+
+		if (FullTransactionIdEquals(snap->xip[mid], xid))
+			return false;
+		if (FullTransactionIdPrecedes(snap->xip[mid], xid))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return true;
+}
+
+static int
+sl_cmp_rows(const void *a, const void *b)
+{
+	int64		x = ((const OutboxLogRow *) a)->id;
+	int64		y = ((const OutboxLogRow *) b)->id;
+
+	return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+/*
+ * Whether subscription sub has a row for command_id in stream_failures
+ * (its primary key, subscription and command_id), under the scan's
+ * snapshot.
+ */
+static bool
+sl_failed(IndexScanDesc scan, TupleTableSlot *slot, text *sub, Datum command_id)
+{
+	ScanKeyData key[2];
+
+	ScanKeyInit(&key[0], 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(sub));
+	ScanKeyInit(&key[1], 2, BTEqualStrategyNumber, F_TEXTEQ, command_id);
+	index_rescan(scan, key, 2, NULL, 0);
+	return index_getnext_slot(scan, ForwardScanDirection, slot);
+}
+
+/*
+ * The rows of partition part of stream in the log tables from sa's xmax on
+ * and before sb's whose transaction sb sees committed and that have no row
+ * of subscription sub in stream_failures, in log order (id), their values
+ * copied; *nrows of them.  The scans' snapshot is taken here, after the
+ * log tables were locked (OutboxOpenStreamLogs) and after the caller's
+ * last statement: it is later than sb, so it sees every row sb sees (the
+ * log's rows are removed only by a rotation, whose TRUNCATE waits for the
+ * locks), and the failures the caller wrote.
+ */
+OutboxLogRow *
+OutboxReadLogRange(OutboxStreamLogs *logs, int32 stream, int32 part,
+				   const OutboxSnapshot *sa, const OutboxSnapshot *sb, text *sub,
+				   int *nrows)
+{
+	Oid			nsp = get_namespace_oid("outbox", false);
+	Oid			frelid = get_relname_relid("stream_failures", nsp);
+	Oid			findexid = get_relname_relid("stream_failures_pkey", nsp);
+	Relation	frel;
+	Relation	findex;
+	IndexScanDesc fscan;
+	TupleTableSlot *fslot;
+	Snapshot	snap;
+	OutboxLogRow *rows = NULL;
+	int			n = 0;
+	int			alloced = 0;
+	int			i;
+
+	if (!OidIsValid(frelid) || !OidIsValid(findexid))
+		elog(ERROR, "outbox: the table outbox.stream_failures or its primary key is missing");
+	frel = table_open(frelid, AccessShareLock);
+	findex = index_open(findexid, AccessShareLock);
+	if (findex->rd_index->indrelid != frelid || findex->rd_index->indnkeyatts != 2 ||
+		findex->rd_index->indkey.values[0] != sl_attnum(frel, "subscription") ||
+		findex->rd_index->indkey.values[1] != sl_attnum(frel, "command_id"))
+		elog(ERROR, "outbox: the index \"stream_failures_pkey\" is not the failures' primary key");
+	snap = RegisterSnapshot(GetTransactionSnapshot());
+	fscan = index_beginscan(frel, findex, snap, 2, 0);
+	fslot = table_slot_create(frel, NULL);
+	sl_begin_scans(logs, snap, 4);
+	for (i = 0; i < SL_NLOGS; i++)
+	{
+		ScanKeyData key[4];
+		TupleTableSlot *slot = logs->slot[i];
+		TupleDesc	desc = RelationGetDescr(logs->rel[i]);
+
+		if (logs->scan[i] == NULL)
+			continue;
+		ScanKeyInit(&key[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(stream));
+		ScanKeyInit(&key[1], 2, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(part));
+		ScanKeyInit(&key[2], 3, BTGreaterEqualStrategyNumber, F_XID8GE,
+					FullTransactionIdGetDatum(sa->xmax));
+		ScanKeyInit(&key[3], 3, BTLessStrategyNumber, F_XID8LT,
+					FullTransactionIdGetDatum(sb->xmax));
+		index_rescan(logs->scan[i], key, 4, NULL, 0);
+		while (index_getnext_slot(logs->scan[i], ForwardScanDirection, slot))
+		{
+			bool		isnull;
+			FullTransactionId xid;
+			OutboxLogRow *r;
+			int			c;
+
+			xid = DatumGetFullTransactionId(slot_getattr(slot, logs->at_xid[i], &isnull));
+			if (!sl_visible(xid, sb))
+				continue;
+			/* (command_id is the first of the row's columns) */
+			if (sl_failed(fscan, fslot, sub, slot_getattr(slot, logs->at_row[i][0], &isnull)))
+				continue;
+			if (n == alloced)
+			{
+				alloced = alloced == 0 ? 16 : 2 * alloced;
+				rows = rows == NULL ? palloc(sizeof(OutboxLogRow) * alloced) :
+					repalloc(rows, sizeof(OutboxLogRow) * alloced);
+			}
+			r = &rows[n++];
+			r->id = DatumGetInt64(slot_getattr(slot, logs->at_id[i], &isnull));
+			for (c = 0; c < SL_ROW_COLS; c++)
+			{
+				AttrNumber	at = logs->at_row[i][c];
+				Form_pg_attribute att = TupleDescAttr(desc, at - 1);
+				Datum		v = slot_getattr(slot, at, &r->isnull[c]);
+
+				r->values[c] = r->isnull[c] ? (Datum) 0 :
+					datumCopy(v, att->attbyval, att->attlen);
+			}
+		}
+	}
+	OutboxEndLogScans(logs);
+	ExecDropSingleTupleTableSlot(fslot);
+	index_endscan(fscan);
+	UnregisterSnapshot(snap);
+	index_close(findex, NoLock);
+	table_close(frel, NoLock);
+	if (n > 1)
+		qsort(rows, n, sizeof(OutboxLogRow), sl_cmp_rows);
+	*nrows = n;
+	return rows;
+}
+
+/* A scan of one stream's ticks, in their primary key's order. */
+typedef struct SlTickScan
+{
+	Relation	rel;
+	Relation	index;
+	Snapshot	snap;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	AttrNumber	at_tick;
+	AttrNumber	at_snap;
+	AttrNumber	at_last;
+} SlTickScan;
+
+/*
+ * Begin a scan of the ticks of stream_id (from tick from on when ranged)
+ * under a snapshot taken now.
+ */
+static void
+sl_begin_ticks(SlTickScan *ts, int32 stream_id, bool ranged, int64 from)
+{
+	Oid			nsp = get_namespace_oid("outbox", false);
+	Oid			relid = get_relname_relid("stream_ticks", nsp);
+	Oid			indexid = get_relname_relid("stream_ticks_pkey", nsp);
+	ScanKeyData key[2];
+
+	if (!OidIsValid(relid) || !OidIsValid(indexid))
+		elog(ERROR, "outbox: the table outbox.stream_ticks or its primary key is missing");
+	ts->rel = table_open(relid, AccessShareLock);
+	ts->index = index_open(indexid, AccessShareLock);
+	ts->at_tick = sl_attnum(ts->rel, "tick");
+	ts->at_snap = sl_attnum(ts->rel, "snap");
+	ts->at_last = sl_attnum(ts->rel, "last_id");
+	if (ts->index->rd_index->indrelid != relid || ts->index->rd_index->indnkeyatts != 2 ||
+		ts->index->rd_index->indkey.values[0] != sl_attnum(ts->rel, "stream_id") ||
+		ts->index->rd_index->indkey.values[1] != ts->at_tick)
+		elog(ERROR, "outbox: the index \"stream_ticks_pkey\" is not the ticks' primary key");
+	ts->snap = RegisterSnapshot(GetTransactionSnapshot());
+	ts->scan = index_beginscan(ts->rel, ts->index, ts->snap, ranged ? 2 : 1, 0);
+	ts->slot = table_slot_create(ts->rel, NULL);
+	ScanKeyInit(&key[0], 1, BTEqualStrategyNumber, F_INT4EQ, Int32GetDatum(stream_id));
+	ScanKeyInit(&key[1], 2, BTGreaterEqualStrategyNumber, F_INT8GE, Int64GetDatum(from));
+	index_rescan(ts->scan, key, ranged ? 2 : 1, NULL, 0);
+}
+
+static void
+sl_end_ticks(SlTickScan *ts)
+{
+	ExecDropSingleTupleTableSlot(ts->slot);
+	index_endscan(ts->scan);
+	UnregisterSnapshot(ts->snap);
+	index_close(ts->index, NoLock);
+	table_close(ts->rel, NoLock);
+}
+
+/*
+ * The last tick of stream_id, in a snapshot taken now (the tick reads it
+ * after it locked the stream's row): its number, its snapshot's xmax and
+ * running transactions (palloc'd, *nxip of them); false when the stream
+ * has no tick.
+ */
+bool
+OutboxStreamLastTick(int32 stream_id, int64 *tick, uint64 *xmax, uint64 **xip, int *nxip)
+{
+	SlTickScan	ts;
+	bool		found;
+
+	sl_begin_ticks(&ts, stream_id, false, 0);
+	found = index_getnext_slot(ts.scan, BackwardScanDirection, ts.slot);
+	if (found)
+	{
+		bool		isnull;
+		OutboxSnapshot *snap;
+		uint32		i;
+
+		*tick = DatumGetInt64(slot_getattr(ts.slot, ts.at_tick, &isnull));
+		snap = (OutboxSnapshot *) PG_DETOAST_DATUM(slot_getattr(ts.slot, ts.at_snap, &isnull));
+		*xmax = U64FromFullTransactionId(snap->xmax);
+		*xip = palloc(sizeof(uint64) * (snap->nxip + 1));
+		for (i = 0; i < snap->nxip; i++)
+			(*xip)[i] = U64FromFullTransactionId(snap->xip[i]);
+		*nxip = (int) snap->nxip;
+	}
+	sl_end_ticks(&ts);
+	return found;
+}
+
+/*
+ * The ticks of a new batch of stream_id whose partition's acked tick is
+ * acked, in one scan of the ticks' primary key from it on, under a
+ * snapshot taken now (after the partition's progress row was locked: the
+ * tick its acked_tick names committed before): the batch ends at the first
+ * tick whose log id is cap past the start tick's, or at the last tick (the
+ * start tick itself when there is none after it).
+ */
+void
+OutboxStreamBatchTicks(int32 stream_id, int64 acked, int64 cap, OutboxBatchTicks *t)
+{
+	SlTickScan	ts;
+	int64		limit = 0;
+	bool		started = false;
+	bool		capped = false;
+
+	sl_begin_ticks(&ts, stream_id, true, acked);
+	t->last = true;
+	while (index_getnext_slot(ts.scan, ForwardScanDirection, ts.slot))
+	{
+		bool		isnull;
+		int64		tick = DatumGetInt64(slot_getattr(ts.slot, ts.at_tick, &isnull));
+		int64		last_id = DatumGetInt64(slot_getattr(ts.slot, ts.at_last, &isnull));
+		Datum		snapshot;
+
+		if (capped)
+		{
+			/* a tick after the capped end */
+			t->last = false;
+			break;
+		}
+		snapshot = slot_getattr(ts.slot, ts.at_snap, &isnull);
+		if (!started)
+		{
+			if (tick != acked)
+				break;
+			started = true;
+			limit = last_id + cap;
+			t->sa = (OutboxSnapshot *) PG_DETOAST_DATUM_COPY(snapshot);
+			t->sb = t->sa;
+			t->t_to = tick;
+			continue;
+		}
+		if (t->sb != t->sa)
+			pfree(t->sb);
+		t->sb = (OutboxSnapshot *) PG_DETOAST_DATUM_COPY(snapshot);
+		t->t_to = tick;
+		capped = last_id >= limit;
+	}
+	sl_end_ticks(&ts);
+	if (!started)
+		elog(ERROR, "outbox: tick " INT64_FORMAT " of stream %d, a subscription's acked tick, is missing",
+			 acked, stream_id);
+}
