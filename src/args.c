@@ -346,6 +346,16 @@ OutboxArgPayload(FunctionCallInfo fcinfo, int argno, const char *what,
 	return j;
 }
 
+/* The lease a caller did not name, outbox.default_lease, into *iv; iv. */
+Interval *
+OutboxDefaultLease(Interval *iv)
+{
+	iv->time = (int64) outbox_default_lease_ms * 1000;
+	iv->day = 0;
+	iv->month = 0;
+	return iv;
+}
+
 /*
  * Check a lease that starts at now and return its end.  The bounds are
  * checked on the timestamp the lease would end at (now + lease, as the

@@ -127,10 +127,7 @@ static SPIPlanPtr plan_sweep = NULL;
 static Datum
 le_default_lease(Interval *iv)
 {
-	iv->time = (int64) outbox_default_lease_ms * 1000;
-	iv->day = 0;
-	iv->month = 0;
-	return IntervalPGetDatum(iv);
+	return IntervalPGetDatum(OutboxDefaultLease(iv));
 }
 
 /* Fetch and check a batch_size argument: 1 to outbox.max_batch. */

@@ -372,6 +372,7 @@ extern OutboxWorkerSlot *OutboxFindSlot(Oid dboid);
 extern bool OutboxTakeStreamTick(void);
 extern void OutboxStreamTickAgain(void);
 extern int32 OutboxStreamTick(void);
+extern Interval *OutboxDefaultLease(Interval *iv);
 extern TimestampTz OutboxLeaseEnd(Interval *iv, TimestampTz now);
 /* The commands of a claimed batch: n rows of desc (claim_batch's columns). */
 typedef struct OutboxBatchRows

@@ -688,9 +688,9 @@ st_batch_call(FunctionCallInfo fcinfo, Oid caller, SPIPlanPtr *plan,
 		args[6] = TimestampTzGetDatum(GetCurrentTimestamp());
 	else if (extra == ST_EXTRA_LEASE_END)
 	{
-		Interval	dflt = {(int64) outbox_default_lease_ms * 1000, 0, 0};
+		Interval	dflt;
 
-		args[6] = TimestampTzGetDatum(OutboxLeaseEnd(PG_ARGISNULL(2) ? &dflt :
+		args[6] = TimestampTzGetDatum(OutboxLeaseEnd(PG_ARGISNULL(2) ? OutboxDefaultLease(&dflt) :
 													 PG_GETARG_INTERVAL_P(2),
 													 GetCurrentTimestamp()));
 		nulls[6] = ' ';

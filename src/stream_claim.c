@@ -448,12 +448,7 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	*since = DatumGetTimestampTz(sc_col(7));
 	expired = DatumGetBool(sc_col(8));
 	if (lease == NULL)
-	{
-		dflt.time = (int64) outbox_default_lease_ms * 1000;
-		dflt.day = 0;
-		dflt.month = 0;
-		lease = &dflt;
-	}
+		lease = OutboxDefaultLease(&dflt);
 	until = OutboxLeaseEnd(lease, now);
 
 	/* 2. an expired batch: the same commands, a new version (a new token) */
