@@ -298,37 +298,39 @@ st_cmp_u64(const void *a, const void *b)
 }
 
 /*
- * The text of snap as pg_current_snapshot() gives it (each xid widened to
- * 64 bits against the next one, the running ones in order, once each),
- * with base added to each.
+ * snap as pg_current_snapshot() gives it (each xid widened to 64 bits
+ * against the next one, the running ones in order, once each), with base
+ * added to each, as a pg_snapshot datum.
  */
-static text *
-st_snapshot_text(Snapshot snap, int64 base)
+static OutboxSnapshot *
+st_snapshot_datum(Snapshot snap, int64 base)
 {
 	FullTransactionId next = ReadNextFullTransactionId();
 	uint64		nextv = U64FromFullTransactionId(next);
 	TransactionId nextx = XidFromFullTransactionId(next);
 	uint64	   *xip = palloc(sizeof(uint64) * Max(snap->xcnt, 1));
-	StringInfoData buf;
+	OutboxSnapshot *out;
+	uint32		n = 0;
 	uint32		i;
 
 #define ST_WIDEN(x) (nextv - (uint64) (uint32) (nextx - (x)))
 	for (i = 0; i < snap->xcnt; i++)
 		xip[i] = ST_WIDEN(snap->xip[i]);
 	qsort(xip, snap->xcnt, sizeof(uint64), st_cmp_u64);
-	initStringInfo(&buf);
-	appendStringInfo(&buf, UINT64_FORMAT ":" UINT64_FORMAT ":",
-					 ST_WIDEN(snap->xmin) + (uint64) base, ST_WIDEN(snap->xmax) + (uint64) base);
+	out = palloc(offsetof(OutboxSnapshot, xip) + sizeof(FullTransactionId) * Max(snap->xcnt, 1));
+	out->xmin = FullTransactionIdFromU64(ST_WIDEN(snap->xmin) + (uint64) base);
+	out->xmax = FullTransactionIdFromU64(ST_WIDEN(snap->xmax) + (uint64) base);
 	for (i = 0; i < snap->xcnt; i++)
 	{
 		if (i > 0 && xip[i] == xip[i - 1])
 			continue;
-		appendStringInfo(&buf, "%s" UINT64_FORMAT, buf.data[buf.len - 1] == ':' ? "" : ",",
-						 xip[i] + (uint64) base);
+		out->xip[n++] = FullTransactionIdFromU64(xip[i] + (uint64) base);
 	}
 #undef ST_WIDEN
+	out->nxip = n;
+	SET_VARSIZE(out, offsetof(OutboxSnapshot, xip) + sizeof(FullTransactionId) * n);
 	pfree(xip);
-	return cstring_to_text_with_len(buf.data, buf.len);
+	return out;
 }
 
 /*
@@ -364,11 +366,13 @@ OutboxStreamTick(void)
 	static SPIPlanPtr list_plan = NULL;
 	static SPIPlanPtr count_plan = NULL;
 	static SPIPlanPtr cut_plan = NULL;
-	static const Oid cut_types[4] = {INT4OID, INT8OID, TEXTOID, INT4ARRAYOID};
+	static const Oid cut_types[4] = {INT4OID, INT8OID, PG_SNAPSHOTOID, INT8ARRAYOID};
 	int			nstreams;
 	int64		base = 0;
 	int32	   *ids;
 	int32	   *nparts;
+	Datum	   *part_ticks;
+	bool	   *no_ticks;
 	OutboxStreamLogs *logs;
 	int32		n = 0;
 	bool		skipped = false;
@@ -383,7 +387,8 @@ OutboxStreamTick(void)
 	OutboxRunGeneric(&list_plan,
 					 "SELECT t.stream_id, t.partitions,"
 					 "       (SELECT r.xid_base FROM outbox.stream_rotation r),"
-					 "       (SELECT pg_catalog.count(*)::pg_catalog.int4 FROM outbox.streams)"
+					 "       (SELECT pg_catalog.count(*)::pg_catalog.int4 FROM outbox.streams),"
+					 "       t.part_ticks"
 					 "  FROM outbox.streams t ORDER BY t.stream_id"
 					 "   FOR UPDATE OF t SKIP LOCKED",
 					 0, NULL, NULL, SPI_OK_SELECT, "the streams' tick");
@@ -404,6 +409,8 @@ OutboxStreamTick(void)
 	}
 	ids = palloc(sizeof(int32) * nstreams);
 	nparts = palloc(sizeof(int32) * nstreams);
+	part_ticks = palloc(sizeof(Datum) * nstreams);
+	no_ticks = palloc(sizeof(bool) * nstreams);
 	for (s = 0; s < nstreams; s++)
 	{
 		bool		isnull;
@@ -416,6 +423,8 @@ OutboxStreamTick(void)
 		if (isnull)
 			elog(ERROR, "outbox: outbox.stream_rotation has no row");
 		skipped = DatumGetInt32(SPI_getbinval(row, desc, 4, &isnull)) > nstreams;
+		/* (the row is locked: this is its latest part_ticks) */
+		part_ticks[s] = SPI_getbinval(row, desc, 5, &no_ticks[s]);
 	}
 	for (s = 0; s < nstreams; s++)
 	{
@@ -424,7 +433,7 @@ OutboxStreamTick(void)
 		uint64		last_xmax;
 		uint64	   *xip = NULL;
 		int			nxip = 0;
-		Datum	   *found;
+		Datum	   *ticks;
 		int			nfound = 0;
 		Snapshot	snap;
 		int32		p;
@@ -437,7 +446,26 @@ OutboxStreamTick(void)
 		/* the probes and the tick, in one snapshot */
 		snap = RegisterSnapshot(GetTransactionSnapshot());
 		OutboxBeginLogProbes(logs, snap);
-		found = palloc(sizeof(Datum) * nparts[s]);
+		/*
+		 * the stream's part_ticks after the tick: the new tick for the
+		 * partitions it gives commands, the last one with commands (0 for
+		 * none) for the others
+		 */
+		ticks = palloc(sizeof(Datum) * Max(nparts[s], 1));
+		for (p = 0; p < nparts[s]; p++)
+			ticks[p] = Int64GetDatum(0);
+		if (!no_ticks[s])
+		{
+			Datum	   *old;
+			bool	   *oldnull;
+			int			nold;
+
+			deconstruct_array(DatumGetArrayTypeP(part_ticks[s]), INT8OID, sizeof(int64),
+							  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &old, &oldnull, &nold);
+			for (p = 0; p < nparts[s] && p < nold; p++)
+				if (!oldnull[p])
+					ticks[p] = old[p];
+		}
 		for (p = 0; p < nparts[s]; p++)
 		{
 			bool		has = OutboxLogPartHas(logs, ids[s], p, last_xmax, false);
@@ -446,7 +474,10 @@ OutboxStreamTick(void)
 			for (x = 0; !has && x < nxip; x++)
 				has = OutboxLogPartHas(logs, ids[s], p, xip[x], true);
 			if (has)
-				found[nfound++] = Int32GetDatum(p);
+			{
+				ticks[p] = Int64GetDatum(last_tick + 1);
+				nfound++;
+			}
 		}
 		OutboxEndLogScans(logs);
 		if (nfound == 0)
@@ -454,24 +485,17 @@ OutboxStreamTick(void)
 			UnregisterSnapshot(snap);
 			continue;
 		}
-		args[1] = Int64GetDatum(last_tick);
-		args[2] = PointerGetDatum(st_snapshot_text(snap, base));
-		args[3] = PointerGetDatum(construct_array(found, nfound, INT4OID, sizeof(int32), true,
-												  TYPALIGN_INT));
+		args[1] = Int64GetDatum(last_tick + 1);
+		args[2] = PointerGetDatum(st_snapshot_datum(snap, base));
+		args[3] = PointerGetDatum(construct_array(ticks, nparts[s], INT8OID, sizeof(int64),
+												  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 		UnregisterSnapshot(snap);
 		/* the tick, and the partitions it gave commands */
 		OutboxRunGeneric(&cut_plan,
 						 "WITH i AS ("
 						 "  INSERT INTO outbox.stream_ticks (stream_id, tick, snap, last_id)"
-						 "  SELECT $1, $2 OPERATOR(pg_catalog.+) 1, $3::pg_catalog.pg_snapshot,"
-						 "         (SELECT q.last_value FROM outbox.stream_log_id_seq q)"
-						 "  RETURNING stream_ticks.tick)"
-						 " UPDATE outbox.streams t"
-						 "    SET part_ticks = ARRAY(SELECT CASE WHEN g.p OPERATOR(pg_catalog.=) ANY ($4) THEN i.tick"
-						 "                                       ELSE COALESCE(t.part_ticks[g.p OPERATOR(pg_catalog.+) 1], 0) END"
-						 "                             FROM pg_catalog.generate_series(0, t.partitions OPERATOR(pg_catalog.-) 1) AS g(p)"
-						 "                            ORDER BY g.p)"
-						 "   FROM i"
+						 "  SELECT $1, $2, $3, (SELECT q.last_value FROM outbox.stream_log_id_seq q))"
+						 " UPDATE outbox.streams t SET part_ticks = $4"
 						 "  WHERE t.stream_id OPERATOR(pg_catalog.=) $1", 4, cut_types,
 						 args, SPI_OK_UPDATE, "the streams' tick");
 		n += (int32) SPI_processed;
