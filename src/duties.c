@@ -310,6 +310,7 @@ du_statement_txn(void *arg)
 		if ((st->result > 0 || st->result < -1 || du_tick_wake) &&
 			du_hold_until(GetCurrentTimestamp()) == 0)
 		{
+			pg_atomic_write_u32(&MyOutboxSlot->idle_pid, 0);
 			Async_Notify(outbox_notify_channel, "");
 			du_tick_notified = true;
 		}
@@ -599,6 +600,8 @@ du_notify(void)
 	PG_TRY();
 	{
 		StartTransactionCommand();
+		/* (the publishers that wait after it are counted afresh) */
+		pg_atomic_write_u32(&MyOutboxSlot->idle_pid, 0);
 		Async_Notify(outbox_notify_channel, "");
 		CommitTransactionCommand();
 		OutboxCountNow(OBC_WAKEUPS, 1);
@@ -745,10 +748,11 @@ du_due(OutboxTurn *turn)
  * last notification) the ticks are at most one per outbox.notify_interval,
  * as the notifications are: a busy publisher claims again anyway, and a
  * high commit rate then costs one tick per interval, not one per commit;
- * once a publisher waits, the notification goes out at once and the tick
- * is left to the claim it wakes, for DU_TICK_HANDOFF_MS (then the worker
- * cuts it, as it does at the backstop and while the notification is held
- * by outbox.notify_idle_interval).  The flag is cleared
+ * once a publisher waits, the tick is cut at once, or, when only one
+ * waits, the notification goes out at once and the tick is left to the
+ * claim it wakes, for DU_TICK_HANDOFF_MS (then the worker cuts it, as it
+ * does at the backstop and while the notification is held by
+ * outbox.notify_idle_interval).  The flag is cleared
  * before the tick's snapshot is taken, so a commit the snapshot misses
  * raises it again; a tick that failed or skipped its turn raises it again
  * too.
@@ -784,16 +788,20 @@ du_streams(OutboxTurn *turn)
 		turn->next = TimestampTzPlusMilliseconds(du_last_tick, outbox_notify_interval_ms);
 		return false;
 	}
-	if (!backstop && du_tick_handoff == 0 && idle && du_hold_until(turn->now) == 0)
+	if (!backstop && du_tick_handoff == 0 && idle && du_hold_until(turn->now) == 0 &&
+		pg_atomic_read_u32(&MyOutboxSlot->idle_pid) != OUTBOX_IDLE_MANY)
 	{
 		/*
-		 * A publisher waits and a notification may go out now: it goes out
-		 * first, and the tick is left to the claim it wakes (claim_batch
-		 * cuts the tick a commit raised when it finds the flag up), so the
-		 * waiting publisher does not wait for a transaction of the worker
-		 * first.  If no claim has taken the flag DU_TICK_HANDOFF_MS later
-		 * (the publisher that woke is not a stream's, or is slow), the
-		 * worker cuts the tick.
+		 * One publisher waits and a notification may go out now: it goes
+		 * out first, and the tick is left to the claim it wakes
+		 * (claim_batch cuts the tick a commit raised when it finds the flag
+		 * up), so the waiting publisher does not wait for a transaction of
+		 * the worker first.  If no claim has taken the flag
+		 * DU_TICK_HANDOFF_MS later (the publisher that woke is not a
+		 * stream's, or is slow), the worker cuts the tick.  When more than
+		 * one waits, the worker cuts the tick first, as below: the claim
+		 * that cut it would hide it from the others until it commits, and
+		 * they would wait for the next notification.
 		 */
 		pg_atomic_write_u32(&MyOutboxSlot->wake_pending, 0);
 		du_notify();

@@ -176,6 +176,9 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint64 idle_at;	/* when a claim last found nothing: a
 								 * publisher waits for a notification (0:
 								 * never) */
+	pg_atomic_uint32 idle_pid;	/* the process of the claims that found
+								 * nothing since the last notification (0:
+								 * none, OUTBOX_IDLE_MANY: more than one) */
 	int			naptime_ms;		/* the worker's current outbox.naptime */
 	TimestampTz started_at;
 	TimestampTz last_run;
@@ -383,6 +386,7 @@ typedef struct OutboxBatchRows
 } OutboxBatchRows;
 extern void OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease,
 							  Oid caller, int64 nonce, int64 *since, OutboxBatchRows *rows);
+#define OUTBOX_IDLE_MANY PG_UINT32_MAX
 extern void OutboxNoteIdleClaim(void);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);

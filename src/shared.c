@@ -44,7 +44,9 @@
  * Waiting publishers.  A claim of every kind that finds nothing writes the
  * time into the slot's idle_at (OutboxNoteIdleClaim): a publisher is now
  * waiting for a notification, and the worker sends the next one without
- * waiting out outbox.notify_interval (duties.c).  If a wake-up is already
+ * waiting out outbox.notify_interval (duties.c); it also records its
+ * process in idle_pid, or that more than one process waits, until the
+ * worker's next notification.  If a wake-up is already
  * pending then, the claim sets the worker's latch too: the commit that
  * raised it did so while the worker was holding it back.  A claim of some
  * kinds only does not count: it can find nothing while commands of other
@@ -210,6 +212,7 @@ ob_shmem_startup(void)
 							   (uint64) OUTBOX_NO_FLOOR);
 			pg_atomic_init_u64(&OutboxShared->slots[i].look_mark, 0);
 			pg_atomic_init_u64(&OutboxShared->slots[i].idle_at, 0);
+			pg_atomic_init_u32(&OutboxShared->slots[i].idle_pid, 0);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -477,9 +480,16 @@ void
 OutboxNoteIdleClaim(void)
 {
 	OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
+	uint32		pid;
 
 	if (slot == NULL)
 		return;
+	/* which publisher waits: this one, or more than one */
+	pid = pg_atomic_read_u32(&slot->idle_pid);
+	while (pid != (uint32) MyProcPid && pid != OUTBOX_IDLE_MANY &&
+		   !pg_atomic_compare_exchange_u32(&slot->idle_pid, &pid,
+										   pid == 0 ? (uint32) MyProcPid : OUTBOX_IDLE_MANY))
+		;
 	pg_atomic_write_u64(&slot->idle_at, (uint64) GetCurrentTimestamp());
 	pg_memory_barrier();
 	if (pg_atomic_read_u32(&slot->wake_pending) != 0)
