@@ -26,8 +26,9 @@
  *	   once (the range
  *	   of the partition's index between the two ticks' xmax, plus one
  *	   probe per transaction running at the start tick, plus the retries
- *	   marked with the batch; when there are neither, a statement of the
- *	   range alone, whose plan is smaller).  A partition whose batch is
+ *	   marked with the batch; when there are neither, the range alone is
+ *	   read from C, src/stream_log.c, with the failures' key probed per
+ *	   row).  A partition whose batch is
  *	   empty (commands after a batch end capped by batch_size, or all
  *	   waiting) moves its acked tick on and is looked at again until it
  *	   reaches the last tick;
