@@ -357,6 +357,7 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 {
 	OutboxWorkerSlot *slot;
 	bool		any = (due != 0);
+	bool		wake = false;
 	int			i;
 
 	for (i = 0; i < OBC_NUM_COUNTERS; i++)
@@ -388,19 +389,17 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		}
 
 		/*
-		 * An append to a stream: the worker cuts a tick (duties.c), even
-		 * while it holds the notification back.  Only the commit that
-		 * raises the flag sets the latch; those that come while it is up
-		 * are in the next tick.
+		 * Only the commit that raises a flag sets the latch: while the
+		 * worker holds a wake-up back (see outbox.notify_interval) later
+		 * commits cost one atomic exchange and no signal.  The latch is set
+		 * once, after every flag this commit raises is up, and the wake-up
+		 * before the stream's flag, so that the worker that wakes (or is
+		 * awake and sees the stream's flag) also sees the wake-up, and
+		 * sends it with the tick rather than in a second notification.
 		 */
-		if ((due & OUTBOX_DUE_STREAM) != 0 &&
-			pg_atomic_exchange_u32(&slot->stream_pending, 1) == 0)
-		{
-			Latch	   *latch = slot->latch;
-
-			if (latch != NULL)
-				SetLatch(latch);
-		}
+		if ((counts[OBC_ENQUEUED] > 0 || (due & OUTBOX_DUE_NOW) != 0) &&
+			pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
+			wake = true;
 
 		/*
 		 * A release of an ordering key's next command (keys.c): the
@@ -410,20 +409,18 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		 */
 		if ((due & OUTBOX_DUE_RELEASE) != 0 &&
 			pg_atomic_exchange_u32(&slot->release_pending, 1) == 0)
-		{
-			Latch	   *latch = slot->latch;
-
-			if (latch != NULL)
-				SetLatch(latch);
-		}
+			wake = true;
 
 		/*
-		 * Only the commit that raises the flag sets the latch: while the
-		 * worker holds a wake-up back (see outbox.notify_interval) later
-		 * commits cost one atomic exchange and no signal.
+		 * An append to a stream: the worker cuts a tick (duties.c), even
+		 * while it holds the notification back; the commits that come
+		 * while the flag is up are in the next tick.
 		 */
-		if ((counts[OBC_ENQUEUED] > 0 || (due & OUTBOX_DUE_NOW) != 0) &&
-			pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
+		if ((due & OUTBOX_DUE_STREAM) != 0 &&
+			pg_atomic_exchange_u32(&slot->stream_pending, 1) == 0)
+			wake = true;
+
+		if (wake)
 		{
 			Latch	   *latch = slot->latch;
 
