@@ -562,3 +562,17 @@ UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'outbox.stream_log_0_b
 SELECT pg_temp.err($$SELECT outbox.tick_streams()$$) AS invalid_index;
 SELECT count(*) = :ticks_before AS nothing_cut FROM outbox.stream_ticks;
 ROLLBACK;
+
+-- A claim whose partition's acked tick is gone (only a hand edit can do
+-- that) is refused as corrupted data (XX001), leasing nothing.
+BEGIN;
+SELECT outbox.create_stream('gone', 1, 10);
+SELECT outbox.create_subscription('gone', 'gone_sub');
+SELECT outbox.set_policy('gone.kind', stream => 'gone');
+SELECT outbox.commit_decision('rg', 1, 'e', 'rg-1', 'gone.kind', '{}');
+SELECT outbox.tick_streams() > 0 AS ticked;
+DELETE FROM outbox.stream_ticks k USING outbox.streams t
+ WHERE k.stream_id = t.stream_id AND t.stream = 'gone' AND k.tick = 0;
+SELECT pg_temp.err($$SELECT * FROM outbox.claim_batch('gone', 'gone_sub', 'w')$$) AS acked_tick_missing;
+SELECT count(*) AS open_batches FROM outbox.stream_batches WHERE subscription = 'gone_sub';
+ROLLBACK;

@@ -659,6 +659,19 @@ outbox_claim_batch(PG_FUNCTION_ARGS)
 	return OutboxCallAsOwner(fcinfo, st_claim_batch);
 }
 
+/*
+ * The batch's row while it holds the token's batch, at its version and
+ * claim nonce, for the worker ($1 to $6 of st_batch_call's statement).
+ */
+#define ST_HELD_BATCH \
+" WHERE p.subscription OPERATOR(pg_catalog.=) $1" \
+"   AND p.part OPERATOR(pg_catalog.=) $2" \
+"   AND p.batch_id OPERATOR(pg_catalog.=) $3" \
+"   AND p.version OPERATOR(pg_catalog.=) $4" \
+"   AND p.claim_nonce OPERATOR(pg_catalog.=) $6" \
+"   AND p.owner OPERATOR(pg_catalog.=) $5" \
+"   AND p.batch_to IS NOT NULL"
+
 /* What $7 of st_batch_call's statement is. */
 typedef enum StExtra
 {
@@ -760,13 +773,7 @@ st_ack_batch(FunctionCallInfo fcinfo, Oid caller)
 						  "       role = NULL, claim_nonce = NULL, lease_until = NULL,"
 						  "       published = p.published OPERATOR(pg_catalog.+) p.batch_rows,"
 						  "       acked_at = $7"
-						  " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
-						  "   AND p.part OPERATOR(pg_catalog.=) $2"
-						  "   AND p.batch_id OPERATOR(pg_catalog.=) $3"
-						  "   AND p.version OPERATOR(pg_catalog.=) $4"
-						  "   AND p.claim_nonce OPERATOR(pg_catalog.=) $6"
-						  "   AND p.owner OPERATOR(pg_catalog.=) $5"
-						  "   AND p.batch_to IS NOT NULL"
+						  ST_HELD_BATCH
 						  " RETURNING p.batch_rows, p.batch_retries)"
 						  "SELECT (SELECT r.batch_rows::pg_catalog.int8 FROM r),"
 						  "       (SELECT outbox._stream_published_retries($1, $2, $3, $7)"
@@ -801,13 +808,7 @@ st_renew_batch(FunctionCallInfo fcinfo, Oid caller)
 	PG_RETURN_DATUM(st_batch_call(fcinfo, caller, &plan,
 								  "WITH r AS (UPDATE outbox.stream_progress p"
 								  "   SET lease_until = $7"
-								  " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
-								  "   AND p.part OPERATOR(pg_catalog.=) $2"
-								  "   AND p.batch_id OPERATOR(pg_catalog.=) $3"
-								  "   AND p.version OPERATOR(pg_catalog.=) $4"
-								  "   AND p.claim_nonce OPERATOR(pg_catalog.=) $6"
-								  "   AND p.owner OPERATOR(pg_catalog.=) $5"
-								  "   AND p.batch_to IS NOT NULL"
+								  ST_HELD_BATCH
 								  " RETURNING p.lease_until)"
 								  "SELECT (SELECT r.lease_until FROM r)",
 								  7, argtypes, ST_EXTRA_LEASE_END, "renew_batch"));

@@ -86,6 +86,25 @@ sl_attnum(Relation rel, const char *name)
 }
 
 /*
+ * Open and lock outbox.<table> and its index <index> (AccessShareLock);
+ * an error if either is missing.
+ */
+static void
+sl_open(const char *table, const char *index, Relation *rel, Relation *idx)
+{
+	Oid			nsp = get_namespace_oid("outbox", false);
+	Oid			relid = get_relname_relid(table, nsp);
+	Oid			indexid = get_relname_relid(index, nsp);
+
+	if (!OidIsValid(relid) || !OidIsValid(indexid))
+		elog(ERROR, "outbox: the table outbox.%s or its index %s is missing", table, index);
+	*rel = table_open(relid, AccessShareLock);
+	*idx = index_open(indexid, AccessShareLock);
+	if ((*idx)->rd_index->indrelid != relid)
+		elog(ERROR, "outbox: the index \"%s\" is not an index of outbox.%s", index, table);
+}
+
+/*
  * Open and lock the log tables and their batch indexes, before any
  * snapshot of the reads is taken (see the top of the file).
  */
@@ -98,26 +117,20 @@ OutboxOpenStreamLogs(void)
 		"stream_log_1_batch_idx", "stream_log_2_batch_idx",
 	"stream_kept_batch_idx"};
 	OutboxStreamLogs *logs = palloc0(sizeof(OutboxStreamLogs));
-	Oid			nsp = get_namespace_oid("outbox", false);
 	int			i;
 
 	for (i = 0; i < SL_NLOGS; i++)
 	{
-		Oid			relid = get_relname_relid(tables[i], nsp);
-		Oid			indexid = get_relname_relid(indexes[i], nsp);
 		Form_pg_index ix;
 		int			c;
 
-		if (!OidIsValid(relid) || !OidIsValid(indexid))
-			elog(ERROR, "outbox: the stream log table \"%s\" or its index is missing", tables[i]);
-		logs->rel[i] = table_open(relid, AccessShareLock);
-		logs->index[i] = index_open(indexid, AccessShareLock);
+		sl_open(tables[i], indexes[i], &logs->rel[i], &logs->index[i]);
 		logs->at_id[i] = sl_attnum(logs->rel[i], "id");
 		logs->at_xid[i] = sl_attnum(logs->rel[i], "xid");
 		for (c = 0; c < SL_ROW_COLS; c++)
 			logs->at_row[i][c] = sl_attnum(logs->rel[i], sl_row_columns[c]);
 		ix = logs->index[i]->rd_index;
-		if (ix->indrelid != relid || ix->indnkeyatts != 3 ||
+		if (ix->indnkeyatts != 3 ||
 			ix->indkey.values[0] != sl_attnum(logs->rel[i], "stream_id") ||
 			ix->indkey.values[1] != sl_attnum(logs->rel[i], "part") ||
 			ix->indkey.values[2] != logs->at_xid[i])
@@ -285,9 +298,6 @@ OutboxReadLogRange(OutboxStreamLogs *logs, int32 stream, int32 part,
 				   const OutboxSnapshot *sa, const OutboxSnapshot *sb, text *sub,
 				   int *nrows)
 {
-	Oid			nsp = get_namespace_oid("outbox", false);
-	Oid			frelid = get_relname_relid("stream_failures", nsp);
-	Oid			findexid = get_relname_relid("stream_failures_pkey", nsp);
 	Relation	frel;
 	Relation	findex;
 	IndexScanDesc fscan;
@@ -298,11 +308,8 @@ OutboxReadLogRange(OutboxStreamLogs *logs, int32 stream, int32 part,
 	int			alloced = 0;
 	int			i;
 
-	if (!OidIsValid(frelid) || !OidIsValid(findexid))
-		elog(ERROR, "outbox: the table outbox.stream_failures or its primary key is missing");
-	frel = table_open(frelid, AccessShareLock);
-	findex = index_open(findexid, AccessShareLock);
-	if (findex->rd_index->indrelid != frelid || findex->rd_index->indnkeyatts != 2 ||
+	sl_open("stream_failures", "stream_failures_pkey", &frel, &findex);
+	if (findex->rd_index->indnkeyatts != 2 ||
 		findex->rd_index->indkey.values[0] != sl_attnum(frel, "subscription") ||
 		findex->rd_index->indkey.values[1] != sl_attnum(frel, "command_id"))
 		elog(ERROR, "outbox: the index \"stream_failures_pkey\" is not the failures' primary key");
@@ -389,19 +396,13 @@ typedef struct SlTickScan
 static void
 sl_begin_ticks(SlTickScan *ts, int32 stream_id, bool ranged, int64 from)
 {
-	Oid			nsp = get_namespace_oid("outbox", false);
-	Oid			relid = get_relname_relid("stream_ticks", nsp);
-	Oid			indexid = get_relname_relid("stream_ticks_pkey", nsp);
 	ScanKeyData key[2];
 
-	if (!OidIsValid(relid) || !OidIsValid(indexid))
-		elog(ERROR, "outbox: the table outbox.stream_ticks or its primary key is missing");
-	ts->rel = table_open(relid, AccessShareLock);
-	ts->index = index_open(indexid, AccessShareLock);
+	sl_open("stream_ticks", "stream_ticks_pkey", &ts->rel, &ts->index);
 	ts->at_tick = sl_attnum(ts->rel, "tick");
 	ts->at_snap = sl_attnum(ts->rel, "snap");
 	ts->at_last = sl_attnum(ts->rel, "last_id");
-	if (ts->index->rd_index->indrelid != relid || ts->index->rd_index->indnkeyatts != 2 ||
+	if (ts->index->rd_index->indnkeyatts != 2 ||
 		ts->index->rd_index->indkey.values[0] != sl_attnum(ts->rel, "stream_id") ||
 		ts->index->rd_index->indkey.values[1] != ts->at_tick)
 		elog(ERROR, "outbox: the index \"stream_ticks_pkey\" is not the ticks' primary key");
@@ -506,6 +507,8 @@ OutboxStreamBatchTicks(int32 stream_id, int64 acked, int64 cap, OutboxBatchTicks
 	}
 	sl_end_ticks(&ts);
 	if (!started)
-		elog(ERROR, "outbox: tick " INT64_FORMAT " of stream %d, a subscription's acked tick, is missing",
-			 acked, stream_id);
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("tick " INT64_FORMAT " of stream %d is missing", acked, stream_id),
+				 errdetail("A partition of a subscription of the stream has acked that tick; the ticks a subscription still needs are never removed by the extension.")));
 }
