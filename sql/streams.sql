@@ -563,6 +563,39 @@ SELECT pg_temp.err($$SELECT outbox.tick_streams()$$) AS invalid_index;
 SELECT count(*) = :ticks_before AS nothing_cut FROM outbox.stream_ticks;
 ROLLBACK;
 
+-- A claim that finds nothing writes nothing: a partition that got no
+-- commands since its acked tick keeps it, and the lag view counts it
+-- caught up (at the last tick); the worker's move on, before each rotation
+-- step (here rotate_streams()), moves it to the last tick.
+SELECT outbox.create_stream('idle', 2, 10);
+SELECT outbox.create_subscription('idle', 'idle_sub');
+SELECT outbox.set_policy('idle.kind', stream => 'idle');
+SELECT outbox.commit_decision('ri', 1, 'e', 'ri-1', 'idle.kind', '{}');
+SELECT outbox.tick_streams() > 0 AS ticked;
+SELECT count(*) AS claimed FROM pg_temp.claim('idle-1', 'idle', 'idle_sub', 'w');
+SELECT outbox.ack_batch('w', (SELECT min(token) FROM b WHERE name = 'idle-1'), NULL, NULL, NULL) AS acked;
+SELECT outbox.commit_decision('ri', 2, 'e', 'ri-2', 'idle.kind', '{}');
+SELECT outbox.tick_streams() > 0 AS ticked;
+SELECT count(*) AS claimed FROM pg_temp.claim('idle-2', 'idle', 'idle_sub', 'w');
+SELECT outbox.ack_batch('w', (SELECT min(token) FROM b WHERE name = 'idle-2'), NULL, NULL, NULL) AS acked;
+SELECT count(*) AS claimed FROM pg_temp.claim('idle-3', 'idle', 'idle_sub', 'w');
+CREATE TEMP TABLE idle_last AS
+SELECT max(k.tick) AS tick FROM outbox.stream_ticks k JOIN outbox.streams t USING (stream_id)
+ WHERE t.stream = 'idle';
+SELECT p.part, p.acked_tick = l.tick AS at_last_tick, p.acked_tick < l.tick AS behind
+  FROM outbox.stream_progress p, idle_last l WHERE p.subscription = 'idle_sub' ORDER BY p.part;
+SELECT s.part, s.acked_tick = l.tick AS at_last_tick, s.ticks_behind, s.ids_behind, s.lag
+  FROM outbox.stream_lag s, idle_last l WHERE s.subscription = 'idle_sub' ORDER BY s.part;
+SELECT outbox.rotate_streams() >= 0 AS rotated;
+SELECT p.part, p.acked_tick = l.tick AS at_last_tick
+  FROM outbox.stream_progress p, idle_last l WHERE p.subscription = 'idle_sub' ORDER BY p.part;
+-- a partition with a command after its acked tick is behind, and does not move
+SELECT outbox.commit_decision('ri', 3, 'e', 'ri-3', 'idle.kind', '{}');
+SELECT outbox.tick_streams() > 0 AS ticked;
+SELECT outbox._stream_move_on() AS moved;
+SELECT s.part, s.ticks_behind FROM outbox.stream_lag s WHERE s.subscription = 'idle_sub' ORDER BY s.part;
+SELECT count(*) AS claimed FROM pg_temp.claim('idle-4', 'idle', 'idle_sub', 'w');
+
 -- A claim whose partition's acked tick is gone (only a hand edit can do
 -- that) is refused as corrupted data (XX001), leasing nothing.
 BEGIN;

@@ -47,7 +47,10 @@
  *				prepared transaction from before a restart, rows restored
  *				by hand).  Any other wake-up runs no transaction for it: the
  *				row path's wake-ups do not wait for a tick.
- * rotate		Every outbox.naptime, one step of the stream log's rotation
+ * rotate		Every outbox.naptime, the stream partitions that got no
+ *				commands since their acked tick move on to the last tick
+ *				(SQL outbox._stream_move_on; a claim that finds nothing
+ *				writes nothing), then one step of the stream log's rotation
  *				(SQL outbox._stream_rotate: truncate a log table whose
  *				commands are all done, or switch the appends to the next).
  * citus_keys	On a worker node of a distributed outbox, once: bring the
@@ -163,6 +166,7 @@ static SPIPlanPtr du_plan_sweep = NULL;
 static SPIPlanPtr du_plan_purge = NULL;
 static SPIPlanPtr du_plan_tick = NULL;
 static SPIPlanPtr du_plan_rotate = NULL;
+static SPIPlanPtr du_plan_move_on = NULL;
 static SPIPlanPtr du_plan_due = NULL;
 static SPIPlanPtr du_plan_prepared = NULL;
 static SPIPlanPtr du_plan_check = NULL;
@@ -318,14 +322,16 @@ du_statement_txn(void *arg)
 	}
 	if (!du_lock_tables(st->write))
 		return false;
-	if (st->plan == &du_plan_rotate && !du_lock_stream_tables())
+	if ((st->plan == &du_plan_rotate || st->plan == &du_plan_move_on) &&
+		!du_lock_stream_tables())
 		return false;
 	/*
 	 * the coordinator holds no shard of a distributed outbox to purge, and a
 	 * distributed outbox has no streams (docs/citus.md)
 	 */
 	if ((st->plan == &du_plan_purge && OutboxCitusCoordinator()) ||
-		(st->plan == &du_plan_rotate && OutboxCitusDistributed()))
+		((st->plan == &du_plan_rotate || st->plan == &du_plan_move_on) &&
+		 OutboxCitusDistributed()))
 		return true;
 	st->result = du_exec_int(st->plan, st->sql, st->arg);
 	return true;
@@ -859,12 +865,19 @@ du_streams(OutboxTurn *turn)
 	return false;
 }
 
-/* rotate: one step of the stream log's rotation. */
+/*
+ * rotate: the partitions with nothing after their acked tick move on to
+ * the last tick (a transaction of its own: its row locks, which claims
+ * skip, are not held through the rotation's lock waits), then one step of
+ * the stream log's rotation.
+ */
 static bool
 du_rotate(OutboxTurn *turn)
 {
 	int32		n;
 
+	(void) du_run("outbox: moving the stream partitions on", &du_plan_move_on,
+				  "SELECT outbox._stream_move_on()", true, 0, &n);
 	(void) du_run("outbox: rotating the stream log", &du_plan_rotate,
 				  "SELECT outbox._stream_rotate($1)", true, 0, &n);
 	return false;

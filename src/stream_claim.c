@@ -32,10 +32,10 @@
  *	   empty (commands after a batch end capped by batch_size, or all
  *	   waiting) moves its acked tick on and is looked at again until it
  *	   reaches the last tick;
- *	4. nothing to claim: the partitions without a batch and without
- *	   commands since their acked tick move on to the last tick (one
- *	   statement; part_ticks and the last tick read in one snapshot, so a
- *	   partition moved on had no command in any tick up to that one).
+ *	4. nothing to claim: nothing else is written.  A partition that got
+ *	   no commands since its acked tick keeps it; the worker's rotation
+ *	   step moves such partitions on to the last tick
+ *	   (outbox._stream_rotate), and the lag view counts them caught up.
  *
  * Each step is one saved statement with generic plans (OutboxExecuteGeneric),
  * run from here rather than from a PL/pgSQL function: the function's own
@@ -255,26 +255,6 @@ static const char sc_lease_sql[] =
 " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
 "   AND p.part OPERATOR(pg_catalog.=) $2";
 
-/* Nothing to claim: $1 subscription, $2 stream_id. */
-static const char sc_move_on_sql[] =
-"WITH m AS ("
-"    SELECT pg_catalog.max(k.tick) AS t_max,"
-"           (SELECT t.part_ticks FROM outbox.streams t"
-"             WHERE t.stream_id OPERATOR(pg_catalog.=) $2) AS part_ticks"
-"      FROM outbox.stream_ticks k"
-"     WHERE k.stream_id OPERATOR(pg_catalog.=) $2),"
-" c AS ("
-"    SELECT p.part, m.t_max FROM outbox.stream_progress p CROSS JOIN m"
-"     WHERE p.subscription OPERATOR(pg_catalog.=) $1"
-"       AND p.batch_to IS NULL"
-"       AND p.acked_tick OPERATOR(pg_catalog.<) m.t_max"
-"       AND p.acked_tick OPERATOR(pg_catalog.>=) COALESCE(m.part_ticks[p.part OPERATOR(pg_catalog.+) 1], 0)"
-"       FOR UPDATE OF p SKIP LOCKED)"
-"UPDATE outbox.stream_progress p SET acked_tick = c.t_max"
-"  FROM c"
-" WHERE p.subscription OPERATOR(pg_catalog.=) $1"
-"   AND p.part OPERATOR(pg_catalog.=) c.part";
-
 /*
  * The descriptor of a batch's rows read from C (sc_read_range): the
  * columns of the statements' rows above.
@@ -385,7 +365,7 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 {
 	static SPIPlanPtr prologue_plan, expired_plan, cap_plan, takeover_plan,
 				takeover_retries_plan, takeover_rows_plan, pick_plan, park_plan, retries_plan,
-				rows_plan, skip_plan, lease_plan, move_on_plan;
+				rows_plan, skip_plan, lease_plan;
 	static const Oid prologue_types[4] = {TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID};
 	static const Oid expired_types[2] = {TEXTOID, TIMESTAMPTZOID};
 	static const Oid cap_types[4] = {TEXTOID, INT4OID, INT4OID, TIMESTAMPTZOID};
@@ -403,7 +383,6 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	static const Oid skip_types[3] = {TEXTOID, INT4OID, INT8OID};
 	static const Oid lease_types[10] = {TEXTOID, INT4OID, INT8OID, INT8OID, TEXTOID, OIDOID,
 	INT8OID, TIMESTAMPTZOID, INT4OID, INT4OID};
-	static const Oid move_on_types[2] = {TEXTOID, INT4OID};
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz until;
 	Interval	dflt;
@@ -625,10 +604,6 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		return;
 	}
 
-	/* 4. nothing to claim: the partitions without commands move on */
-	a[0] = PointerGetDatum(sub);
-	a[1] = Int32GetDatum(stream_id);
-	OutboxRunGeneric(&move_on_plan, sc_move_on_sql, 2, move_on_types, a,
-					 SPI_OK_UPDATE, "claim_batch");
+	/* 4. nothing to claim */
 	rows->n = 0;
 }

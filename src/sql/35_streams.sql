@@ -745,6 +745,46 @@ SELECT t.stream_id, p.part,
  GROUP BY t.stream_id, t.stream, p.part
 $$;
 
+-- The partitions without a batch that got no commands since their acked
+-- tick move on to their stream's last tick (the background worker, before
+-- each rotation step, in a transaction of its own; rotate_streams()).
+-- part_ticks and the last tick are read in one snapshot, so a partition
+-- moved on had no command in any tick up to that one.  A claim never
+-- waits for it: such a partition is not claimable, the lag view counts it
+-- caught up, and the move keeps the ticks the partitions still need few
+-- (the rotation removes the ticks older than every acked one).  Returns
+-- the number of partitions moved.
+CREATE FUNCTION @extschema@._stream_move_on()
+RETURNS pg_catalog.int4
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+WITH m AS (
+	SELECT t.stream, t.part_ticks,
+		   (SELECT pg_catalog.max(k.tick) FROM @extschema@.stream_ticks k
+			 WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id) AS t_max
+	  FROM @extschema@.streams t),
+ c AS (
+	SELECT p.subscription, p.part, m.t_max
+	  FROM @extschema@.stream_progress p
+	  JOIN @extschema@.subscriptions u ON u.subscription OPERATOR(pg_catalog.=) p.subscription
+	  JOIN m ON m.stream OPERATOR(pg_catalog.=) u.stream
+	 WHERE p.batch_to IS NULL
+	   AND p.acked_tick OPERATOR(pg_catalog.<) m.t_max
+	   AND p.acked_tick OPERATOR(pg_catalog.>=)
+		   COALESCE(m.part_ticks[p.part OPERATOR(pg_catalog.+) 1], 0)
+	   FOR UPDATE OF p SKIP LOCKED),
+ v AS (
+	UPDATE @extschema@.stream_progress p SET acked_tick = c.t_max
+	  FROM c
+	 WHERE p.subscription OPERATOR(pg_catalog.=) c.subscription
+	   AND p.part OPERATOR(pg_catalog.=) c.part
+	RETURNING 1)
+SELECT pg_catalog.count(*)::pg_catalog.int4 FROM v
+$$;
+COMMENT ON FUNCTION @extschema@._stream_move_on()
+	IS 'internal: move the stream partitions with nothing after their acked tick on to the last tick (the background worker calls it before each rotation step)';
+
 -- One step of the rotation; returns the number of commands that left the
 -- log.  Three log tables take the appends in turn (stream_rotation.current).
 -- The next one (which takes over at the next switch) is emptied once every
@@ -963,12 +1003,13 @@ $$;
 COMMENT ON FUNCTION @extschema@._stream_rotate(pg_catalog.int4)
 	IS 'internal: one step of the stream log''s rotation (the background worker calls it every outbox.naptime)';
 
--- Admin and tests: one step of the rotation now.
+-- Admin and tests: one step of the rotation now (with the partitions'
+-- move on first, as the worker does).
 CREATE FUNCTION @extschema@.rotate_streams()
 RETURNS pg_catalog.int4
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._stream_rotate(0) $$;
+AS $$ SELECT @extschema@._stream_move_on(); SELECT @extschema@._stream_rotate(0) $$;
 COMMENT ON FUNCTION @extschema@.rotate_streams()
 	IS 'one step of the stream log''s rotation now (the background worker runs it every outbox.naptime); returns the number of commands that left the log';
 
@@ -978,25 +1019,32 @@ COMMENT ON FUNCTION @extschema@.rotate_streams()
 -- stream's last tick that is (ticks, and the log ids between the two ticks:
 -- the commands of the whole stream decided in between, an estimate of the
 -- backlog that reads no log row), how long the oldest tick not acked has
--- waited, and how many commands it published.
+-- waited, and how many commands it published.  A partition without a batch
+-- and without commands after its acked tick (part_ticks) is caught up: it
+-- shows the last tick, as after the worker's move on (_stream_move_on).
 CREATE VIEW @extschema@.stream_lag AS
 SELECT u.stream::pg_catalog.text AS stream, p.subscription::pg_catalog.text AS subscription, p.part,
-	   p.acked_tick, lt.tick OPERATOR(pg_catalog.-) p.acked_tick AS ticks_behind,
+	   e.acked_tick, lt.tick OPERATOR(pg_catalog.-) e.acked_tick AS ticks_behind,
 	   GREATEST(lt.last_id OPERATOR(pg_catalog.-) at.last_id, 0) AS ids_behind,
-	   CASE WHEN lt.tick OPERATOR(pg_catalog.>) p.acked_tick
+	   CASE WHEN lt.tick OPERATOR(pg_catalog.>) e.acked_tick
 			THEN pg_catalog.now() OPERATOR(pg_catalog.-) nt.made_at END AS lag,
 	   p.batch_to IS NOT NULL AS batch_open, p.published, p.acked_at
   FROM @extschema@.stream_progress p
   JOIN @extschema@.subscriptions u ON u.subscription OPERATOR(pg_catalog.=) p.subscription
   JOIN @extschema@.streams t ON t.stream OPERATOR(pg_catalog.=) u.stream
-  LEFT JOIN @extschema@.stream_ticks at
-	ON at.stream_id OPERATOR(pg_catalog.=) t.stream_id AND at.tick OPERATOR(pg_catalog.=) p.acked_tick
-  LEFT JOIN @extschema@.stream_ticks nt
-	ON nt.stream_id OPERATOR(pg_catalog.=) t.stream_id
-   AND nt.tick OPERATOR(pg_catalog.=) (p.acked_tick OPERATOR(pg_catalog.+) 1)
   LEFT JOIN LATERAL (SELECT k.tick, k.last_id FROM @extschema@.stream_ticks k
 					  WHERE k.stream_id OPERATOR(pg_catalog.=) t.stream_id
-					  ORDER BY k.tick DESC LIMIT 1) lt ON true;
+					  ORDER BY k.tick DESC LIMIT 1) lt ON true
+  CROSS JOIN LATERAL (SELECT CASE WHEN p.batch_to IS NULL
+									AND p.acked_tick OPERATOR(pg_catalog.>=)
+										COALESCE(t.part_ticks[p.part OPERATOR(pg_catalog.+) 1], 0)
+							   THEN GREATEST(p.acked_tick, lt.tick)
+							   ELSE p.acked_tick END AS acked_tick) e
+  LEFT JOIN @extschema@.stream_ticks at
+	ON at.stream_id OPERATOR(pg_catalog.=) t.stream_id AND at.tick OPERATOR(pg_catalog.=) e.acked_tick
+  LEFT JOIN @extschema@.stream_ticks nt
+	ON nt.stream_id OPERATOR(pg_catalog.=) t.stream_id
+   AND nt.tick OPERATOR(pg_catalog.=) (e.acked_tick OPERATOR(pg_catalog.+) 1);
 COMMENT ON VIEW @extschema@.stream_lag
 	IS 'per stream subscription and partition: acked tick, ticks and log ids behind the last tick, age of the oldest tick not acked, commands published';
 
@@ -1037,6 +1085,7 @@ REVOKE ALL ON FUNCTION
 	@extschema@._stream_tick(pg_catalog.int4),
 	@extschema@.rotate_streams(),
 	@extschema@._stream_rotate(pg_catalog.int4),
+	@extschema@._stream_move_on(),
 	@extschema@._stream_purged(pg_catalog.text, pg_catalog.text),
 	@extschema@._stream_acked(),
 	@extschema@._stream_batch_rows(pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.int4, pg_catalog.pg_snapshot, pg_catalog.pg_snapshot, pg_catalog.int4),

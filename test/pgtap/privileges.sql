@@ -9,7 +9,7 @@
 -- with 42501 otherwise.  Every call runs in a subtransaction that is rolled
 -- back, so the calls do not disturb each other.
 BEGIN;
-SELECT plan(268);
+SELECT plan(270);
 
 -- Objects and who may use them.  Functions by signature (regprocedure),
 -- relations by name (SELECT is the only privilege ever granted on one),
@@ -184,6 +184,9 @@ INSERT INTO expected VALUES
 	('outbox._stream_rotate(integer)',
 	 'function', '{}', false,
 	 $$SELECT outbox._stream_rotate(0)$$),
+	('outbox._stream_move_on()',
+	 'function', '{}', false,
+	 $$SELECT outbox._stream_move_on()$$),
 	('outbox._stream_purged(text,text)',
 	 'function', '{}', false,
 	 $$SELECT count(*) FROM outbox._stream_purged('r', 'c')$$),

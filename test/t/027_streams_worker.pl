@@ -8,7 +8,8 @@
 # the stream) is ticked once the stream is free.  The
 # worker's rotation truncates a log table whose commands are done and past
 # retention, keeps a straggler of a subscription that is behind in
-# stream_kept, and the checks stay clean throughout.
+# stream_kept, and the checks stay clean throughout.  A partition that got
+# nothing is moved on to the last tick by the worker, not by a claim.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -147,6 +148,26 @@ SELECT count(*) = count(DISTINCT command_id) AS once,
 is($slow, 't|t|4', 'the slow subscription gets every command once, the kept ones too');
 is(sql(q{SELECT count(*) FROM outbox.conservation WHERE violations > 0 AND severity = 'error'}), '0',
 	'the conservation checks are clean at the end');
+
+# --- the worker moves the partitions that got nothing on to the last tick ----------
+# A claim that finds nothing writes nothing: after a batch of one partition,
+# fast's other partition keeps its acked tick, until the worker's move on
+# (before each rotation step, every naptime: 200 ms from here).
+for (1 .. 20) { last if deliver() eq ''; }
+sql(q{SELECT outbox.commit_decision('r-idle', 1, 'e', 'c-idle', 'k', '{}')});
+sql(q{SELECT outbox.tick_streams()});
+like(deliver(), qr/\bc-idle\b/, 'a command of one partition is delivered');
+is(deliver(), '', '... and the next claim finds nothing');
+my $behind = q{SELECT count(*) FROM outbox.stream_progress p
+ WHERE p.subscription = 'fast'
+   AND p.acked_tick < (SELECT max(k.tick) FROM outbox.stream_ticks k)};
+is(sql($behind), '1', 'the other partition keeps its acked tick');
+is(sql(q{SELECT count(*) FROM outbox.stream_lag WHERE subscription = 'fast' AND ticks_behind > 0}), '0',
+	'... and the lag view counts it caught up');
+$node->append_conf('postgresql.conf', "outbox.naptime = '200ms'\n");
+$node->reload;
+ok($node->poll_query_until('postgres', "SELECT ($behind) = 0"),
+	'the worker moves it on to the last tick');
 
 $listener->quit;
 $node->stop;
