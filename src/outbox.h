@@ -427,6 +427,14 @@ typedef struct OutboxLogRow
 	bool		isnull[7];
 } OutboxLogRow;
 
+/* A row of outbox.streams locked by the tick (OutboxLockStreams). */
+typedef struct OutboxLockedStream
+{
+	int32		stream_id;
+	int32		partitions;
+	Datum		part_ticks;		/* int8[], copied; (Datum) 0 when NULL */
+} OutboxLockedStream;
+
 typedef struct OutboxStreamLogs OutboxStreamLogs;
 
 extern OutboxStreamLogs *OutboxOpenStreamLogs(void);
@@ -442,6 +450,7 @@ extern bool OutboxStreamLastTick(int32 stream_id, int64 *tick, uint64 *xmax, uin
 								 int *nxip);
 extern void OutboxStreamBatchTicks(int32 stream_id, int64 acked, int64 cap,
 								   OutboxBatchTicks *t);
+extern OutboxLockedStream *OutboxLockStreams(int *nlocked, int *nall, int64 *base);
 
 /* bgw.c */
 struct BackgroundWorkerHandle;

@@ -341,9 +341,9 @@ st_snapshot_datum(Snapshot snap, int64 base)
  * stream_kept and truncates its table holds that table's ACCESS EXCLUSIVE
  * lock until it commits, and a snapshot taken before waiting for it would
  * see neither the copy nor the row (isolation spec
- * stream_tick_vs_truncate).  The streams' rows are locked by one
- * statement (SKIP LOCKED: a stream another transaction is ticking is
- * skipped); per stream, its last tick is read (a scan of the ticks'
+ * stream_tick_vs_truncate).  The streams' rows are locked from C
+ * (OutboxLockStreams, src/stream_log.c: as FOR UPDATE SKIP LOCKED, a
+ * stream another transaction is ticking is skipped); per stream, its last tick is read (a scan of the ticks'
  * primary key, OutboxStreamLastTick) in a snapshot taken after the lock
  * (no one else cuts one while the row is held), then, in one new
  * snapshot, an index probe per
@@ -363,19 +363,14 @@ st_snapshot_datum(Snapshot snap, int64 base)
 int32
 OutboxStreamTick(void)
 {
-	static SPIPlanPtr list_plan = NULL;
-	static SPIPlanPtr count_plan = NULL;
 	static SPIPlanPtr cut_plan = NULL;
 	static const Oid cut_types[4] = {INT4OID, INT8OID, PG_SNAPSHOTOID, INT8ARRAYOID};
 	int			nstreams;
-	int64		base = 0;
-	int32	   *ids;
-	int32	   *nparts;
-	Datum	   *part_ticks;
-	bool	   *no_ticks;
+	int			nall;
+	int64		base;
+	OutboxLockedStream *streams;
 	OutboxStreamLogs *logs;
 	int32		n = 0;
-	bool		skipped = false;
 	int			s;
 
 	/* the log tables' locks before any of the tick's snapshots */
@@ -384,47 +379,11 @@ OutboxStreamTick(void)
 	 * the streams' rows: a subscription being created waits (and the other
 	 * way round); skip a stream someone else is ticking
 	 */
-	OutboxRunGeneric(&list_plan,
-					 "SELECT t.stream_id, t.partitions,"
-					 "       (SELECT r.xid_base FROM outbox.stream_rotation r),"
-					 "       (SELECT pg_catalog.count(*)::pg_catalog.int4 FROM outbox.streams),"
-					 "       t.part_ticks"
-					 "  FROM outbox.streams t ORDER BY t.stream_id"
-					 "   FOR UPDATE OF t SKIP LOCKED",
-					 0, NULL, NULL, SPI_OK_SELECT, "the streams' tick");
-	nstreams = (int) SPI_processed;
+	streams = OutboxLockStreams(&nstreams, &nall, &base);
 	if (nstreams == 0)
 	{
-		bool		isnull;
-
-		/* (the count: with no row locked, a one-row statement says it) */
-		OutboxRunGeneric(&count_plan,
-						 "SELECT pg_catalog.count(*)::pg_catalog.int4 FROM outbox.streams",
-						 0, NULL, NULL, SPI_OK_SELECT, "the streams' tick");
 		OutboxCloseStreamLogs(logs);
-		if (DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
-										&isnull)) == 0)
-			return -1;
-		return -2;
-	}
-	ids = palloc(sizeof(int32) * nstreams);
-	nparts = palloc(sizeof(int32) * nstreams);
-	part_ticks = palloc(sizeof(Datum) * nstreams);
-	no_ticks = palloc(sizeof(bool) * nstreams);
-	for (s = 0; s < nstreams; s++)
-	{
-		bool		isnull;
-		HeapTuple	row = SPI_tuptable->vals[s];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-
-		ids[s] = DatumGetInt32(SPI_getbinval(row, desc, 1, &isnull));
-		nparts[s] = DatumGetInt32(SPI_getbinval(row, desc, 2, &isnull));
-		base = DatumGetInt64(SPI_getbinval(row, desc, 3, &isnull));
-		if (isnull)
-			elog(ERROR, "outbox: outbox.stream_rotation has no row");
-		skipped = DatumGetInt32(SPI_getbinval(row, desc, 4, &isnull)) > nstreams;
-		/* (the row is locked: this is its latest part_ticks) */
-		part_ticks[s] = SPI_getbinval(row, desc, 5, &no_ticks[s]);
+		return nall == 0 ? -1 : -2;
 	}
 	for (s = 0; s < nstreams; s++)
 	{
@@ -439,9 +398,9 @@ OutboxStreamTick(void)
 		int32		p;
 
 		/* the last tick, in a snapshot taken after the lock */
-		if (!OutboxStreamLastTick(ids[s], &last_tick, &last_xmax, &xip, &nxip))
+		if (!OutboxStreamLastTick(streams[s].stream_id, &last_tick, &last_xmax, &xip, &nxip))
 			continue;
-		args[0] = Int32GetDatum(ids[s]);
+		args[0] = Int32GetDatum(streams[s].stream_id);
 
 		/* the probes and the tick, in one snapshot */
 		snap = RegisterSnapshot(GetTransactionSnapshot());
@@ -451,28 +410,28 @@ OutboxStreamTick(void)
 		 * partitions it gives commands, the last one with commands (0 for
 		 * none) for the others
 		 */
-		ticks = palloc(sizeof(Datum) * Max(nparts[s], 1));
-		for (p = 0; p < nparts[s]; p++)
+		ticks = palloc(sizeof(Datum) * Max(streams[s].partitions, 1));
+		for (p = 0; p < streams[s].partitions; p++)
 			ticks[p] = Int64GetDatum(0);
-		if (!no_ticks[s])
+		if (streams[s].part_ticks != (Datum) 0)
 		{
 			Datum	   *old;
 			bool	   *oldnull;
 			int			nold;
 
-			deconstruct_array(DatumGetArrayTypeP(part_ticks[s]), INT8OID, sizeof(int64),
+			deconstruct_array(DatumGetArrayTypeP(streams[s].part_ticks), INT8OID, sizeof(int64),
 							  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &old, &oldnull, &nold);
-			for (p = 0; p < nparts[s] && p < nold; p++)
+			for (p = 0; p < streams[s].partitions && p < nold; p++)
 				if (!oldnull[p])
 					ticks[p] = old[p];
 		}
-		for (p = 0; p < nparts[s]; p++)
+		for (p = 0; p < streams[s].partitions; p++)
 		{
-			bool		has = OutboxLogPartHas(logs, ids[s], p, last_xmax, false);
+			bool		has = OutboxLogPartHas(logs, streams[s].stream_id, p, last_xmax, false);
 			int			x;
 
 			for (x = 0; !has && x < nxip; x++)
-				has = OutboxLogPartHas(logs, ids[s], p, xip[x], true);
+				has = OutboxLogPartHas(logs, streams[s].stream_id, p, xip[x], true);
 			if (has)
 			{
 				ticks[p] = Int64GetDatum(last_tick + 1);
@@ -487,7 +446,7 @@ OutboxStreamTick(void)
 		}
 		args[1] = Int64GetDatum(last_tick + 1);
 		args[2] = PointerGetDatum(st_snapshot_datum(snap, base));
-		args[3] = PointerGetDatum(construct_array(ticks, nparts[s], INT8OID, sizeof(int64),
+		args[3] = PointerGetDatum(construct_array(ticks, streams[s].partitions, INT8OID, sizeof(int64),
 												  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 		UnregisterSnapshot(snap);
 		/* the tick, and the partitions it gave commands */
@@ -501,7 +460,7 @@ OutboxStreamTick(void)
 		n += (int32) SPI_processed;
 	}
 	OutboxCloseStreamLogs(logs);
-	return skipped ? -2 - n : n;
+	return nall > nstreams ? -2 - n : n;
 }
 
 /*

@@ -5,7 +5,7 @@
  *		tables' batch indexes (the tick's probes, src/stream.c, and the
  *		read of a batch, src/stream_claim.c, with the failures' primary
  *		key) and the ticks' primary key (the last tick, and the ticks of
- *		a new batch).
+ *		a new batch); and the tick's lock of the streams' rows.
  *
  * A statement over the four log tables (outbox._stream_log) starts a plan
  * of four index scans, an append and a sort each time it runs, which costs
@@ -23,7 +23,9 @@
  * (55000): it could lack rows.
  *
  * Locking: AccessShareLock on the log tables, stream_ticks,
- * stream_failures and their indexes, held to the end of the transaction.
+ * stream_failures, stream_rotation and their indexes; RowShareLock on
+ * streams and the tuple locks of its rows (OutboxLockStreams); all held to
+ * the end of the transaction.
  *
  *-------------------------------------------------------------------------
  */
@@ -32,7 +34,9 @@
 #include "access/genam.h"
 #include "access/stratnum.h"
 #include "access/table.h"
+#include "access/tableam.h"
 #include "access/transam.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_index.h"
 #include "executor/tuptable.h"
@@ -511,4 +515,124 @@ OutboxStreamBatchTicks(int32 stream_id, int64 acked, int64 cap, OutboxBatchTicks
 				(errcode(ERRCODE_DATA_CORRUPTED),
 				 errmsg("tick " INT64_FORMAT " of stream %d is missing", acked, stream_id),
 				 errdetail("A partition of a subscription of the stream has acked that tick; the ticks a subscription still needs are never removed by the extension.")));
+}
+
+/* For qsort: locked streams by stream_id. */
+static int
+sl_cmp_stream(const void *a, const void *b)
+{
+	int32		x = ((const OutboxLockedStream *) a)->stream_id;
+	int32		y = ((const OutboxLockedStream *) b)->stream_id;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * The tick's lock of the streams, as SELECT ... FROM outbox.streams FOR
+ * UPDATE SKIP LOCKED does it: in a snapshot taken now, each row's latest
+ * version is locked (FOR UPDATE's tuple lock), unless another transaction
+ * holds a lock on it (skipped) or it is gone.  Returns the rows locked, in
+ * stream_id order (*nlocked of them), the number of streams the snapshot
+ * sees (*nall: more than *nlocked when one was skipped) and
+ * outbox.stream_rotation's xid_base (read only when a row is locked).  In
+ * a transaction that reads one snapshot (REPEATABLE READ, SERIALIZABLE),
+ * a row changed since that snapshot is a serialization failure (40001), as
+ * with the statement.
+ *
+ * Locking: RowShareLock on outbox.streams and the rows' tuple locks,
+ * AccessShareLock on outbox.stream_rotation, to the end of the transaction.
+ */
+OutboxLockedStream *
+OutboxLockStreams(int *nlocked, int *nall, int64 *base)
+{
+	Oid			nsp = get_namespace_oid("outbox", false);
+	Oid			relid = get_relname_relid("streams", nsp);
+	Relation	rel;
+	Snapshot	snap;
+	TableScanDesc scan;
+	TupleTableSlot *slot;
+	TupleTableSlot *locked;
+	AttrNumber	at_id;
+	AttrNumber	at_parts;
+	AttrNumber	at_ticks;
+	CommandId	cid = GetCurrentCommandId(true);
+	uint8		flags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	OutboxLockedStream *out;
+	int			cap = 8;
+	int			n = 0;
+
+	if (!OidIsValid(relid))
+		elog(ERROR, "outbox: the table outbox.streams is missing");
+	rel = table_open(relid, RowShareLock);
+	at_id = sl_attnum(rel, "stream_id");
+	at_parts = sl_attnum(rel, "partitions");
+	at_ticks = sl_attnum(rel, "part_ticks");
+	out = palloc(sizeof(OutboxLockedStream) * cap);
+	*nall = 0;
+	snap = RegisterSnapshot(GetTransactionSnapshot());
+	scan = table_beginscan(rel, snap, 0, NULL);
+	slot = table_slot_create(rel, NULL);
+	locked = table_slot_create(rel, NULL);
+	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+	{
+		TM_FailureData tmfd;
+		TM_Result	r;
+		bool		isnull;
+		Datum		ticks;
+
+		(*nall)++;
+		r = table_tuple_lock(rel, &slot->tts_tid, snap, locked, cid, LockTupleExclusive,
+							 LockWaitSkip, flags, &tmfd);
+		if ((r == TM_Updated || r == TM_Deleted) && IsolationUsesXactSnapshot())
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent %s",
+							r == TM_Updated ? "update" : "delete")));
+		if (r == TM_WouldBlock || r == TM_Deleted || r == TM_SelfModified)
+			continue;			/* held by another, gone, or changed by us */
+		if (r != TM_Ok)
+			elog(ERROR, "outbox: unexpected result %d locking a row of outbox.streams", (int) r);
+		if (n == cap)
+		{
+			cap *= 2;
+			out = repalloc(out, sizeof(OutboxLockedStream) * cap);
+		}
+		out[n].stream_id = DatumGetInt32(slot_getattr(locked, at_id, &isnull));
+		out[n].partitions = DatumGetInt32(slot_getattr(locked, at_parts, &isnull));
+		ticks = slot_getattr(locked, at_ticks, &isnull);
+		out[n].part_ticks = isnull ? (Datum) 0 : PointerGetDatum(PG_DETOAST_DATUM_COPY(ticks));
+		n++;
+	}
+	ExecDropSingleTupleTableSlot(locked);
+	ExecDropSingleTupleTableSlot(slot);
+	table_endscan(scan);
+	table_close(rel, NoLock);
+	*base = 0;
+	if (n > 0)
+	{
+		Oid			rot_id = get_relname_relid("stream_rotation", nsp);
+		Relation	rot;
+		TableScanDesc rscan;
+		TupleTableSlot *rslot;
+		bool		found;
+		bool		isnull;
+
+		if (!OidIsValid(rot_id))
+			elog(ERROR, "outbox: the table outbox.stream_rotation is missing");
+		rot = table_open(rot_id, AccessShareLock);
+		rscan = table_beginscan(rot, snap, 0, NULL);
+		rslot = table_slot_create(rot, NULL);
+		found = table_scan_getnextslot(rscan, ForwardScanDirection, rslot);
+		if (found)
+			*base = DatumGetInt64(slot_getattr(rslot, sl_attnum(rot, "xid_base"), &isnull));
+		ExecDropSingleTupleTableSlot(rslot);
+		table_endscan(rscan);
+		table_close(rot, NoLock);
+		if (!found)
+			elog(ERROR, "outbox: outbox.stream_rotation has no row");
+		qsort(out, n, sizeof(OutboxLockedStream), sl_cmp_stream);
+	}
+	UnregisterSnapshot(snap);
+	*nlocked = n;
+	return out;
 }

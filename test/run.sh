@@ -112,6 +112,7 @@ outbox.databases = 'postgres'" >"$WORK/server-start.log" 2>&1; then
 # Run a make target in the copy against the test server; output in $OUT.
 make_on_server() {
 	OUT=$(as_pg "cd '$WORK/src' && $MAKE_ENV PGHOST='$SERVER_DATA' PGPORT=$SERVER_PORT make $*" 2>&1)
+	MAKE_RC=$?
 }
 
 # deps: find the Debian package of each program, header and Perl module the
@@ -180,9 +181,12 @@ run_deps() {
 }
 
 # regress and isolation: make installcheck with only that suite; diffs of
-# failures are shown.
+# failures are shown.  Every test of the suite ($4: its files) must report
+# ok: one that reported nothing (a missing expected file stops the suite
+# there) counts as failed, and so does a make that failed.
 run_installcheck() {
-	local layer=$1 vars=$2 diffs=$3 p f
+	local layer=$1 vars=$2 diffs=$3 want p f
+	want=$(ls $4 2>/dev/null | wc -l)
 	server || { record "$layer" 0 1; return; }
 	make_on_server installcheck "$vars"
 	echo "$OUT" | grep -E '\.\.\. '
@@ -191,7 +195,12 @@ run_installcheck() {
 	if [ "$f" -gt 0 ] && [ -f "$diffs" ]; then
 		head -200 "$diffs"
 	fi
-	if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then
+	if [ $((p + f)) -lt "$want" ]; then
+		echo "$layer: $((want - p - f)) of $want tests reported no result"
+		echo "$OUT" | tail -20
+		f=$((want - p))
+	elif [ "$MAKE_RC" -ne 0 ] && [ "$f" -eq 0 ]; then
+		echo "$layer: make installcheck failed"
 		echo "$OUT" | tail -20
 		f=1
 	fi
@@ -592,8 +601,9 @@ for layer in "${LAYERS[@]}"; do
 	echo "== $layer"
 	case "$layer" in
 		deps) run_deps ;;
-		regress) run_installcheck regress ISOLATION= "$WORK/src/regression.diffs" ;;
-		isolation) run_installcheck isolation REGRESS= "$WORK/src/test/isolation/output_iso/regression.diffs" ;;
+		regress) run_installcheck regress ISOLATION= "$WORK/src/regression.diffs" "$WORK/src/sql/*.sql" ;;
+		isolation) run_installcheck isolation REGRESS= "$WORK/src/test/isolation/output_iso/regression.diffs" \
+			"$WORK/src/test/isolation/specs/*.spec" ;;
 		pgtap) run_pgtap ;;
 		tap) run_tap ;;
 		citus) run_citus ;;
