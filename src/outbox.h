@@ -179,6 +179,8 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint32 idle_pid;	/* the process of the claims that found
 								 * nothing since the last notification (0:
 								 * none, OUTBOX_IDLE_MANY: more than one) */
+	pg_atomic_uint32 tick_seq;	/* committed ticks cut by claims, counted
+								 * (OUTBOX_DUE_TICKED) */
 	int			naptime_ms;		/* the worker's current outbox.naptime */
 	TimestampTz started_at;
 	TimestampTz last_run;
@@ -367,6 +369,8 @@ extern void OutboxCountAtCommit(OutboxCounter c, int64 n);
 #define OUTBOX_DUE_NOW			0x02	/* made a command claimable now */
 #define OUTBOX_DUE_STREAM		0x04	/* appended to a stream's log */
 #define OUTBOX_DUE_RELEASE		0x08	/* released an ordering key's next command */
+#define OUTBOX_DUE_TICKED		0x10	/* a claim cut a stream's tick: the
+										 * publishers waiting are told */
 extern void OutboxDueAtCommit(int what);
 extern void OutboxCountNow(OutboxCounter c, int64 n);
 extern void OutboxRequestWorkerAtCommit(void);
@@ -388,6 +392,8 @@ extern void OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *l
 							  Oid caller, int64 nonce, int64 *since, OutboxBatchRows *rows);
 #define OUTBOX_IDLE_MANY PG_UINT32_MAX
 extern void OutboxNoteIdleClaim(void);
+extern uint32 OutboxTickSeq(void);
+extern void OutboxNoteIdleBatchClaim(uint32 tick_seq);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);
 

@@ -27,7 +27,10 @@
  * release of the next command of an ordering key, requeue and resolve as
  * retry made a command claimable now (OUTBOX_DUE_NOW); an append to a
  * stream's log (OUTBOX_DUE_STREAM) raises the slot's stream_pending, so
- * that the worker cuts a tick at its wake-up.  If the committed transaction enqueued
+ * that the worker cuts a tick at its wake-up; a tick a claim cut
+ * (OUTBOX_DUE_TICKED) is counted in the slot's tick_seq and announced as
+ * OUTBOX_DUE_NOW only when a publisher other than the claim's waits
+ * (idle_pid, below).  If the committed transaction enqueued
  * commands or made one claimable now, the callback also sets wake_pending
  * in the database's worker slot and sets the worker's latch; if it counted
  * anything or changed when a command is due, and began before the slot's
@@ -213,6 +216,7 @@ ob_shmem_startup(void)
 			pg_atomic_init_u64(&OutboxShared->slots[i].look_mark, 0);
 			pg_atomic_init_u64(&OutboxShared->slots[i].idle_at, 0);
 			pg_atomic_init_u32(&OutboxShared->slots[i].idle_pid, 0);
+			pg_atomic_init_u32(&OutboxShared->slots[i].tick_seq, 0);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -397,6 +401,22 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		 * awake and sees the stream's flag) also sees the wake-up, and
 		 * sends it with the tick rather than in a second notification.
 		 */
+		/*
+		 * A tick a claim cut (claim_batch): counted first (a claim that
+		 * began before and finds nothing sees the count move, below
+		 * OutboxNoteIdleBatchClaim), then announced only if a publisher
+		 * other than this one waits: a busy publisher claims again after
+		 * its batch anyway, and this one is claiming.
+		 */
+		if ((due & OUTBOX_DUE_TICKED) != 0)
+		{
+			uint32		idle;
+
+			pg_atomic_fetch_add_u32(&slot->tick_seq, 1);
+			idle = pg_atomic_read_u32(&slot->idle_pid);
+			if (idle != 0 && idle != (uint32) MyProcPid)
+				due |= OUTBOX_DUE_NOW;
+		}
 		if ((counts[OBC_ENQUEUED] > 0 || (due & OUTBOX_DUE_NOW) != 0) &&
 			pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
 			wake = true;
@@ -499,6 +519,47 @@ OutboxNoteIdleClaim(void)
 }
 
 /*
+ * The count of committed ticks that claims cut in this database (0 without
+ * a worker slot): claim_batch reads it before any snapshot, for
+ * OutboxNoteIdleBatchClaim.
+ */
+uint32
+OutboxTickSeq(void)
+{
+	OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
+	uint32		seq;
+
+	if (slot == NULL)
+		return 0;
+	seq = pg_atomic_read_u32(&slot->tick_seq);
+	pg_memory_barrier();
+	return seq;
+}
+
+/*
+ * A claim_batch that found nothing (OutboxNoteIdleClaim): its publisher
+ * waits.  A tick another claim cut and committed after this claim began
+ * (tick_seq: OutboxTickSeq then) may be one this claim's snapshots did not
+ * see, and its commit may have looked for waiting publishers before this
+ * one was recorded (ob_publish): then this claim's own commit wakes the
+ * worker, whose notification makes the publisher claim again.  (The count
+ * is raised before the waiting publishers are read, and this publisher is
+ * recorded before the count is read: one of the two sees the other.)
+ */
+void
+OutboxNoteIdleBatchClaim(uint32 tick_seq)
+{
+	OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
+
+	OutboxNoteIdleClaim();
+	if (slot == NULL)
+		return;
+	pg_memory_barrier();
+	if (pg_atomic_read_u32(&slot->tick_seq) != tick_seq)
+		OutboxDueAtCommit(OUTBOX_DUE_NOW);
+}
+
+/*
  * Keep what a transaction being prepared would publish, under its xid,
  * until it is finished.  When no entry is free (cannot happen: there is one
  * per possible prepared transaction) it is published at once, as if
@@ -511,6 +572,9 @@ ob_keep_prepared(const int64 *counts, int due, bool request_worker)
 	OutboxPrepared *e = NULL;
 	int			i;
 
+	/* (another process finishes it: a tick it cut is announced) */
+	if ((due & OUTBOX_DUE_TICKED) != 0)
+		due |= OUTBOX_DUE_NOW;
 	if (TransactionIdIsValid(xid))
 	{
 		LWLockAcquire(OutboxShared->lock, LW_EXCLUSIVE);

@@ -537,6 +537,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	uint64		i;
 	bool		may_tick;
 	bool		ticked = false;
+	uint32		tick_seq = OutboxTickSeq();
 
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 	/* this claim's own value, so that its token is no other claim's */
@@ -561,13 +562,14 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	 * the worker to cut it (at most one per outbox.notify_interval while the
 	 * publishers are busy) and a busy publisher to claim without what
 	 * committed while it delivered: its claim takes all of it, as on the
-	 * row path.  The other publishers are told at commit (OUTBOX_DUE_NOW),
-	 * as after a decision; a tick that is rolled back goes back to the
-	 * worker (OutboxTakeStreamTick).
+	 * row path.  The other publishers that wait are told at commit
+	 * (OUTBOX_DUE_TICKED: when a publisher other than this one waits, as
+	 * after a decision; a busy one claims again after its batch); a tick
+	 * that is rolled back goes back to the worker (OutboxTakeStreamTick).
 	 */
 	if (may_tick && OutboxTakeStreamTick() && st_tick() > 0)
 	{
-		OutboxDueAtCommit(OUTBOX_DUE_NOW);
+		OutboxDueAtCommit(OUTBOX_DUE_TICKED);
 		ticked = true;
 	}
 	/* (the token's lease key may be read by SPI: the result is kept) */
@@ -580,7 +582,7 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 	if (rows.n == 0 && may_tick && OutboxTakeStreamTick() && st_tick() > 0)
 	{
 		if (!ticked)
-			OutboxDueAtCommit(OUTBOX_DUE_NOW);
+			OutboxDueAtCommit(OUTBOX_DUE_TICKED);
 		OutboxStreamClaim(stream, sub, worker, lease, caller, (int64) nonce, &since, &rows);
 	}
 	for (i = 0; i < rows.n; i++)
@@ -606,9 +608,12 @@ st_claim_batch(FunctionCallInfo fcinfo, Oid caller)
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, isnull);
 	}
 	SPI_finish();
-	/* nothing to do: a publisher waits for the next notification */
+	/*
+	 * nothing to do: a publisher waits for the next notification (and is
+	 * sent one if a tick another claim cut committed meanwhile)
+	 */
 	if (rows.n == 0)
-		OutboxNoteIdleClaim();
+		OutboxNoteIdleBatchClaim(tick_seq);
 	return (Datum) 0;
 }
 

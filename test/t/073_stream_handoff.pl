@@ -7,7 +7,8 @@
 # and announces it again: two notifications.  With two publishers waiting
 # (claims from two processes) the worker cuts the tick first and
 # notifies once, from the tick's transaction, so that both find it.  A
-# claim after either gets the command.  outbox.stats.wakeups counts the
+# claim after either gets the command.  A claim that cuts the tick while
+# the one waiting was told sends no second notification.  outbox.stats.wakeups counts the
 # notifications; the nap is a minute, so nothing else sends one.
 use strict;
 use warnings;
@@ -92,6 +93,25 @@ wait_ticked();
 is(wakeups() - $w0, 1,
 	'two publishers waiting: the worker cut the tick first and notified once');
 is(claim_ack('w2'), '1', 'the command is published');
+
+# One publisher waiting, and another process commits and claims at once:
+# the worker notifies the waiting one first, the other's claim cuts the
+# tick and takes the command, and its commit sends no second notification
+# (the one waiting was told; the claimer is claiming).
+my $waiting = $node->background_psql('postgres');
+$waiting->query_safe(q{SELECT count(*) FROM outbox.claim_batch('s', 'sub', 'w3')});
+my $busy = $node->background_psql('postgres');
+$w0 = wakeups();
+$seq++;
+my $got = $busy->query_safe(qq{
+BEGIN; SELECT outbox.commit_decision('r', $seq, 'e', 'c$seq', 'k', '{}'); COMMIT;
+SELECT count(*) AS claimed FROM outbox.claim_batch('s', 'sub', 'w4');});
+like($got, qr/(^|\n)1$/, 'the claim right after the commit takes the command');
+wait_ticked();
+is(wakeups() - $w0, 1,
+	'one publisher waiting, another claims at once: one notification, none for the claim\'s tick');
+$waiting->quit;
+$busy->quit;
 is(sql(q{SELECT outbox.verify()}), '', 'verify() passes');
 
 done_testing();
