@@ -167,6 +167,7 @@ static SPIPlanPtr du_plan_purge = NULL;
 static SPIPlanPtr du_plan_tick = NULL;
 static SPIPlanPtr du_plan_rotate = NULL;
 static SPIPlanPtr du_plan_move_on = NULL;
+static FullTransactionId du_move_on_fxid;	/* the transaction of the last move on */
 static SPIPlanPtr du_plan_due = NULL;
 static SPIPlanPtr du_plan_prepared = NULL;
 static SPIPlanPtr du_plan_check = NULL;
@@ -334,6 +335,8 @@ du_statement_txn(void *arg)
 		 OutboxCitusDistributed()))
 		return true;
 	st->result = du_exec_int(st->plan, st->sql, st->arg);
+	if (st->plan == &du_plan_move_on)
+		du_move_on_fxid = GetTopFullTransactionIdIfAny();
 	return true;
 }
 
@@ -869,15 +872,18 @@ du_streams(OutboxTurn *turn)
  * rotate: the partitions with nothing after their acked tick move on to
  * the last tick (a transaction of its own: its row locks, which claims
  * skip, are not held through the rotation's lock waits), then one step of
- * the stream log's rotation.
+ * the stream log's rotation.  A claim that skipped a partition the move
+ * held may have found nothing: once the move is committed, it is recorded
+ * and the waiting publishers are notified (OutboxTickCommitted).
  */
 static bool
 du_rotate(OutboxTurn *turn)
 {
 	int32		n;
 
-	(void) du_run("outbox: moving the stream partitions on", &du_plan_move_on,
-				  "SELECT outbox._stream_move_on()", true, 0, &n);
+	if (du_run("outbox: moving the stream partitions on", &du_plan_move_on,
+			   "SELECT outbox._stream_move_on()", true, 0, &n) && n > 0)
+		OutboxTickCommitted(MyOutboxSlot, du_move_on_fxid, true);
 	(void) du_run("outbox: rotating the stream log", &du_plan_rotate,
 				  "SELECT outbox._stream_rotate($1)", true, 0, &n);
 	return false;

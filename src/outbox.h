@@ -179,8 +179,11 @@ typedef struct OutboxWorkerSlot
 	pg_atomic_uint32 idle_pid;	/* the process of the claims that found
 								 * nothing since the last notification (0:
 								 * none, OUTBOX_IDLE_MANY: more than one) */
-	pg_atomic_uint32 tick_seq;	/* committed ticks cut by claims, counted
-								 * (OUTBOX_DUE_TICKED) */
+	pg_atomic_uint32 tick_seq;	/* committed changes that can make a batch
+								 * claimable without a notification: ticks
+								 * cut by claims (OUTBOX_DUE_TICKED), the
+								 * worker's move on; counted */
+	pg_atomic_uint64 tick_fxid; /* the transaction of the last of them */
 	int			naptime_ms;		/* the worker's current outbox.naptime */
 	TimestampTz started_at;
 	TimestampTz last_run;
@@ -393,6 +396,7 @@ extern void OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *l
 #define OUTBOX_IDLE_MANY PG_UINT32_MAX
 extern void OutboxNoteIdleClaim(void);
 extern uint32 OutboxTickSeq(void);
+extern void OutboxTickCommitted(OutboxWorkerSlot *slot, FullTransactionId fxid, bool announce);
 extern void OutboxNoteIdleBatchClaim(uint32 tick_seq);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);

@@ -217,6 +217,7 @@ ob_shmem_startup(void)
 			pg_atomic_init_u64(&OutboxShared->slots[i].idle_at, 0);
 			pg_atomic_init_u32(&OutboxShared->slots[i].idle_pid, 0);
 			pg_atomic_init_u32(&OutboxShared->slots[i].tick_seq, 0);
+			pg_atomic_init_u64(&OutboxShared->slots[i].tick_fxid, 0);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -409,14 +410,7 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		 * its batch anyway, and this one is claiming.
 		 */
 		if ((due & OUTBOX_DUE_TICKED) != 0)
-		{
-			uint32		idle;
-
-			pg_atomic_fetch_add_u32(&slot->tick_seq, 1);
-			idle = pg_atomic_read_u32(&slot->idle_pid);
-			if (idle != 0 && idle != (uint32) MyProcPid)
-				due |= OUTBOX_DUE_NOW;
-		}
+			OutboxTickCommitted(slot, GetTopFullTransactionIdIfAny(), false);
 		if ((counts[OBC_ENQUEUED] > 0 || (due & OUTBOX_DUE_NOW) != 0) &&
 			pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
 			wake = true;
@@ -519,6 +513,33 @@ OutboxNoteIdleClaim(void)
 }
 
 /*
+ * A committed change that can make a batch claimable and sends no
+ * notification of its own (a tick a claim cut, the worker's move on):
+ * recorded (tick_seq, tick_fxid, see OutboxNoteIdleBatchClaim), then, if a
+ * publisher waits (idle_pid) that is not this process (or announce), the
+ * worker is woken to notify.  The record comes first and the waiting
+ * publishers are read after it: a claim that records itself waiting after
+ * that read sees the record.
+ */
+void
+OutboxTickCommitted(OutboxWorkerSlot *slot, FullTransactionId fxid, bool announce)
+{
+	uint32		idle;
+
+	pg_atomic_write_u64(&slot->tick_fxid, U64FromFullTransactionId(fxid));
+	pg_atomic_fetch_add_u32(&slot->tick_seq, 1);
+	idle = pg_atomic_read_u32(&slot->idle_pid);
+	if (idle != 0 && (announce || idle != (uint32) MyProcPid) &&
+		pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
+	{
+		Latch	   *latch = slot->latch;
+
+		if (latch != NULL)
+			SetLatch(latch);
+	}
+}
+
+/*
  * The count of committed ticks that claims cut in this database (0 without
  * a worker slot): claim_batch reads it before any snapshot, for
  * OutboxNoteIdleBatchClaim.
@@ -538,25 +559,45 @@ OutboxTickSeq(void)
 
 /*
  * A claim_batch that found nothing (OutboxNoteIdleClaim): its publisher
- * waits.  A tick another claim cut and committed after this claim began
+ * waits.  A change recorded by OutboxTickCommitted after this claim began
  * (tick_seq: OutboxTickSeq then) may be one this claim's snapshots did not
- * see, and its commit may have looked for waiting publishers before this
- * one was recorded (ob_publish): then this claim's own commit wakes the
- * worker, whose notification makes the publisher claim again.  (The count
- * is raised before the waiting publishers are read, and this publisher is
- * recorded before the count is read: one of the two sees the other.)
+ * see, and it may have looked for waiting publishers before this one was
+ * recorded: then the worker is woken now, and its notification makes the
+ * publisher claim again.  In a transaction that reads one snapshot
+ * (REPEATABLE READ, SERIALIZABLE) that snapshot may be older than the
+ * claim: there the last change's transaction (tick_fxid) not being
+ * visible in it says the same.  (The record is written before the waiting
+ * publishers are read, and this publisher is recorded before the record is
+ * read: one of the two sees the other.)
  */
 void
 OutboxNoteIdleBatchClaim(uint32 tick_seq)
 {
 	OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
+	bool		missed;
 
 	OutboxNoteIdleClaim();
 	if (slot == NULL)
 		return;
 	pg_memory_barrier();
-	if (pg_atomic_read_u32(&slot->tick_seq) != tick_seq)
-		OutboxDueAtCommit(OUTBOX_DUE_NOW);
+	missed = pg_atomic_read_u32(&slot->tick_seq) != tick_seq;
+	if (!missed && IsolationUsesXactSnapshot())
+	{
+		uint64		fx = pg_atomic_read_u64(&slot->tick_fxid);
+		uint64		next = U64FromFullTransactionId(ReadNextFullTransactionId());
+
+		/* (one older than 2^31 transactions is long visible) */
+		missed = fx != 0 && next - fx < ((uint64) 1 << 31) &&
+			XidInMVCCSnapshot(XidFromFullTransactionId(FullTransactionIdFromU64(fx)),
+							  GetTransactionSnapshot());
+	}
+	if (missed && pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
+	{
+		Latch	   *latch = slot->latch;
+
+		if (latch != NULL)
+			SetLatch(latch);
+	}
 }
 
 /*

@@ -569,6 +569,8 @@ OutboxLockStreams(int *nlocked, int *nall, int64 *base)
 	at_ticks = sl_attnum(rel, "part_ticks");
 	out = palloc(sizeof(OutboxLockedStream) * cap);
 	*nall = 0;
+	/* (as SPI does before a statement: see what this transaction did) */
+	CommandCounterIncrement();
 	snap = RegisterSnapshot(GetTransactionSnapshot());
 	scan = table_beginscan(rel, snap, 0, NULL);
 	slot = table_slot_create(rel, NULL);
@@ -586,8 +588,7 @@ OutboxLockStreams(int *nlocked, int *nall, int64 *base)
 		if ((r == TM_Updated || r == TM_Deleted) && IsolationUsesXactSnapshot())
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not serialize access due to concurrent %s",
-							r == TM_Updated ? "update" : "delete")));
+					 errmsg("could not serialize access due to concurrent update")));
 		if (r == TM_WouldBlock || r == TM_Deleted || r == TM_SelfModified)
 			continue;			/* held by another, gone, or changed by us */
 		if (r != TM_Ok)

@@ -747,7 +747,8 @@ $$;
 
 -- The partitions without a batch that got no commands since their acked
 -- tick move on to their stream's last tick (the background worker, before
--- each rotation step, in a transaction of its own; rotate_streams()).
+-- each rotation step, in a transaction of its own, after which it notifies
+-- the publishers that wait: a claim skips the rows this holds).
 -- part_ticks and the last tick are read in one snapshot, so a partition
 -- moved on had no command in any tick up to that one.  A claim never
 -- waits for it: such a partition is not claimable, the lag view counts it
@@ -1003,13 +1004,12 @@ $$;
 COMMENT ON FUNCTION @extschema@._stream_rotate(pg_catalog.int4)
 	IS 'internal: one step of the stream log''s rotation (the background worker calls it every outbox.naptime)';
 
--- Admin and tests: one step of the rotation now (with the partitions'
--- move on first, as the worker does).
+-- Admin and tests: one step of the rotation now.
 CREATE FUNCTION @extschema@.rotate_streams()
 RETURNS pg_catalog.int4
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._stream_move_on(); SELECT @extschema@._stream_rotate(0) $$;
+AS $$ SELECT @extschema@._stream_rotate(0) $$;
 COMMENT ON FUNCTION @extschema@.rotate_streams()
 	IS 'one step of the stream log''s rotation now (the background worker runs it every outbox.naptime); returns the number of commands that left the log';
 
