@@ -168,6 +168,7 @@ static SPIPlanPtr du_plan_tick = NULL;
 static SPIPlanPtr du_plan_rotate = NULL;
 static SPIPlanPtr du_plan_move_on = NULL;
 static FullTransactionId du_move_on_fxid;	/* the transaction of the last move on */
+static uint32 du_seq_notified = 0;	/* the slot's tick_seq at the last notification */
 static SPIPlanPtr du_plan_due = NULL;
 static SPIPlanPtr du_plan_prepared = NULL;
 static SPIPlanPtr du_plan_check = NULL;
@@ -316,6 +317,7 @@ du_statement_txn(void *arg)
 			du_hold_until(GetCurrentTimestamp()) == 0)
 		{
 			pg_atomic_write_u32(&MyOutboxSlot->idle_pid, 0);
+			du_seq_notified = pg_atomic_read_u32(&MyOutboxSlot->tick_seq);
 			Async_Notify(outbox_notify_channel, "");
 			du_tick_notified = true;
 		}
@@ -611,6 +613,7 @@ du_notify(void)
 		StartTransactionCommand();
 		/* (the publishers that wait after it are counted afresh) */
 		pg_atomic_write_u32(&MyOutboxSlot->idle_pid, 0);
+		du_seq_notified = pg_atomic_read_u32(&MyOutboxSlot->tick_seq);
 		Async_Notify(outbox_notify_channel, "");
 		CommitTransactionCommand();
 		OutboxCountNow(OBC_WAKEUPS, 1);
@@ -882,8 +885,19 @@ du_rotate(OutboxTurn *turn)
 	int32		n;
 
 	if (du_run("outbox: moving the stream partitions on", &du_plan_move_on,
-			   "SELECT outbox._stream_move_on()", true, 0, &n) && n > 0)
-		OutboxTickCommitted(MyOutboxSlot, du_move_on_fxid, true);
+			   "SELECT outbox._stream_move_on()", true, 0, &n) && n > 0 &&
+		OutboxTickCommitted(MyOutboxSlot, du_move_on_fxid, true))
+		SetLatch(MyLatch);
+	/*
+	 * The backstop of the above: a publisher still waits and something was
+	 * recorded since the last notification (a claim under a transaction
+	 * snapshot can miss a record, whose commit callbacks run out of order):
+	 * one notification, at most one per outbox.naptime.
+	 */
+	if (pg_atomic_read_u32(&MyOutboxSlot->idle_pid) != 0 &&
+		pg_atomic_read_u32(&MyOutboxSlot->tick_seq) != du_seq_notified &&
+		pg_atomic_exchange_u32(&MyOutboxSlot->wake_pending, 1) == 0)
+		SetLatch(MyLatch);
 	(void) du_run("outbox: rotating the stream log", &du_plan_rotate,
 				  "SELECT outbox._stream_rotate($1)", true, 0, &n);
 	return false;

@@ -409,8 +409,9 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		 * other than this one waits: a busy publisher claims again after
 		 * its batch anyway, and this one is claiming.
 		 */
-		if ((due & OUTBOX_DUE_TICKED) != 0)
-			OutboxTickCommitted(slot, GetTopFullTransactionIdIfAny(), false);
+		if ((due & OUTBOX_DUE_TICKED) != 0 &&
+			OutboxTickCommitted(slot, GetTopFullTransactionIdIfAny(), false))
+			wake = true;
 		if ((counts[OBC_ENQUEUED] > 0 || (due & OUTBOX_DUE_NOW) != 0) &&
 			pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
 			wake = true;
@@ -513,15 +514,17 @@ OutboxNoteIdleClaim(void)
 }
 
 /*
- * A committed change that can make a batch claimable and sends no
- * notification of its own (a tick a claim cut, the worker's move on):
- * recorded (tick_seq, tick_fxid, see OutboxNoteIdleBatchClaim), then, if a
- * publisher waits (idle_pid) that is not this process (or announce), the
- * worker is woken to notify.  The record comes first and the waiting
- * publishers are read after it: a claim that records itself waiting after
- * that read sees the record.
+ * A committed change that can make a batch claimable, or that held rows a
+ * claim skipped, and that sends no notification of its own (a tick a claim
+ * cut, the worker's move on, a requeue or resolve): recorded (tick_seq,
+ * tick_fxid, see OutboxNoteIdleBatchClaim), then, if a publisher waits
+ * (idle_pid) that is not this process (or announce), the slot's wake-up is
+ * raised: true when this raised it, and the caller sets the worker's
+ * latch.  The record comes first and the waiting publishers are read
+ * after it: a claim that records itself waiting after that read sees the
+ * record.
  */
-void
+bool
 OutboxTickCommitted(OutboxWorkerSlot *slot, FullTransactionId fxid, bool announce)
 {
 	uint32		idle;
@@ -529,14 +532,8 @@ OutboxTickCommitted(OutboxWorkerSlot *slot, FullTransactionId fxid, bool announc
 	pg_atomic_write_u64(&slot->tick_fxid, U64FromFullTransactionId(fxid));
 	pg_atomic_fetch_add_u32(&slot->tick_seq, 1);
 	idle = pg_atomic_read_u32(&slot->idle_pid);
-	if (idle != 0 && (announce || idle != (uint32) MyProcPid) &&
-		pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
-	{
-		Latch	   *latch = slot->latch;
-
-		if (latch != NULL)
-			SetLatch(latch);
-	}
+	return idle != 0 && (announce || idle != (uint32) MyProcPid) &&
+		pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0;
 }
 
 /*
@@ -935,13 +932,15 @@ outbox_count_purged(PG_FUNCTION_ARGS)
 
 /*
  * outbox._wake_at_commit(): the calling transaction made a command
- * claimable now (requeue, resolve as retry): when it commits, wake the
- * worker as an enqueue does.
+ * claimable now (requeue, resolve as retry), or held stream progress rows
+ * that claims skip (a stream's requeue or resolve): when it commits, wake
+ * the worker as an enqueue does, and record it for the claims that found
+ * nothing meanwhile (OUTBOX_DUE_TICKED).
  */
 Datum
 outbox_wake_at_commit(PG_FUNCTION_ARGS)
 {
-	OutboxDueAtCommit(OUTBOX_DUE_NOW);
+	OutboxDueAtCommit(OUTBOX_DUE_NOW | OUTBOX_DUE_TICKED);
 	PG_RETURN_VOID();
 }
 

@@ -493,6 +493,9 @@ st_tick_streams(FunctionCallInfo fcinfo, Oid caller)
 	SPI_connect();
 	n = st_tick();
 	SPI_finish();
+	/* the publishers that wait are told at commit, as after a claim's tick */
+	if (n > 0)
+		OutboxDueAtCommit(OUTBOX_DUE_TICKED);
 	/* (-1: there is no stream) */
 	PG_RETURN_INT32(Max(n, 0));
 }

@@ -41,7 +41,6 @@ DECLARE
 	f record;
 	had pg_catalog.bool;
 	n pg_catalog.int4 := 0;
-	wake pg_catalog.bool := false;
 	states pg_catalog.text[] := '{}';
 BEGIN
 	IF sub IS NOT NULL AND NOT EXISTS (SELECT 1 FROM @extschema@.subscriptions u
@@ -104,7 +103,6 @@ BEGIN
 			UPDATE @extschema@.stream_failures x SET state = 'retry', available_at = now_ts
 			 WHERE x.subscription OPERATOR(pg_catalog.=) p.subscription
 			   AND x.command_id OPERATOR(pg_catalog.=) _stream_settle.command_id;
-			wake := true;
 		ELSIF resolution OPERATOR(pg_catalog.=) 'published' THEN
 			-- published in this subscription: its partition's progress has
 			-- acked past it (a command goes dead at an ack or when its
@@ -112,9 +110,7 @@ BEGIN
 			DELETE FROM @extschema@.stream_failures x
 			 WHERE x.subscription OPERATOR(pg_catalog.=) p.subscription
 			   AND x.command_id OPERATOR(pg_catalog.=) _stream_settle.command_id;
-			IF @extschema@._stream_release_key(p.subscription, f.ordering_key, f.decided_by, now_ts) THEN
-				wake := true;
-			END IF;
+			PERFORM @extschema@._stream_release_key(p.subscription, f.ordering_key, f.decided_by, now_ts);
 		ELSE
 			UPDATE @extschema@.stream_failures x
 			   SET last_error = CASE WHEN x.last_error IS NULL THEN 'resolved as dead'
@@ -136,10 +132,10 @@ BEGIN
 									 OPERATOR(pg_catalog.||) '.' END,
 				  HINT = hint;
 	END IF;
-	-- Claimable now: the commit wakes the worker, which notifies publishers.
-	IF wake THEN
-		PERFORM @extschema@._wake_at_commit();
-	END IF;
+	-- The commit wakes the worker, which notifies publishers: the command
+	-- may be claimable now, and a claim may have skipped the progress rows
+	-- this held.
+	PERFORM @extschema@._wake_at_commit();
 END;
 $$;
 COMMENT ON FUNCTION @extschema@._stream_settle(pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.text, pg_catalog.timestamptz)
