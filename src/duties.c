@@ -883,18 +883,25 @@ static bool
 du_rotate(OutboxTurn *turn)
 {
 	int32		n;
+	TimestampTz began = GetCurrentTimestamp();
+	TimestampTz idle_at;
 
+	/* (only a claim that found nothing since the move began can have skipped it) */
 	if (du_run("outbox: moving the stream partitions on", &du_plan_move_on,
 			   "SELECT outbox._stream_move_on()", true, 0, &n) && n > 0 &&
-		OutboxTickCommitted(MyOutboxSlot, du_move_on_fxid, true))
+		OutboxTickCommitted(MyOutboxSlot, du_move_on_fxid, began))
 		SetLatch(MyLatch);
 	/*
-	 * The backstop of the above: a publisher still waits and something was
-	 * recorded since the last notification (a claim under a transaction
-	 * snapshot can miss a record, whose commit callbacks run out of order):
-	 * one notification, at most one per outbox.naptime.
+	 * The backstop of the above: a publisher has waited a nap without a
+	 * notification and something was recorded since the last one (a claim
+	 * under a transaction snapshot can miss a record, whose commit
+	 * callbacks run out of order): one notification, at most one per
+	 * outbox.naptime.
 	 */
+	idle_at = (TimestampTz) pg_atomic_read_u64(&MyOutboxSlot->idle_at);
 	if (pg_atomic_read_u32(&MyOutboxSlot->idle_pid) != 0 &&
+		idle_at >= du_last_notify &&
+		idle_at <= TimestampTzPlusMilliseconds(began, -outbox_naptime_ms) &&
 		pg_atomic_read_u32(&MyOutboxSlot->tick_seq) != du_seq_notified &&
 		pg_atomic_exchange_u32(&MyOutboxSlot->wake_pending, 1) == 0)
 		SetLatch(MyLatch);

@@ -396,7 +396,8 @@ extern void OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *l
 #define OUTBOX_IDLE_MANY PG_UINT32_MAX
 extern void OutboxNoteIdleClaim(void);
 extern uint32 OutboxTickSeq(void);
-extern bool OutboxTickCommitted(OutboxWorkerSlot *slot, FullTransactionId fxid, bool announce);
+extern bool OutboxTickCommitted(OutboxWorkerSlot *slot, FullTransactionId fxid,
+								TimestampTz since);
 extern void OutboxNoteIdleBatchClaim(uint32 tick_seq);
 extern void OutboxResolvePrepared(void);
 extern bool OutboxPreparedKnown(TransactionId xid);

@@ -410,7 +410,7 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		 * its batch anyway, and this one is claiming.
 		 */
 		if ((due & OUTBOX_DUE_TICKED) != 0 &&
-			OutboxTickCommitted(slot, GetTopFullTransactionIdIfAny(), false))
+			OutboxTickCommitted(slot, GetTopFullTransactionIdIfAny(), 0))
 			wake = true;
 		if ((counts[OBC_ENQUEUED] > 0 || (due & OUTBOX_DUE_NOW) != 0) &&
 			pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
@@ -518,21 +518,22 @@ OutboxNoteIdleClaim(void)
  * claim skipped, and that sends no notification of its own (a tick a claim
  * cut, the worker's move on, a requeue or resolve): recorded (tick_seq,
  * tick_fxid, see OutboxNoteIdleBatchClaim), then, if a publisher waits
- * (idle_pid) that is not this process (or announce), the slot's wake-up is
- * raised: true when this raised it, and the caller sets the worker's
- * latch.  The record comes first and the waiting publishers are read
- * after it: a claim that records itself waiting after that read sees the
- * record.
+ * (idle_pid) that is not this process, and (since > 0) it found nothing
+ * since then, the slot's wake-up is raised: true when this raised it, and
+ * the caller sets the worker's latch.  The record comes first and the
+ * waiting publishers are read after it: a claim that records itself
+ * waiting after that read sees the record.
  */
 bool
-OutboxTickCommitted(OutboxWorkerSlot *slot, FullTransactionId fxid, bool announce)
+OutboxTickCommitted(OutboxWorkerSlot *slot, FullTransactionId fxid, TimestampTz since)
 {
 	uint32		idle;
 
 	pg_atomic_write_u64(&slot->tick_fxid, U64FromFullTransactionId(fxid));
 	pg_atomic_fetch_add_u32(&slot->tick_seq, 1);
 	idle = pg_atomic_read_u32(&slot->idle_pid);
-	return idle != 0 && (announce || idle != (uint32) MyProcPid) &&
+	return idle != 0 && idle != (uint32) MyProcPid &&
+		(since <= 0 || (TimestampTz) pg_atomic_read_u64(&slot->idle_at) >= since) &&
 		pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0;
 }
 

@@ -748,7 +748,8 @@ $$;
 -- The partitions without a batch that got no commands since their acked
 -- tick move on to their stream's last tick (the background worker, before
 -- each rotation step, in a transaction of its own, after which it notifies
--- the publishers that wait: a claim skips the rows this holds).
+-- a publisher whose claim found nothing meanwhile: a claim skips the rows
+-- this holds).
 -- part_ticks and the last tick are read in one snapshot, so a partition
 -- moved on had no command in any tick up to that one.  A claim never
 -- waits for it: such a partition is not claimable, the lag view counts it

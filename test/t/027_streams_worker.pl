@@ -164,8 +164,10 @@ my $behind = q{SELECT count(*) FROM outbox.stream_progress p
 is(sql($behind), '1', 'the other partition keeps its acked tick');
 is(sql(q{SELECT count(*) FROM outbox.stream_lag WHERE subscription = 'fast' AND ticks_behind > 0}), '0',
 	'... and the lag view counts it caught up');
-# a publisher waits: the move on (a claim skips the rows it holds) is
-# announced to it
+# a publisher waits: what was recorded since the last notification (the
+# move on, whose rows a claim skips) is announced to it within a nap (the
+# worker's backstop; the move on announces itself to a claim that found
+# nothing while it ran)
 notifications_after($listener, 'SELECT pg_sleep(0.1)');
 is($listener->query_safe(q{SELECT count(*) FROM outbox.claim_batch('s', 'fast', 'listener')}), '0',
 	'the listening publisher finds nothing and waits');
@@ -173,7 +175,7 @@ $node->append_conf('postgresql.conf', "outbox.naptime = '200ms'\n");
 $node->reload;
 ok($node->poll_query_until('postgres', "SELECT ($behind) = 0"),
 	'the worker moves it on to the last tick');
-ok(wait_notification($listener, 10) >= 1, '... and notifies the publisher that waits');
+ok(wait_notification($listener, 10) >= 1, '... and the publisher that waits is notified');
 
 $listener->quit;
 $node->stop;
