@@ -394,6 +394,18 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		}
 
 		/*
+		 * A tick a claim cut (claim_batch), or rows claims skipped
+		 * (_wake_at_commit): recorded first (a claim that began before and
+		 * finds nothing sees the record move, OutboxNoteIdleBatchClaim),
+		 * then announced only if a publisher other than this one waits: a
+		 * busy publisher claims again after its batch anyway, and this one
+		 * is claiming.
+		 */
+		if ((due & OUTBOX_DUE_TICKED) != 0 &&
+			OutboxTickCommitted(slot, GetTopFullTransactionIdIfAny(), 0))
+			wake = true;
+
+		/*
 		 * Only the commit that raises a flag sets the latch: while the
 		 * worker holds a wake-up back (see outbox.notify_interval) later
 		 * commits cost one atomic exchange and no signal.  The latch is set
@@ -402,16 +414,6 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 		 * awake and sees the stream's flag) also sees the wake-up, and
 		 * sends it with the tick rather than in a second notification.
 		 */
-		/*
-		 * A tick a claim cut (claim_batch): counted first (a claim that
-		 * began before and finds nothing sees the count move, below
-		 * OutboxNoteIdleBatchClaim), then announced only if a publisher
-		 * other than this one waits: a busy publisher claims again after
-		 * its batch anyway, and this one is claiming.
-		 */
-		if ((due & OUTBOX_DUE_TICKED) != 0 &&
-			OutboxTickCommitted(slot, GetTopFullTransactionIdIfAny(), 0))
-			wake = true;
 		if ((counts[OBC_ENQUEUED] > 0 || (due & OUTBOX_DUE_NOW) != 0) &&
 			pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
 			wake = true;

@@ -343,7 +343,8 @@ st_snapshot_datum(Snapshot snap, int64 base)
  * see neither the copy nor the row (isolation spec
  * stream_tick_vs_truncate).  The streams' rows are locked from C
  * (OutboxLockStreams, src/stream_log.c: as FOR UPDATE SKIP LOCKED, a
- * stream another transaction is ticking is skipped); per stream, its last tick is read (a scan of the ticks'
+ * stream another transaction is ticking is skipped); per stream, its last
+ * tick is read (a scan of the ticks'
  * primary key, OutboxStreamLastTick) in a snapshot taken after the lock
  * (no one else cuts one while the row is held), then, in one new
  * snapshot, an index probe per

@@ -33,9 +33,9 @@
  *	   waiting) moves its acked tick on and is looked at again until it
  *	   reaches the last tick;
  *	4. nothing to claim: nothing else is written.  A partition that got
- *	   no commands since its acked tick keeps it; the worker's rotation
- *	   step moves such partitions on to the last tick
- *	   (outbox._stream_rotate), and the lag view counts them caught up.
+ *	   no commands since their acked tick keeps it; the worker moves
+ *	   such partitions on to the last tick before each rotation step
+ *	   (outbox._stream_move_on), and the lag view counts them caught up.
  *
  * Each step is one saved statement with generic plans (OutboxExecuteGeneric),
  * run from here rather than from a PL/pgSQL function: the function's own
