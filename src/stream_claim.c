@@ -33,7 +33,7 @@
  *	   waiting) moves its acked tick on and is looked at again until it
  *	   reaches the last tick;
  *	4. nothing to claim: nothing else is written.  A partition that got
- *	   no commands since their acked tick keeps it; the worker moves
+ *	   no commands since its acked tick keeps it; the worker moves
  *	   such partitions on to the last tick before each rotation step
  *	   (outbox._stream_move_on), and the lag view counts them caught up.
  *
