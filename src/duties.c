@@ -167,7 +167,6 @@ static SPIPlanPtr du_plan_purge = NULL;
 static SPIPlanPtr du_plan_tick = NULL;
 static SPIPlanPtr du_plan_rotate = NULL;
 static SPIPlanPtr du_plan_move_on = NULL;
-static FullTransactionId du_move_on_fxid;	/* the transaction of the last move on */
 static uint32 du_seq_notified = 0;	/* the slot's tick_seq at the last notification */
 static SPIPlanPtr du_plan_due = NULL;
 static SPIPlanPtr du_plan_prepared = NULL;
@@ -297,6 +296,7 @@ static bool
 du_statement_txn(void *arg)
 {
 	DuStatement *st = (DuStatement *) arg;
+	bool		streams = st->plan == &du_plan_rotate || st->plan == &du_plan_move_on;
 
 	/*
 	 * The tick reads and writes the streams' tables only: their locks, and
@@ -325,20 +325,16 @@ du_statement_txn(void *arg)
 	}
 	if (!du_lock_tables(st->write))
 		return false;
-	if ((st->plan == &du_plan_rotate || st->plan == &du_plan_move_on) &&
-		!du_lock_stream_tables())
+	if (streams && !du_lock_stream_tables())
 		return false;
 	/*
 	 * the coordinator holds no shard of a distributed outbox to purge, and a
 	 * distributed outbox has no streams (docs/citus.md)
 	 */
 	if ((st->plan == &du_plan_purge && OutboxCitusCoordinator()) ||
-		((st->plan == &du_plan_rotate || st->plan == &du_plan_move_on) &&
-		 OutboxCitusDistributed()))
+		(streams && OutboxCitusDistributed()))
 		return true;
 	st->result = du_exec_int(st->plan, st->sql, st->arg);
-	if (st->plan == &du_plan_move_on)
-		du_move_on_fxid = GetTopFullTransactionIdIfAny();
 	return true;
 }
 
@@ -887,9 +883,13 @@ du_rotate(OutboxTurn *turn)
 	TimestampTz idle_at;
 
 	/* (only a claim that found nothing since the move began can have skipped it) */
+	/*
+	 * (no transaction id is recorded: a claim that began after the move
+	 * committed, whatever its snapshot, skipped none of its rows)
+	 */
 	if (du_run("outbox: moving the stream partitions on", &du_plan_move_on,
 			   "SELECT outbox._stream_move_on()", true, 0, &n) && n > 0 &&
-		OutboxTickCommitted(MyOutboxSlot, du_move_on_fxid, began))
+		OutboxTickCommitted(MyOutboxSlot, InvalidFullTransactionId, began))
 		SetLatch(MyLatch);
 	/*
 	 * The backstop of the above: a publisher has waited a nap without a

@@ -183,7 +183,8 @@ typedef struct OutboxWorkerSlot
 								 * claimable without a notification: ticks
 								 * cut by claims (OUTBOX_DUE_TICKED), the
 								 * worker's move on; counted */
-	pg_atomic_uint64 tick_fxid; /* the transaction of the last of them */
+	pg_atomic_uint64 tick_fxid; /* the transaction of the last of them
+								 * that had one (not the move on) */
 	int			naptime_ms;		/* the worker's current outbox.naptime */
 	TimestampTz started_at;
 	TimestampTz last_run;

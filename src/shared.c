@@ -304,6 +304,16 @@ OutboxCountNow(OutboxCounter c, int64 n)
 		pg_atomic_fetch_add_u64(&OutboxShared->counters[c], (uint64) n);
 }
 
+/* Set the latch of the worker of slot, if it has one. */
+static void
+ob_set_latch(OutboxWorkerSlot *slot)
+{
+	Latch	   *latch = slot->latch;
+
+	if (latch != NULL)
+		SetLatch(latch);
+}
+
 /*
  * The slot of the worker serving dboid, or NULL.  Reads without the lock:
  * callers only use the result to set a latch or lower a floor, and a stale
@@ -438,12 +448,7 @@ ob_publish(const int64 *counts, int due, bool request_worker, Oid dboid,
 			wake = true;
 
 		if (wake)
-		{
-			Latch	   *latch = slot->latch;
-
-			if (latch != NULL)
-				SetLatch(latch);
-		}
+			ob_set_latch(slot);
 	}
 	if (request_worker)
 		OutboxRequestWorker(dboid);
@@ -478,12 +483,7 @@ OutboxStreamTickAgain(void)
 	OutboxWorkerSlot *slot = OutboxFindSlot(MyDatabaseId);
 
 	if (slot != NULL && pg_atomic_exchange_u32(&slot->stream_pending, 1) == 0)
-	{
-		Latch	   *latch = slot->latch;
-
-		if (latch != NULL)
-			SetLatch(latch);
-	}
+		ob_set_latch(slot);
 }
 
 /*
@@ -507,19 +507,14 @@ OutboxNoteIdleClaim(void)
 	pg_atomic_write_u64(&slot->idle_at, (uint64) GetCurrentTimestamp());
 	pg_memory_barrier();
 	if (pg_atomic_read_u32(&slot->wake_pending) != 0)
-	{
-		Latch	   *latch = slot->latch;
-
-		if (latch != NULL)
-			SetLatch(latch);
-	}
+		ob_set_latch(slot);
 }
 
 /*
  * A committed change that can make a batch claimable, or that held rows a
  * claim skipped, and that sends no notification of its own (a tick a claim
  * cut, the worker's move on, a requeue or resolve): recorded (tick_seq,
- * tick_fxid, see OutboxNoteIdleBatchClaim), then, if a publisher waits
+ * and, when fxid is valid, tick_fxid: see OutboxNoteIdleBatchClaim), then, if a publisher waits
  * (idle_pid) that is not this process, and (since > 0) it found nothing
  * since then, the slot's wake-up is raised: true when this raised it, and
  * the caller sets the worker's latch.  The record comes first and the
@@ -531,7 +526,8 @@ OutboxTickCommitted(OutboxWorkerSlot *slot, FullTransactionId fxid, TimestampTz 
 {
 	uint32		idle;
 
-	pg_atomic_write_u64(&slot->tick_fxid, U64FromFullTransactionId(fxid));
+	if (FullTransactionIdIsValid(fxid))
+		pg_atomic_write_u64(&slot->tick_fxid, U64FromFullTransactionId(fxid));
 	pg_atomic_fetch_add_u32(&slot->tick_seq, 1);
 	idle = pg_atomic_read_u32(&slot->idle_pid);
 	return idle != 0 && idle != (uint32) MyProcPid &&
@@ -592,12 +588,7 @@ OutboxNoteIdleBatchClaim(uint32 tick_seq)
 							  GetTransactionSnapshot());
 	}
 	if (missed && pg_atomic_exchange_u32(&slot->wake_pending, 1) == 0)
-	{
-		Latch	   *latch = slot->latch;
-
-		if (latch != NULL)
-			SetLatch(latch);
-	}
+		ob_set_latch(slot);
 }
 
 /*

@@ -89,6 +89,17 @@ sl_attnum(Relation rel, const char *name)
 	return InvalidAttrNumber;	/* keep the compiler quiet */
 }
 
+/* Open and lock (mode) the relation outbox.<name>; an error if it is missing. */
+static Relation
+sl_relation(const char *name, LOCKMODE mode, bool index)
+{
+	Oid			relid = get_relname_relid(name, get_namespace_oid("outbox", false));
+
+	if (!OidIsValid(relid))
+		elog(ERROR, "outbox: the relation outbox.%s is missing", name);
+	return index ? index_open(relid, mode) : table_open(relid, mode);
+}
+
 /*
  * Open and lock outbox.<table> and its index <index> (AccessShareLock);
  * an error if either is missing.
@@ -96,15 +107,9 @@ sl_attnum(Relation rel, const char *name)
 static void
 sl_open(const char *table, const char *index, Relation *rel, Relation *idx)
 {
-	Oid			nsp = get_namespace_oid("outbox", false);
-	Oid			relid = get_relname_relid(table, nsp);
-	Oid			indexid = get_relname_relid(index, nsp);
-
-	if (!OidIsValid(relid) || !OidIsValid(indexid))
-		elog(ERROR, "outbox: the table outbox.%s or its index %s is missing", table, index);
-	*rel = table_open(relid, AccessShareLock);
-	*idx = index_open(indexid, AccessShareLock);
-	if ((*idx)->rd_index->indrelid != relid)
+	*rel = sl_relation(table, AccessShareLock, false);
+	*idx = sl_relation(index, AccessShareLock, true);
+	if ((*idx)->rd_index->indrelid != RelationGetRelid(*rel))
 		elog(ERROR, "outbox: the index \"%s\" is not an index of outbox.%s", index, table);
 }
 
@@ -545,9 +550,7 @@ sl_cmp_stream(const void *a, const void *b)
 OutboxLockedStream *
 OutboxLockStreams(int *nlocked, int *nall, int64 *base)
 {
-	Oid			nsp = get_namespace_oid("outbox", false);
-	Oid			relid = get_relname_relid("streams", nsp);
-	Relation	rel;
+	Relation	rel = sl_relation("streams", RowShareLock, false);
 	Snapshot	snap;
 	TableScanDesc scan;
 	TupleTableSlot *slot;
@@ -561,9 +564,6 @@ OutboxLockStreams(int *nlocked, int *nall, int64 *base)
 	int			cap = 8;
 	int			n = 0;
 
-	if (!OidIsValid(relid))
-		elog(ERROR, "outbox: the table outbox.streams is missing");
-	rel = table_open(relid, RowShareLock);
 	at_id = sl_attnum(rel, "stream_id");
 	at_parts = sl_attnum(rel, "partitions");
 	at_ticks = sl_attnum(rel, "part_ticks");
@@ -611,16 +611,12 @@ OutboxLockStreams(int *nlocked, int *nall, int64 *base)
 	*base = 0;
 	if (n > 0)
 	{
-		Oid			rot_id = get_relname_relid("stream_rotation", nsp);
-		Relation	rot;
+		Relation	rot = sl_relation("stream_rotation", AccessShareLock, false);
 		TableScanDesc rscan;
 		TupleTableSlot *rslot;
 		bool		found;
 		bool		isnull;
 
-		if (!OidIsValid(rot_id))
-			elog(ERROR, "outbox: the table outbox.stream_rotation is missing");
-		rot = table_open(rot_id, AccessShareLock);
 		rscan = table_beginscan(rot, snap, 0, NULL);
 		rslot = table_slot_create(rot, NULL);
 		found = table_scan_getnextslot(rscan, ForwardScanDirection, rslot);
