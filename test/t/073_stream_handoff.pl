@@ -8,7 +8,8 @@
 # (claims from two processes) the worker cuts the tick first and
 # notifies once, from the tick's transaction, so that both find it.  A
 # claim after either gets the command.  A claim that cuts the tick while
-# the one waiting was told sends no second notification.  outbox.stats.wakeups counts the
+# the one waiting was told sends no second notification.  A resolve of a
+# dead stream command wakes the publishers (claims skip the rows it held).  outbox.stats.wakeups counts the
 # notifications; the nap is a minute, so nothing else sends one.
 use strict;
 use warnings;
@@ -112,6 +113,27 @@ is(wakeups() - $w0, 1,
 	'one publisher waiting, another claims at once: one notification, none for the claim\'s tick');
 $waiting->quit;
 $busy->quit;
+
+# A resolve of a dead stream command (kept dead) held its partition's
+# progress rows, which a claim skips: its commit wakes the worker, which
+# notifies, even though nothing became claimable.
+# (a stream of its own: w4's batch of s is still held)
+sql(q{
+SELECT outbox.create_stream('s2', 1, 100);
+SELECT outbox.set_policy('k2', stream => 's2');
+SELECT outbox.create_subscription('s2', 'sub2');
+SELECT outbox.commit_decision('rd', 1, 'e', 'c-dead', 'k2', '{}');
+});
+wait_ticked();
+is(sql(q{
+SELECT outbox.ack_batch('w5', x.t, ARRAY['c-dead'], ARRAY['refused'], ARRAY[true])
+  FROM (SELECT max(c.token) AS t FROM outbox.claim_batch('s2', 'sub2', 'w5') c) x}), '0',
+	'a command fails fatally: dead in its subscription');
+idle_claim('before the resolve');
+$w0 = wakeups();
+sql(q{SELECT outbox.resolve('rd', 'c-dead', 'dead')});
+wait_ticked();
+is(wakeups() - $w0, 1, 'resolving a dead stream command as dead wakes the publishers once');
 is(sql(q{SELECT outbox.verify()}), '', 'verify() passes');
 
 done_testing();
