@@ -609,3 +609,47 @@ DELETE FROM outbox.stream_ticks k USING outbox.streams t
 SELECT pg_temp.err($$SELECT * FROM outbox.claim_batch('gone', 'gone_sub', 'w')$$) AS acked_tick_missing;
 SELECT count(*) AS open_batches FROM outbox.stream_batches WHERE subscription = 'gone_sub';
 ROLLBACK;
+
+-- A claim writes its tick and its lease without statements; a table with
+-- a trigger gets the statement instead, which fires it, and a claim in a
+-- read-only transaction is refused (25006), leasing nothing.
+SELECT outbox.create_stream('trig', 1, 10);
+SELECT outbox.create_subscription('trig', 'trig_sub');
+SELECT outbox.set_policy('trig.kind', stream => 'trig');
+CREATE FUNCTION public.note_row() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE NOTICE '% on %', TG_OP, TG_TABLE_NAME; RETURN NEW; END $$;
+CREATE TRIGGER note_row BEFORE INSERT ON outbox.stream_ticks FOR EACH ROW EXECUTE FUNCTION public.note_row();
+CREATE TRIGGER note_row BEFORE UPDATE ON outbox.streams FOR EACH ROW EXECUTE FUNCTION public.note_row();
+CREATE TRIGGER note_row BEFORE UPDATE ON outbox.stream_progress FOR EACH ROW EXECUTE FUNCTION public.note_row();
+SELECT outbox.commit_decision('rt', 1, 'e', 'rt-1', 'trig.kind', '{}');
+SELECT outbox.tick_streams() > 0 AS ticked;
+SELECT command_id, version, deliveries FROM pg_temp.claim('trig-1', 'trig', 'trig_sub', 'w');
+SELECT outbox.ack_batch('w', (SELECT min(token) FROM b WHERE name = 'trig-1')) AS published;
+DROP TRIGGER note_row ON outbox.stream_ticks;
+DROP TRIGGER note_row ON outbox.streams;
+DROP TRIGGER note_row ON outbox.stream_progress;
+DROP FUNCTION public.note_row();
+SELECT outbox.commit_decision('rt', 2, 'e', 'rt-2', 'trig.kind', '{}');
+SELECT outbox.tick_streams() > 0 AS ticked;
+BEGIN READ ONLY;
+SELECT pg_temp.err($$SELECT * FROM outbox.claim_batch('trig', 'trig_sub', 'w')$$) AS read_only;
+ROLLBACK;
+SELECT command_id, version, deliveries FROM pg_temp.claim('trig-2', 'trig', 'trig_sub', 'w');
+SELECT subscription, part, batch_to IS NOT NULL AS open, version, owner, deliveries, batch_rows
+  FROM outbox.stream_progress WHERE subscription = 'trig_sub';
+
+-- Claims in one REPEATABLE READ transaction see what the claims before
+-- them leased: the second takes the other partition, the third nothing.
+SELECT outbox.create_stream('rr', 2, 100);
+SELECT outbox.create_subscription('rr', 'rr_sub');
+SELECT outbox.set_policy('rr.kind', stream => 'rr');
+SELECT count(*) AS decided FROM (SELECT outbox.commit_decision('rr' || i, 1, 'e', 'rr-' || i, 'rr.kind', '{}')
+                                   FROM generate_series(1, 6) i) d;
+SELECT outbox.tick_streams() > 0 AS ticked;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT count(*) AS commands, count(DISTINCT part) AS partitions FROM pg_temp.claim('rr-1', 'rr', 'rr_sub', 'w');
+SELECT count(*) AS commands, count(DISTINCT part) AS partitions FROM pg_temp.claim('rr-2', 'rr', 'rr_sub', 'w');
+SELECT count(*) AS commands FROM pg_temp.claim('rr-3', 'rr', 'rr_sub', 'w');
+COMMIT;
+SELECT count(*) AS claimed, count(DISTINCT command_id) AS distinct_commands, count(DISTINCT part) AS partitions
+  FROM b WHERE name IN ('rr-1', 'rr-2');

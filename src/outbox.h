@@ -445,7 +445,41 @@ typedef struct OutboxLockedStream
 	int32		stream_id;
 	int32		partitions;
 	Datum		part_ticks;		/* int8[], copied; (Datum) 0 when NULL */
+	ItemPointerData tid;		/* the locked version */
 } OutboxLockedStream;
+
+typedef struct OutboxRowWriter OutboxRowWriter;
+
+/* A subscription's progress row, as the claim reads it (OutboxReadClaimLook). */
+typedef struct OutboxProgressRow
+{
+	int32		part;
+	int64		batch_id;
+	int64		acked_tick;
+	bool		open;			/* batch_to IS NOT NULL */
+	bool		lease_null;
+	bool		acked_null;
+	TimestampTz lease_until;
+	TimestampTz acked_at;
+	ItemPointerData tid;
+} OutboxProgressRow;
+
+/* The claim's first look at a stream and a subscription. */
+typedef struct OutboxClaimLook
+{
+	bool		stream_found;
+	int32		stream_id;
+	int32		partitions;
+	int32		batch_size;
+	Datum		part_ticks;		/* int8[], copied; (Datum) 0 when NULL */
+	bool		sub_found;
+	text	   *sub_stream;
+	Datum		claimers;		/* regrole[], copied; (Datum) 0 when NULL */
+	TimestampTz created_at;
+	bool		failures;		/* the subscription has rows in stream_failures */
+	int			nprogress;
+	OutboxProgressRow *progress;	/* in partition order */
+} OutboxClaimLook;
 
 typedef struct OutboxStreamLogs OutboxStreamLogs;
 
@@ -463,6 +497,16 @@ extern bool OutboxStreamLastTick(int32 stream_id, int64 *tick, uint64 *xmax, uin
 extern void OutboxStreamBatchTicks(int32 stream_id, int64 acked, int64 cap,
 								   OutboxBatchTicks *t);
 extern OutboxLockedStream *OutboxLockStreams(int *nlocked, int *nall, int64 *base);
+extern OutboxRowWriter *OutboxOpenRowWriter(const char *name, AclMode mode,
+											const char *const *columns, int ncolumns,
+											const char *const *checks, int nchecks);
+extern void OutboxRowInsert(OutboxRowWriter *w, const char *const *columns, int n,
+							const Datum *values, const bool *nulls);
+extern void OutboxRowUpdate(OutboxRowWriter *w, ItemPointer tid, const char *const *columns,
+							int n, const Datum *values, const bool *nulls);
+extern void OutboxCloseRowWriter(OutboxRowWriter *w);
+extern void OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *look);
+extern bool OutboxLockProgress(ItemPointer tid, Snapshot snap, OutboxProgressRow *r);
 
 /* bgw.c */
 struct BackgroundWorkerHandle;

@@ -59,12 +59,15 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 
 #include "outbox.h"
@@ -334,6 +337,73 @@ st_snapshot_datum(Snapshot snap, int64 base)
 }
 
 /*
+ * The last log id given (the log's sequence's last_value, as the tick's
+ * statement read it; 0 before the first).
+ */
+static int64
+st_last_id(void)
+{
+	Oid			seq = get_relname_relid("stream_log_id_seq", get_namespace_oid("outbox", false));
+	LOCAL_FCINFO(fcinfo, 1);
+	Datum		last;
+
+	if (!OidIsValid(seq))
+		elog(ERROR, "outbox: the sequence outbox.stream_log_id_seq is missing");
+	InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = ObjectIdGetDatum(seq);
+	fcinfo->args[0].isnull = false;
+	last = pg_sequence_last_value(fcinfo);
+	return fcinfo->isnull ? 0 : DatumGetInt64(last);
+}
+
+/*
+ * Write the tick of stream (locked by OutboxLockStreams): its row of
+ * stream_ticks, args[0] stream_id, args[1] tick, args[2] snap, and the
+ * stream's part_ticks args[3]; from C (OutboxOpenRowWriter) unless the
+ * statement must write.  The number of streams rows updated (1).
+ */
+static int32
+st_cut(const OutboxLockedStream *stream, Datum *args)
+{
+	static SPIPlanPtr cut_plan = NULL;
+	static const Oid cut_types[4] = {INT4OID, INT8OID, PG_SNAPSHOTOID, INT8ARRAYOID};
+	static const char *const tick_cols[5] = {"stream_id", "tick", "snap", "last_id", "made_at"};
+	static const char *const stream_cols[1] = {"part_ticks"};
+	static const char *const stream_checks[2] = {"streams_batch_size_check",
+	"streams_partitions_check"};
+	OutboxRowWriter *ticks = OutboxOpenRowWriter("stream_ticks", ACL_INSERT, tick_cols, 5,
+												 NULL, 0);
+	OutboxRowWriter *streams = ticks == NULL ? NULL :
+		OutboxOpenRowWriter("streams", ACL_UPDATE, NULL, 0, stream_checks, 2);
+	Datum		v[5];
+	bool		nulls[5] = {false, false, false, false, false};
+
+	if (streams == NULL)
+	{
+		if (ticks != NULL)
+			OutboxCloseRowWriter(ticks);
+		OutboxRunGeneric(&cut_plan,
+						 "WITH i AS ("
+						 "  INSERT INTO outbox.stream_ticks (stream_id, tick, snap, last_id)"
+						 "  SELECT $1, $2, $3, (SELECT q.last_value FROM outbox.stream_log_id_seq q))"
+						 " UPDATE outbox.streams t SET part_ticks = $4"
+						 "  WHERE t.stream_id OPERATOR(pg_catalog.=) $1", 4, cut_types,
+						 args, SPI_OK_UPDATE, "the streams' tick");
+		return (int32) SPI_processed;
+	}
+	v[0] = args[0];
+	v[1] = args[1];
+	v[2] = args[2];
+	v[3] = Int64GetDatum(st_last_id());
+	v[4] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+	OutboxRowInsert(ticks, tick_cols, 5, v, nulls);
+	OutboxRowUpdate(streams, (ItemPointer) &stream->tid, stream_cols, 1, &args[3], nulls);
+	OutboxCloseRowWriter(streams);
+	OutboxCloseRowWriter(ticks);
+	return 1;
+}
+
+/*
  * The tick (docs/streams.md, "Ticks"): cut a tick of every stream with
  * commands its last tick does not see, committed since or by a
  * transaction that was running then.  The log tables are locked first,
@@ -364,8 +434,6 @@ st_snapshot_datum(Snapshot snap, int64 base)
 int32
 OutboxStreamTick(void)
 {
-	static SPIPlanPtr cut_plan = NULL;
-	static const Oid cut_types[4] = {INT4OID, INT8OID, PG_SNAPSHOTOID, INT8ARRAYOID};
 	int			nstreams;
 	int			nall;
 	int64		base;
@@ -451,14 +519,7 @@ OutboxStreamTick(void)
 												  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 		UnregisterSnapshot(snap);
 		/* the tick, and the partitions it gave commands */
-		OutboxRunGeneric(&cut_plan,
-						 "WITH i AS ("
-						 "  INSERT INTO outbox.stream_ticks (stream_id, tick, snap, last_id)"
-						 "  SELECT $1, $2, $3, (SELECT q.last_value FROM outbox.stream_log_id_seq q))"
-						 " UPDATE outbox.streams t SET part_ticks = $4"
-						 "  WHERE t.stream_id OPERATOR(pg_catalog.=) $1", 4, cut_types,
-						 args, SPI_OK_UPDATE, "the streams' tick");
-		n += (int32) SPI_processed;
+		n += st_cut(&streams[s], args);
 	}
 	OutboxCloseStreamLogs(logs);
 	return nall > nstreams ? -2 - n : n;

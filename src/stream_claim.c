@@ -7,18 +7,22 @@
  *
  * Steps (docs/streams.md, "Batches and leases"):
  *
- *	1. the stream and the subscription, in one statement, with the errors
- *	   of a missing one (42704), of a subscription of another stream
- *	   (42704) and of a caller the subscription's claimers do not admit
- *	   (42501); the lease's end (OutboxLeaseEnd, the row path's rules);
+ *	1. the stream, the subscription and the subscription's progress rows,
+ *	   read from C in one snapshot (OutboxReadClaimLook, src/stream_log.c),
+ *	   with the errors of a missing stream or subscription (42704), of a
+ *	   subscription of another stream (42704) and of a caller the
+ *	   subscription's claimers do not admit (42501); the lease's end
+ *	   (OutboxLeaseEnd, the row path's rules);
  *	2. an expired batch (the oldest lease end, SKIP LOCKED; looked for
- *	   when the first statement saw one): unless its deliveries are used
+ *	   when the first look saw one): unless its deliveries are used
  *	   up (SQL outbox._stream_takeover_cap, which may kill or halve it),
  *	   it is taken over with the same commands, version and deliveries
  *	   + 1, and a new nonce;
  *	3. else, in a loop, the next partition without a batch that has
  *	   commands after its acked tick (streams.part_ticks) or due retries,
- *	   the least recently acked first, picked and locked by one statement;
+ *	   the least recently acked first, picked and locked (from the look
+ *	   and OutboxLockProgress, as FOR UPDATE SKIP LOCKED; by a statement
+ *	   when the subscription has failures, for their due retries and keys);
  *	   the batch's end tick and both snapshots come from one scan of the
  *	   ticks' primary key from its acked tick on (OutboxStreamBatchTicks); the
  *	   commands of an ordering key with an unfinished failure are parked
@@ -28,7 +32,8 @@
  *	   probe per transaction running at the start tick, plus the retries
  *	   marked with the batch; when there are neither, the range alone is
  *	   read from C, src/stream_log.c, with the failures' key probed per
- *	   row).  A partition whose batch is
+ *	   row); the lease is written from C (OutboxRowUpdate).  A partition
+ *	   whose batch is
  *	   empty (commands after a batch end capped by batch_size, or all
  *	   waiting) moves its acked tick on and is looked at again until it
  *	   reaches the last tick;
@@ -37,44 +42,38 @@
  *	   such partitions on to the last tick before each rotation step
  *	   (outbox._stream_move_on), and the lag view counts them caught up.
  *
- * Each step is one saved statement with generic plans (OutboxExecuteGeneric),
- * run from here rather than from a PL/pgSQL function: the function's own
- * cost (its call, its SET clause, the lease's checks in PL/pgSQL, its
- * variables) was about a third of a claim.
+ * The steps that are rare (a takeover, a subscription with failures) are
+ * saved statements with generic plans (OutboxExecuteGeneric), run from
+ * here rather than from a PL/pgSQL function: the function's own cost (its
+ * call, its SET clause, the lease's checks in PL/pgSQL, its variables)
+ * was about a third of a claim.  The common case runs none: a statement's
+ * start cost more than the few rows each step reads or writes.  A table
+ * the writer cannot write as the statement would (OutboxOpenRowWriter: a
+ * trigger, a rule, row-level security, a read-only transaction) gets the
+ * statement.
  *
- * Locking: the row locks of the statements (the progress row of the batch,
- * FOR UPDATE SKIP LOCKED, and the failures they write).
+ * Locking: the progress row of the batch (FOR UPDATE SKIP LOCKED, by
+ * OutboxLockProgress or the pick's statement), and the row locks of the
+ * statements and writes (the failures they write).
  *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/xid8.h"
 
 #include "outbox.h"
 
 /* The statements; their parameters are named in each. */
-
-/*
- * $1 stream, $2 subscription, $3 caller, $4 now; the last column: whether
- * a batch's lease has ended (step 2 looks for one only then).
- */
-static const char sc_prologue_sql[] =
-"SELECT t.stream_id, t.partitions, t.batch_size, x.subscription IS NOT NULL,"
-"       x.stream OPERATOR(pg_catalog.=) $1, outbox._may(x.claimers, $3), x.created_at,"
-"       EXISTS (SELECT 1 FROM outbox.stream_progress p"
-"                WHERE p.subscription OPERATOR(pg_catalog.=) $2"
-"                  AND p.batch_to IS NOT NULL"
-"                  AND p.lease_until OPERATOR(pg_catalog.<=) $4)"
-"  FROM (SELECT 1) d"
-"  LEFT JOIN outbox.streams t ON t.stream OPERATOR(pg_catalog.=) $1"
-"  LEFT JOIN outbox.subscriptions x ON x.subscription OPERATOR(pg_catalog.=) $2";
 
 /* $1 subscription, $2 now */
 static const char sc_expired_sql[] =
@@ -119,7 +118,8 @@ static const char sc_takeover_rows_sql[] =
 
 /*
  * $1 subscription, $2 stream_id, $3 the partitions tried, $4 now.  Columns:
- * part, batch_id, acked_tick, due, keyed.
+ * part, batch_id, acked_tick, due, keyed, and the locked row's ctid (where
+ * the lease or the skip writes from C).
  */
 #define SC_DUE_EXISTS(alias, now) \
 "EXISTS (SELECT 1 FROM outbox.stream_failures f" \
@@ -131,7 +131,8 @@ static const char sc_pick_sql[] =
 "SELECT p.part, p.batch_id, p.acked_tick, " SC_DUE_EXISTS("p", "$4") ","
 "       EXISTS (SELECT 1 FROM outbox.stream_failures f"
 "                WHERE f.subscription OPERATOR(pg_catalog.=) $1"
-"                  AND f.ordering_key IS NOT NULL)"
+"                  AND f.ordering_key IS NOT NULL),"
+"       p.ctid"
 "  FROM outbox.stream_progress p"
 " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
 "   AND p.batch_to IS NULL"
@@ -145,7 +146,7 @@ static const char sc_pick_sql[] =
 
 enum
 {
-	SC_PART, SC_BATCH, SC_ACKED, SC_DUE, SC_KEYED, SC_PICK_COLS
+	SC_PART, SC_BATCH, SC_ACKED, SC_DUE, SC_KEYED, SC_CTID, SC_PICK_COLS
 };
 
 /*
@@ -237,7 +238,14 @@ SC_NOT_FAILED
 "           AND f.batch_id OPERATOR(pg_catalog.=) $9) x"
 " ORDER BY x.id";
 
-/* An empty batch: the partition's acked tick moves on. $1 subscription, $2 part, $3 tick */
+/*
+ * The two writes of the row the pick locked, from C (sc_write_progress)
+ * or else by these statements.
+ *
+ * An empty batch: the partition's acked tick moves on. $1 subscription, $2
+ * part, $3 tick
+ */
+static const char *const sc_skip_cols[1] = {"acked_tick"};
 static const char sc_skip_sql[] =
 "UPDATE outbox.stream_progress p SET acked_tick = $3"
 " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
@@ -247,6 +255,8 @@ static const char sc_skip_sql[] =
  * The lease of the new batch: $1 subscription, $2 part, $3 batch id, $4 end
  * tick, $5 worker, $6 caller, $7 nonce, $8 until, $9 rows, $10 retries.
  */
+static const char *const sc_lease_cols[10] = {"batch_id", "batch_to", "owner", "role",
+"claim_nonce", "lease_until", "batch_rows", "batch_retries", "version", "deliveries"};
 static const char sc_lease_sql[] =
 "UPDATE outbox.stream_progress p"
 "   SET batch_id = $3, batch_to = $4, version = 1, owner = $5, role = $6,"
@@ -329,6 +339,38 @@ sc_read_range(int32 stream_id, int32 part, const OutboxBatchTicks *ticks, text *
 	}
 }
 
+/*
+ * Write the progress row the pick locked (at tid): n columns (cols) from
+ * values a[2] on (the lease's two constants after them), from C; or, when
+ * the writer cannot (OutboxOpenRowWriter), by the statement sql with the
+ * arguments a.
+ */
+static void
+sc_write_progress(ItemPointer tid, const char *const *cols, int n, SPIPlanPtr *plan,
+				  const char *sql, int nargs, const Oid *types, Datum *a)
+{
+	OutboxRowWriter *w = OutboxOpenRowWriter("stream_progress", ACL_UPDATE, NULL, 0,
+													NULL, 0);
+	Datum		v[10];
+	bool		nulls[10];
+	int			i;
+
+	if (w == NULL)
+	{
+		OutboxRunGeneric(plan, sql, nargs, types, a, SPI_OK_UPDATE, "claim_batch");
+		if (SPI_processed != 1)
+			elog(ERROR, "outbox: claim_batch updated %d progress rows", (int) SPI_processed);
+		return;
+	}
+	for (i = 0; i < n; i++)
+	{
+		v[i] = i < nargs - 2 ? a[i + 2] : Int32GetDatum(1);
+		nulls[i] = false;
+	}
+	OutboxRowUpdate(w, tid, cols, n, v, nulls);
+	OutboxCloseRowWriter(w);
+}
+
 /* The rows of the last statement, as a batch's rows. */
 static void
 sc_spi_rows(OutboxBatchRows *out)
@@ -350,6 +392,110 @@ sc_col(int col)
 	return d;
 }
 
+/* Whether text a equals text b, byte by byte (the columns' collation is C). */
+static bool
+sc_text_eq(text *a, text *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
+/* The order of the pick: the least recently acked first (never acked before all), then part. */
+static int
+sc_cmp_pick(const void *a, const void *b)
+{
+	const OutboxProgressRow *x = *(OutboxProgressRow *const *) a;
+	const OutboxProgressRow *y = *(OutboxProgressRow *const *) b;
+
+	if (x->acked_null != y->acked_null)
+		return x->acked_null ? -1 : 1;
+	if (!x->acked_null && x->acked_at != y->acked_at)
+		return x->acked_at < y->acked_at ? -1 : 1;
+	return x->part < y->part ? -1 : (x->part > y->part ? 1 : 0);
+}
+
+/*
+ * Whether the progress row r has commands after its acked tick: below
+ * COALESCE(part_ticks[part + 1], 0), as sc_pick_sql.
+ */
+static bool
+sc_has_work(const OutboxProgressRow *r, Datum part_ticks)
+{
+	int			idx = r->part + 1;
+	bool		isnull;
+	Datum		last;
+
+	if (part_ticks == (Datum) 0)
+		return false;
+	last = array_get_element(part_ticks, 1, &idx, -1, sizeof(int64), FLOAT8PASSBYVAL,
+							 TYPALIGN_DOUBLE, &isnull);
+	return r->acked_tick < (isnull ? 0 : DatumGetInt64(last));
+}
+
+/*
+ * The pick of step 3 without a statement, for a subscription without
+ * failures (look, read under one snapshot): the partitions not tried, with
+ * no batch and with commands after their acked tick, in sc_cmp_pick's
+ * order, each locked as FOR UPDATE SKIP LOCKED does until one is; the
+ * columns of sc_pick_sql (due and keyed false) into p, the locked
+ * version's tid into *tid.  0: none; 1: picked; -1: the row locked has
+ * changed since the look (the caller looks again; the lock is kept).
+ */
+static int
+sc_pick_look(const OutboxClaimLook *look, Snapshot snap, const Datum *tried, int ntried,
+			 Datum *p, ItemPointer tid)
+{
+	OutboxProgressRow **cand = palloc(sizeof(OutboxProgressRow *) * (look->nprogress + 1));
+	int			ncand = 0;
+	int			i;
+
+	for (i = 0; i < look->nprogress; i++)
+	{
+		OutboxProgressRow *r = &look->progress[i];
+		bool		was_tried = false;
+		int			t;
+
+		for (t = 0; t < ntried && !was_tried; t++)
+			was_tried = DatumGetInt32(tried[t]) == r->part;
+		if (!r->open && !was_tried && sc_has_work(r, look->part_ticks))
+			cand[ncand++] = r;
+	}
+	qsort(cand, ncand, sizeof(OutboxProgressRow *), sc_cmp_pick);
+	for (i = 0; i < ncand; i++)
+	{
+		OutboxProgressRow locked;
+
+		if (!OutboxLockProgress(&cand[i]->tid, snap, &locked))
+			continue;
+		if (!ItemPointerEquals(&locked.tid, &cand[i]->tid))
+			return -1;
+		p[SC_PART] = Int32GetDatum(locked.part);
+		p[SC_BATCH] = Int64GetDatum(locked.batch_id);
+		p[SC_ACKED] = Int64GetDatum(locked.acked_tick);
+		p[SC_DUE] = BoolGetDatum(false);
+		p[SC_KEYED] = BoolGetDatum(false);
+		*tid = locked.tid;
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * Look at the stream, the subscription and its progress (OutboxReadClaimLook)
+ * in a new snapshot, taken as a statement would (after this transaction's
+ * changes so far), into *look; the snapshot, registered, is returned.
+ */
+static Snapshot
+sc_look(text *stream, text *sub, OutboxClaimLook *look)
+{
+	Snapshot	snap;
+
+	CommandCounterIncrement();
+	snap = RegisterSnapshot(GetTransactionSnapshot());
+	OutboxReadClaimLook(stream, sub, snap, look);
+	return snap;
+}
+
 /*
  * claim_batch's body (see the top of the file): the commands of the batch
  * leased to worker for caller, into *rows (kept until SPI_finish; none
@@ -363,10 +509,9 @@ void
 OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid caller,
 				  int64 nonce, int64 *since, OutboxBatchRows *rows)
 {
-	static SPIPlanPtr prologue_plan, expired_plan, cap_plan, takeover_plan,
+	static SPIPlanPtr expired_plan, cap_plan, takeover_plan,
 				takeover_retries_plan, takeover_rows_plan, pick_plan, park_plan, retries_plan,
 				rows_plan, skip_plan, lease_plan;
-	static const Oid prologue_types[4] = {TEXTOID, TEXTOID, OIDOID, TIMESTAMPTZOID};
 	static const Oid expired_types[2] = {TEXTOID, TIMESTAMPTZOID};
 	static const Oid cap_types[4] = {TEXTOID, INT4OID, INT4OID, TIMESTAMPTZOID};
 	static const Oid takeover_types[6] = {TEXTOID, INT4OID, TEXTOID, OIDOID, INT8OID,
@@ -387,7 +532,10 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	TimestampTz until;
 	Interval	dflt;
 	Datum		a[10];
-	bool		isnull;
+	Snapshot	snap;
+	OutboxClaimLook look;
+	bool		fresh;
+	int			i;
 	int32		stream_id;
 	int32		partitions;
 	int32		batch_size;
@@ -396,37 +544,36 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	int			ntried = 0;
 
 	/* 1. the stream, the subscription, the caller, the lease */
-	a[0] = PointerGetDatum(stream);
-	a[1] = PointerGetDatum(sub);
-	a[2] = ObjectIdGetDatum(caller);
-	a[3] = TimestampTzGetDatum(now);
-	OutboxRunGeneric(&prologue_plan, sc_prologue_sql, 4, prologue_types, a,
-					 SPI_OK_SELECT, "claim_batch");
-	(void) SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	if (isnull)
+	snap = sc_look(stream, sub, &look);
+	if (!look.stream_found)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("stream \"%s\" does not exist", text_to_cstring(stream))));
-	stream_id = DatumGetInt32(sc_col(1));
-	partitions = DatumGetInt32(sc_col(2));
-	batch_size = DatumGetInt32(sc_col(3));
-	if (!DatumGetBool(sc_col(4)))
+	stream_id = look.stream_id;
+	partitions = look.partitions;
+	batch_size = look.batch_size;
+	if (!look.sub_found)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("subscription \"%s\" does not exist", text_to_cstring(sub))));
-	if (!DatumGetBool(sc_col(5)))
+	if (!sc_text_eq(look.sub_stream, stream))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("subscription \"%s\" is not a subscription of stream \"%s\"",
 						text_to_cstring(sub), text_to_cstring(stream))));
-	if (!DatumGetBool(sc_col(6)))
+	if (!OutboxMay(look.claimers == (Datum) 0 ? NULL : DatumGetArrayTypeP(look.claimers),
+				   caller))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("permission denied to claim the batches of subscription \"%s\"",
 						text_to_cstring(sub)),
 				 errhint("The subscription's claimers (outbox.create_subscription) do not include a role of yours.")));
-	*since = DatumGetTimestampTz(sc_col(7));
-	expired = DatumGetBool(sc_col(8));
+	*since = look.created_at;
+	expired = false;
+	for (i = 0; i < look.nprogress; i++)
+		if (look.progress[i].open && !look.progress[i].lease_null &&
+			look.progress[i].lease_until <= now)
+			expired = true;
 	if (lease == NULL)
 		lease = OutboxDefaultLease(&dflt);
 	until = OutboxLeaseEnd(lease, now);
@@ -476,15 +623,16 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 			OutboxRunGeneric(&takeover_rows_plan, sc_takeover_rows_sql, 9,
 							 takeover_rows_types, a, SPI_OK_SELECT, "claim_batch");
 			sc_spi_rows(rows);
+			UnregisterSnapshot(snap);
 			return;
 		}
 	}
 
 	/* 3. a new batch of the next partition with work */
+	fresh = !expired;
 	tried = palloc(sizeof(Datum) * (partitions + 1));
 	for (;;)
 	{
-		SPITupleTable *pick;
 		Datum		part;
 		Datum		nb;
 		Datum		t_to;
@@ -496,22 +644,52 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		uint64		n_rows;
 		Datum		p[SC_PICK_COLS];
 		bool		pnull[SC_PICK_COLS];
-		int			col;
+		ItemPointerData tid;
 
-		a[0] = PointerGetDatum(sub);
-		a[1] = Int32GetDatum(stream_id);
-		a[2] = PointerGetDatum(construct_array(tried, ntried, INT4OID, sizeof(int32), true,
-											   TYPALIGN_INT));
-		a[3] = TimestampTzGetDatum(now);
-		OutboxRunGeneric(&pick_plan, sc_pick_sql, 4, pick_types, a,
-						 SPI_OK_SELECT, "claim_batch");
-		if (SPI_processed == 0)
-			break;
-		pick = SPI_tuptable;
-		heap_deform_tuple(pick->vals[0], pick->tupdesc, p, pnull);
-		for (col = 0; col < SC_PICK_COLS; col++)
-			if (pnull[col])
-				elog(ERROR, "outbox: claim_batch's pick read a NULL in column %d", col + 1);
+		/*
+		 * the look of step 1 while nothing was written since, else a new
+		 * one; a subscription with failures picks by the statement (its
+		 * due retries and parked keys), else from the look
+		 */
+		if (!fresh)
+		{
+			UnregisterSnapshot(snap);
+			snap = sc_look(stream, sub, &look);
+			if (!look.stream_found || !look.sub_found)
+				break;
+		}
+		fresh = false;
+		/* (a read-only transaction: the statement raises 25006) */
+		if (!look.failures && !XactReadOnly)
+		{
+			int			got = sc_pick_look(&look, snap, tried, ntried, p, &tid);
+
+			if (got < 0)
+				continue;
+			if (got == 0)
+				break;
+		}
+		else
+		{
+			SPITupleTable *pick;
+			int			col;
+
+			a[0] = PointerGetDatum(sub);
+			a[1] = Int32GetDatum(stream_id);
+			a[2] = PointerGetDatum(construct_array(tried, ntried, INT4OID, sizeof(int32), true,
+												   TYPALIGN_INT));
+			a[3] = TimestampTzGetDatum(now);
+			OutboxRunGeneric(&pick_plan, sc_pick_sql, 4, pick_types, a,
+							 SPI_OK_SELECT, "claim_batch");
+			if (SPI_processed == 0)
+				break;
+			pick = SPI_tuptable;
+			heap_deform_tuple(pick->vals[0], pick->tupdesc, p, pnull);
+			for (col = 0; col < SC_PICK_COLS; col++)
+				if (pnull[col])
+					elog(ERROR, "outbox: claim_batch's pick read a NULL in column %d", col + 1);
+			tid = *(ItemPointer) DatumGetPointer(p[SC_CTID]);
+		}
 		part = p[SC_PART];
 		nb = Int64GetDatum(DatumGetInt64(p[SC_BATCH]) + 1);
 		/* the batch's ticks (its snapshots) */
@@ -581,8 +759,7 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 			 * acked tick until it reaches the last one
 			 */
 			a[2] = t_to;
-			OutboxRunGeneric(&skip_plan, sc_skip_sql, 3, skip_types, a,
-							 SPI_OK_UPDATE, "claim_batch");
+			sc_write_progress(&tid, sc_skip_cols, 1, &skip_plan, sc_skip_sql, 3, skip_types, a);
 			if (ticks.last)
 			{
 				if (ntried >= partitions)
@@ -599,11 +776,13 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		a[7] = TimestampTzGetDatum(until);
 		a[8] = Int32GetDatum((int32) n_rows);
 		a[9] = Int32GetDatum(n_retries);
-		OutboxRunGeneric(&lease_plan, sc_lease_sql, 10, lease_types, a,
-						 SPI_OK_UPDATE, "claim_batch");
+		sc_write_progress(&tid, sc_lease_cols, 10, &lease_plan, sc_lease_sql, 10, lease_types,
+						  a);
+		UnregisterSnapshot(snap);
 		return;
 	}
 
 	/* 4. nothing to claim */
+	UnregisterSnapshot(snap);
 	rows->n = 0;
 }

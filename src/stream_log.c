@@ -1,11 +1,14 @@
 /*-------------------------------------------------------------------------
  *
  * stream_log.c
- *		The stream's tables read from C, without a statement: the log
- *		tables' batch indexes (the tick's probes, src/stream.c, and the
- *		read of a batch, src/stream_claim.c, with the failures' primary
- *		key) and the ticks' primary key (the last tick, and the ticks of
- *		a new batch); and the tick's lock of the streams' rows.
+ *		The stream's tables read and written from C, without a statement:
+ *		the log tables' batch indexes (the tick's probes, src/stream.c, and
+ *		the read of a batch, src/stream_claim.c, with the failures' primary
+ *		key), the ticks' primary key (the last tick, and the ticks of a new
+ *		batch), the claim's look at the stream, the subscription and its
+ *		progress (their primary keys); the tick's lock of the streams' rows
+ *		and the claim's of a progress row; and the rows the tick and the
+ *		claim write (OutboxOpenRowWriter).
  *
  * A statement over the four log tables (outbox._stream_log) starts a plan
  * of four index scans, an append and a sort each time it runs, which costs
@@ -23,9 +26,11 @@
  * (55000): it could lack rows.
  *
  * Locking: AccessShareLock on the log tables, stream_ticks,
- * stream_failures, stream_rotation and their indexes; RowShareLock on
- * streams and the tuple locks of its rows (OutboxLockStreams); all held to
- * the end of the transaction.
+ * stream_failures, stream_rotation, streams, subscriptions,
+ * stream_progress and their indexes; RowShareLock on streams and
+ * stream_progress and the tuple locks of their rows (OutboxLockStreams,
+ * OutboxLockProgress); RowExclusiveLock on the tables written; all held
+ * to the end of the transaction.
  *
  *-------------------------------------------------------------------------
  */
@@ -39,8 +44,11 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_index.h"
+#include "executor/executor.h"
 #include "executor/tuptable.h"
+#include "miscadmin.h"
 #include "storage/bufmgr.h"
+#include "utils/acl.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
@@ -602,6 +610,7 @@ OutboxLockStreams(int *nlocked, int *nall, int64 *base)
 		out[n].partitions = DatumGetInt32(slot_getattr(locked, at_parts, &isnull));
 		ticks = slot_getattr(locked, at_ticks, &isnull);
 		out[n].part_ticks = isnull ? (Datum) 0 : PointerGetDatum(PG_DETOAST_DATUM_COPY(ticks));
+		out[n].tid = locked->tts_tid;
 		n++;
 	}
 	ExecDropSingleTupleTableSlot(locked);
@@ -632,4 +641,378 @@ OutboxLockStreams(int *nlocked, int *nall, int64 *base)
 	UnregisterSnapshot(snap);
 	*nlocked = n;
 	return out;
+}
+
+/*
+ * Rows of the stream's tables written from C (OutboxOpenRowWriter): the
+ * tick's row of stream_ticks and its streams row, and a new batch's lease
+ * in stream_progress, each a statement before.  A statement costs more to
+ * start (its portal, snapshot and plan over the table) than the row it
+ * writes, and a claim that cuts a tick ran three.  A row is written as
+ * the executor's ExecSimpleRelationInsert and ExecSimpleRelationUpdate
+ * write it (a logical replication worker's apply): the NOT NULL
+ * constraints, the row version, its index entries (their unique checks
+ * wait for a concurrent inserter and raise 23505) and the replica
+ * identity's check, as the statement; the table's CHECK constraints must
+ * be among those the caller names as unaffected (constraints on columns
+ * it never writes, which the row it updates kept: evaluating them means
+ * parsing them again on each write, more than half of an update's time).
+ * A table with a trigger, a rule, row-level security, a generated column
+ * or another CHECK constraint, or without the privilege, and a read-only
+ * transaction, get NULL: the caller runs the statement instead (nothing
+ * of this can change while the writer holds the table's lock).
+ */
+struct OutboxRowWriter
+{
+	Relation	rel;
+	EState	   *estate;
+	ResultRelInfo *rri;
+	TupleTableSlot *slot;		/* the row written */
+	TupleTableSlot *old;		/* the version an update replaces */
+};
+
+/*
+ * Open outbox.<name> for rows written from C (RowExclusiveLock, kept to
+ * the end of the transaction, as the statement takes it), with the
+ * privilege mode; NULL when the statement must write instead.  columns
+ * (for an insert) names every column of the table, which would otherwise
+ * take its default in the statement; checks names the CHECK constraints
+ * the writes cannot affect.  As SPI does before a statement, this
+ * transaction's changes so far are made visible first.
+ */
+OutboxRowWriter *
+OutboxOpenRowWriter(const char *name, AclMode mode, const char *const *columns, int ncolumns,
+					const char *const *checks, int nchecks)
+{
+	Relation	rel;
+	TupleConstr *constr;
+	OutboxRowWriter *w;
+	bool		ok;
+	int			i;
+
+	if (XactReadOnly)
+		return NULL;
+	rel = sl_relation(name, RowExclusiveLock, false);
+	constr = RelationGetDescr(rel)->constr;
+	ok = rel->rd_rel->relkind == RELKIND_RELATION && !rel->rd_rel->relispartition &&
+		rel->trigdesc == NULL && rel->rd_rules == NULL && !rel->rd_rel->relrowsecurity &&
+		(constr == NULL || !constr->has_generated_stored) &&
+		pg_class_aclcheck(RelationGetRelid(rel), GetUserId(), mode) == ACLCHECK_OK;
+	for (i = 0; ok && constr != NULL && i < constr->num_check; i++)
+	{
+		int			c;
+
+		ok = false;
+		for (c = 0; c < nchecks && !ok; c++)
+			ok = strcmp(constr->check[i].ccname, checks[c]) == 0;
+	}
+	if (ok && columns != NULL)
+	{
+		TupleDesc	desc = RelationGetDescr(rel);
+		int			live = 0;
+
+		for (i = 0; i < desc->natts; i++)
+			if (!TupleDescAttr(desc, i)->attisdropped)
+				live++;
+		for (i = 0; i < ncolumns; i++)
+			(void) sl_attnum(rel, columns[i]);
+		ok = live == ncolumns;
+	}
+	if (!ok)
+	{
+		table_close(rel, NoLock);
+		return NULL;
+	}
+	CommandCounterIncrement();
+	w = palloc0(sizeof(OutboxRowWriter));
+	w->rel = rel;
+	w->estate = CreateExecutorState();
+	w->rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(w->rri, rel, 0, NULL, 0);
+	ExecOpenIndices(w->rri, false);
+	w->estate->es_output_cid = GetCurrentCommandId(true);
+	w->estate->es_snapshot = ActiveSnapshotSet() ? GetActiveSnapshot() : InvalidSnapshot;
+	w->slot = table_slot_create(rel, &w->estate->es_tupleTable);
+	w->old = table_slot_create(rel, &w->estate->es_tupleTable);
+	return w;
+}
+
+/* Set column name of the writer's row to value (NULL when isnull). */
+static void
+sl_set(OutboxRowWriter *w, const char *name, Datum value, bool isnull)
+{
+	AttrNumber	at = sl_attnum(w->rel, name);
+
+	w->slot->tts_values[at - 1] = value;
+	w->slot->tts_isnull[at - 1] = isnull;
+}
+
+/*
+ * Store the writer's row, refusing a NULL in a NOT NULL column as the
+ * executor refuses it (23502).
+ */
+static void
+sl_ready(OutboxRowWriter *w)
+{
+	TupleDesc	desc = RelationGetDescr(w->rel);
+	int			i;
+
+	for (i = 0; i < desc->natts; i++)
+		if (w->slot->tts_isnull[i] && TupleDescAttr(desc, i)->attnotnull)
+			ereport(ERROR,
+					(errcode(ERRCODE_NOT_NULL_VIOLATION),
+					 errmsg("null value in column \"%s\" of relation \"%s\" violates not-null constraint",
+							NameStr(TupleDescAttr(desc, i)->attname),
+							RelationGetRelationName(w->rel)),
+					 errtablecol(w->rel, i + 1)));
+	ExecStoreVirtualTuple(w->slot);
+}
+
+/* The index entries of the row just written (update: not a HOT update). */
+static void
+sl_index(OutboxRowWriter *w, bool update)
+{
+	if (w->rri->ri_NumIndices > 0)
+		list_free(ExecInsertIndexTuples(w->rri, w->slot, w->estate, update, false, NULL, NIL));
+	ResetPerTupleExprContext(w->estate);
+}
+
+/* Insert a row: n columns by name (every column, OutboxOpenRowWriter). */
+void
+OutboxRowInsert(OutboxRowWriter *w, const char *const *columns, int n, const Datum *values,
+				const bool *nulls)
+{
+	int			i;
+
+	ExecClearTuple(w->slot);
+	for (i = 0; i < RelationGetDescr(w->rel)->natts; i++)
+		w->slot->tts_isnull[i] = true;
+	for (i = 0; i < n; i++)
+		sl_set(w, columns[i], values[i], nulls[i]);
+	sl_ready(w);
+	CheckCmdReplicaIdentity(w->rel, CMD_INSERT);
+	simple_table_tuple_insert(w->rel, w->slot);
+	sl_index(w, false);
+}
+
+/*
+ * Update the row version at tid (locked by this transaction, so that no
+ * one else changes it; a version that is not the last one is an error):
+ * n columns by name get values, the others keep theirs.
+ */
+void
+OutboxRowUpdate(OutboxRowWriter *w, ItemPointer tid, const char *const *columns, int n,
+				const Datum *values, const bool *nulls)
+{
+	int			natts = RelationGetDescr(w->rel)->natts;
+	bool		update_indexes;
+	int			i;
+
+	if (!table_tuple_fetch_row_version(w->rel, tid, SnapshotAny, w->old))
+		elog(ERROR, "outbox: the row to update in \"%s\" is missing",
+			 RelationGetRelationName(w->rel));
+	slot_getallattrs(w->old);
+	ExecClearTuple(w->slot);
+	memcpy(w->slot->tts_values, w->old->tts_values, sizeof(Datum) * natts);
+	memcpy(w->slot->tts_isnull, w->old->tts_isnull, sizeof(bool) * natts);
+	for (i = 0; i < n; i++)
+		sl_set(w, columns[i], values[i], nulls[i]);
+	sl_ready(w);
+	CheckCmdReplicaIdentity(w->rel, CMD_UPDATE);
+	simple_table_tuple_update(w->rel, tid, w->slot, w->estate->es_snapshot, &update_indexes);
+	if (update_indexes)
+		sl_index(w, true);
+}
+
+/* Close the writer (the table's lock is kept); its rows become visible. */
+void
+OutboxCloseRowWriter(OutboxRowWriter *w)
+{
+	Relation	rel = w->rel;
+
+	ExecCloseIndices(w->rri);
+	ExecResetTupleTable(w->estate->es_tupleTable, true);
+	FreeExecutorState(w->estate);
+	table_close(rel, NoLock);
+	pfree(w);
+	CommandCounterIncrement();
+}
+
+/*
+ * The claim's reads of the stream's metadata (src/stream_claim.c, steps 1
+ * and 3), each a statement before: the stream's row and the
+ * subscription's by their primary keys, the subscription's progress rows
+ * (one per partition, by the first column of their primary key), whether
+ * it has failures, and the lock of the progress row the claim picks.
+ */
+
+static void sl_progress_row(Relation rel, TupleTableSlot *slot, OutboxProgressRow *r);
+
+/* An index scan of outbox.<table> by its index's first column, a text. */
+typedef struct SlKeyScan
+{
+	Relation	rel;
+	Relation	idx;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+} SlKeyScan;
+
+static void
+sl_key_begin(SlKeyScan *k, const char *table, const char *index, const char *column,
+			 text *key, Snapshot snap)
+{
+	ScanKeyData sk;
+
+	sl_open(table, index, &k->rel, &k->idx);
+	if (k->idx->rd_index->indkey.values[0] != sl_attnum(k->rel, column))
+		elog(ERROR, "outbox: the index \"%s\" does not begin with %s.%s", index, table, column);
+	k->scan = index_beginscan(k->rel, k->idx, snap, 1, 0);
+	k->slot = table_slot_create(k->rel, NULL);
+	ScanKeyInit(&sk, 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
+	index_rescan(k->scan, &sk, 1, NULL, 0);
+}
+
+static bool
+sl_key_next(SlKeyScan *k)
+{
+	return index_getnext_slot(k->scan, ForwardScanDirection, k->slot);
+}
+
+static void
+sl_key_end(SlKeyScan *k)
+{
+	ExecDropSingleTupleTableSlot(k->slot);
+	index_endscan(k->scan);
+	index_close(k->idx, NoLock);
+	table_close(k->rel, NoLock);
+}
+
+/* Column name of the scan's row (its value copied; NULL: isnull). */
+static Datum
+sl_key_col(SlKeyScan *k, const char *name, bool *isnull)
+{
+	Form_pg_attribute att;
+	AttrNumber	at = sl_attnum(k->rel, name);
+	Datum		d = slot_getattr(k->slot, at, isnull);
+
+	att = TupleDescAttr(RelationGetDescr(k->rel), at - 1);
+	return *isnull ? (Datum) 0 : datumCopy(d, att->attbyval, att->attlen);
+}
+
+/* Column name of the scan's row, NOT NULL. */
+static Datum
+sl_key_req(SlKeyScan *k, const char *name)
+{
+	bool		isnull;
+	Datum		d = sl_key_col(k, name, &isnull);
+
+	if (isnull)
+		elog(ERROR, "outbox: a NULL in %s.%s", RelationGetRelationName(k->rel), name);
+	return d;
+}
+
+/*
+ * The stream's row and the subscription's (each found or not), the
+ * subscription's progress rows in partition order, and whether it has
+ * failures, under snap.
+ */
+void
+OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *look)
+{
+	SlKeyScan	k;
+	int			cap = 0;
+	bool		isnull;
+
+	memset(look, 0, sizeof(OutboxClaimLook));
+	sl_key_begin(&k, "streams", "streams_pkey", "stream", stream, snap);
+	if (sl_key_next(&k))
+	{
+		look->stream_found = true;
+		look->stream_id = DatumGetInt32(sl_key_req(&k, "stream_id"));
+		look->partitions = DatumGetInt32(sl_key_req(&k, "partitions"));
+		look->batch_size = DatumGetInt32(sl_key_req(&k, "batch_size"));
+		look->part_ticks = sl_key_col(&k, "part_ticks", &isnull);
+		if (!isnull)
+			look->part_ticks = PointerGetDatum(PG_DETOAST_DATUM_COPY(look->part_ticks));
+	}
+	sl_key_end(&k);
+	sl_key_begin(&k, "subscriptions", "subscriptions_pkey", "subscription", sub, snap);
+	if (sl_key_next(&k))
+	{
+		look->sub_found = true;
+		look->sub_stream = DatumGetTextPP(sl_key_req(&k, "stream"));
+		look->claimers = sl_key_col(&k, "claimers", &isnull);
+		if (!isnull)
+			look->claimers = PointerGetDatum(PG_DETOAST_DATUM_COPY(look->claimers));
+		look->created_at = DatumGetTimestampTz(sl_key_req(&k, "created_at"));
+	}
+	sl_key_end(&k);
+	sl_key_begin(&k, "stream_progress", "stream_progress_pkey", "subscription", sub, snap);
+	while (sl_key_next(&k))
+	{
+		OutboxProgressRow *r;
+
+		if (look->nprogress == cap)
+		{
+			cap = cap == 0 ? 16 : 2 * cap;
+			look->progress = look->progress == NULL ?
+				palloc(sizeof(OutboxProgressRow) * cap) :
+				repalloc(look->progress, sizeof(OutboxProgressRow) * cap);
+		}
+		r = &look->progress[look->nprogress++];
+		sl_progress_row(k.rel, k.slot, r);
+	}
+	sl_key_end(&k);
+	sl_key_begin(&k, "stream_failures", "stream_failures_pkey", "subscription", sub, snap);
+	look->failures = sl_key_next(&k);
+	sl_key_end(&k);
+}
+
+/* A progress row's columns the claim reads, from slot (a row of rel). */
+static void
+sl_progress_row(Relation rel, TupleTableSlot *slot, OutboxProgressRow *r)
+{
+	bool		isnull;
+
+	r->part = DatumGetInt32(slot_getattr(slot, sl_attnum(rel, "part"), &isnull));
+	r->batch_id = DatumGetInt64(slot_getattr(slot, sl_attnum(rel, "batch_id"), &isnull));
+	r->acked_tick = DatumGetInt64(slot_getattr(slot, sl_attnum(rel, "acked_tick"), &isnull));
+	(void) slot_getattr(slot, sl_attnum(rel, "batch_to"), &isnull);
+	r->open = !isnull;
+	r->lease_until = DatumGetTimestampTz(slot_getattr(slot, sl_attnum(rel, "lease_until"),
+													  &r->lease_null));
+	r->acked_at = DatumGetTimestampTz(slot_getattr(slot, sl_attnum(rel, "acked_at"),
+												   &r->acked_null));
+	r->tid = slot->tts_tid;
+}
+
+/*
+ * Lock the progress row at tid as FOR UPDATE SKIP LOCKED does, under snap:
+ * false when another transaction holds it or it is gone; else true, with
+ * *r its locked version (the last one under READ COMMITTED; a row updated
+ * since snap under REPEATABLE READ is 40001).
+ */
+bool
+OutboxLockProgress(ItemPointer tid, Snapshot snap, OutboxProgressRow *r)
+{
+	Relation	rel = sl_relation("stream_progress", RowShareLock, false);
+	TupleTableSlot *locked = table_slot_create(rel, NULL);
+	uint8		flags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	TM_FailureData tmfd;
+	TM_Result	res;
+
+	res = table_tuple_lock(rel, tid, snap, locked, GetCurrentCommandId(true), LockTupleExclusive,
+						   LockWaitSkip, flags, &tmfd);
+	if ((res == TM_Updated || res == TM_Deleted) && IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent update")));
+	if (res == TM_Ok)
+		sl_progress_row(rel, locked, r);
+	else if (res != TM_WouldBlock && res != TM_Deleted)
+		elog(ERROR, "outbox: unexpected result %d locking a row of outbox.stream_progress",
+			 (int) res);
+	ExecDropSingleTupleTableSlot(locked);
+	table_close(rel, NoLock);
+	return res == TM_Ok;
 }
