@@ -450,6 +450,13 @@ typedef struct OutboxLockedStream
 
 typedef struct OutboxRowWriter OutboxRowWriter;
 
+/* A column a writer gives values (OutboxOpenRowWriter): its name and type. */
+typedef struct OutboxColumn
+{
+	const char *name;
+	Oid			type;
+} OutboxColumn;
+
 /* A subscription's progress row, as the claim reads it (OutboxReadClaimLook). */
 typedef struct OutboxProgressRow
 {
@@ -477,6 +484,7 @@ typedef struct OutboxClaimLook
 	Datum		claimers;		/* regrole[], copied; (Datum) 0 when NULL */
 	TimestampTz created_at;
 	bool		failures;		/* the subscription has rows in stream_failures */
+	bool		forced_rls;		/* stream_progress has row-level security forced on its owner */
 	int			nprogress;
 	OutboxProgressRow *progress;	/* in partition order */
 } OutboxClaimLook;
@@ -498,14 +506,15 @@ extern void OutboxStreamBatchTicks(int32 stream_id, int64 acked, int64 cap,
 								   OutboxBatchTicks *t);
 extern OutboxLockedStream *OutboxLockStreams(int *nlocked, int *nall, int64 *base);
 extern OutboxRowWriter *OutboxOpenRowWriter(const char *name, AclMode mode,
-											const char *const *columns, int ncolumns,
-											const char *const *checks, int nchecks);
-extern void OutboxRowInsert(OutboxRowWriter *w, const char *const *columns, int n,
-							const Datum *values, const bool *nulls);
-extern void OutboxRowUpdate(OutboxRowWriter *w, ItemPointer tid, const char *const *columns,
-							int n, const Datum *values, const bool *nulls);
+											const OutboxColumn *columns, int ncolumns,
+											bool insert, const char *const *checks,
+											int nchecks);
+extern void OutboxRowInsert(OutboxRowWriter *w, const Datum *values, const bool *nulls);
+extern void OutboxRowUpdate(OutboxRowWriter *w, ItemPointer tid, const Datum *values,
+							const bool *nulls);
 extern void OutboxCloseRowWriter(OutboxRowWriter *w);
 extern void OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *look);
+extern void OutboxFreeClaimLook(OutboxClaimLook *look);
 extern bool OutboxLockProgress(ItemPointer tid, Snapshot snap, OutboxProgressRow *r);
 
 /* bgw.c */

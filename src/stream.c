@@ -367,14 +367,15 @@ st_cut(const OutboxLockedStream *stream, Datum *args)
 {
 	static SPIPlanPtr cut_plan = NULL;
 	static const Oid cut_types[4] = {INT4OID, INT8OID, PG_SNAPSHOTOID, INT8ARRAYOID};
-	static const char *const tick_cols[5] = {"stream_id", "tick", "snap", "last_id", "made_at"};
-	static const char *const stream_cols[1] = {"part_ticks"};
+	static const OutboxColumn tick_cols[5] = {{"stream_id", INT4OID}, {"tick", INT8OID},
+	{"snap", PG_SNAPSHOTOID}, {"last_id", INT8OID}, {"made_at", TIMESTAMPTZOID}};
+	static const OutboxColumn stream_cols[1] = {{"part_ticks", INT8ARRAYOID}};
 	static const char *const stream_checks[2] = {"streams_batch_size_check",
 	"streams_partitions_check"};
-	OutboxRowWriter *ticks = OutboxOpenRowWriter("stream_ticks", ACL_INSERT, tick_cols, 5,
+	OutboxRowWriter *ticks = OutboxOpenRowWriter("stream_ticks", ACL_INSERT, tick_cols, 5, true,
 												 NULL, 0);
 	OutboxRowWriter *streams = ticks == NULL ? NULL :
-		OutboxOpenRowWriter("streams", ACL_UPDATE, NULL, 0, stream_checks, 2);
+		OutboxOpenRowWriter("streams", ACL_UPDATE, stream_cols, 1, false, stream_checks, 2);
 	Datum		v[5];
 	bool		nulls[5] = {false, false, false, false, false};
 
@@ -396,8 +397,8 @@ st_cut(const OutboxLockedStream *stream, Datum *args)
 	v[2] = args[2];
 	v[3] = Int64GetDatum(st_last_id());
 	v[4] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
-	OutboxRowInsert(ticks, tick_cols, 5, v, nulls);
-	OutboxRowUpdate(streams, (ItemPointer) &stream->tid, stream_cols, 1, &args[3], nulls);
+	OutboxRowInsert(ticks, v, nulls);
+	OutboxRowUpdate(streams, (ItemPointer) &stream->tid, &args[3], nulls);
 	OutboxCloseRowWriter(streams);
 	OutboxCloseRowWriter(ticks);
 	return 1;

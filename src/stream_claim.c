@@ -245,7 +245,7 @@ SC_NOT_FAILED
  * An empty batch: the partition's acked tick moves on. $1 subscription, $2
  * part, $3 tick
  */
-static const char *const sc_skip_cols[1] = {"acked_tick"};
+static const OutboxColumn sc_skip_cols[1] = {{"acked_tick", INT8OID}};
 static const char sc_skip_sql[] =
 "UPDATE outbox.stream_progress p SET acked_tick = $3"
 " WHERE p.subscription OPERATOR(pg_catalog.=) $1"
@@ -255,8 +255,10 @@ static const char sc_skip_sql[] =
  * The lease of the new batch: $1 subscription, $2 part, $3 batch id, $4 end
  * tick, $5 worker, $6 caller, $7 nonce, $8 until, $9 rows, $10 retries.
  */
-static const char *const sc_lease_cols[10] = {"batch_id", "batch_to", "owner", "role",
-"claim_nonce", "lease_until", "batch_rows", "batch_retries", "version", "deliveries"};
+static const OutboxColumn sc_lease_cols[10] = {{"batch_id", INT8OID}, {"batch_to", INT8OID},
+{"owner", TEXTOID}, {"role", OIDOID}, {"claim_nonce", INT8OID}, {"lease_until", TIMESTAMPTZOID},
+{"batch_rows", INT4OID}, {"batch_retries", INT4OID}, {"version", INT4OID},
+{"deliveries", INT4OID}};
 static const char sc_lease_sql[] =
 "UPDATE outbox.stream_progress p"
 "   SET batch_id = $3, batch_to = $4, version = 1, owner = $5, role = $6,"
@@ -346,11 +348,11 @@ sc_read_range(int32 stream_id, int32 part, const OutboxBatchTicks *ticks, text *
  * arguments a.
  */
 static void
-sc_write_progress(ItemPointer tid, const char *const *cols, int n, SPIPlanPtr *plan,
+sc_write_progress(ItemPointer tid, const OutboxColumn *cols, int n, SPIPlanPtr *plan,
 				  const char *sql, int nargs, const Oid *types, Datum *a)
 {
-	OutboxRowWriter *w = OutboxOpenRowWriter("stream_progress", ACL_UPDATE, NULL, 0,
-													NULL, 0);
+	OutboxRowWriter *w = OutboxOpenRowWriter("stream_progress", ACL_UPDATE, cols, n, false,
+											 NULL, 0);
 	Datum		v[10];
 	bool		nulls[10];
 	int			i;
@@ -367,7 +369,7 @@ sc_write_progress(ItemPointer tid, const char *const *cols, int n, SPIPlanPtr *p
 		v[i] = i < nargs - 2 ? a[i + 2] : Int32GetDatum(1);
 		nulls[i] = false;
 	}
-	OutboxRowUpdate(w, tid, cols, n, v, nulls);
+	OutboxRowUpdate(w, tid, v, nulls);
 	OutboxCloseRowWriter(w);
 }
 
@@ -468,15 +470,20 @@ sc_pick_look(const OutboxClaimLook *look, Snapshot snap, const Datum *tried, int
 		if (!OutboxLockProgress(&cand[i]->tid, snap, &locked))
 			continue;
 		if (!ItemPointerEquals(&locked.tid, &cand[i]->tid))
+		{
+			pfree(cand);
 			return -1;
+		}
 		p[SC_PART] = Int32GetDatum(locked.part);
 		p[SC_BATCH] = Int64GetDatum(locked.batch_id);
 		p[SC_ACKED] = Int64GetDatum(locked.acked_tick);
 		p[SC_DUE] = BoolGetDatum(false);
 		p[SC_KEYED] = BoolGetDatum(false);
 		*tid = locked.tid;
+		pfree(cand);
 		return 1;
 	}
+	pfree(cand);
 	return 0;
 }
 
@@ -654,13 +661,17 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		if (!fresh)
 		{
 			UnregisterSnapshot(snap);
+			OutboxFreeClaimLook(&look);
 			snap = sc_look(stream, sub, &look);
 			if (!look.stream_found || !look.sub_found)
 				break;
 		}
 		fresh = false;
-		/* (a read-only transaction: the statement raises 25006) */
-		if (!look.failures && !XactReadOnly)
+		/*
+		 * (a read-only transaction: the statement raises 25006; row-level
+		 * security forced on the owner: the statement applies it)
+		 */
+		if (!look.failures && !look.forced_rls && !XactReadOnly)
 		{
 			int			got = sc_pick_look(&look, snap, tried, ntried, p, &tid);
 

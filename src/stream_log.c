@@ -43,12 +43,15 @@
 #include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_index.h"
 #include "executor/executor.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
 #include "utils/acl.h"
+#include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
@@ -95,6 +98,18 @@ sl_attnum(Relation rel, const char *name)
 	elog(ERROR, "outbox: the table \"%s\" has no column \"%s\"",
 		 RelationGetRelationName(rel), name);
 	return InvalidAttrNumber;	/* keep the compiler quiet */
+}
+
+/* sl_attnum, for a column of type type; an error if it has another. */
+static AttrNumber
+sl_attnum_typed(Relation rel, const char *name, Oid type)
+{
+	AttrNumber	at = sl_attnum(rel, name);
+
+	if (TupleDescAttr(RelationGetDescr(rel), at - 1)->atttypid != type)
+		elog(ERROR, "outbox: the column \"%s\" of \"%s\" is not of type %s",
+			 name, RelationGetRelationName(rel), format_type_be(type));
+	return at;
 }
 
 /* Open and lock (mode) the relation outbox.<name>; an error if it is missing. */
@@ -667,6 +682,8 @@ struct OutboxRowWriter
 	Relation	rel;
 	EState	   *estate;
 	ResultRelInfo *rri;
+	int			ncolumns;
+	AttrNumber *attnums;		/* of the columns written, in their order */
 	TupleTableSlot *slot;		/* the row written */
 	TupleTableSlot *old;		/* the version an update replaces */
 };
@@ -674,26 +691,33 @@ struct OutboxRowWriter
 /*
  * Open outbox.<name> for rows written from C (RowExclusiveLock, kept to
  * the end of the transaction, as the statement takes it), with the
- * privilege mode; NULL when the statement must write instead.  columns
- * (for an insert) names every column of the table, which would otherwise
- * take its default in the statement; checks names the CHECK constraints
- * the writes cannot affect.  As SPI does before a statement, this
- * transaction's changes so far are made visible first.
+ * privilege mode; NULL when the statement must write instead.  columns are
+ * those the writes give values, in that order, each of the type named (a
+ * column of another type: the statement, which coerces the value or
+ * refuses it); an insert names every column of the table, which would
+ * otherwise take its default in the statement.  checks names the CHECK
+ * constraints the writes cannot affect.  As SPI does before a statement,
+ * this transaction's changes so far are made visible first.
  */
 OutboxRowWriter *
-OutboxOpenRowWriter(const char *name, AclMode mode, const char *const *columns, int ncolumns,
-					const char *const *checks, int nchecks)
+OutboxOpenRowWriter(const char *name, AclMode mode, const OutboxColumn *columns, int ncolumns,
+					bool insert, const char *const *checks, int nchecks)
 {
 	Relation	rel;
+	TupleDesc	desc;
 	TupleConstr *constr;
 	OutboxRowWriter *w;
+	MemoryContext old;
+	AttrNumber *attnums;
 	bool		ok;
+	int			live = 0;
 	int			i;
 
 	if (XactReadOnly)
 		return NULL;
 	rel = sl_relation(name, RowExclusiveLock, false);
-	constr = RelationGetDescr(rel)->constr;
+	desc = RelationGetDescr(rel);
+	constr = desc->constr;
 	ok = rel->rd_rel->relkind == RELKIND_RELATION && !rel->rd_rel->relispartition &&
 		rel->trigdesc == NULL && rel->rd_rules == NULL && !rel->rd_rel->relrowsecurity &&
 		(constr == NULL || !constr->has_generated_stored) &&
@@ -706,45 +730,51 @@ OutboxOpenRowWriter(const char *name, AclMode mode, const char *const *columns, 
 		for (c = 0; c < nchecks && !ok; c++)
 			ok = strcmp(constr->check[i].ccname, checks[c]) == 0;
 	}
-	if (ok && columns != NULL)
+	attnums = palloc(sizeof(AttrNumber) * Max(ncolumns, 1));
+	for (i = 0; ok && i < ncolumns; i++)
 	{
-		TupleDesc	desc = RelationGetDescr(rel);
-		int			live = 0;
-
-		for (i = 0; i < desc->natts; i++)
-			if (!TupleDescAttr(desc, i)->attisdropped)
-				live++;
-		for (i = 0; i < ncolumns; i++)
-			(void) sl_attnum(rel, columns[i]);
-		ok = live == ncolumns;
+		attnums[i] = sl_attnum(rel, columns[i].name);
+		ok = TupleDescAttr(desc, attnums[i] - 1)->atttypid == columns[i].type;
 	}
-	if (!ok)
+	for (i = 0; i < desc->natts; i++)
+		if (!TupleDescAttr(desc, i)->attisdropped)
+			live++;
+	if (!ok || (insert && live != ncolumns))
 	{
+		pfree(attnums);
 		table_close(rel, NoLock);
 		return NULL;
 	}
 	CommandCounterIncrement();
 	w = palloc0(sizeof(OutboxRowWriter));
 	w->rel = rel;
+	w->ncolumns = ncolumns;
+	w->attnums = attnums;
 	w->estate = CreateExecutorState();
+	/* (what the executor's state holds goes with it) */
+	old = MemoryContextSwitchTo(w->estate->es_query_cxt);
 	w->rri = makeNode(ResultRelInfo);
 	InitResultRelInfo(w->rri, rel, 0, NULL, 0);
 	ExecOpenIndices(w->rri, false);
-	w->estate->es_output_cid = GetCurrentCommandId(true);
-	w->estate->es_snapshot = ActiveSnapshotSet() ? GetActiveSnapshot() : InvalidSnapshot;
 	w->slot = table_slot_create(rel, &w->estate->es_tupleTable);
 	w->old = table_slot_create(rel, &w->estate->es_tupleTable);
+	MemoryContextSwitchTo(old);
+	w->estate->es_output_cid = GetCurrentCommandId(true);
+	w->estate->es_snapshot = ActiveSnapshotSet() ? GetActiveSnapshot() : InvalidSnapshot;
 	return w;
 }
 
-/* Set column name of the writer's row to value (NULL when isnull). */
+/* Set the writer's columns in the row to values (NULL where nulls). */
 static void
-sl_set(OutboxRowWriter *w, const char *name, Datum value, bool isnull)
+sl_set(OutboxRowWriter *w, const Datum *values, const bool *nulls)
 {
-	AttrNumber	at = sl_attnum(w->rel, name);
+	int			i;
 
-	w->slot->tts_values[at - 1] = value;
-	w->slot->tts_isnull[at - 1] = isnull;
+	for (i = 0; i < w->ncolumns; i++)
+	{
+		w->slot->tts_values[w->attnums[i] - 1] = values[i];
+		w->slot->tts_isnull[w->attnums[i] - 1] = nulls[i];
+	}
 }
 
 /*
@@ -777,18 +807,16 @@ sl_index(OutboxRowWriter *w, bool update)
 	ResetPerTupleExprContext(w->estate);
 }
 
-/* Insert a row: n columns by name (every column, OutboxOpenRowWriter). */
+/* Insert a row: the writer's columns (every column of the table) get values. */
 void
-OutboxRowInsert(OutboxRowWriter *w, const char *const *columns, int n, const Datum *values,
-				const bool *nulls)
+OutboxRowInsert(OutboxRowWriter *w, const Datum *values, const bool *nulls)
 {
 	int			i;
 
 	ExecClearTuple(w->slot);
 	for (i = 0; i < RelationGetDescr(w->rel)->natts; i++)
 		w->slot->tts_isnull[i] = true;
-	for (i = 0; i < n; i++)
-		sl_set(w, columns[i], values[i], nulls[i]);
+	sl_set(w, values, nulls);
 	sl_ready(w);
 	CheckCmdReplicaIdentity(w->rel, CMD_INSERT);
 	simple_table_tuple_insert(w->rel, w->slot);
@@ -798,15 +826,13 @@ OutboxRowInsert(OutboxRowWriter *w, const char *const *columns, int n, const Dat
 /*
  * Update the row version at tid (locked by this transaction, so that no
  * one else changes it; a version that is not the last one is an error):
- * n columns by name get values, the others keep theirs.
+ * the writer's columns get values, the others keep theirs.
  */
 void
-OutboxRowUpdate(OutboxRowWriter *w, ItemPointer tid, const char *const *columns, int n,
-				const Datum *values, const bool *nulls)
+OutboxRowUpdate(OutboxRowWriter *w, ItemPointer tid, const Datum *values, const bool *nulls)
 {
 	int			natts = RelationGetDescr(w->rel)->natts;
 	bool		update_indexes;
-	int			i;
 
 	if (!table_tuple_fetch_row_version(w->rel, tid, SnapshotAny, w->old))
 		elog(ERROR, "outbox: the row to update in \"%s\" is missing",
@@ -815,8 +841,7 @@ OutboxRowUpdate(OutboxRowWriter *w, ItemPointer tid, const char *const *columns,
 	ExecClearTuple(w->slot);
 	memcpy(w->slot->tts_values, w->old->tts_values, sizeof(Datum) * natts);
 	memcpy(w->slot->tts_isnull, w->old->tts_isnull, sizeof(bool) * natts);
-	for (i = 0; i < n; i++)
-		sl_set(w, columns[i], values[i], nulls[i]);
+	sl_set(w, values, nulls);
 	sl_ready(w);
 	CheckCmdReplicaIdentity(w->rel, CMD_UPDATE);
 	simple_table_tuple_update(w->rel, tid, w->slot, w->estate->es_snapshot, &update_indexes);
@@ -831,9 +856,10 @@ OutboxCloseRowWriter(OutboxRowWriter *w)
 	Relation	rel = w->rel;
 
 	ExecCloseIndices(w->rri);
-	ExecResetTupleTable(w->estate->es_tupleTable, true);
+	ExecResetTupleTable(w->estate->es_tupleTable, false);
 	FreeExecutorState(w->estate);
 	table_close(rel, NoLock);
+	pfree(w->attnums);
 	pfree(w);
 	CommandCounterIncrement();
 }
@@ -864,8 +890,18 @@ sl_key_begin(SlKeyScan *k, const char *table, const char *index, const char *col
 	ScanKeyData sk;
 
 	sl_open(table, index, &k->rel, &k->idx);
-	if (k->idx->rd_index->indkey.values[0] != sl_attnum(k->rel, column))
-		elog(ERROR, "outbox: the index \"%s\" does not begin with %s.%s", index, table, column);
+	if (k->idx->rd_rel->relam != BTREE_AM_OID ||
+		k->idx->rd_index->indkey.values[0] != sl_attnum_typed(k->rel, column, TEXTOID) ||
+		k->idx->rd_indcollation[0] != C_COLLATION_OID ||
+		RelationGetIndexPredicate(k->idx) != NIL)
+		elog(ERROR, "outbox: the index \"%s\" is not a btree index beginning with %s.%s",
+			 index, table, column);
+	/* an index that may lack rows would hide them */
+	if (!k->idx->rd_index->indisvalid || !k->idx->rd_index->indisready)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("index \"outbox.%s\" is not valid", index),
+				 errhint("REINDEX INDEX outbox.%s", index)));
 	k->scan = index_beginscan(k->rel, k->idx, snap, 1, 0);
 	k->slot = table_slot_create(k->rel, NULL);
 	ScanKeyInit(&sk, 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
@@ -887,24 +923,24 @@ sl_key_end(SlKeyScan *k)
 	table_close(k->rel, NoLock);
 }
 
-/* Column name of the scan's row (its value copied; NULL: isnull). */
+/* Column name, of type type, of the scan's row (its value copied; NULL: isnull). */
 static Datum
-sl_key_col(SlKeyScan *k, const char *name, bool *isnull)
+sl_key_col(SlKeyScan *k, const char *name, Oid type, bool *isnull)
 {
 	Form_pg_attribute att;
-	AttrNumber	at = sl_attnum(k->rel, name);
+	AttrNumber	at = sl_attnum_typed(k->rel, name, type);
 	Datum		d = slot_getattr(k->slot, at, isnull);
 
 	att = TupleDescAttr(RelationGetDescr(k->rel), at - 1);
 	return *isnull ? (Datum) 0 : datumCopy(d, att->attbyval, att->attlen);
 }
 
-/* Column name of the scan's row, NOT NULL. */
+/* Column name, of type type, of the scan's row, NOT NULL. */
 static Datum
-sl_key_req(SlKeyScan *k, const char *name)
+sl_key_req(SlKeyScan *k, const char *name, Oid type)
 {
 	bool		isnull;
-	Datum		d = sl_key_col(k, name, &isnull);
+	Datum		d = sl_key_col(k, name, type, &isnull);
 
 	if (isnull)
 		elog(ERROR, "outbox: a NULL in %s.%s", RelationGetRelationName(k->rel), name);
@@ -928,10 +964,10 @@ OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *loo
 	if (sl_key_next(&k))
 	{
 		look->stream_found = true;
-		look->stream_id = DatumGetInt32(sl_key_req(&k, "stream_id"));
-		look->partitions = DatumGetInt32(sl_key_req(&k, "partitions"));
-		look->batch_size = DatumGetInt32(sl_key_req(&k, "batch_size"));
-		look->part_ticks = sl_key_col(&k, "part_ticks", &isnull);
+		look->stream_id = DatumGetInt32(sl_key_req(&k, "stream_id", INT4OID));
+		look->partitions = DatumGetInt32(sl_key_req(&k, "partitions", INT4OID));
+		look->batch_size = DatumGetInt32(sl_key_req(&k, "batch_size", INT4OID));
+		look->part_ticks = sl_key_col(&k, "part_ticks", INT8ARRAYOID, &isnull);
 		if (!isnull)
 			look->part_ticks = PointerGetDatum(PG_DETOAST_DATUM_COPY(look->part_ticks));
 	}
@@ -940,14 +976,15 @@ OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *loo
 	if (sl_key_next(&k))
 	{
 		look->sub_found = true;
-		look->sub_stream = DatumGetTextPP(sl_key_req(&k, "stream"));
-		look->claimers = sl_key_col(&k, "claimers", &isnull);
+		look->sub_stream = DatumGetTextPP(sl_key_req(&k, "stream", TEXTOID));
+		look->claimers = sl_key_col(&k, "claimers", REGROLEARRAYOID, &isnull);
 		if (!isnull)
 			look->claimers = PointerGetDatum(PG_DETOAST_DATUM_COPY(look->claimers));
-		look->created_at = DatumGetTimestampTz(sl_key_req(&k, "created_at"));
+		look->created_at = DatumGetTimestampTz(sl_key_req(&k, "created_at", TIMESTAMPTZOID));
 	}
 	sl_key_end(&k);
 	sl_key_begin(&k, "stream_progress", "stream_progress_pkey", "subscription", sub, snap);
+	look->forced_rls = k.rel->rd_rel->relrowsecurity && k.rel->rd_rel->relforcerowsecurity;
 	while (sl_key_next(&k))
 	{
 		OutboxProgressRow *r;
@@ -968,29 +1005,51 @@ OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *loo
 	sl_key_end(&k);
 }
 
+/* Free what OutboxReadClaimLook allocated for look. */
+void
+OutboxFreeClaimLook(OutboxClaimLook *look)
+{
+	if (look->part_ticks != (Datum) 0)
+		pfree(DatumGetPointer(look->part_ticks));
+	if (look->claimers != (Datum) 0)
+		pfree(DatumGetPointer(look->claimers));
+	if (look->sub_stream != NULL)
+		pfree(look->sub_stream);
+	if (look->progress != NULL)
+		pfree(look->progress);
+	memset(look, 0, sizeof(OutboxClaimLook));
+}
+
 /* A progress row's columns the claim reads, from slot (a row of rel). */
 static void
 sl_progress_row(Relation rel, TupleTableSlot *slot, OutboxProgressRow *r)
 {
 	bool		isnull;
 
-	r->part = DatumGetInt32(slot_getattr(slot, sl_attnum(rel, "part"), &isnull));
-	r->batch_id = DatumGetInt64(slot_getattr(slot, sl_attnum(rel, "batch_id"), &isnull));
-	r->acked_tick = DatumGetInt64(slot_getattr(slot, sl_attnum(rel, "acked_tick"), &isnull));
-	(void) slot_getattr(slot, sl_attnum(rel, "batch_to"), &isnull);
+	r->part = DatumGetInt32(slot_getattr(slot, sl_attnum_typed(rel, "part", INT4OID), &isnull));
+	r->batch_id = DatumGetInt64(slot_getattr(slot, sl_attnum_typed(rel, "batch_id", INT8OID),
+											 &isnull));
+	r->acked_tick = DatumGetInt64(slot_getattr(slot, sl_attnum_typed(rel, "acked_tick", INT8OID),
+											   &isnull));
+	(void) slot_getattr(slot, sl_attnum_typed(rel, "batch_to", INT8OID), &isnull);
 	r->open = !isnull;
-	r->lease_until = DatumGetTimestampTz(slot_getattr(slot, sl_attnum(rel, "lease_until"),
+	r->lease_until = DatumGetTimestampTz(slot_getattr(slot,
+													  sl_attnum_typed(rel, "lease_until",
+																	  TIMESTAMPTZOID),
 													  &r->lease_null));
-	r->acked_at = DatumGetTimestampTz(slot_getattr(slot, sl_attnum(rel, "acked_at"),
+	r->acked_at = DatumGetTimestampTz(slot_getattr(slot,
+												   sl_attnum_typed(rel, "acked_at",
+																   TIMESTAMPTZOID),
 												   &r->acked_null));
 	r->tid = slot->tts_tid;
 }
 
 /*
  * Lock the progress row at tid as FOR UPDATE SKIP LOCKED does, under snap:
- * false when another transaction holds it or it is gone; else true, with
- * *r its locked version (the last one under READ COMMITTED; a row updated
- * since snap under REPEATABLE READ is 40001).
+ * false when another transaction holds it, it is gone, or this command
+ * changed it; else true, with *r its locked version (the last one under
+ * READ COMMITTED, whose tid differs from tid when the row changed since
+ * snap; a row changed since snap under REPEATABLE READ is 40001).
  */
 bool
 OutboxLockProgress(ItemPointer tid, Snapshot snap, OutboxProgressRow *r)
@@ -998,10 +1057,11 @@ OutboxLockProgress(ItemPointer tid, Snapshot snap, OutboxProgressRow *r)
 	Relation	rel = sl_relation("stream_progress", RowShareLock, false);
 	TupleTableSlot *locked = table_slot_create(rel, NULL);
 	uint8		flags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	ItemPointerData at = *tid;	/* (the lock moves it along the update chain) */
 	TM_FailureData tmfd;
 	TM_Result	res;
 
-	res = table_tuple_lock(rel, tid, snap, locked, GetCurrentCommandId(true), LockTupleExclusive,
+	res = table_tuple_lock(rel, &at, snap, locked, GetCurrentCommandId(true), LockTupleExclusive,
 						   LockWaitSkip, flags, &tmfd);
 	if ((res == TM_Updated || res == TM_Deleted) && IsolationUsesXactSnapshot())
 		ereport(ERROR,
@@ -1009,7 +1069,7 @@ OutboxLockProgress(ItemPointer tid, Snapshot snap, OutboxProgressRow *r)
 				 errmsg("could not serialize access due to concurrent update")));
 	if (res == TM_Ok)
 		sl_progress_row(rel, locked, r);
-	else if (res != TM_WouldBlock && res != TM_Deleted)
+	else if (res != TM_WouldBlock && res != TM_Deleted && res != TM_SelfModified)
 		elog(ERROR, "outbox: unexpected result %d locking a row of outbox.stream_progress",
 			 (int) res);
 	ExecDropSingleTupleTableSlot(locked);
