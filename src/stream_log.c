@@ -872,7 +872,21 @@ OutboxCloseRowWriter(OutboxRowWriter *w)
  * it has failures, and the lock of the progress row the claim picks.
  */
 
-static void sl_progress_row(Relation rel, TupleTableSlot *slot, OutboxProgressRow *r);
+
+/* The columns of a progress row the claim reads (sl_progress_cols). */
+typedef struct SlProgressCols
+{
+	AttrNumber	part;
+	AttrNumber	batch_id;
+	AttrNumber	acked_tick;
+	AttrNumber	batch_to;
+	AttrNumber	lease_until;
+	AttrNumber	acked_at;
+} SlProgressCols;
+
+static void sl_progress_cols(Relation rel, SlProgressCols *c);
+static void sl_progress_row(const SlProgressCols *cols, TupleTableSlot *slot,
+							OutboxProgressRow *r);
 
 /* An index scan of outbox.<table> by its index's first column, a text. */
 typedef struct SlKeyScan
@@ -923,16 +937,17 @@ sl_key_end(SlKeyScan *k)
 	table_close(k->rel, NoLock);
 }
 
-/* Column name, of type type, of the scan's row (its value copied; NULL: isnull). */
+/*
+ * Column name, of type type, of the scan's row (NULL: isnull); a value
+ * passed by reference points into the scan's slot: the caller copies what
+ * outlives sl_key_end.
+ */
 static Datum
 sl_key_col(SlKeyScan *k, const char *name, Oid type, bool *isnull)
 {
-	Form_pg_attribute att;
-	AttrNumber	at = sl_attnum_typed(k->rel, name, type);
-	Datum		d = slot_getattr(k->slot, at, isnull);
+	Datum		d = slot_getattr(k->slot, sl_attnum_typed(k->rel, name, type), isnull);
 
-	att = TupleDescAttr(RelationGetDescr(k->rel), at - 1);
-	return *isnull ? (Datum) 0 : datumCopy(d, att->attbyval, att->attlen);
+	return *isnull ? (Datum) 0 : d;
 }
 
 /* Column name, of type type, of the scan's row, NOT NULL. */
@@ -956,6 +971,7 @@ void
 OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *look)
 {
 	SlKeyScan	k;
+	SlProgressCols cols;
 	int			cap = 0;
 	bool		isnull;
 
@@ -976,7 +992,7 @@ OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *loo
 	if (sl_key_next(&k))
 	{
 		look->sub_found = true;
-		look->sub_stream = DatumGetTextPP(sl_key_req(&k, "stream", TEXTOID));
+		look->sub_stream = DatumGetTextPCopy(sl_key_req(&k, "stream", TEXTOID));
 		look->claimers = sl_key_col(&k, "claimers", REGROLEARRAYOID, &isnull);
 		if (!isnull)
 			look->claimers = PointerGetDatum(PG_DETOAST_DATUM_COPY(look->claimers));
@@ -985,6 +1001,7 @@ OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *loo
 	sl_key_end(&k);
 	sl_key_begin(&k, "stream_progress", "stream_progress_pkey", "subscription", sub, snap);
 	look->forced_rls = k.rel->rd_rel->relrowsecurity && k.rel->rd_rel->relforcerowsecurity;
+	sl_progress_cols(k.rel, &cols);
 	while (sl_key_next(&k))
 	{
 		OutboxProgressRow *r;
@@ -997,7 +1014,7 @@ OutboxReadClaimLook(text *stream, text *sub, Snapshot snap, OutboxClaimLook *loo
 				repalloc(look->progress, sizeof(OutboxProgressRow) * cap);
 		}
 		r = &look->progress[look->nprogress++];
-		sl_progress_row(k.rel, k.slot, r);
+		sl_progress_row(&cols, k.slot, r);
 	}
 	sl_key_end(&k);
 	sl_key_begin(&k, "stream_failures", "stream_failures_pkey", "subscription", sub, snap);
@@ -1020,27 +1037,31 @@ OutboxFreeClaimLook(OutboxClaimLook *look)
 	memset(look, 0, sizeof(OutboxClaimLook));
 }
 
-/* A progress row's columns the claim reads, from slot (a row of rel). */
 static void
-sl_progress_row(Relation rel, TupleTableSlot *slot, OutboxProgressRow *r)
+sl_progress_cols(Relation rel, SlProgressCols *c)
 {
+	c->part = sl_attnum_typed(rel, "part", INT4OID);
+	c->batch_id = sl_attnum_typed(rel, "batch_id", INT8OID);
+	c->acked_tick = sl_attnum_typed(rel, "acked_tick", INT8OID);
+	c->batch_to = sl_attnum_typed(rel, "batch_to", INT8OID);
+	c->lease_until = sl_attnum_typed(rel, "lease_until", TIMESTAMPTZOID);
+	c->acked_at = sl_attnum_typed(rel, "acked_at", TIMESTAMPTZOID);
+}
+
+/* A progress row's columns the claim reads (at c), from slot. */
+static void
+sl_progress_row(const SlProgressCols *cols, TupleTableSlot *slot, OutboxProgressRow *r)
+{
+	const SlProgressCols c = *cols;
 	bool		isnull;
 
-	r->part = DatumGetInt32(slot_getattr(slot, sl_attnum_typed(rel, "part", INT4OID), &isnull));
-	r->batch_id = DatumGetInt64(slot_getattr(slot, sl_attnum_typed(rel, "batch_id", INT8OID),
-											 &isnull));
-	r->acked_tick = DatumGetInt64(slot_getattr(slot, sl_attnum_typed(rel, "acked_tick", INT8OID),
-											   &isnull));
-	(void) slot_getattr(slot, sl_attnum_typed(rel, "batch_to", INT8OID), &isnull);
+	r->part = DatumGetInt32(slot_getattr(slot, c.part, &isnull));
+	r->batch_id = DatumGetInt64(slot_getattr(slot, c.batch_id, &isnull));
+	r->acked_tick = DatumGetInt64(slot_getattr(slot, c.acked_tick, &isnull));
+	(void) slot_getattr(slot, c.batch_to, &isnull);
 	r->open = !isnull;
-	r->lease_until = DatumGetTimestampTz(slot_getattr(slot,
-													  sl_attnum_typed(rel, "lease_until",
-																	  TIMESTAMPTZOID),
-													  &r->lease_null));
-	r->acked_at = DatumGetTimestampTz(slot_getattr(slot,
-												   sl_attnum_typed(rel, "acked_at",
-																   TIMESTAMPTZOID),
-												   &r->acked_null));
+	r->lease_until = DatumGetTimestampTz(slot_getattr(slot, c.lease_until, &r->lease_null));
+	r->acked_at = DatumGetTimestampTz(slot_getattr(slot, c.acked_at, &r->acked_null));
 	r->tid = slot->tts_tid;
 }
 
@@ -1068,7 +1089,12 @@ OutboxLockProgress(ItemPointer tid, Snapshot snap, OutboxProgressRow *r)
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("could not serialize access due to concurrent update")));
 	if (res == TM_Ok)
-		sl_progress_row(rel, locked, r);
+	{
+		SlProgressCols cols;
+
+		sl_progress_cols(rel, &cols);
+		sl_progress_row(&cols, locked, r);
+	}
 	else if (res != TM_WouldBlock && res != TM_Deleted && res != TM_SelfModified)
 		elog(ERROR, "outbox: unexpected result %d locking a row of outbox.stream_progress",
 			 (int) res);
