@@ -882,10 +882,10 @@ du_rotate(OutboxTurn *turn)
 	TimestampTz began = GetCurrentTimestamp();
 	TimestampTz idle_at;
 
-	/* (only a claim that found nothing since the move began can have skipped it) */
 	/*
-	 * (no transaction id is recorded: a claim that began after the move
-	 * committed, whatever its snapshot, skipped none of its rows)
+	 * (only a claim that found nothing since the move began can have
+	 * skipped its rows; no transaction id is recorded: a claim that began
+	 * after the move committed, whatever its snapshot, skipped none)
 	 */
 	if (du_run("outbox: moving the stream partitions on", &du_plan_move_on,
 			   "SELECT outbox._stream_move_on()", true, 0, &n) && n > 0 &&

@@ -504,6 +504,7 @@ extern bool OutboxStreamLastTick(int32 stream_id, int64 *tick, uint64 *xmax, uin
 								 int *nxip);
 extern void OutboxStreamBatchTicks(int32 stream_id, int64 acked, int64 cap,
 								   OutboxBatchTicks *t);
+extern Snapshot OutboxStatementSnapshot(void);
 extern OutboxLockedStream *OutboxLockStreams(int *nlocked, int *nall, int64 *base);
 extern OutboxRowWriter *OutboxOpenRowWriter(const char *name, AclMode mode,
 											const OutboxColumn *columns, int ncolumns,

@@ -342,20 +342,17 @@ sc_read_range(int32 stream_id, int32 part, const OutboxBatchTicks *ticks, text *
 }
 
 /*
- * Write the progress row the pick locked (at tid): n columns (cols) from
- * values a[2] on (the lease's two constants after them), from C; or, when
- * the writer cannot (OutboxOpenRowWriter), by the statement sql with the
- * arguments a.
+ * Write the progress row the pick locked (at tid): n columns (cols) get
+ * values, from C; or, when the writer cannot (OutboxOpenRowWriter), the
+ * statement sql with the arguments a does it.
  */
 static void
-sc_write_progress(ItemPointer tid, const OutboxColumn *cols, int n, SPIPlanPtr *plan,
-				  const char *sql, int nargs, const Oid *types, Datum *a)
+sc_write_progress(ItemPointer tid, const OutboxColumn *cols, int n, const Datum *values,
+				  SPIPlanPtr *plan, const char *sql, int nargs, const Oid *types, Datum *a)
 {
 	OutboxRowWriter *w = OutboxOpenRowWriter("stream_progress", ACL_UPDATE, cols, n, false,
 											 NULL, 0);
-	Datum		v[10];
-	bool		nulls[10];
-	int			i;
+	bool		nulls[10] = {false};
 
 	if (w == NULL)
 	{
@@ -364,12 +361,7 @@ sc_write_progress(ItemPointer tid, const OutboxColumn *cols, int n, SPIPlanPtr *
 			elog(ERROR, "outbox: claim_batch updated %d progress rows", (int) SPI_processed);
 		return;
 	}
-	for (i = 0; i < n; i++)
-	{
-		v[i] = i < nargs - 2 ? a[i + 2] : Int32GetDatum(1);
-		nulls[i] = false;
-	}
-	OutboxRowUpdate(w, tid, v, nulls);
+	OutboxRowUpdate(w, tid, values, nulls);
 	OutboxCloseRowWriter(w);
 }
 
@@ -495,10 +487,8 @@ sc_pick_look(const OutboxClaimLook *look, Snapshot snap, const Datum *tried, int
 static Snapshot
 sc_look(text *stream, text *sub, OutboxClaimLook *look)
 {
-	Snapshot	snap;
+	Snapshot	snap = OutboxStatementSnapshot();
 
-	CommandCounterIncrement();
-	snap = RegisterSnapshot(GetTransactionSnapshot());
 	OutboxReadClaimLook(stream, sub, snap, look);
 	return snap;
 }
@@ -538,7 +528,7 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz until;
 	Interval	dflt;
-	Datum		a[10];
+	Datum		a[12];
 	Snapshot	snap;
 	OutboxClaimLook look;
 	bool		fresh;
@@ -770,7 +760,8 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 			 * acked tick until it reaches the last one
 			 */
 			a[2] = t_to;
-			sc_write_progress(&tid, sc_skip_cols, 1, &skip_plan, sc_skip_sql, 3, skip_types, a);
+			sc_write_progress(&tid, sc_skip_cols, 1, &a[2], &skip_plan, sc_skip_sql, 3,
+							  skip_types, a);
 			if (ticks.last)
 			{
 				if (ntried >= partitions)
@@ -787,8 +778,10 @@ OutboxStreamClaim(text *stream, text *sub, text *worker, Interval *lease, Oid ca
 		a[7] = TimestampTzGetDatum(until);
 		a[8] = Int32GetDatum((int32) n_rows);
 		a[9] = Int32GetDatum(n_retries);
-		sc_write_progress(&tid, sc_lease_cols, 10, &lease_plan, sc_lease_sql, 10, lease_types,
-						  a);
+		/* (the lease's version and deliveries: 1) */
+		a[10] = a[11] = Int32GetDatum(1);
+		sc_write_progress(&tid, sc_lease_cols, 10, &a[2], &lease_plan, sc_lease_sql, 10,
+						  lease_types, a);
 		UnregisterSnapshot(snap);
 		return;
 	}

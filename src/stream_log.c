@@ -112,6 +112,17 @@ sl_attnum_typed(Relation rel, const char *name, Oid type)
 	return at;
 }
 
+/* Refuse (55000) an index that may lack rows: it would hide them. */
+static void
+sl_check_valid(Relation idx, const char *name)
+{
+	if (!idx->rd_index->indisvalid || !idx->rd_index->indisready)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("index \"outbox.%s\" is not valid", name),
+				 errhint("REINDEX INDEX outbox.%s", name)));
+}
+
 /* Open and lock (mode) the relation outbox.<name>; an error if it is missing. */
 static Relation
 sl_relation(const char *name, LOCKMODE mode, bool index)
@@ -167,12 +178,7 @@ OutboxOpenStreamLogs(void)
 			ix->indkey.values[1] != sl_attnum(logs->rel[i], "part") ||
 			ix->indkey.values[2] != logs->at_xid[i])
 			elog(ERROR, "outbox: the index \"%s\" is not the stream log's batch index", indexes[i]);
-		/* an index that may lack rows would hide them */
-		if (!ix->indisvalid || !ix->indisready)
-			ereport(ERROR,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("index \"outbox.%s\" is not valid", indexes[i]),
-					 errhint("REINDEX INDEX outbox.%s", indexes[i])));
+		sl_check_valid(logs->index[i], indexes[i]);
 	}
 	return logs;
 }
@@ -545,6 +551,46 @@ OutboxStreamBatchTicks(int32 stream_id, int64 acked, int64 cap, OutboxBatchTicks
 				 errdetail("A partition of a subscription of the stream has acked that tick; the ticks a subscription still needs are never removed by the extension.")));
 }
 
+/*
+ * A snapshot taken as SPI takes one before a statement, after this
+ * transaction's changes so far are made visible; registered.
+ */
+Snapshot
+OutboxStatementSnapshot(void)
+{
+	CommandCounterIncrement();
+	return RegisterSnapshot(GetTransactionSnapshot());
+}
+
+/*
+ * Lock the row version at tid of rel (a copy of tid: the lock moves it
+ * along the update chain) as FOR UPDATE SKIP LOCKED locks it, under snap,
+ * into locked: its last version under READ COMMITTED, 40001 under
+ * REPEATABLE READ when it changed since snap; false when another
+ * transaction holds it, it is gone, or this command changed it.
+ */
+static bool
+sl_lock_row(Relation rel, ItemPointer tid, Snapshot snap, TupleTableSlot *locked)
+{
+	uint8		flags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
+	ItemPointerData at = *tid;
+	TM_FailureData tmfd;
+	TM_Result	res;
+
+	res = table_tuple_lock(rel, &at, snap, locked, GetCurrentCommandId(true), LockTupleExclusive,
+						   LockWaitSkip, flags, &tmfd);
+	if ((res == TM_Updated || res == TM_Deleted) && IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("could not serialize access due to concurrent update")));
+	if (res == TM_WouldBlock || res == TM_Deleted || res == TM_SelfModified)
+		return false;
+	if (res != TM_Ok)
+		elog(ERROR, "outbox: unexpected result %d locking a row of outbox.%s", (int) res,
+			 RelationGetRelationName(rel));
+	return true;
+}
+
 /* For qsort: locked streams by stream_id. */
 static int
 sl_cmp_stream(const void *a, const void *b)
@@ -581,41 +627,27 @@ OutboxLockStreams(int *nlocked, int *nall, int64 *base)
 	AttrNumber	at_id;
 	AttrNumber	at_parts;
 	AttrNumber	at_ticks;
-	CommandId	cid = GetCurrentCommandId(true);
-	uint8		flags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
 	OutboxLockedStream *out;
 	int			cap = 8;
 	int			n = 0;
 
-	at_id = sl_attnum(rel, "stream_id");
-	at_parts = sl_attnum(rel, "partitions");
-	at_ticks = sl_attnum(rel, "part_ticks");
+	at_id = sl_attnum_typed(rel, "stream_id", INT4OID);
+	at_parts = sl_attnum_typed(rel, "partitions", INT4OID);
+	at_ticks = sl_attnum_typed(rel, "part_ticks", INT8ARRAYOID);
 	out = palloc(sizeof(OutboxLockedStream) * cap);
 	*nall = 0;
-	/* (as SPI does before a statement: see what this transaction did) */
-	CommandCounterIncrement();
-	snap = RegisterSnapshot(GetTransactionSnapshot());
+	snap = OutboxStatementSnapshot();
 	scan = table_beginscan(rel, snap, 0, NULL);
 	slot = table_slot_create(rel, NULL);
 	locked = table_slot_create(rel, NULL);
 	while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
 	{
-		TM_FailureData tmfd;
-		TM_Result	r;
 		bool		isnull;
 		Datum		ticks;
 
 		(*nall)++;
-		r = table_tuple_lock(rel, &slot->tts_tid, snap, locked, cid, LockTupleExclusive,
-							 LockWaitSkip, flags, &tmfd);
-		if ((r == TM_Updated || r == TM_Deleted) && IsolationUsesXactSnapshot())
-			ereport(ERROR,
-					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-					 errmsg("could not serialize access due to concurrent update")));
-		if (r == TM_WouldBlock || r == TM_Deleted || r == TM_SelfModified)
+		if (!sl_lock_row(rel, &slot->tts_tid, snap, locked))
 			continue;			/* held by another, gone, or changed by us */
-		if (r != TM_Ok)
-			elog(ERROR, "outbox: unexpected result %d locking a row of outbox.streams", (int) r);
 		if (n == cap)
 		{
 			cap *= 2;
@@ -872,7 +904,6 @@ OutboxCloseRowWriter(OutboxRowWriter *w)
  * it has failures, and the lock of the progress row the claim picks.
  */
 
-
 /* The columns of a progress row the claim reads (sl_progress_cols). */
 typedef struct SlProgressCols
 {
@@ -910,12 +941,7 @@ sl_key_begin(SlKeyScan *k, const char *table, const char *index, const char *col
 		RelationGetIndexPredicate(k->idx) != NIL)
 		elog(ERROR, "outbox: the index \"%s\" is not a btree index beginning with %s.%s",
 			 index, table, column);
-	/* an index that may lack rows would hide them */
-	if (!k->idx->rd_index->indisvalid || !k->idx->rd_index->indisready)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("index \"outbox.%s\" is not valid", index),
-				 errhint("REINDEX INDEX outbox.%s", index)));
+	sl_check_valid(k->idx, index);
 	k->scan = index_beginscan(k->rel, k->idx, snap, 1, 0);
 	k->slot = table_slot_create(k->rel, NULL);
 	ScanKeyInit(&sk, 1, BTEqualStrategyNumber, F_TEXTEQ, PointerGetDatum(key));
@@ -1077,28 +1103,16 @@ OutboxLockProgress(ItemPointer tid, Snapshot snap, OutboxProgressRow *r)
 {
 	Relation	rel = sl_relation("stream_progress", RowShareLock, false);
 	TupleTableSlot *locked = table_slot_create(rel, NULL);
-	uint8		flags = IsolationUsesXactSnapshot() ? 0 : TUPLE_LOCK_FLAG_FIND_LAST_VERSION;
-	ItemPointerData at = *tid;	/* (the lock moves it along the update chain) */
-	TM_FailureData tmfd;
-	TM_Result	res;
+	bool		ok = sl_lock_row(rel, tid, snap, locked);
 
-	res = table_tuple_lock(rel, &at, snap, locked, GetCurrentCommandId(true), LockTupleExclusive,
-						   LockWaitSkip, flags, &tmfd);
-	if ((res == TM_Updated || res == TM_Deleted) && IsolationUsesXactSnapshot())
-		ereport(ERROR,
-				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-				 errmsg("could not serialize access due to concurrent update")));
-	if (res == TM_Ok)
+	if (ok)
 	{
 		SlProgressCols cols;
 
 		sl_progress_cols(rel, &cols);
 		sl_progress_row(&cols, locked, r);
 	}
-	else if (res != TM_WouldBlock && res != TM_Deleted && res != TM_SelfModified)
-		elog(ERROR, "outbox: unexpected result %d locking a row of outbox.stream_progress",
-			 (int) res);
 	ExecDropSingleTupleTableSlot(locked);
 	table_close(rel, NoLock);
-	return res == TM_Ok;
+	return ok;
 }
