@@ -653,3 +653,22 @@ SELECT count(*) AS commands FROM pg_temp.claim('rr-3', 'rr', 'rr_sub', 'w');
 COMMIT;
 SELECT count(*) AS claimed, count(DISTINCT command_id) AS distinct_commands, count(DISTINCT part) AS partitions
   FROM b WHERE name IN ('rr-1', 'rr-2');
+
+-- A column the claim writes whose type was changed by hand sends the
+-- write to the statement, which coerces the value; one the claim reads is
+-- refused (55000), leasing nothing.
+SELECT outbox.create_stream('alt', 1, 10);
+SELECT outbox.create_subscription('alt', 'alt_sub');
+SELECT outbox.set_policy('alt.kind', stream => 'alt');
+SELECT outbox.commit_decision('ra', 1, 'e', 'ra-1', 'alt.kind', '{}');
+SELECT outbox.tick_streams() > 0 AS ticked;
+BEGIN;
+ALTER TABLE outbox.subscriptions ALTER COLUMN created_at TYPE timestamp;
+SELECT pg_temp.err($$SELECT * FROM outbox.claim_batch('alt', 'alt_sub', 'w')$$) AS altered_read;
+ROLLBACK;
+BEGIN;
+ALTER TABLE outbox.stream_progress ALTER COLUMN claim_nonce TYPE numeric;
+SELECT command_id, version, deliveries FROM pg_temp.claim('alt-1', 'alt', 'alt_sub', 'w');
+SELECT batch_to IS NOT NULL AS open, owner, claim_nonce IS NOT NULL AS nonce, batch_rows
+  FROM outbox.stream_progress WHERE subscription = 'alt_sub';
+ROLLBACK;

@@ -100,15 +100,21 @@ sl_attnum(Relation rel, const char *name)
 	return InvalidAttrNumber;	/* keep the compiler quiet */
 }
 
-/* sl_attnum, for a column of type type; an error if it has another. */
+/*
+ * sl_attnum, for a column of type type; one of another type (the
+ * extension's table altered) is refused (55000).
+ */
 static AttrNumber
 sl_attnum_typed(Relation rel, const char *name, Oid type)
 {
 	AttrNumber	at = sl_attnum(rel, name);
 
 	if (TupleDescAttr(RelationGetDescr(rel), at - 1)->atttypid != type)
-		elog(ERROR, "outbox: the column \"%s\" of \"%s\" is not of type %s",
-			 name, RelationGetRelationName(rel), format_type_be(type));
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("column \"%s\" of relation \"outbox.%s\" is not of type %s",
+						name, RelationGetRelationName(rel), format_type_be(type)),
+				 errhint("The extension's tables must keep the definitions CREATE EXTENSION gave them.")));
 	return at;
 }
 
@@ -939,8 +945,11 @@ sl_key_begin(SlKeyScan *k, const char *table, const char *index, const char *col
 		k->idx->rd_index->indkey.values[0] != sl_attnum_typed(k->rel, column, TEXTOID) ||
 		k->idx->rd_indcollation[0] != C_COLLATION_OID ||
 		RelationGetIndexPredicate(k->idx) != NIL)
-		elog(ERROR, "outbox: the index \"%s\" is not a btree index beginning with %s.%s",
-			 index, table, column);
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("index \"outbox.%s\" is not a btree index beginning with column \"%s\"",
+						index, column),
+				 errhint("The extension's tables must keep the definitions CREATE EXTENSION gave them.")));
 	sl_check_valid(k->idx, index);
 	k->scan = index_beginscan(k->rel, k->idx, snap, 1, 0);
 	k->slot = table_slot_create(k->rel, NULL);
